@@ -1,0 +1,99 @@
+"""Prometheus metrics shared by workers and the coordinator, and the small HTTP server that exposes them.
+
+Names follow kube-scheduler where the meaning is the same (``scheduler_*``), so existing dashboards work;
+the project's own metrics are prefixed ``agent_scheduler_``. Metrics are module-level singletons in the
+default registry: one process, one set.
+
+The server answers ``/metrics``, ``/healthz`` (the process is alive) and ``/readyz`` (the caller's readiness
+check passes: caches synced, not fenced).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30)
+
+schedule_attempts = Counter(
+    "scheduler_schedule_attempts_total",
+    "Scheduling attempts by result (scheduled, unschedulable, error).",
+    ["result", "profile"],
+)
+attempt_duration = Histogram(
+    "scheduler_scheduling_attempt_duration_seconds",
+    "Scheduling attempt latency (decision only, without binding), by result.",
+    ["result", "profile"],
+    buckets=_LATENCY_BUCKETS,
+)
+pod_sli_duration = Histogram(
+    "scheduler_pod_scheduling_sli_duration_seconds",
+    "From the pod entering the queue to its binding succeeding, including retries.",
+    ["attempts"],
+    buckets=_LATENCY_BUCKETS,
+)
+pending_pods = Gauge("scheduler_pending_pods", "Pods waiting in each queue.", ["queue"])
+binding_duration = Histogram(
+    "agent_scheduler_binding_duration_seconds",
+    "Latency of the binding POST, by result.",
+    ["result"],
+    buckets=_LATENCY_BUCKETS,
+)
+bind_results = Counter(
+    "agent_scheduler_bind_results_total",
+    "Binding outcomes: bound, conflict (409), gone (404), retried (429/5xx), failed.",
+    ["result"],
+)
+index_lookups = Counter(
+    "agent_scheduler_index_lookups_total",
+    "Decisions by whether the capacity index found the node (hit) or a full scan ran (miss).",
+    ["outcome"],
+)
+nodes_evaluated = Histogram(
+    "agent_scheduler_nodes_evaluated",
+    "Nodes examined per decision.",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096, 16384),
+)
+owned_nodes = Gauge("agent_scheduler_owned_nodes", "Nodes this worker may place pods on now.")
+reports_dropped = Counter(
+    "agent_scheduler_events_dropped_total",
+    "Informational events (Scheduled) dropped because the event queue was full.",
+)
+assumed_expired = Counter(
+    "agent_scheduler_assumed_expired_total", "Assumed pods whose binding the watch never confirmed."
+)
+
+
+async def serve(host: str, port: int, ready: Callable[[], bool]) -> web.AppRunner:
+    """Start the metrics/health server; returns the runner (``await runner.cleanup()`` to stop)."""
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def readyz(_: web.Request) -> web.Response:
+        return web.Response(text="ok") if ready() else web.Response(status=503, text="not ready")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner
+
+
+def addresses(runner: web.AppRunner) -> list[str]:
+    """host:port of each socket the server listens on (useful when port 0 picked a free one)."""
+    out: list[str] = []
+    for site in runner.sites:
+        server = getattr(site, "_server", None)
+        for sock in getattr(server, "sockets", None) or ():
+            host, port = sock.getsockname()[:2]
+            out.append(f"{host}:{port}")
+    return out

@@ -1,0 +1,181 @@
+"""Telling users what happened to their pods: the PodScheduled condition and scheduling Events.
+
+Unschedulable pods get condition PodScheduled=False, reason Unschedulable, with kube-scheduler's message
+shape, and one ``FailedScheduling`` Warning event; bound pods get a ``Scheduled`` Normal event (a flag, on by
+default as in kube-scheduler). Both are shown by ``kubectl describe pod``.
+
+Protecting the API server from ten thousand unschedulable pods:
+- coalescing: reports wait in a dict keyed by pod, so a pod that fails again before its report is sent has
+  one (the newest) report, not two;
+- deduplication: a pod whose message did not change is not reported again within ``REPEAT_AFTER``;
+- rate limit: failure reports are sent by one task at ``qps`` at most; Scheduled events by a few concurrent
+  senders, so they keep pace with binding.
+Nothing is dropped silently: failure reports are coalesced, never dropped; informational Scheduled events
+are dropped only when their queue is full, and counted (``agent_scheduler_events_dropped_total``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from common import metrics
+from common.kube import ApiError, KubeClient, NotFound
+from common.records import PodKey, PodRecord
+
+log = logging.getLogger(__name__)
+
+REPEAT_AFTER = 60.0
+MAX_SCHEDULED_EVENTS_QUEUED = 10000
+SCHEDULED_EVENT_SENDERS = 8
+
+
+def _now_rfc3339() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(slots=True)
+class _Failure:
+    pod: PodRecord
+    message: str
+
+
+class Reporter:
+    def __init__(
+        self,
+        client: KubeClient,
+        *,
+        component: str,
+        instance: str = "",
+        qps: float = 50.0,
+        scheduled_events: bool = True,
+    ) -> None:
+        self.client = client
+        self.component = component
+        self.instance = instance or component
+        self.interval = 1.0 / qps if qps > 0 else 0.0
+        self.scheduled_events = scheduled_events
+        self._failures: OrderedDict[PodKey, _Failure] = OrderedDict()
+        self._scheduled: OrderedDict[PodKey, tuple[PodRecord, str]] = OrderedDict()
+        self._last: dict[PodKey, tuple[str, float]] = {}
+        self._wakeup = asyncio.Event()
+        self._scheduled_wakeup = asyncio.Event()
+        self.sent = 0
+
+    def unschedulable(self, pod: PodRecord, message: str) -> None:
+        last = self._last.get(pod.key)
+        if last is not None and last[0] == message and time.monotonic() - last[1] < REPEAT_AFTER:
+            return
+        self._failures[pod.key] = _Failure(pod, message)
+        self._failures.move_to_end(pod.key)
+        self._wakeup.set()
+
+    def scheduled(self, pod: PodRecord, node: str) -> None:
+        self._last.pop(pod.key, None)
+        self._failures.pop(pod.key, None)
+        if not self.scheduled_events:
+            return
+        if len(self._scheduled) >= MAX_SCHEDULED_EVENTS_QUEUED:
+            metrics.reports_dropped.inc()
+            return
+        self._scheduled[pod.key] = (pod, node)
+        self._scheduled_wakeup.set()
+
+    def forget(self, key: PodKey) -> None:
+        """The pod is gone: nothing more to report."""
+        self._failures.pop(key, None)
+        self._scheduled.pop(key, None)
+        self._last.pop(key, None)
+
+    def pending(self) -> int:
+        return len(self._failures) + len(self._scheduled)
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self._failure_loop())
+            for _ in range(SCHEDULED_EVENT_SENDERS):
+                tg.create_task(self._scheduled_loop())
+
+    async def _failure_loop(self) -> None:
+        while True:
+            if not self._failures:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            _, failure = self._failures.popitem(last=False)
+            await self._send_failure(failure)
+            if self.interval:
+                await asyncio.sleep(self.interval)
+
+    async def _scheduled_loop(self) -> None:
+        # Scheduled events follow binds one for one; they are sent concurrently (bounded by the client's
+        # own rate limit) so that they keep pace with binding instead of piling up.
+        while True:
+            if not self._scheduled:
+                self._scheduled_wakeup.clear()
+                await self._scheduled_wakeup.wait()
+                continue
+            _, (pod, node) = self._scheduled.popitem(last=False)
+            await self._event(pod, "Normal", "Scheduled", f"Successfully assigned {pod.key} to {node}")
+
+    async def _send_failure(self, f: _Failure) -> None:
+        pod = f.pod
+        self._last[pod.key] = (f.message, time.monotonic())
+        patch = {
+            "status": {
+                "conditions": [
+                    {
+                        "type": "PodScheduled",
+                        "status": "False",
+                        "reason": "Unschedulable",
+                        "message": f.message,
+                        "lastProbeTime": None,
+                        "lastTransitionTime": _now_rfc3339(),
+                    }
+                ]
+            }
+        }
+        try:
+            await self.client.patch(
+                f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/status", patch, kind="strategic"
+            )
+        except NotFound:
+            self.forget(pod.key)
+            return
+        except ApiError as e:
+            log.warning("pod %s: could not set PodScheduled condition: %s", pod.key, e)
+        await self._event(pod, "Warning", "FailedScheduling", f.message)
+
+    async def _event(self, pod: PodRecord, kind: str, reason: str, message: str) -> None:
+        now = _now_rfc3339()
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{pod.name}.{uuid.uuid4().hex[:16]}", "namespace": pod.namespace},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "namespace": pod.namespace,
+                "name": pod.name,
+                "uid": pod.uid,
+            },
+            "reason": reason,
+            "message": message,
+            "type": kind,
+            "source": {"component": self.component},
+            "reportingComponent": self.component,
+            "reportingInstance": self.instance,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            await self.client.post(f"/api/v1/namespaces/{pod.namespace}/events", body)
+            self.sent += 1
+        except ApiError as e:
+            log.warning("pod %s: could not record %s event: %s", pod.key, reason, e)

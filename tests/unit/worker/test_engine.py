@@ -1,0 +1,117 @@
+"""Engine decisions: binpacking, explanations, ownership, sessions, and no overcommit under random load."""
+
+import random
+
+from common.records import NodeName
+from tests.builders import make_node, make_pod
+from tests.unit.worker.helpers import engine_over, place
+
+
+def test_binpacks_onto_the_fullest_node_that_fits() -> None:
+    eng = engine_over([make_node(f"n{i}", cpu="4").record() for i in range(3)])
+    first = place(eng, make_pod("a").req(cpu="1").record())
+    for i in range(5):
+        assert place(eng, make_pod(f"b{i}").req(cpu="500m").record()) == first
+    assert place(eng, make_pod("c").req(cpu="1").record()) != first  # 3.5 of 4 used: 1 more does not fit
+
+
+def test_failure_message_counts_reasons_over_all_nodes() -> None:
+    nodes = [make_node(f"a{i}", cpu="1").record() for i in range(12)]
+    nodes += [make_node(f"b{i}").taint("dedicated", "batch").record() for i in range(28)]
+    eng = engine_over(nodes)
+    d = eng.schedule(make_pod("p").req(cpu="2").record())
+    assert d.node is None
+    assert d.message == (
+        "0/40 nodes are available: 12 Insufficient cpu, 28 node(s) had untolerated taint {dedicated: batch}."
+    )
+
+
+def test_only_owned_nodes_are_used_and_counted() -> None:
+    eng = engine_over([make_node("mine").record(), make_node("theirs").record()], owned={"mine"})
+    for i in range(20):
+        assert place(eng, make_pod(f"p{i}").req(cpu="1").record()) == "mine"
+    assert eng.schedule(make_pod("big").req(cpu="20").record()).message.startswith("0/1 nodes")
+
+
+def test_ownership_change_reindexes() -> None:
+    owned = {"a"}
+    eng = engine_over([make_node("a").record(), make_node("b").record()])
+    eng.cache.owns = lambda n: n in owned
+    eng.cache.ownership_changed()
+    assert eng.schedule(make_pod("p").record()).node == "a"
+    owned.clear()
+    owned.add("b")
+    eng.cache.ownership_changed()
+    assert eng.schedule(make_pod("p").record()).node == "b"
+
+
+def test_session_pods_follow_their_session() -> None:
+    nodes = [make_node(f"n{i}", cpu="8").record() for i in range(10)]
+    eng = engine_over(nodes, feasible_nodes=4)
+    label = "agent-scheduler.io/session"
+    # fill the binpack favourite so later pods would go elsewhere without session locality
+    anchor = place(eng, make_pod("s0").label(label, "chat-1").req(cpu="1").record())
+    for i in range(6):
+        place(eng, make_pod(f"x{i}").req(cpu="1").record())
+    assert place(eng, make_pod("s1").label(label, "chat-1").req(cpu="500m").record()) == anchor
+
+
+def test_warm_nodes_preferred_when_otherwise_equal() -> None:
+    nodes = [make_node(f"n{i}").record() for i in range(5)] + [
+        make_node("warm").label("node.volcano.sh/warmup", "true").record()
+    ]
+    eng = engine_over(nodes)
+    assert place(eng, make_pod("p").req(cpu="100m").record()) == "warm"
+
+
+def test_static_verdicts_follow_node_changes() -> None:
+    eng = engine_over([make_node("n").taint("dedicated", "batch").record()])
+    pod = make_pod("p").record()
+    assert eng.schedule(pod).node is None
+    eng.cache.upsert_node(make_node("n").record())  # taint removed
+    assert eng.schedule(pod).node == "n"
+
+
+def test_unschedulable_explanation_is_not_stale_after_capacity_frees() -> None:
+    eng = engine_over([make_node("n", cpu="1").record()])
+    a = make_pod("a").req(cpu="1").record()
+    place(eng, a)
+    assert eng.schedule(make_pod("b").req(cpu="1").record()).node is None
+    eng.cache.remove_pod(a.key)
+    assert eng.schedule(make_pod("b").req(cpu="1").record()).node == "n"
+
+
+def test_random_load_never_overcommits_and_every_fitting_pod_is_placed() -> None:
+    rng = random.Random(7)
+    nodes = []
+    for i in range(60):
+        b = make_node(f"n{i}", cpu=rng.choice(["2", "4", "8"]), memory=rng.choice(["4Gi", "8Gi"]), pods="20")
+        if i % 7 == 0:
+            b.taint("dedicated", "batch")
+        if i % 5 == 0:
+            b.label("zone", "a")
+        nodes.append(b.record())
+    eng = engine_over(nodes, feasible_nodes=rng.choice([1, 4, 16]))
+    placed = 0
+    for i in range(1500):
+        b = make_pod(f"p{i}").req(cpu=rng.choice(["100m", "250m", "500m", "1"]), memory=rng.choice(["128Mi", "512Mi"]))
+        if i % 3 == 0:
+            b.toleration("dedicated", "batch")
+        if i % 4 == 0:
+            b.node_selector(zone="a")
+        pod = b.record()
+        d = eng.schedule(pod)
+        if d.node is not None:
+            eng.cache.assume(pod, d.node)
+            placed += 1
+        else:
+            # the engine says no: then truly no node passes every filter
+            assert all(eng.filter_all(pod, info) is not None for info in eng.cache.nodes.values())
+    assert placed > 500
+    for name, info in eng.cache.nodes.items():
+        alloc = info.node.allocatable
+        assert info.requested.milli_cpu <= alloc.milli_cpu, name
+        assert info.requested.memory <= alloc.memory, name
+        assert len(info.pods) <= alloc.pods, name
+        assert info.requested.milli_cpu == sum(p.requests.milli_cpu for p in info.pods.values())
+    assert NodeName("n0") in eng.cache.nodes

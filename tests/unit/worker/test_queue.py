@@ -1,0 +1,114 @@
+"""Queue behaviour with a fake clock: order, backoff, the unschedulable pool, gates, in-flight updates."""
+
+from common.records import PodKey
+from tests.builders import make_pod
+from worker.queue import INITIAL_BACKOFF, MAX_BACKOFF, UNSCHEDULABLE_TIMEOUT, SchedulingQueue
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def names(q: SchedulingQueue) -> list[str]:
+    out = []
+    while (qp := q.pop_nowait()) is not None:
+        out.append(qp.pod.name)
+    return out
+
+
+def test_priority_then_fifo() -> None:
+    clock = FakeClock()
+    q = SchedulingQueue(clock)
+    for name, prio in [("a", 0), ("b", 100), ("c", 0), ("d", 100)]:
+        q.add(make_pod(name).priority(prio).record())
+        clock.now += 1
+    assert names(q) == ["b", "d", "a", "c"]
+
+
+def test_backoff_doubles_to_the_cap() -> None:
+    clock = FakeClock()
+    q = SchedulingQueue(clock)
+    q.add(make_pod("a").record())
+    waits = []
+    for _ in range(6):
+        qp = q.pop_nowait()
+        assert qp is not None
+        q.done(qp, scheduled=False, retry=True)
+        start = clock.now
+        while q.flush_backoff() == 0:
+            clock.now += 0.25
+        waits.append(clock.now - start)
+    assert waits[0] == INITIAL_BACKOFF
+    assert waits[1] == 2 * INITIAL_BACKOFF
+    assert waits[-1] == MAX_BACKOFF
+
+
+def test_unschedulable_pool_moves_on_event_and_on_timeout() -> None:
+    clock = FakeClock()
+    q = SchedulingQueue(clock)
+    q.add(make_pod("a").record())
+    qp = q.pop_nowait()
+    assert qp is not None
+    q.done(qp, scheduled=False, message="0/1 nodes are available")
+    assert q.statistics()["unschedulable"] == 1
+    assert q.pop_nowait() is None
+    clock.now += 5  # past the backoff
+    assert q.move_all() == 1
+    qp = q.pop_nowait()
+    assert qp is not None
+    q.done(qp, scheduled=False)
+    clock.now += UNSCHEDULABLE_TIMEOUT
+    assert q.flush_unschedulable() == 1
+    assert names(q) == ["a"]
+
+
+def test_event_during_attempt_sends_failed_pod_to_backoff_not_the_pool() -> None:
+    clock = FakeClock()
+    q = SchedulingQueue(clock)
+    q.add(make_pod("a").record())
+    qp = q.pop_nowait()
+    assert qp is not None
+    q.move_all()  # e.g. a node was added while we were deciding
+    q.done(qp, scheduled=False)
+    assert q.where(PodKey("default/a")) == "backoff"
+
+
+def test_gated_pods_wait_until_ungated() -> None:
+    clock = FakeClock()
+    q = SchedulingQueue(clock)
+    q.add(make_pod("a").gate("quota").record())
+    assert q.pop_nowait() is None and q.statistics()["gated"] == 1
+    q.add(make_pod("a").record())
+    assert names(q) == ["a"]
+
+
+def test_update_and_delete_while_in_flight() -> None:
+    clock = FakeClock()
+    q = SchedulingQueue(clock)
+    q.add(make_pod("a").record())
+    q.add(make_pod("b").record())
+    qa, qb = q.pop_nowait(), q.pop_nowait()
+    assert qa is not None and qb is not None
+    q.add(make_pod("a").label("v", "2").record())
+    q.delete(PodKey("default/b"))
+    q.done(qa, scheduled=False)
+    q.done(qb, scheduled=False)
+    assert PodKey("default/b") not in q
+    assert q.where(PodKey("default/a")) == "backoff"
+    clock.now += 10
+    q.flush_backoff()
+    qp = q.pop_nowait()
+    assert qp is not None and qp.pod.labels == {"v": "2"}
+
+
+def test_scheduled_pods_leave_the_queue() -> None:
+    q = SchedulingQueue(FakeClock())
+    q.add(make_pod("a").record())
+    qp = q.pop_nowait()
+    assert qp is not None
+    q.done(qp, scheduled=True)
+    assert PodKey("default/a") not in q and q.statistics() == dict.fromkeys(q.statistics(), 0)

@@ -1,0 +1,269 @@
+"""The scheduler cache: every node and every placed pod, fed by watches, plus the worker's assumptions.
+
+Pod states (as in kube-scheduler's cache):
+
+    Initial --assume--> Assumed --finish_binding--> Assumed(ttl running) --watch shows it bound--> Added
+       |                  |                              |                                          |
+       |                forget (bind failed)         expire (ttl passed, never confirmed)        remove
+       +--watch shows it bound---------------------------------------------------------------> Added
+
+Invariants:
+- A pod is accounted on at most one node, ``pod_node`` says which; ``NodeInfo.requested`` always equals the
+  sum over the pods accounted there. No pod is assumed twice.
+- Every exit from Assumed other than confirmation (forget, expire) gives the capacity back.
+- The capacity index holds exactly the nodes that are owned (``owns``) and known (a real Node object); its
+  bucket for a node is updated after every change to that node's pods.
+- Pods of every scheduler are accounted (they use capacity too); terminal pods are not.
+- ``static_version`` of a NodeInfo changes only when a filter-relevant part of the node record changes, so the
+  engine's per-signature static filter verdicts stay valid across capacity changes.
+
+The cache does no I/O and knows nothing of the API; ``worker.informers`` feeds it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from common.records import NodeName, NodeRecord, PodKey, PodRecord, Resources
+from worker.index import CapacityIndex
+from worker.nodeinfo import NodeInfo
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ASSUME_TTL = 30.0  # seconds an assumed pod may stay unconfirmed by the watch after its binding
+
+
+def _placeholder(name: NodeName) -> NodeRecord:
+    """A record for a node that pods reference but that the watch has not shown (or has deleted)."""
+    return NodeRecord(
+        name=name,
+        uid="",
+        resource_version="",
+        labels={},
+        taints=(),
+        unschedulable=True,
+        ready=False,
+        allocatable=Resources(),
+        allocatable_error="node not known to the cache",
+        static_key=("placeholder",),
+    )
+
+
+@dataclass(slots=True)
+class Assumed:
+    pod: PodRecord
+    node: NodeName
+    deadline: float | None  # None while the binding is in flight
+
+
+class Cache:
+    def __init__(
+        self,
+        *,
+        owns: Callable[[NodeName], bool] | None = None,
+        ascending: bool = True,
+        session_label: str = "",
+        assume_ttl: float = DEFAULT_ASSUME_TTL,
+    ) -> None:
+        self.owns: Callable[[NodeName], bool] = owns or (lambda _name: True)
+        self.index = CapacityIndex(ascending=ascending)
+        self.session_label = session_label
+        self.assume_ttl = assume_ttl
+        self.nodes: dict[NodeName, NodeInfo] = {}
+        self.known: set[NodeName] = set()  # nodes backed by a real Node object
+        self.static_versions: dict[NodeName, int] = {}
+        self.pod_node: dict[PodKey, NodeName] = {}
+        self.assumed: dict[PodKey, Assumed] = {}
+        # session label value -> {node: pods of that session there}, for session-locality candidates
+        self.sessions: dict[str, dict[NodeName, int]] = {}
+        # Bumped on any change that could make an unschedulable pod schedulable or change a failure reason.
+        self.generation = 0
+        self.expired = 0
+
+    # ----- nodes -----------------------------------------------------------------------------------------
+
+    def _info(self, name: NodeName) -> NodeInfo:
+        info = self.nodes.get(name)
+        if info is None:
+            info = self.nodes[name] = NodeInfo(_placeholder(name), session_label=self.session_label)
+            self.static_versions[name] = 0
+        return info
+
+    def upsert_node(self, record: NodeRecord) -> bool:
+        """Add or update a node; True when something a filter looks at changed (or the node is new)."""
+        name = record.name
+        info = self.nodes.get(name)
+        changed = True
+        if info is None:
+            info = self.nodes[name] = NodeInfo(record, session_label=self.session_label)
+            self.static_versions[name] = 1
+        else:
+            changed = name not in self.known or info.node.static_key != record.static_key
+            capacity_changed = info.node.allocatable != record.allocatable
+            info.set_node(record)
+            if changed:
+                self.static_versions[name] = self.static_versions.get(name, 0) + 1
+            changed = changed or capacity_changed
+        self.known.add(name)
+        self._reindex(info)
+        if changed:
+            self.generation += 1
+        return changed
+
+    def remove_node(self, name: NodeName) -> None:
+        info = self.nodes.get(name)
+        if info is None:
+            return
+        self.known.discard(name)
+        self.index.remove(name)
+        self.static_versions[name] = self.static_versions.get(name, 0) + 1
+        if info.pods:
+            info.set_node(_placeholder(name))  # keep accounting until its pods are gone too
+        else:
+            del self.nodes[name]
+        self.generation += 1
+
+    def replace_nodes(self, records: list[NodeRecord]) -> None:
+        seen = {r.name for r in records}
+        for name in [n for n in self.known if n not in seen]:
+            self.remove_node(name)
+        for r in records:
+            self.upsert_node(r)
+
+    def ownership_changed(self, names: set[NodeName] | frozenset[NodeName] | None = None) -> None:
+        """Re-evaluate ``owns`` for these nodes (all when None) and fix the index."""
+        for name in names if names is not None else list(self.nodes):
+            info = self.nodes.get(name)
+            if info is not None:
+                self._reindex(info)
+        self.generation += 1
+
+    def _reindex(self, info: NodeInfo) -> None:
+        name = info.node.name
+        if name in self.known and self.owns(name):
+            self.index.update(info)
+        else:
+            self.index.remove(name)
+
+    def static_version(self, name: NodeName) -> int:
+        return self.static_versions.get(name, 0)
+
+    # ----- pods ------------------------------------------------------------------------------------------
+
+    def _account(self, pod: PodRecord, node: NodeName) -> None:
+        info = self._info(node)
+        info.add_pod(pod)
+        self.pod_node[pod.key] = node
+        session = pod.labels.get(self.session_label) if self.session_label else None
+        if session:
+            nodes = self.sessions.setdefault(session, {})
+            nodes[node] = nodes.get(node, 0) + 1
+        self._reindex(info)
+
+    def _unaccount(self, key: PodKey) -> PodRecord | None:
+        node = self.pod_node.pop(key, None)
+        if node is None:
+            return None
+        info = self.nodes[node]
+        pod = info.remove_pod(key)
+        session = pod.labels.get(self.session_label) if pod is not None and self.session_label else None
+        if session:
+            nodes = self.sessions.get(session, {})
+            left = nodes.get(node, 0) - 1
+            if left > 0:
+                nodes[node] = left
+            else:
+                nodes.pop(node, None)
+                if not nodes:
+                    self.sessions.pop(session, None)
+        if not info.pods and node not in self.known:
+            del self.nodes[node]
+        else:
+            self._reindex(info)
+        return pod
+
+    def upsert_pod(self, pod: PodRecord) -> bool:
+        """Apply a pod from the watch. True when capacity was freed (an event that may help waiting pods)."""
+        key = pod.key
+        if pod.terminal or not pod.node_name:
+            if key in self.assumed and not pod.terminal:
+                return False  # our binding is in flight; the watch has not caught up yet
+            freed = self._unaccount(key) is not None
+            self.assumed.pop(key, None)
+            if freed:
+                self.generation += 1
+            return freed
+        node = NodeName(pod.node_name)
+        assumed = self.assumed.pop(key, None)
+        current = self.pod_node.get(key)
+        if assumed is not None and assumed.node != node:
+            log.warning("pod %s bound to %s but assumed on %s", key, node, assumed.node)
+        if current == node:
+            info = self.nodes[node]
+            old = info.pods.get(key)
+            if old is not None and old.requests == pod.requests and old.labels == pod.labels:
+                info.pods[key] = pod  # confirmation: nothing changes in the accounting
+                return False
+        freed = self._unaccount(key) is not None
+        self._account(pod, node)
+        if freed:
+            self.generation += 1
+        return freed
+
+    def remove_pod(self, key: PodKey) -> bool:
+        self.assumed.pop(key, None)
+        freed = self._unaccount(key) is not None
+        if freed:
+            self.generation += 1
+        return freed
+
+    def replace_pods(self, pods: list[PodRecord]) -> None:
+        """After a relist: drop pods the list no longer has (unless assumed), apply the rest."""
+        seen = {p.key for p in pods}
+        for key in [k for k in self.pod_node if k not in seen and k not in self.assumed]:
+            self.remove_pod(key)
+        for p in pods:
+            self.upsert_pod(p)
+
+    # ----- assumptions -----------------------------------------------------------------------------------
+
+    def assume(self, pod: PodRecord, node: NodeName) -> None:
+        if pod.key in self.assumed or pod.key in self.pod_node:
+            raise ValueError(f"pod {pod.key} is already assumed or placed")
+        self.assumed[pod.key] = Assumed(pod, node, None)
+        self._account(pod, node)
+
+    def finish_binding(self, key: PodKey, now: float) -> None:
+        a = self.assumed.get(key)
+        if a is not None:
+            a.deadline = now + self.assume_ttl
+
+    def forget(self, key: PodKey) -> None:
+        if self.assumed.pop(key, None) is not None:
+            self._unaccount(key)
+            self.generation += 1
+
+    def is_assumed(self, key: PodKey) -> bool:
+        return key in self.assumed
+
+    def cleanup_expired(self, now: float) -> list[PodKey]:
+        gone = [k for k, a in self.assumed.items() if a.deadline is not None and a.deadline <= now]
+        for key in gone:
+            log.warning("assumed pod %s expired without confirmation; capacity returned", key)
+            self.forget(key)
+        self.expired += len(gone)
+        return gone
+
+    def session_nodes(self, session: str) -> list[NodeInfo]:
+        return [self.nodes[n] for n in self.sessions.get(session, ()) if n in self.index]
+
+    def statistics(self) -> dict[str, int]:
+        return {
+            "nodes": len(self.known),
+            "indexed_nodes": len(self.index),
+            "pods": len(self.pod_node),
+            "assumed": len(self.assumed),
+            "expired": self.expired,
+        }

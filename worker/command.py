@@ -1,0 +1,103 @@
+"""``agent-scheduler worker``: the entry point of a worker process. Reads flags, builds settings, runs.
+
+Standalone (``--standalone``): the worker owns every node (optionally those matching ``--node-selector``)
+and takes every pending pod of ``--scheduler-name`` from its own watch; no coordinator, no etcd.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import socket
+
+from common import metrics
+from common.kube import KubeClient, load_credentials
+from common.settings import WorkerSettings
+from worker.scheduler import Scheduler
+
+log = logging.getLogger(__name__)
+
+DRAIN_TIMEOUT = 30.0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--standalone", action="store_true", help="own every node; no coordinator")
+    p.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"), help="default: in-cluster")
+    p.add_argument("--scheduler-name", default="agent-scheduler")
+    p.add_argument("--node-selector", default="", help="label selector of the nodes to use (standalone)")
+    p.add_argument("--kube-api-qps", type=float, default=2000.0)
+    p.add_argument("--kube-api-burst", type=int, default=2000)
+    p.add_argument("--feasible-nodes", type=int, default=16, help="feasible nodes to score per pod")
+    p.add_argument("--strategy", default="MostAllocated", choices=["MostAllocated", "LeastAllocated"])
+    p.add_argument("--score-weight", action="append", default=[], metavar="PLUGIN=W", help="repeatable")
+    p.add_argument("--session-label", default="agent-scheduler.io/session")
+    p.add_argument("--warm-label", default="node.volcano.sh/warmup=true")
+    p.add_argument("--bind-concurrency", type=int, default=64)
+    p.add_argument("--report-qps", type=float, default=50.0)
+    p.add_argument("--no-scheduled-events", action="store_true", help="do not emit Scheduled events")
+    p.add_argument("--metrics-address", default="127.0.0.1:0", help="host:port of /metrics, /healthz")
+    p.add_argument("--id", default="", help="worker identity (default hostname-pid)")
+
+
+def settings_from(args: argparse.Namespace) -> WorkerSettings:
+    s = WorkerSettings()
+    s.api.kubeconfig = args.kubeconfig
+    s.api.qps = args.kube_api_qps
+    s.api.burst = args.kube_api_burst
+    s.scheduling.scheduler_name = args.scheduler_name
+    s.scheduling.node_selector = args.node_selector
+    s.scheduling.feasible_nodes = args.feasible_nodes
+    s.scheduling.strategy = args.strategy
+    s.scheduling.session_label = args.session_label
+    s.scheduling.warm_label = args.warm_label
+    for item in args.score_weight:
+        name, _, weight = item.partition("=")
+        s.scheduling.score_weights[name] = int(weight)
+    s.binding.concurrency = args.bind_concurrency
+    s.reporting.qps = args.report_qps
+    s.reporting.scheduled_events = not args.no_scheduled_events
+    host, _, port = args.metrics_address.rpartition(":")
+    s.metrics_host, s.metrics_port = host or "127.0.0.1", int(port or 0)
+    s.worker_id = args.id or f"{socket.gethostname()}-{os.getpid()}"
+    return s
+
+
+async def run_standalone(settings: WorkerSettings) -> int:
+    creds = load_credentials(settings.api.kubeconfig)
+    async with KubeClient(
+        creds, qps=settings.api.qps, burst=settings.api.burst, max_connections=settings.api.max_connections
+    ) as client:
+        sched = Scheduler(client, settings)
+        runner = await metrics.serve(settings.metrics_host, settings.metrics_port, sched.ready)
+        log.info("worker %s standalone; metrics on %s", settings.worker_id, metrics.addresses(runner))
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        task = asyncio.create_task(sched.run())
+        stopper = asyncio.create_task(stop.wait())
+        done, _ = await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            task.result()  # surface the crash
+        # Graceful stop: no new decisions; let bindings under way finish, then stop the rest.
+        sched.pause()
+        try:
+            await asyncio.wait_for(sched.binder.drain(), DRAIN_TIMEOUT)
+        except TimeoutError:
+            log.warning("%d bindings still in flight after %.0fs", sched.binder.in_flight(), DRAIN_TIMEOUT)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        log.info("worker %s stopped: %s", settings.worker_id, sched.statistics())
+        await runner.cleanup()
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = settings_from(args)
+    if not args.standalone:
+        log.error("worker without --standalone needs a coordinator; see `agent-scheduler worker --help`")
+        return 2
+    return asyncio.run(run_standalone(settings))

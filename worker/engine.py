@@ -1,0 +1,189 @@
+"""The decision engine: one pod in, one node (or a kube-scheduler-shaped explanation) out.
+
+How a decision is made, and why it is fast:
+1. Candidates come from the capacity index (``worker.index``) in the order of the profile's allocation
+   strategy, plus the nodes already hosting the pod's session; no per-cycle copy of the cache is made.
+2. Static filters (labels, taints, readiness) are evaluated once per (pod signature, node) and cached until
+   that node's record changes, so a burst of identical agent pods pays for them once per node.
+3. Dynamic filters (resources, host ports) run on each candidate; the walk stops after
+   ``feasible_nodes`` feasible nodes (like kube-scheduler's percentage of nodes to score).
+4. Score plugins that apply to the pod score those candidates; weighted sum; highest wins, ties by order.
+5. Only when no candidate is feasible does the engine scan every owned node, to count the reasons for the
+   failure message. The explanation is memoized per pod shape while the cache does not change, so a burst of
+   pods that cannot fit does not rescan the cluster per pod.
+
+The engine never mutates the cache: assuming the result is the caller's job (``worker.scheduler``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from common.records import NodeName, PodRecord
+from worker.cache import Cache
+from worker.framework import Code, FilterPlugin, ScorePlugin, Status
+from worker.nodeinfo import NodeInfo
+
+DEFAULT_FEASIBLE_NODES = 16
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    node: NodeName | None
+    code: Code
+    message: str
+    evaluated: int = 0
+    feasible: int = 0
+    index_hit: bool = True  # False when the index walk found nothing and a full scan ran
+
+    @property
+    def ok(self) -> bool:
+        return self.node is not None
+
+
+class Engine:
+    def __init__(
+        self,
+        cache: Cache,
+        filters: list[FilterPlugin],
+        scores: list[tuple[ScorePlugin, int]],
+        *,
+        feasible_nodes: int = DEFAULT_FEASIBLE_NODES,
+        session_label: str = "",
+    ) -> None:
+        if feasible_nodes < 1:
+            raise ValueError("feasible_nodes must be at least 1")
+        self.cache = cache
+        self.static_filters = [f for f in filters if f.static]
+        self.dynamic_filters = [f for f in filters if not f.static]
+        self.scores = scores
+        self.feasible_nodes = feasible_nodes
+        self.session_label = session_label
+        # signature -> node -> (static version, verdict)
+        self._static: dict[tuple[Any, ...], dict[str, tuple[int, Status | None]]] = {}
+        # (signature, request shape) -> (cache generation, node count, decision)
+        self._explained: dict[tuple[Any, ...], tuple[int, int, Decision]] = {}
+        self.full_scans = 0
+
+    def _static_verdict(
+        self, pod: PodRecord, info: NodeInfo, memo: dict[str, tuple[int, Status | None]]
+    ) -> Status | None:
+        name = info.node.name
+        version = self.cache.static_versions.get(NodeName(name), 0)
+        entry = memo.get(name)
+        if entry is not None and entry[0] == version:
+            return entry[1]
+        verdict: Status | None = None
+        for f in self.static_filters:
+            verdict = f.filter(pod, info)
+            if verdict is not None:
+                break
+        memo[name] = (version, verdict)
+        return verdict
+
+    def schedule(self, pod: PodRecord) -> Decision:
+        if pod.parse_error is not None:
+            return Decision(None, Code.UNRESOLVABLE, pod.parse_error, index_hit=False)
+        memo = self._static.get(pod.signature)
+        if memo is None:
+            memo = self._static[pod.signature] = {}
+        owns = self.cache.owns
+        dynamic = self.dynamic_filters
+        want = self.feasible_nodes
+        feasible: list[NodeInfo] = []
+        evaluated = 0
+        seen: set[str] | None = None
+        candidates = self.cache.index.candidates(pod.requests.milli_cpu)
+        if self.session_label:
+            session = pod.labels.get(self.session_label)
+            if session:
+                first = self.cache.session_nodes(session)
+                if first:
+                    seen = {i.node.name for i in first}
+                    candidates = _chain(first, candidates, seen)
+        for info in candidates:
+            evaluated += 1
+            if self._static_verdict(pod, info, memo) is not None:
+                continue
+            ok = True
+            for f in dynamic:
+                if f.filter(pod, info) is not None:
+                    ok = False
+                    break
+            if not ok or not owns(info.node.name):
+                continue
+            feasible.append(info)
+            if len(feasible) >= want:
+                break
+        if not feasible:
+            return self._explain(pod)
+        best = feasible[0] if len(feasible) == 1 else self._best(pod, feasible)
+        return Decision(NodeName(best.node.name), Code.SUCCESS, "", evaluated, len(feasible))
+
+    def _best(self, pod: PodRecord, feasible: list[NodeInfo]) -> NodeInfo:
+        totals = [0.0] * len(feasible)
+        for plugin, weight in self.scores:
+            if not plugin.applies(pod):
+                continue
+            raw = [plugin.score(pod, info) for info in feasible]
+            plugin.normalize(raw)
+            for i, s in enumerate(raw):
+                totals[i] += weight * s
+        best_i = max(range(len(feasible)), key=totals.__getitem__)
+        return feasible[best_i]
+
+    def filter_all(self, pod: PodRecord, info: NodeInfo) -> Status | None:
+        """Every filter, in profile order (static first); used for explanations and audits."""
+        for f in self.static_filters:
+            st = f.filter(pod, info)
+            if st is not None:
+                return st
+        for f in self.dynamic_filters:
+            st = f.filter(pod, info)
+            if st is not None:
+                return st
+        return None
+
+    def _explain(self, pod: PodRecord) -> Decision:
+        r = pod.requests
+        shape = (pod.signature, r.milli_cpu, r.memory, r.ephemeral_storage, tuple(sorted(r.scalar.items())))
+        owned = [
+            info
+            for name, info in self.cache.nodes.items()
+            if name in self.cache.known and self.cache.owns(name)
+        ]
+        cached = self._explained.get(shape)
+        if cached is not None and cached[0] == self.cache.generation and cached[1] == len(owned):
+            return cached[2]
+        self.full_scans += 1
+        reasons: Counter[str] = Counter()
+        resolvable = False
+        placeable: NodeInfo | None = None
+        for info in owned:
+            st = self.filter_all(pod, info)
+            if st is None:
+                placeable = info  # the index missed it (should not happen); use it rather than fail
+                break
+            if st.code != Code.UNRESOLVABLE:
+                resolvable = True
+            for reason in st.reasons:
+                reasons[reason] += 1
+        if placeable is not None:
+            return Decision(NodeName(placeable.node.name), Code.SUCCESS, "", len(owned), 1, index_hit=False)
+        detail = ", ".join(f"{n} {reason}" for reason, n in sorted(reasons.items()))
+        message = f"0/{len(owned)} nodes are available" + (f": {detail}." if detail else ".")
+        code = Code.UNSCHEDULABLE if resolvable else Code.UNRESOLVABLE
+        decision = Decision(None, code, message, len(owned), 0, index_hit=False)
+        self._explained[shape] = (self.cache.generation, len(owned), decision)
+        if len(self._explained) > 4096:
+            self._explained.clear()
+        return decision
+
+
+def _chain(first: list[NodeInfo], rest: Any, seen: set[str]) -> Any:
+    yield from first
+    for info in rest:
+        if info.node.name not in seen:
+            yield info

@@ -1,0 +1,112 @@
+"""The plugin framework: status codes, the Filter and Score interfaces, and the registry.
+
+Policy apart from mechanism: the engine, cache and queue never import a concrete plugin; they get plugin
+instances from ``Registry.build(profile)``. A plugin is pure over the pod record and the node's state in the
+cache: it never does I/O and never mutates what it is given.
+
+Two kinds of filter:
+- *static* filters depend only on the node record (labels, taints, readiness) and on the pod's placement
+  signature, so the engine caches their verdict per (signature, node) until the node's record changes;
+- dynamic filters (resources, host ports) depend on what is placed on the node and run every time.
+
+Status codes, not exceptions, for expected outcomes (kube-scheduler's codes):
+- ``UNSCHEDULABLE``: the node cannot take the pod now; the pod waits in the unschedulable pool and moves back
+  when an event (a node change, a pod deletion) could help it.
+- ``UNRESOLVABLE`` (UnschedulableAndUnresolvable): the pod can never fit this node as it is; same pod fate,
+  but it tells the operator that deleting pods will not help.
+- ``ERROR``: an internal failure; the pod goes to the backoff queue.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from common.records import PodRecord
+from worker.nodeinfo import NodeInfo
+
+
+class Code(enum.IntEnum):
+    SUCCESS = 0
+    UNSCHEDULABLE = 1
+    UNRESOLVABLE = 2
+    ERROR = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    """Why a node was rejected: one or more kube-scheduler-shaped reasons ("Insufficient cpu")."""
+
+    code: Code
+    reasons: tuple[str, ...]
+
+    @staticmethod
+    def unschedulable(*reasons: str) -> Status:
+        return Status(Code.UNSCHEDULABLE, reasons)
+
+    @staticmethod
+    def unresolvable(*reasons: str) -> Status:
+        return Status(Code.UNRESOLVABLE, reasons)
+
+
+class FilterPlugin(Protocol):
+    name: str
+    static: bool
+
+    def filter(self, pod: PodRecord, node: NodeInfo) -> Status | None:
+        """None when the node can take the pod, else why not."""
+
+
+class ScorePlugin(Protocol):
+    name: str
+
+    def applies(self, pod: PodRecord) -> bool:
+        """False when the plugin would give every node the same score for this pod (it is then skipped)."""
+
+    def score(self, pod: PodRecord, node: NodeInfo) -> float:
+        """A raw score; ``normalize`` maps the candidates' raw scores onto 0..100."""
+
+    def normalize(self, scores: list[float]) -> None:
+        """In place; plugins whose raw scores are already on 0..100 do nothing."""
+
+
+PluginFactory = Callable[[Mapping[str, Any]], Any]
+
+
+@dataclass(slots=True)
+class Profile:
+    """Which plugins run, in order, and the weights of the scores. Arguments go to each factory."""
+
+    filters: list[str]
+    scores: dict[str, int]
+    args: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+class Registry:
+    """Maps plugin names to factories; the only place concrete plugins are named."""
+
+    def __init__(self) -> None:
+        self._factories: dict[str, PluginFactory] = {}
+
+    def register(self, name: str, factory: PluginFactory) -> None:
+        if name in self._factories:
+            raise ValueError(f"plugin {name!r} registered twice")
+        self._factories[name] = factory
+
+    def names(self) -> list[str]:
+        return sorted(self._factories)
+
+    def build(self, profile: Profile) -> tuple[list[FilterPlugin], list[tuple[ScorePlugin, int]]]:
+        unknown = [n for n in [*profile.filters, *profile.scores] if n not in self._factories]
+        if unknown:
+            raise ValueError(f"unknown plugins {unknown}; known: {self.names()}")
+        filters: list[FilterPlugin] = [self._factories[n](profile.args.get(n, {})) for n in profile.filters]
+        scores: list[tuple[ScorePlugin, int]] = []
+        for name, weight in profile.scores.items():
+            if weight < 0:
+                raise ValueError(f"score plugin {name!r}: negative weight {weight}")
+            if weight:
+                scores.append((self._factories[name](profile.args.get(name, {})), weight))
+        return filters, scores

@@ -1,0 +1,49 @@
+"""The in-tree plugins and the default profile for agent pods.
+
+The default profile binpacks (MostAllocated), prefers warm nodes and keeps sessions together; weights are
+configurable per plugin name. ``default_registry()`` is the one place that names every concrete plugin.
+"""
+
+from __future__ import annotations
+
+from worker.framework import Profile, Registry
+from worker.plugins import affinity, locality, node_state, ports, resources, taints
+
+
+def default_registry() -> Registry:
+    r = Registry()
+    r.register("NodeUnschedulable", node_state.node_unschedulable)
+    r.register("NodeReady", node_state.node_ready)
+    r.register("TaintToleration", taints.taint_filter)
+    r.register("NodeAffinity", affinity.affinity_filter)
+    r.register("NodeResourcesFit", resources.fit)
+    r.register("NodePorts", ports.node_ports)
+    r.register("MostAllocated", resources.most_allocated)
+    r.register("LeastAllocated", resources.least_allocated)
+    r.register("BalancedAllocation", resources.balanced)
+    r.register("TaintTolerationScore", taints.taint_score)
+    r.register("NodeAffinityScore", affinity.affinity_score)
+    r.register("WarmNode", locality.warm_node)
+    r.register("SessionLocality", locality.session_locality)
+    return r
+
+
+def default_profile() -> Profile:
+    return Profile(
+        filters=[
+            "NodeUnschedulable",
+            "NodeReady",
+            "TaintToleration",
+            "NodeAffinity",
+            "NodeResourcesFit",
+            "NodePorts",
+        ],
+        scores={
+            "MostAllocated": 1,
+            "BalancedAllocation": 1,
+            "TaintTolerationScore": 3,
+            "NodeAffinityScore": 2,
+            "WarmNode": 1,
+            "SessionLocality": 2,
+        },
+    )

@@ -1,0 +1,53 @@
+"""Filters on the node's own state: cordoned (``spec.unschedulable``) and not Ready. Both are static."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from common.records import PodRecord
+from worker.framework import Status
+from worker.nodeinfo import NodeInfo
+
+_UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
+_CORDONED = Status.unresolvable("node(s) were unschedulable")
+_NOT_READY = Status.unresolvable("node(s) were not ready")
+_NO_CAPACITY = Status.unresolvable("node(s) had invalid allocatable")
+
+
+class NodeUnschedulable:
+    """Rejects cordoned nodes unless the pod tolerates the unschedulable taint (as DaemonSet pods do)."""
+
+    name = "NodeUnschedulable"
+    static = True
+
+    def filter(self, pod: PodRecord, node: NodeInfo) -> Status | None:
+        if not node.node.unschedulable:
+            return None
+        for t in pod.tolerations:
+            if (t.key == _UNSCHEDULABLE_TAINT or (t.key == "" and t.operator == "Exists")) and t.effect in (
+                "",
+                "NoSchedule",
+            ):
+                return None
+        return _CORDONED
+
+
+class NodeReady:
+    """Rejects nodes whose Ready condition is not True, and nodes without usable allocatable."""
+
+    name = "NodeReady"
+    static = True
+
+    def filter(self, pod: PodRecord, node: NodeInfo) -> Status | None:
+        if node.node.allocatable_error is not None:
+            return _NO_CAPACITY
+        return None if node.node.ready else _NOT_READY
+
+
+def node_unschedulable(_: Mapping[str, Any]) -> NodeUnschedulable:
+    return NodeUnschedulable()
+
+
+def node_ready(_: Mapping[str, Any]) -> NodeReady:
+    return NodeReady()

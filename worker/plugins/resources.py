@@ -1,0 +1,118 @@
+"""Resource plugins: NodeResourcesFit (filter) and the allocation scores MostAllocated (binpack, the
+default for agent pods: it leaves whole nodes free for batch work), LeastAllocated and BalancedAllocation.
+
+Scores follow kube-scheduler: CPU and memory, each weighted 1, using the non-zero request defaults for
+request-less pods, on a 0..100 scale.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from common.records import (
+    DEFAULT_MEMORY_FOR_SCORING,
+    DEFAULT_MILLI_CPU_FOR_SCORING,
+    EPHEMERAL_STORAGE,
+    PodRecord,
+)
+from worker.framework import Code, Status
+from worker.nodeinfo import NodeInfo
+
+_TOO_MANY_PODS = Status.unschedulable("Too many pods")
+
+
+class NodeResourcesFit:
+    name = "NodeResourcesFit"
+    static = False
+
+    def filter(self, pod: PodRecord, node: NodeInfo) -> Status | None:
+        req = pod.requests
+        alloc = node.node.allocatable
+        used = node.requested
+        reasons: list[str] = []
+        code = Code.UNSCHEDULABLE
+        if len(node.pods) + 1 > alloc.pods:
+            return _TOO_MANY_PODS
+        if req.milli_cpu and req.milli_cpu > alloc.milli_cpu - used.milli_cpu:
+            reasons.append("Insufficient cpu")
+            if req.milli_cpu > alloc.milli_cpu:
+                code = Code.UNRESOLVABLE
+        if req.memory and req.memory > alloc.memory - used.memory:
+            reasons.append("Insufficient memory")
+            if req.memory > alloc.memory:
+                code = Code.UNRESOLVABLE
+        if req.ephemeral_storage and req.ephemeral_storage > alloc.ephemeral_storage - used.ephemeral_storage:
+            reasons.append(f"Insufficient {EPHEMERAL_STORAGE}")
+            if req.ephemeral_storage > alloc.ephemeral_storage:
+                code = Code.UNRESOLVABLE
+        for name, amount in req.scalar.items():
+            have = alloc.scalar.get(name, 0)
+            if amount > have - used.scalar.get(name, 0):
+                reasons.append(f"Insufficient {name}")
+                if amount > have:
+                    code = Code.UNRESOLVABLE
+        return Status(code, tuple(reasons)) if reasons else None
+
+
+def _fractions(pod: PodRecord, node: NodeInfo) -> tuple[float, float]:
+    alloc = node.node.allocatable
+    cpu = node.nonzero_cpu + (pod.requests.milli_cpu or DEFAULT_MILLI_CPU_FOR_SCORING)
+    mem = node.nonzero_memory + (pod.requests.memory or DEFAULT_MEMORY_FOR_SCORING)
+    fc = min(1.0, cpu / alloc.milli_cpu) if alloc.milli_cpu > 0 else 1.0
+    fm = min(1.0, mem / alloc.memory) if alloc.memory > 0 else 1.0
+    return fc, fm
+
+
+class _NoNormalize:
+    def applies(self, pod: PodRecord) -> bool:
+        return True
+
+    def normalize(self, scores: list[float]) -> None:
+        return None
+
+
+class MostAllocated(_NoNormalize):
+    """Higher for fuller nodes: packs agent pods tightly."""
+
+    name = "MostAllocated"
+
+    def score(self, pod: PodRecord, node: NodeInfo) -> float:
+        fc, fm = _fractions(pod, node)
+        return 50.0 * (fc + fm)
+
+
+class LeastAllocated(_NoNormalize):
+    """Higher for emptier nodes: spreads pods."""
+
+    name = "LeastAllocated"
+
+    def score(self, pod: PodRecord, node: NodeInfo) -> float:
+        fc, fm = _fractions(pod, node)
+        return 50.0 * ((1.0 - fc) + (1.0 - fm))
+
+
+class BalancedAllocation(_NoNormalize):
+    """Higher when CPU and memory are used in the same proportion (100 minus their spread)."""
+
+    name = "BalancedAllocation"
+
+    def score(self, pod: PodRecord, node: NodeInfo) -> float:
+        fc, fm = _fractions(pod, node)
+        return 100.0 * (1.0 - abs(fc - fm) / 2.0)
+
+
+def fit(_: Mapping[str, Any]) -> NodeResourcesFit:
+    return NodeResourcesFit()
+
+
+def most_allocated(_: Mapping[str, Any]) -> MostAllocated:
+    return MostAllocated()
+
+
+def least_allocated(_: Mapping[str, Any]) -> LeastAllocated:
+    return LeastAllocated()
+
+
+def balanced(_: Mapping[str, Any]) -> BalancedAllocation:
+    return BalancedAllocation()
