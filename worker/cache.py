@@ -78,6 +78,8 @@ class Cache:
         self.assumed: dict[PodKey, Assumed] = {}
         # session label value -> {node: pods of that session there}, for session-locality candidates
         self.sessions: dict[str, dict[NodeName, int]] = {}
+        # extended resource (nvidia.com/gpu, ...) -> nodes that have some: pods asking for one look only there
+        self.scalar_nodes: dict[str, set[NodeName]] = {}
         # Bumped on any change that could make an unschedulable pod schedulable or change a failure reason.
         self.generation = 0
         self.expired = 0
@@ -107,6 +109,7 @@ class Cache:
                 self.static_versions[name] = self.static_versions.get(name, 0) + 1
             changed = changed or capacity_changed
         self.known.add(name)
+        self._index_scalars(name, record)
         self._reindex(info)
         if changed:
             self.generation += 1
@@ -118,6 +121,7 @@ class Cache:
             return
         self.known.discard(name)
         self.index.remove(name)
+        self._index_scalars(name, None)
         self.static_versions[name] = self.static_versions.get(name, 0) + 1
         if info.pods:
             info.set_node(_placeholder(name))  # keep accounting until its pods are gone too
@@ -131,6 +135,22 @@ class Cache:
             self.remove_node(name)
         for r in records:
             self.upsert_node(r)
+
+    def _index_scalars(self, name: NodeName, record: NodeRecord | None) -> None:
+        have = set(record.allocatable.scalar) if record is not None else set()
+        for resource, nodes in list(self.scalar_nodes.items()):
+            if resource not in have and name in nodes:
+                nodes.discard(name)
+                if not nodes:
+                    del self.scalar_nodes[resource]
+        for resource in have:
+            self.scalar_nodes.setdefault(resource, set()).add(name)
+
+    def scalar_candidates(self, resource: str) -> list[NodeInfo]:
+        """Indexed nodes offering an extended resource, fullest CPU first (binpack) or emptiest (spread)."""
+        infos = [self.nodes[n] for n in self.scalar_nodes.get(resource, ()) if n in self.index]
+        infos.sort(key=NodeInfo.free_milli_cpu, reverse=not self.index.ascending)
+        return infos
 
     def ownership_changed(self, names: set[NodeName] | frozenset[NodeName] | None = None) -> None:
         """Re-evaluate ``owns`` for these nodes (all when None) and fix the index."""

@@ -2,7 +2,8 @@
 
 How a decision is made, and why it is fast:
 1. Candidates come from the capacity index (``worker.index``) in the order of the profile's allocation
-   strategy, plus the nodes already hosting the pod's session; no per-cycle copy of the cache is made.
+   strategy, plus the nodes already hosting the pod's session; pods asking for an extended resource (a GPU)
+   look only at nodes that have it. No per-cycle copy of the cache is made.
 2. Static filters (labels, taints, readiness) are evaluated once per (pod signature, node) and cached until
    that node's record changes, so a burst of identical agent pods pays for them once per node.
 3. Dynamic filters (resources, host ports) run on each candidate; the walk stops after
@@ -18,6 +19,7 @@ The engine never mutates the cache: assuming the result is the caller's job (``w
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,7 +97,12 @@ class Engine:
         feasible: list[NodeInfo] = []
         evaluated = 0
         seen: set[str] | None = None
-        candidates = self.cache.index.candidates(pod.requests.milli_cpu)
+        candidates: Iterable[NodeInfo]
+        if pod.requests.scalar:
+            # Few nodes have extended resources (GPUs): walk only those instead of the CPU index.
+            candidates = self.cache.scalar_candidates(min(pod.requests.scalar))
+        else:
+            candidates = self.cache.index.candidates(pod.requests.milli_cpu)
         if self.session_label:
             session = pod.labels.get(self.session_label)
             if session:
@@ -127,9 +134,7 @@ class Engine:
         for plugin, weight in self.scores:
             if not plugin.applies(pod):
                 continue
-            raw = [plugin.score(pod, info) for info in feasible]
-            plugin.normalize(raw)
-            for i, s in enumerate(raw):
+            for i, s in enumerate(plugin.scores(pod, feasible)):
                 totals[i] += weight * s
         best_i = max(range(len(feasible)), key=totals.__getitem__)
         return feasible[best_i]
@@ -182,7 +187,7 @@ class Engine:
         return decision
 
 
-def _chain(first: list[NodeInfo], rest: Any, seen: set[str]) -> Any:
+def _chain(first: list[NodeInfo], rest: Iterable[NodeInfo], seen: set[str]) -> Iterator[NodeInfo]:
     yield from first
     for info in rest:
         if info.node.name not in seen:

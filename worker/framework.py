@@ -65,11 +65,10 @@ class ScorePlugin(Protocol):
     def applies(self, pod: PodRecord) -> bool:
         """False when the plugin would give every node the same score for this pod (it is then skipped)."""
 
-    def score(self, pod: PodRecord, node: NodeInfo) -> float:
-        """A raw score; ``normalize`` maps the candidates' raw scores onto 0..100."""
-
-    def normalize(self, scores: list[float]) -> None:
-        """In place; plugins whose raw scores are already on 0..100 do nothing."""
+    def scores(self, pod: PodRecord, nodes: list[NodeInfo]) -> list[float]:
+        """One score on 0..100 per candidate node, normalized over the candidates where the plugin's raw
+        scores are relative (kube-scheduler's Score + NormalizeScore in one call, to keep the per-node cost
+        of the hot path to one list comprehension)."""
 
 
 PluginFactory = Callable[[Mapping[str, Any]], Any]

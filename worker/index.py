@@ -19,7 +19,9 @@ from collections.abc import Iterator
 
 from worker.nodeinfo import NodeInfo
 
-BUCKET_MILLI = 250
+# Narrow buckets: nearly-full nodes (a few millicores free) must not share a bucket with nodes that can
+# still take a typical 100m pod, or every pod would walk past all of them.
+BUCKET_MILLI = 10
 
 
 class CapacityIndex:

@@ -37,15 +37,13 @@ class AffinityScore:
     def applies(self, pod: PodRecord) -> bool:
         return bool(pod.preferred_terms)
 
-    def score(self, pod: PodRecord, node: NodeInfo) -> float:
-        labels = node.node.labels
-        return float(sum(w for w, term in pod.preferred_terms if term.matches(node.node.name, labels)))
-
-    def normalize(self, scores: list[float]) -> None:
-        top = max(scores, default=0.0)
-        if top > 0:
-            for i, s in enumerate(scores):
-                scores[i] = 100.0 * s / top
+    def scores(self, pod: PodRecord, nodes: list[NodeInfo]) -> list[float]:
+        raw = [
+            float(sum(w for w, term in pod.preferred_terms if term.matches(info.node.name, info.node.labels)))
+            for info in nodes
+        ]
+        top = max(raw, default=0.0)
+        return [100.0 * r / top for r in raw] if top > 0 else raw
 
 
 def affinity_filter(_: Mapping[str, Any]) -> AffinityFilter:

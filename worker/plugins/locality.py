@@ -24,11 +24,9 @@ class WarmNode:
     def applies(self, pod: PodRecord) -> bool:
         return True
 
-    def score(self, pod: PodRecord, node: NodeInfo) -> float:
-        return 100.0 if node.node.labels.get(self.label) == self.value else 0.0
-
-    def normalize(self, scores: list[float]) -> None:
-        return None
+    def scores(self, pod: PodRecord, nodes: list[NodeInfo]) -> list[float]:
+        label, value = self.label, self.value
+        return [100.0 if info.node.labels.get(label) == value else 0.0 for info in nodes]
 
 
 class SessionLocality:
@@ -43,11 +41,9 @@ class SessionLocality:
     def applies(self, pod: PodRecord) -> bool:
         return self.label in pod.labels
 
-    def score(self, pod: PodRecord, node: NodeInfo) -> float:
-        return 100.0 if node.sessions.get(pod.labels[self.label], 0) else 0.0
-
-    def normalize(self, scores: list[float]) -> None:
-        return None
+    def scores(self, pod: PodRecord, nodes: list[NodeInfo]) -> list[float]:
+        session = pod.labels[self.label]
+        return [100.0 if info.sessions.get(session) else 0.0 for info in nodes]
 
 
 def warm_node(args: Mapping[str, Any]) -> WarmNode:

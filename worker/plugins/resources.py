@@ -55,51 +55,53 @@ class NodeResourcesFit:
         return Status(code, tuple(reasons)) if reasons else None
 
 
-def _fractions(pod: PodRecord, node: NodeInfo) -> tuple[float, float]:
-    alloc = node.node.allocatable
-    cpu = node.nonzero_cpu + (pod.requests.milli_cpu or DEFAULT_MILLI_CPU_FOR_SCORING)
-    mem = node.nonzero_memory + (pod.requests.memory or DEFAULT_MEMORY_FOR_SCORING)
-    fc = min(1.0, cpu / alloc.milli_cpu) if alloc.milli_cpu > 0 else 1.0
-    fm = min(1.0, mem / alloc.memory) if alloc.memory > 0 else 1.0
-    return fc, fm
+def _fractions(pod: PodRecord, nodes: list[NodeInfo]) -> list[tuple[float, float]]:
+    """(cpu, memory) requested fractions per node with the pod added, capped at 1 (kube-scheduler's rule)."""
+    pod_cpu = pod.requests.milli_cpu or DEFAULT_MILLI_CPU_FOR_SCORING
+    pod_mem = pod.requests.memory or DEFAULT_MEMORY_FOR_SCORING
+    out: list[tuple[float, float]] = []
+    for info in nodes:
+        alloc = info.node.allocatable
+        fc = min(1.0, (info.nonzero_cpu + pod_cpu) / alloc.milli_cpu) if alloc.milli_cpu > 0 else 1.0
+        fm = min(1.0, (info.nonzero_memory + pod_mem) / alloc.memory) if alloc.memory > 0 else 1.0
+        out.append((fc, fm))
+    return out
 
 
-class _NoNormalize:
-    def applies(self, pod: PodRecord) -> bool:
-        return True
-
-    def normalize(self, scores: list[float]) -> None:
-        return None
-
-
-class MostAllocated(_NoNormalize):
+class MostAllocated:
     """Higher for fuller nodes: packs agent pods tightly."""
 
     name = "MostAllocated"
 
-    def score(self, pod: PodRecord, node: NodeInfo) -> float:
-        fc, fm = _fractions(pod, node)
-        return 50.0 * (fc + fm)
+    def applies(self, pod: PodRecord) -> bool:
+        return True
+
+    def scores(self, pod: PodRecord, nodes: list[NodeInfo]) -> list[float]:
+        return [50.0 * (fc + fm) for fc, fm in _fractions(pod, nodes)]
 
 
-class LeastAllocated(_NoNormalize):
+class LeastAllocated:
     """Higher for emptier nodes: spreads pods."""
 
     name = "LeastAllocated"
 
-    def score(self, pod: PodRecord, node: NodeInfo) -> float:
-        fc, fm = _fractions(pod, node)
-        return 50.0 * ((1.0 - fc) + (1.0 - fm))
+    def applies(self, pod: PodRecord) -> bool:
+        return True
+
+    def scores(self, pod: PodRecord, nodes: list[NodeInfo]) -> list[float]:
+        return [50.0 * ((1.0 - fc) + (1.0 - fm)) for fc, fm in _fractions(pod, nodes)]
 
 
-class BalancedAllocation(_NoNormalize):
+class BalancedAllocation:
     """Higher when CPU and memory are used in the same proportion (100 minus their spread)."""
 
     name = "BalancedAllocation"
 
-    def score(self, pod: PodRecord, node: NodeInfo) -> float:
-        fc, fm = _fractions(pod, node)
-        return 100.0 * (1.0 - abs(fc - fm) / 2.0)
+    def applies(self, pod: PodRecord) -> bool:
+        return True
+
+    def scores(self, pod: PodRecord, nodes: list[NodeInfo]) -> list[float]:
+        return [100.0 * (1.0 - abs(fc - fm) / 2.0) for fc, fm in _fractions(pod, nodes)]
 
 
 def fit(_: Mapping[str, Any]) -> NodeResourcesFit:

@@ -34,19 +34,19 @@ class TaintScore:
     def applies(self, pod: PodRecord) -> bool:
         return True
 
-    def score(self, pod: PodRecord, node: NodeInfo) -> float:
-        return float(
+    def scores(self, pod: PodRecord, nodes: list[NodeInfo]) -> list[float]:
+        raw = [
             sum(
                 1
-                for t in node.node.taints
+                for t in info.node.taints
                 if t.effect == "PreferNoSchedule" and not tolerated(t, pod.tolerations)
             )
-        )
-
-    def normalize(self, scores: list[float]) -> None:
-        top = max(scores, default=0.0)
-        for i, s in enumerate(scores):
-            scores[i] = 100.0 if top == 0 else 100.0 * (top - s) / top
+            if info.node.taints
+            else 0
+            for info in nodes
+        ]
+        top = max(raw, default=0)
+        return [100.0 if top == 0 else 100.0 * (top - r) / top for r in raw]
 
 
 def taint_filter(_: Mapping[str, Any]) -> TaintFilter:

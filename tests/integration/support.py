@@ -1,0 +1,191 @@
+"""Helpers for integration tests: scheduler processes (started and stopped by PID), pod creation, waiting,
+the capacity audit read back from the API server, and a TCP proxy whose connections a test can cut."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from common.kube import KubeClient
+from common.records import node_from_json, pod_from_json
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class SchedulerProcess:
+    """``agent-scheduler <args>`` in its own process; logs to a file; stopped by its PID."""
+
+    def __init__(self, args: list[str], log_path: Path) -> None:
+        self.log_path = log_path
+        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "agent_scheduler.cli", *args],
+            cwd=ROOT,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+    def tail(self, lines: int = 40) -> str:
+        text = self.log_path.read_text(errors="replace").splitlines()
+        return "\n".join(text[-lines:])
+
+
+async def create_pods(
+    kube: KubeClient, namespace: str, pods: list[dict[str, Any]], concurrency: int = 32
+) -> None:
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(pod: dict[str, Any]) -> None:
+        async with sem:
+            await kube.post(f"/api/v1/namespaces/{namespace}/pods", pod)
+
+    await asyncio.gather(*(one(p) for p in pods))
+
+
+async def list_pods(kube: KubeClient, namespace: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = (await kube.get(f"/api/v1/namespaces/{namespace}/pods")).get("items", [])
+    return items
+
+
+async def wait_for(
+    kube: KubeClient, namespace: str, predicate: Any, *, timeout: float, what: str
+) -> list[dict[str, Any]]:
+    """Poll the namespace's pods until ``predicate(pods)`` holds; fail with ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pods = await list_pods(kube, namespace)
+        if predicate(pods):
+            return pods
+        if time.monotonic() > deadline:
+            bound = sum(1 for p in pods if p["spec"].get("nodeName"))
+            raise AssertionError(f"timed out waiting for {what}: {bound}/{len(pods)} pods bound")
+        await asyncio.sleep(0.5)
+
+
+def all_bound(n: int) -> Any:
+    return lambda pods: len(pods) == n and all(p["spec"].get("nodeName") for p in pods)
+
+
+@dataclass
+class Audit:
+    pods_bound: int = 0
+    overcommitted: list[str] = field(default_factory=list)
+    per_node: dict[str, int] = field(default_factory=dict)
+
+
+async def audit_capacity(kube: KubeClient) -> Audit:
+    """Read every node and non-terminal pod from the API server and check no node's summed requests exceed
+    its allocatable (cpu, memory, extended resources, pod count)."""
+    nodes = {n["metadata"]["name"]: node_from_json(n) for n in (await kube.get("/api/v1/nodes"))["items"]}
+    pods = (
+        await kube.get("/api/v1/pods", {"fieldSelector": "status.phase!=Succeeded,status.phase!=Failed"})
+    )["items"]
+    used: dict[str, Any] = {}
+    count: dict[str, int] = defaultdict(int)
+    out = Audit()
+    for obj in pods:
+        rec = pod_from_json(obj)
+        if not rec.node_name:
+            continue
+        out.pods_bound += 1
+        count[rec.node_name] += 1
+        if rec.node_name not in used:
+            used[rec.node_name] = rec.requests.copy()
+        else:
+            used[rec.node_name].add(rec.requests)
+    for name, req in used.items():
+        node = nodes.get(name)
+        if node is None:
+            continue
+        a = node.allocatable
+        over = [
+            r
+            for r, have, want in [
+                ("cpu", a.milli_cpu, req.milli_cpu),
+                ("memory", a.memory, req.memory),
+                ("pods", a.pods, count[name]),
+                *[(k, a.scalar.get(k, 0), v) for k, v in req.scalar.items()],
+            ]
+            if want > have
+        ]
+        if over:
+            out.overcommitted.append(f"{name}: {over}")
+    out.per_node = dict(count)
+    return out
+
+
+class CuttableProxy:
+    """A loopback TCP proxy to the API server. ``cut()`` closes every open connection at once, as a network
+    blip would: watches break mid-stream and requests in flight fail."""
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self.target = (target_host, target_port)
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        self.port = 0
+        self.cuts = 0
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self.port
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            writer.close()
+            return
+        self._writers |= {writer, up_writer}
+
+        async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+                while data := await r.read(65536):
+                    w.write(data)
+                    await w.drain()
+            w.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        self._writers -= {writer, up_writer}
+
+    def cut(self) -> int:
+        n = len(self._writers)
+        for w in list(self._writers):
+            w.transport.abort()
+        self._writers.clear()
+        self.cuts += 1
+        return n
+
+    async def stop(self) -> None:
+        self.cut()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
