@@ -2,6 +2,11 @@
 
 Standalone (``--standalone``): the worker owns every node (optionally those matching ``--node-selector``)
 and takes every pending pod of ``--scheduler-name`` from its own watch; no coordinator, no etcd.
+
+Coordinated (the default): the worker registers in etcd under its lease (``common.ownership``), places pods
+only on the nodes the leader granted it and only while its lease is healthy (fencing), and takes pods from
+the leader's dispatch stream (``worker.intake``). SIGTERM drains: no new decisions, revoked nodes wait for
+their bindings, the release is acknowledged, the lease is given back, exit 0.
 """
 
 from __future__ import annotations
@@ -40,6 +45,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-scheduled-events", action="store_true", help="do not emit Scheduled events")
     p.add_argument("--metrics-address", default="127.0.0.1:0", help="host:port of /metrics, /healthz")
     p.add_argument("--id", default="", help="worker identity (default hostname-pid)")
+    p.add_argument("--etcd-endpoints", default=os.environ.get("AGENT_SCHEDULER_ETCD", "127.0.0.1:2379"))
+    p.add_argument("--etcd-prefix", default="/agent-scheduler")
+    p.add_argument("--lease-ttl", type=int, default=10, help="seconds; fenced after ttl/2 without keepalive")
+    p.add_argument("--listen", default="127.0.0.1:0", help="host:port for the leader's dispatch stream")
+    p.add_argument(
+        "--advertise-host", default="", help="host the leader connects to (default: the listen host)"
+    )
+    p.add_argument("--weight", type=float, default=1.0, help="relative share of the pool this worker carries")
 
 
 def settings_from(args: argparse.Namespace) -> WorkerSettings:
@@ -97,7 +110,18 @@ async def run_standalone(settings: WorkerSettings) -> int:
 
 def run(args: argparse.Namespace) -> int:
     settings = settings_from(args)
-    if not args.standalone:
-        log.error("worker without --standalone needs a coordinator; see `agent-scheduler worker --help`")
-        return 2
-    return asyncio.run(run_standalone(settings))
+    if args.standalone:
+        return asyncio.run(run_standalone(settings))
+    from worker.coordinated import CoordinatedOptions, run_coordinated
+
+    host, _, port = args.listen.rpartition(":")
+    options = CoordinatedOptions(
+        etcd_endpoints=[e.strip() for e in args.etcd_endpoints.split(",") if e.strip()],
+        etcd_prefix=args.etcd_prefix,
+        lease_ttl=args.lease_ttl,
+        listen_host=host or "127.0.0.1",
+        listen_port=int(port or 0),
+        advertise_host=args.advertise_host or host or "127.0.0.1",
+        weight=args.weight,
+    )
+    return asyncio.run(run_coordinated(settings, options))

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.records import NodeName, PodRecord
+from common.reporting import unschedulable_message
 from worker.cache import Cache
 from worker.framework import Code, FilterPlugin, ScorePlugin, Status
 from worker.nodeinfo import NodeInfo
@@ -39,6 +40,10 @@ class Decision:
     evaluated: int = 0
     feasible: int = 0
     index_hit: bool = True  # False when the index walk found nothing and a full scan ran
+    # For failures: how many nodes were considered and how many failed for each reason (a coordinator sums
+    # these over shards into one cluster-wide message).
+    nodes: int = 0
+    reasons: tuple[tuple[str, int], ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -177,10 +182,18 @@ class Engine:
                 reasons[reason] += 1
         if placeable is not None:
             return Decision(NodeName(placeable.node.name), Code.SUCCESS, "", len(owned), 1, index_hit=False)
-        detail = ", ".join(f"{n} {reason}" for reason, n in sorted(reasons.items()))
-        message = f"0/{len(owned)} nodes are available" + (f": {detail}." if detail else ".")
+        message = unschedulable_message(len(owned), dict(reasons))
         code = Code.UNSCHEDULABLE if resolvable else Code.UNRESOLVABLE
-        decision = Decision(None, code, message, len(owned), 0, index_hit=False)
+        decision = Decision(
+            None,
+            code,
+            message,
+            len(owned),
+            0,
+            index_hit=False,
+            nodes=len(owned),
+            reasons=tuple(sorted(reasons.items())),
+        )
         self._explained[shape] = (self.cache.generation, len(owned), decision)
         if len(self._explained) > 4096:
             self._explained.clear()

@@ -34,6 +34,9 @@ class CapacityIndex:
     def __len__(self) -> int:
         return len(self._bucket_of)
 
+    def names(self) -> list[str]:
+        return list(self._bucket_of)
+
     def __contains__(self, name: str) -> bool:
         return name in self._bucket_of
 

@@ -1,0 +1,90 @@
+"""``agent-scheduler coordinator``: one coordinator replica. Run two or more; one leads (elected through
+etcd), the others stand by and take over within the lease TTL when the leader dies.
+
+Flags pick the API server (``--kubeconfig``), etcd (``--etcd-endpoints``, ``--etcd-prefix``), the lease TTL,
+the scheduler name whose pods are dispatched, and the agent node pool (``--agent-node-selector``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import socket
+import time
+
+from common import metrics
+from common.etcdkeys import KeyLayout
+from common.etcdkv import connect
+from common.kube import KubeClient, load_credentials
+from common.shardrecords import LeaderRecord
+from coordinator.election import LeaderElection, run_as_leader
+from coordinator.leader import LeaderOptions, TermState, run_term
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"), help="default: in-cluster")
+    p.add_argument("--etcd-endpoints", default=os.environ.get("AGENT_SCHEDULER_ETCD", "127.0.0.1:2379"))
+    p.add_argument("--etcd-prefix", default="/agent-scheduler")
+    p.add_argument("--lease-ttl", type=int, default=10, help="seconds; a dead leader is replaced within it")
+    p.add_argument("--scheduler-name", default="agent-scheduler")
+    p.add_argument("--agent-node-selector", default="", help="label selector of the agent node pool")
+    p.add_argument("--kube-api-qps", type=float, default=2000.0)
+    p.add_argument("--kube-api-burst", type=int, default=2000)
+    p.add_argument("--report-qps", type=float, default=50.0, help="unschedulable reports per second")
+    p.add_argument("--metrics-address", default="127.0.0.1:0", help="host:port of /metrics, /healthz")
+    p.add_argument("--id", default="", help="candidate identity (default hostname-pid)")
+
+
+async def _main(args: argparse.Namespace) -> int:
+    candidate = args.id or f"{socket.gethostname()}-{os.getpid()}"
+    keys = KeyLayout(args.etcd_prefix)
+    etcd = await connect([e.strip() for e in args.etcd_endpoints.split(",") if e.strip()])
+    creds = load_credentials(args.kubeconfig)
+    state = TermState()
+    async with KubeClient(creds, qps=args.kube_api_qps, burst=args.kube_api_burst) as client:
+        host, _, port = args.metrics_address.rpartition(":")
+        runner = await metrics.serve(host or "127.0.0.1", int(port or 0), lambda: True)
+        election = LeaderElection(
+            etcd,
+            LeaderRecord(
+                candidate_id=candidate, address=(metrics.addresses(runner) or [""])[0], started_at=time.time()
+            ),
+            keys=keys,
+            ttl=args.lease_ttl,
+        )
+        options = LeaderOptions(
+            scheduler_name=args.scheduler_name,
+            node_selector=args.agent_node_selector,
+            keys=keys,
+            report_qps=args.report_qps,
+        )
+        log.info(
+            "coordinator %s campaigning (etcd %s, prefix %s)", candidate, args.etcd_endpoints, keys.prefix
+        )
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        work = asyncio.create_task(
+            run_as_leader(election, lambda term: run_term(term, etcd, client, options, state))
+        )
+        stopper = asyncio.create_task(stop.wait())
+        done, _ = await asyncio.wait({work, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        if work in done:
+            work.result()
+        work.cancel()  # resigns: the lease is revoked so a standby takes over at once
+        await asyncio.gather(work, return_exceptions=True)
+        stopper.cancel()
+        await runner.cleanup()
+    await etcd.close()
+    log.info("coordinator %s stopped", candidate)
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    return asyncio.run(_main(args))

@@ -1,0 +1,94 @@
+"""What the coordinator does while it leads one term: the shard map, the pod dispatcher, and the link
+between them (the live workers' dispatch addresses, read from etcd membership).
+
+Everything here runs inside ``run_term`` and is cancelled the moment the term is lost (see
+``coordinator.election.run_as_leader``), so a deposed leader neither writes the map (its writes are
+guarded in etcd anyway) nor dispatches pods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+from etcd3aio import Etcd3Client
+
+from common.etcdkeys import KeyFamily, KeyLayout
+from common.etcdmirror import KeyMirror
+from common.kube import KubeClient
+from common.reporting import Reporter
+from common.shardrecords import RecordError, WorkerRecord
+from coordinator.assignment import AssignmentPolicy
+from coordinator.dispatch import Dispatcher
+from coordinator.election import LeaderTerm
+from coordinator.pool import LabelPool
+from coordinator.shardmap import ShardMapLeader
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class LeaderOptions:
+    scheduler_name: str = "agent-scheduler"
+    node_selector: str = ""
+    keys: KeyLayout = field(default_factory=KeyLayout)
+    report_qps: float = 50.0
+    policy: AssignmentPolicy | None = None
+
+
+class TermState:
+    """The parts of one term, kept so ``status`` can read their statistics."""
+
+    def __init__(self) -> None:
+        self.shardmap: ShardMapLeader | None = None
+        self.dispatcher: Dispatcher | None = None
+
+
+async def run_term(
+    term: LeaderTerm, etcd: Etcd3Client, client: KubeClient, options: LeaderOptions, state: TermState
+) -> None:
+    log.info("leading: term %d (%s)", term.create_revision, term.record.candidate_id)
+    pool = LabelPool(client, options.node_selector)
+    shardmap = ShardMapLeader(etcd, term, pool, keys=options.keys, policy=options.policy)
+    pool.listeners.append(shardmap.poke)
+    reporter = Reporter(
+        client, component=options.scheduler_name, instance=term.record.candidate_id, qps=options.report_qps
+    )
+    dispatcher = Dispatcher(
+        client,
+        reporter,
+        scheduler_name=options.scheduler_name,
+        leader_id=term.record.candidate_id,
+        term=term.create_revision,
+    )
+    state.shardmap, state.dispatcher = shardmap, dispatcher
+
+    def members_changed() -> None:
+        workers: dict[str, str] = {}
+        for key, kv in members.items.items():
+            parsed = options.keys.parse(key)
+            if parsed is None or parsed[0] != KeyFamily.MEMBER:
+                continue
+            try:
+                rec = WorkerRecord.decode(kv.value)
+            except RecordError as e:
+                log.warning("ignoring malformed membership record %s: %s", key, e)
+                continue
+            workers[rec.worker_id] = rec.address
+        dispatcher.set_workers(workers)
+
+    members = KeyMirror(
+        etcd, options.keys.members_prefix, prefix=True, on_change=members_changed, name="members"
+    )
+    try:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(pool.run())
+            await pool.reflector.synced.wait()  # an unlisted pool would revoke everything
+            tg.create_task(shardmap.run())
+            tg.create_task(members.run())
+            tg.create_task(reporter.run())
+            tg.create_task(dispatcher.run())
+    finally:
+        dispatcher.close()
+        state.shardmap = state.dispatcher = None
