@@ -14,6 +14,7 @@ Invariants:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, NewType
 
@@ -155,13 +156,23 @@ class Requirement:
         if op == "DoesNotExist":
             return self.key not in labels
         have = labels.get(self.key)
-        if have is None:
-            return False
-        try:
-            left, right = int(have), int(self.values[0])
-        except ValueError:
+        left = _int64(have) if have is not None else None
+        right = _int64(self.values[0])
+        if left is None or right is None:
             return False  # a non-integer label never satisfies Gt/Lt, as in kube-scheduler
         return left > right if op == "Gt" else left < right
+
+
+_INT64 = re.compile(r"[+-]?[0-9]+")
+
+
+def _int64(text: str) -> int | None:
+    """``text`` as Go's ``strconv.ParseInt(text, 10, 64)`` reads it (kube-scheduler's Gt/Lt), else None.
+    Stricter than ``int()``: no underscores ("1_0" is a valid label value), no spaces, no non-ASCII digits."""
+    if not _INT64.fullmatch(text):
+        return None
+    value = int(text)
+    return value if -(2**63) <= value < 2**63 else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,10 +271,8 @@ def _requirements(raw: Any, where: str) -> tuple[Requirement, ...]:
         if op in ("Gt", "Lt"):
             if len(values) != 1:
                 raise ValueError(f"{where}: operator {op} for key {key!r} needs exactly one value")
-            try:
-                int(values[0])
-            except ValueError as e:
-                raise ValueError(f"{where}: operator {op} for key {key!r} needs an integer value") from e
+            if _int64(values[0]) is None:
+                raise ValueError(f"{where}: operator {op} for key {key!r} needs an integer value")
         out.append(Requirement(str(key), op, values))
     return tuple(out)
 
@@ -276,6 +285,22 @@ def _term(raw: Any, where: str) -> SelectorTerm:
         if req.key != "metadata.name" or req.operator not in ("In", "NotIn"):
             raise ValueError(f"{where}.matchFields: only metadata.name with In/NotIn is supported")
     return SelectorTerm(_requirements(raw.get("matchExpressions"), where + ".matchExpressions"), fields)
+
+
+def _required_terms(raw: Any) -> tuple[SelectorTerm, ...]:
+    """The required terms as kube-scheduler reads them: a term that does not parse (the API server accepts
+    ``Gt`` with a value like "abc") matches no node, but the other terms still count. Only when no term
+    parses is the pod itself invalid (it then fits no node either way)."""
+    terms: list[SelectorTerm] = []
+    error: ValueError | None = None
+    for i, t in enumerate(raw):
+        try:
+            terms.append(_term(t, f"requiredDuringScheduling.nodeSelectorTerms[{i}]"))
+        except ValueError as e:
+            error = error or e
+    if error is not None and not terms:
+        raise error
+    return tuple(terms)
 
 
 def _effective_requests(spec: dict[str, Any]) -> Resources:
@@ -329,10 +354,7 @@ def _placement_fields(spec: dict[str, Any]) -> dict[str, Any]:
     required_raw = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
     required: tuple[SelectorTerm, ...] | None = None
     if required_raw is not None:
-        required = tuple(
-            _term(t, f"requiredDuringScheduling.nodeSelectorTerms[{i}]")
-            for i, t in enumerate(required_raw.get("nodeSelectorTerms") or ())
-        )
+        required = _required_terms(required_raw.get("nodeSelectorTerms") or ())
     preferred: list[tuple[int, SelectorTerm]] = []
     for i, p in enumerate(node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution") or ()):
         weight = int(p.get("weight", 0))

@@ -35,6 +35,12 @@ MAX_SCHEDULED_EVENTS_QUEUED = 10000
 SCHEDULED_EVENT_SENDERS = 8
 
 
+def unschedulable_message(nodes: int, reasons: dict[str, int]) -> str:
+    """kube-scheduler's FailedScheduling message: "0/40 nodes are available: 12 Insufficient cpu, ..."."""
+    detail = ", ".join(f"{n} {reason}" for reason, n in sorted(reasons.items()))
+    return f"0/{nodes} nodes are available" + (f": {detail}." if detail else ".")
+
+
 def _now_rfc3339() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 

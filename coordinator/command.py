@@ -2,7 +2,8 @@
 etcd), the others stand by and take over within the lease TTL when the leader dies.
 
 Flags pick the API server (``--kubeconfig``), etcd (``--etcd-endpoints``, ``--etcd-prefix``), the lease TTL,
-the scheduler name whose pods are dispatched, and the agent node pool (``--agent-node-selector``).
+the scheduler name whose pods are dispatched, and the agent node pool (``--agent-node-selector``), which the
+shard-policy ConfigMap (``--policy-configmap``, ``--policy-namespace``) narrows when it exists.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from common.kube import KubeClient, load_credentials
 from common.shardrecords import LeaderRecord
 from coordinator.election import LeaderElection, run_as_leader
 from coordinator.leader import LeaderOptions, TermState, run_term
+from coordinator.policy import DEFAULT_CONFIGMAP_NAME, DEFAULT_CONFIGMAP_NAMESPACE
+from coordinator.sharding import ShardingOptions
 
 log = logging.getLogger(__name__)
 
@@ -33,11 +36,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lease-ttl", type=int, default=10, help="seconds; a dead leader is replaced within it")
     p.add_argument("--scheduler-name", default="agent-scheduler")
     p.add_argument("--agent-node-selector", default="", help="label selector of the agent node pool")
+    p.add_argument(
+        "--policy-configmap",
+        default=None,
+        help=f"sharding ConfigMap (default {DEFAULT_CONFIGMAP_NAME}; until it exists the label pool is used, "
+        "or Volcano's default policy when this flag is given); empty: no shard policy, no NodeShards",
+    )
+    p.add_argument("--policy-namespace", default=DEFAULT_CONFIGMAP_NAMESPACE)
     p.add_argument("--kube-api-qps", type=float, default=2000.0)
     p.add_argument("--kube-api-burst", type=int, default=2000)
     p.add_argument("--report-qps", type=float, default=50.0, help="unschedulable reports per second")
     p.add_argument("--metrics-address", default="127.0.0.1:0", help="host:port of /metrics, /healthz")
     p.add_argument("--id", default="", help="candidate identity (default hostname-pid)")
+
+
+def sharding_options(args: argparse.Namespace) -> ShardingOptions | None:
+    """The shard-policy options from the flags; None when ``--policy-configmap`` is empty."""
+    if args.policy_configmap == "":
+        return None
+    return ShardingOptions(
+        configmap=args.policy_configmap or DEFAULT_CONFIGMAP_NAME,
+        namespace=args.policy_namespace,
+        use_default=args.policy_configmap is not None,
+        scheduler_name=args.scheduler_name,
+        node_selector=args.agent_node_selector,
+    )
 
 
 async def _main(args: argparse.Namespace) -> int:
@@ -62,6 +85,7 @@ async def _main(args: argparse.Namespace) -> int:
             node_selector=args.agent_node_selector,
             keys=keys,
             report_qps=args.report_qps,
+            sharding=sharding_options(args),
         )
         log.info(
             "coordinator %s campaigning (etcd %s, prefix %s)", candidate, args.etcd_endpoints, keys.prefix

@@ -7,8 +7,10 @@ take.
 
 Choosing a worker: among the connected workers whose last CAPACITY summary says the pod can fit (the pod's
 CPU and memory requests within the largest free amounts on one node) and that have not already said no for
-this pod, take the better of two picked at random — the one with more free CPU after subtracting what is
-already on its way to it. Best-of-two spreads a burst without the herd effect of always picking the max.
+this pod, take the better of two picked at random: the one with fewer pods in flight to it (join the
+shorter queue; ties go to more free CPU). Capacity decides *whether* a shard can take a pod, queue length
+*which* one should: that keeps every worker's decision and binding capacity busy during a burst, and
+best-of-two avoids the herd effect of always picking the minimum.
 
 Invariants:
 - A pod is dispatched to at most one worker at a time; it is tracked until its RESULT, until the watch shows
@@ -180,8 +182,9 @@ class Dispatcher:
             and pod.requests.memory <= cap.get("max_memory", 0)
         )
 
-    def _room(self, link: _Link) -> float:
-        return float(link.capacity.get("free_cpu", 0) - link.reserved_cpu)
+    def _load(self, link: _Link) -> tuple[int, float]:
+        """Lower is better: pods on their way to or waiting in the worker, then less free CPU."""
+        return (len(link.in_flight), -float(link.capacity.get("free_cpu", 0) - link.reserved_cpu))
 
     def choose(self, p: _Pod) -> _Link | None:
         options = [
@@ -192,7 +195,7 @@ class Dispatcher:
         if len(options) == 1:
             return options[0]
         a, b = self.rng.sample(options, 2)
-        return a if self._room(a) >= self._room(b) else b
+        return a if self._load(a) <= self._load(b) else b
 
     def _live_workers_with_nodes(self) -> set[str]:
         return {wid for wid, link in self.links.items() if link.ready and link.capacity.get("nodes", 0) > 0}

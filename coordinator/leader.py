@@ -1,5 +1,7 @@
 """What the coordinator does while it leads one term: the shard map, the pod dispatcher, and the link
-between them (the live workers' dispatch addresses, read from etcd membership).
+between them (the live workers' dispatch addresses, read from etcd membership). The agent node pool is the
+label-selected ``LabelPool``, or, with a sharding ConfigMap configured, the ``PolicyPool`` that
+``coordinator.sharding.ShardingController`` keeps (shard policy and NodeShard handoff).
 
 Everything here runs inside ``run_term`` and is cancelled the moment the term is lost (see
 ``coordinator.election.run_as_leader``), so a deposed leader neither writes the map (its writes are
@@ -23,6 +25,7 @@ from coordinator.assignment import AssignmentPolicy
 from coordinator.dispatch import Dispatcher
 from coordinator.election import LeaderTerm
 from coordinator.pool import LabelPool
+from coordinator.sharding import PolicyPool, ShardingController, ShardingOptions
 from coordinator.shardmap import ShardMapLeader
 
 log = logging.getLogger(__name__)
@@ -35,6 +38,7 @@ class LeaderOptions:
     keys: KeyLayout = field(default_factory=KeyLayout)
     report_qps: float = 50.0
     policy: AssignmentPolicy | None = None
+    sharding: ShardingOptions | None = None  # the shard-policy ConfigMap; None: the label pool only
 
 
 class TermState:
@@ -43,15 +47,21 @@ class TermState:
     def __init__(self) -> None:
         self.shardmap: ShardMapLeader | None = None
         self.dispatcher: Dispatcher | None = None
+        self.sharding: ShardingController | None = None
 
 
 async def run_term(
     term: LeaderTerm, etcd: Etcd3Client, client: KubeClient, options: LeaderOptions, state: TermState
 ) -> None:
     log.info("leading: term %d (%s)", term.create_revision, term.record.candidate_id)
-    pool = LabelPool(client, options.node_selector)
+    pool = LabelPool(client, options.node_selector) if options.sharding is None else PolicyPool()
     shardmap = ShardMapLeader(etcd, term, pool, keys=options.keys, policy=options.policy)
     pool.listeners.append(shardmap.poke)
+    sharding = None
+    if isinstance(pool, PolicyPool) and options.sharding is not None:
+        sharding = ShardingController(
+            client, etcd, term, options.sharding, pool=pool, held=shardmap.nodes_in_use, keys=options.keys
+        )
     reporter = Reporter(
         client, component=options.scheduler_name, instance=term.record.candidate_id, qps=options.report_qps
     )
@@ -62,7 +72,7 @@ async def run_term(
         leader_id=term.record.candidate_id,
         term=term.create_revision,
     )
-    state.shardmap, state.dispatcher = shardmap, dispatcher
+    state.shardmap, state.dispatcher, state.sharding = shardmap, dispatcher, sharding
 
     def members_changed() -> None:
         workers: dict[str, str] = {}
@@ -83,12 +93,16 @@ async def run_term(
     )
     try:
         async with asyncio.TaskGroup() as tg:
-            tg.create_task(pool.run())
-            await pool.reflector.synced.wait()  # an unlisted pool would revoke everything
+            if sharding is not None:
+                tg.create_task(sharding.run())
+                await sharding.ready.wait()  # an unset pool would revoke everything
+            elif isinstance(pool, LabelPool):
+                tg.create_task(pool.run())
+                await pool.reflector.synced.wait()  # an unlisted pool would revoke everything
             tg.create_task(shardmap.run())
             tg.create_task(members.run())
             tg.create_task(reporter.run())
             tg.create_task(dispatcher.run())
     finally:
         dispatcher.close()
-        state.shardmap = state.dispatcher = None
+        state.shardmap = state.dispatcher = state.sharding = None

@@ -1,10 +1,11 @@
-"""``agent-scheduler status``: who leads, the shard map's epoch, and each worker's shard and load, read
-straight from etcd (so it works from any machine that reaches etcd, leader or not)."""
+"""``agent-scheduler status``: who leads, the shard map's epoch, each worker's shard and load, and the shard
+policy in force, read straight from etcd (so it works from any machine that reaches etcd, leader or not)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import time
@@ -14,6 +15,7 @@ from common.etcdkeys import KeyFamily, KeyLayout
 from common.etcdkv import connect, get_prefix
 from common.shardrecords import LoadReport, RecordError, ShardAssignment, ShardMapMeta, WorkerRecord
 from coordinator.election import current_leader
+from coordinator.sharding import PolicyRecord, PolicyRecordError, policy_key
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -32,7 +34,14 @@ async def collect(endpoints: list[str], prefix: str) -> dict[str, Any]:
         await etcd.close()
     workers: dict[str, dict[str, Any]] = {}
     epoch = 0
+    policy: dict[str, Any] | None = None
     for kv in kvs:
+        if kv.key == policy_key(keys):
+            try:
+                policy = dataclasses.asdict(PolicyRecord.decode(kv.value))
+            except PolicyRecordError as e:
+                policy = {"error": str(e)}
+            continue
         parsed = keys.parse(kv.key)
         if parsed is None:
             continue
@@ -66,6 +75,7 @@ async def collect(endpoints: list[str], prefix: str) -> dict[str, Any]:
         "epoch": epoch,
         "revision": revision,
         "workers": workers,
+        "policy": policy,
     }
 
 
@@ -82,7 +92,29 @@ def render(status: dict[str, Any]) -> str:
             f"{w.get('free_cpu', 0) / 1000:>9.1f}c {w.get('free_memory', 0) / 2**30:>8.1f}Gi {w.get('pending', 0):>8} "
             f"{w.get('binds_per_s', 0.0):>8.1f} {w.get('cpu', 0.0):>5.2f}"
         )
+    lines += _render_policy(status.get("policy"))
     return "\n".join(lines)
+
+
+def _render_policy(p: dict[str, Any] | None) -> list[str]:
+    if p is None:
+        return ["shard policy: (not published)"]
+    if "error" in p:
+        return [f"shard policy: {p['error']}"]
+    present = "present" if p["configmap_present"] else "absent"
+    head = f"shard policy: {p['mode']} (configmap {p['configmap']} {present}; from {p['origin']})"
+    lines = [head]
+    if p["mode"] == "policy":
+        lines += p["summary"].splitlines()
+        sizes = ", ".join(f"{name} {n}" for name, n in p["desired"].items())
+        lines.append(
+            f"  shards: {sizes}; {p['agent_shard']}: {p['in_use']} in use, {p['pool']} in pool, "
+            f"{p['waiting']} waiting for another shard, {p['deferred']} moves deferred"
+            + ("" if p["nodeshards"] else " (NodeShard CRD not installed)")
+        )
+    if p["last_rejected"]:
+        lines.append(f"  last edit rejected: {p['last_rejected']}")
+    return lines
 
 
 def run(args: argparse.Namespace) -> int:

@@ -48,7 +48,9 @@ class PodBuilder:
         self.spec.setdefault("nodeSelector", {}).update(labels)
         return self
 
-    def toleration(self, key: str, value: str = "", *, operator: str = "Equal", effect: str = "") -> PodBuilder:
+    def toleration(
+        self, key: str, value: str = "", *, operator: str = "Equal", effect: str = ""
+    ) -> PodBuilder:
         t: dict[str, Any] = {"key": key, "operator": operator}
         if value:
             t["value"] = value
@@ -57,7 +59,9 @@ class PodBuilder:
         self.spec.setdefault("tolerations", []).append(t)
         return self
 
-    def required(self, *terms: list[dict[str, Any]], fields: list[dict[str, Any]] | None = None) -> PodBuilder:
+    def required(
+        self, *terms: list[dict[str, Any]], fields: list[dict[str, Any]] | None = None
+    ) -> PodBuilder:
         out = [{"matchExpressions": exprs} for exprs in terms]
         if fields:
             out.append({"matchFields": fields})

@@ -39,6 +39,7 @@ class BindRequest:
     node: NodeName
     queued_at: float  # when the pod entered the scheduling queue (SLI start)
     attempts: int
+    assumed_at: float  # wall clock, for the audit trail
 
 
 class Binder:
@@ -53,6 +54,7 @@ class Binder:
         on_bound: Callable[[PodRecord, NodeName], None] = lambda _p, _n: None,
         on_requeue: Callable[[PodRecord], None] = lambda _p: None,
         on_rejected: Callable[[PodRecord, str], None] = lambda _p, _m: None,
+        audit: Callable[[str, str, float, float], None] | None = None,
     ) -> None:
         self.client = client
         self.cache = cache
@@ -62,6 +64,7 @@ class Binder:
         self.on_bound = on_bound
         self.on_requeue = on_requeue
         self.on_rejected = on_rejected
+        self.audit = audit
         self._queue: asyncio.Queue[BindRequest] = asyncio.Queue()
         self._in_flight: dict[NodeName, int] = {}
         self._idle = asyncio.Condition()
@@ -69,7 +72,7 @@ class Binder:
 
     def submit(self, pod: PodRecord, node: NodeName, queued_at: float, attempts: int) -> None:
         self._in_flight[node] = self._in_flight.get(node, 0) + 1
-        self._queue.put_nowait(BindRequest(pod, node, queued_at, attempts))
+        self._queue.put_nowait(BindRequest(pod, node, queued_at, attempts, time.time()))
 
     def in_flight(self, node: NodeName | None = None) -> int:
         if node is None:
@@ -140,6 +143,8 @@ class Binder:
             metrics.bind_results.labels("bound").inc()
             metrics.pod_sli_duration.labels(str(min(req.attempts, 16))).observe(now - req.queued_at)
             self.cache.finish_binding(pod.key, now)
+            if self.audit is not None:
+                self.audit(pod.key, node, req.assumed_at, time.time())
             self.bound += 1
             self.on_bound(pod, node)
             return

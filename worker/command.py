@@ -53,6 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--advertise-host", default="", help="host the leader connects to (default: the listen host)"
     )
     p.add_argument("--weight", type=float, default=1.0, help="relative share of the pool this worker carries")
+    p.add_argument("--audit-log", default="", help="append one JSON line per binding to this file")
 
 
 def settings_from(args: argparse.Namespace) -> WorkerSettings:
@@ -123,5 +124,6 @@ def run(args: argparse.Namespace) -> int:
         listen_port=int(port or 0),
         advertise_host=args.advertise_host or host or "127.0.0.1",
         weight=args.weight,
+        audit_log=args.audit_log,
     )
     return asyncio.run(run_coordinated(settings, options))

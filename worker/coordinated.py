@@ -28,6 +28,7 @@ from common.ownership import OwnershipChange, ShardMembership
 from common.records import NodeName
 from common.settings import WorkerSettings
 from common.shardrecords import LoadReport, WorkerCapacity, WorkerRecord
+from worker.audit import AuditLog
 from worker.intake import Intake
 from worker.scheduler import Scheduler
 
@@ -46,6 +47,7 @@ class CoordinatedOptions:
     listen_port: int = 0
     advertise_host: str = "127.0.0.1"
     weight: float = 1.0
+    audit_log: str = ""
 
 
 async def _report_load(membership: ShardMembership, sched: Scheduler, intake: Intake) -> None:
@@ -105,6 +107,13 @@ async def run_coordinated(settings: WorkerSettings, options: CoordinatedOptions)
             sched.ownership_changed(set(change.added | change.removed))
             log.info("shard epoch %d: +%d -%d nodes", change.epoch, len(change.added), len(change.removed))
 
+        audit = (
+            AuditLog(options.audit_log, worker=wid, epoch=lambda: membership.epoch if membership else 0)
+            if options.audit_log
+            else None
+        )
+        if audit is not None:
+            sched.binder.audit = audit.bound
         membership.subscribe(changed)
         membership.keeper.add_listener(lambda healthy: sched.ownership_changed())
         runner = await metrics.serve(
@@ -148,6 +157,8 @@ async def run_coordinated(settings: WorkerSettings, options: CoordinatedOptions)
         await asyncio.gather(load_task, sched_task, return_exceptions=True)
         await intake.close()
         await runner.cleanup()
+        if audit is not None:
+            audit.close()
         log.info("worker %s stopped: %s", wid, sched.statistics())
     await etcd.close()
     return 0

@@ -5,7 +5,15 @@ from common.quantity import QuantityError, format_milli, parse_milli, parse_unit
 
 @pytest.mark.parametrize(
     ("text", "milli"),
-    [("100m", 100), ("1", 1000), ("0.5", 500), ("2.25", 2250), ("1k", 1_000_000), ("1e3", 1_000_000), (2, 2000)],
+    [
+        ("100m", 100),
+        ("1", 1000),
+        ("0.5", 500),
+        ("2.25", 2250),
+        ("1k", 1_000_000),
+        ("1e3", 1_000_000),
+        (2, 2000),
+    ],
 )
 def test_parse_milli(text: str, milli: int) -> None:
     assert parse_milli(text) == milli

@@ -13,7 +13,12 @@ def test_requests_sum_app_containers_and_take_max_of_init() -> None:
 
 
 def test_sidecar_init_containers_add_to_the_app_containers() -> None:
-    b = make_pod("a").req(cpu="200m").init_container(restart_always=True, cpu="100m").init_container(cpu="250m")
+    b = (
+        make_pod("a")
+        .req(cpu="200m")
+        .init_container(restart_always=True, cpu="100m")
+        .init_container(cpu="250m")
+    )
     # app 200m + sidecar 100m = 300m; the plain init container runs beside the sidecar: 250m + 100m = 350m
     assert b.record().requests.milli_cpu == 350
 

@@ -9,7 +9,9 @@ from worker.engine import Engine
 from worker.scheduler import build_engine
 
 
-def engine_over(nodes: list[NodeRecord], *, owned: set[str] | None = None, feasible_nodes: int = 16) -> Engine:
+def engine_over(
+    nodes: list[NodeRecord], *, owned: set[str] | None = None, feasible_nodes: int = 16
+) -> Engine:
     settings = WorkerSettings()
     settings.scheduling.feasible_nodes = feasible_nodes
     owns = (lambda n: n in owned) if owned is not None else None

@@ -94,7 +94,9 @@ def test_random_load_never_overcommits_and_every_fitting_pod_is_placed() -> None
     eng = engine_over(nodes, feasible_nodes=rng.choice([1, 4, 16]))
     placed = 0
     for i in range(1500):
-        b = make_pod(f"p{i}").req(cpu=rng.choice(["100m", "250m", "500m", "1"]), memory=rng.choice(["128Mi", "512Mi"]))
+        b = make_pod(f"p{i}").req(
+            cpu=rng.choice(["100m", "250m", "500m", "1"]), memory=rng.choice(["128Mi", "512Mi"])
+        )
         if i % 3 == 0:
             b.toleration("dedicated", "batch")
         if i % 4 == 0:

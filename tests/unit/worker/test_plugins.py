@@ -56,7 +56,10 @@ def test_required_node_affinity_operators(expr: dict[str, object], fits: bool) -
 
 def test_terms_are_ored_and_expressions_anded() -> None:
     node = make_node("n").label("zone", "a").label("pool", "x")
-    both = [{"key": "zone", "operator": "In", "values": ["a"]}, {"key": "pool", "operator": "In", "values": ["y"]}]
+    both = [
+        {"key": "zone", "operator": "In", "values": ["a"]},
+        {"key": "pool", "operator": "In", "values": ["y"]},
+    ]
     assert verdict(node, make_pod("p").required(both)) != "ok"
     other = [{"key": "pool", "operator": "In", "values": ["x"]}]
     assert verdict(node, make_pod("p").required(both, other)) == "ok"
@@ -83,7 +86,10 @@ def test_resources_fit_reasons() -> None:
     assert verdict(node, make_pod("p").req(cpu="2", memory="2Gi")) == (
         "0/1 nodes are available: 1 Insufficient cpu, 1 Insufficient memory."
     )
-    assert verdict(node, make_pod("p").req(nvidia_gpu="1")) == "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
+    assert (
+        verdict(node, make_pod("p").req(nvidia_gpu="1"))
+        == "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
+    )
     assert verdict(make_node("g").extended("nvidia.com/gpu", "8"), make_pod("p").req(nvidia_gpu="1")) == "ok"
 
 
@@ -103,8 +109,14 @@ def test_host_ports() -> None:
 
 
 def test_cordoned_and_not_ready() -> None:
-    assert verdict(make_node("n").cordon(), make_pod("p")) == "0/1 nodes are available: 1 node(s) were unschedulable."
-    assert verdict(make_node("n").not_ready(), make_pod("p")) == "0/1 nodes are available: 1 node(s) were not ready."
+    assert (
+        verdict(make_node("n").cordon(), make_pod("p"))
+        == "0/1 nodes are available: 1 node(s) were unschedulable."
+    )
+    assert (
+        verdict(make_node("n").not_ready(), make_pod("p"))
+        == "0/1 nodes are available: 1 node(s) were not ready."
+    )
 
 
 def test_malformed_pod_is_unschedulable_with_its_reason() -> None:

@@ -1,0 +1,218 @@
+"""A thin typed adapter over ``etcd3aio``: the only module that touches its untyped protobuf replies.
+
+etcd3aio returns generated protobuf messages that mypy sees as ``Any``. This module converts them at
+the boundary into small frozen dataclasses, and names the exceptions an etcd call can raise, so the
+rest of the layer is type-checked and catches failures in one way.
+
+Invariants:
+- Every call takes a timeout; nothing here waits forever on an unreachable etcd.
+- ``ETCD_FAILURES`` is what a caller must expect from any function here when etcd is down, slow or
+  refuses the request. Programming errors (wrong types, not connected) are not in it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc.aio  # type: ignore[import-untyped, unused-ignore]
+from etcd3aio import Etcd3Client, EtcdError, SortOrder, SortTarget, prefix_range_end
+from etcd3aio._protobuf import Compare, WatchCreateRequest, WatchRequest
+from etcd3aio.kv import KVService
+from etcd3aio.lease import LeaseService
+from etcd3aio.watch import WatchService
+
+log = logging.getLogger(__name__)
+
+# etcd's client-side error mapping covers unary calls; raw streams (keepalive) raise the gRPC error, and
+# our own deadlines raise TimeoutError.
+ETCD_FAILURES: tuple[type[BaseException], ...] = (EtcdError, grpc.aio.AioRpcError, TimeoutError)
+
+DEFAULT_TIMEOUT = 5.0  # per request; generous, since etcd answers in about a millisecond when well
+
+# mvccpb.Event.EventType
+EVENT_PUT = 0
+EVENT_DELETE = 1
+
+# gRPC's default reconnect backoff grows to 120 s; after an etcd restart we want to be back within about a
+# second, because fenced workers place no pods until then.
+_MAX_RECONNECT_BACKOFF_MS = 1000
+
+
+def describe(error: BaseException) -> str:
+    """One log-friendly line for an etcd failure (gRPC errors print five lines by default)."""
+    if isinstance(error, grpc.aio.AioRpcError):
+        return f"{error.code().name}: {error.details()}"
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+
+
+@dataclass(frozen=True, slots=True)
+class KeyValue:
+    key: str
+    value: bytes
+    create_revision: int
+    mod_revision: int
+    lease: int  # 0 when the key has no lease
+
+
+@dataclass(frozen=True, slots=True)
+class WatchBatch:
+    """One watch response: its events in order, or ``lost_history`` when etcd dropped the watch."""
+
+    revision: int
+    events: tuple[tuple[int, KeyValue], ...]  # (EVENT_PUT | EVENT_DELETE, kv)
+    lost_history: bool = False  # compacted or cancelled: the caller must re-read the state
+
+
+async def connect(endpoints: Sequence[str]) -> Etcd3Client:
+    """Open a client whose channel reconnects quickly after an etcd restart."""
+    client = Etcd3Client(list(endpoints), watch_max_reconnect_backoff_seconds=1.0)
+    # etcd3aio builds the channel from these options in connect(); it has no public knob for backoff.
+    options = client._manager.grpc_options
+    options.append(("grpc.max_reconnect_backoff_ms", _MAX_RECONNECT_BACKOFF_MS))
+    options.append(("grpc.initial_reconnect_backoff_ms", 100))
+    options.append(("grpc.min_reconnect_backoff_ms", 100))
+    await client.connect()
+    return client
+
+
+def kv_service(client: Etcd3Client) -> KVService:
+    if client.kv is None:
+        raise RuntimeError("etcd client is not connected")
+    return client.kv
+
+
+def lease_service(client: Etcd3Client) -> LeaseService:
+    if client.lease is None:
+        raise RuntimeError("etcd client is not connected")
+    return client.lease
+
+
+def watch_service(client: Etcd3Client) -> WatchService:
+    if client.watch is None:
+        raise RuntimeError("etcd client is not connected")
+    return client.watch
+
+
+def to_key_value(pb: Any) -> KeyValue:
+    return KeyValue(
+        key=bytes(pb.key).decode(),
+        value=bytes(pb.value),
+        create_revision=int(pb.create_revision),
+        mod_revision=int(pb.mod_revision),
+        lease=int(pb.lease),
+    )
+
+
+def compare_mod_revision(key: str, mod_revision: int) -> object:
+    """Txn comparison "the key's mod revision is ``mod_revision``" (etcd3aio has no builder for it)."""
+    return Compare(result=Compare.EQUAL, target=Compare.MOD, key=key.encode(), mod_revision=mod_revision)
+
+
+async def get_key(client: Etcd3Client, key: str) -> tuple[KeyValue | None, int]:
+    """The key's current value (None if absent) and the store revision it was read at."""
+    resp = await kv_service(client).get(key, timeout=DEFAULT_TIMEOUT)
+    kvs = [to_key_value(pb) for pb in resp.kvs]
+    return (kvs[0] if kvs else None), int(resp.header.revision)
+
+
+async def get_prefix(client: Etcd3Client, prefix: str) -> tuple[list[KeyValue], int]:
+    """All keys under the prefix, oldest first (by create revision), and the revision they were read at."""
+    resp = await kv_service(client).get(
+        prefix,
+        range_end=prefix_range_end(prefix),
+        sort_order=SortOrder.ASCEND,
+        sort_target=SortTarget.CREATE,
+        timeout=DEFAULT_TIMEOUT,
+    )
+    return [to_key_value(pb) for pb in resp.kvs], int(resp.header.revision)
+
+
+async def lease_remaining(client: Etcd3Client, lease_id: int) -> int:
+    """Seconds the lease has left; -1 once etcd no longer knows it (expired or revoked)."""
+    resp = await lease_service(client).time_to_live(lease_id, timeout=DEFAULT_TIMEOUT)
+    return int(resp.TTL)
+
+
+async def keepalive_once(client: Etcd3Client, lease_id: int) -> int:
+    """Refresh the lease once; returns the TTL etcd reset it to, or <= 0 when the lease is gone.
+
+    One short stream per refresh: etcd3aio's own keepalive helper swallows errors, and we need to know
+    exactly when a refresh succeeded. Callers bound it with a timeout.
+    """
+    call = lease_service(client).keep_alive(lease_id)
+    try:
+        resp = await call.read()
+    finally:
+        call.cancel()
+    if resp is grpc.aio.EOF:
+        raise EtcdError(f"keepalive stream for lease {lease_id:x} closed without a reply")
+    return int(resp.TTL)
+
+
+async def watch(
+    client: Etcd3Client, key: str, *, prefix: bool, start_revision: int
+) -> AsyncGenerator[WatchBatch, None]:
+    """Watch a key or a prefix from a revision, until etcd drops the watch or the stream fails.
+
+    No reconnecting here: on a broken stream ``ETCD_FAILURES`` propagate and the caller re-reads state and
+    watches again (a relist after an outage is cheap, and cannot skip events). We drive the gRPC stream
+    ourselves because etcd3aio's watch leaves its request generator suspended forever after a
+    disconnect, which surfaces as "Task was destroyed but it is pending" when it is collected.
+    """
+    service = watch_service(client)
+    closed = asyncio.Event()
+
+    async def requests() -> AsyncIterator[Any]:
+        create = WatchCreateRequest(
+            key=key.encode(),
+            range_end=prefix_range_end(key) if prefix else b"",
+            start_revision=start_revision,
+        )
+        yield WatchRequest(create_request=create)
+        await closed.wait()  # keep the stream open for responses; end cleanly when we are done
+
+    call = service._stub.Watch(requests(), metadata=service._metadata or None)
+    try:
+        async for resp in call:
+            if resp.canceled or resp.compact_revision > 0:
+                log.info("etcd watch on %s lost its history (compacted at %d)", key, resp.compact_revision)
+                yield WatchBatch(int(resp.header.revision), (), lost_history=True)
+                return
+            events = tuple((int(ev.type), to_key_value(ev.kv)) for ev in resp.events)
+            yield WatchBatch(int(resp.header.revision), events)
+    finally:
+        closed.set()
+        call.cancel()
+
+
+async def wait_deleted(client: Etcd3Client, key: str, *, start_revision: int) -> None:
+    """Return once ``key`` is deleted at or after ``start_revision`` (or is already absent).
+
+    Rides out etcd outages: a wait is not a reason to give up.
+    """
+    delay = 0.1
+    while True:
+        try:
+            async with contextlib.aclosing(
+                watch(client, key, prefix=False, start_revision=start_revision)
+            ) as stream:
+                async for batch in stream:
+                    if batch.lost_history:
+                        break
+                    if any(kind == EVENT_DELETE for kind, _ in batch.events):
+                        return
+                    delay = 0.1
+            current, revision = await get_key(client, key)
+        except ETCD_FAILURES as e:
+            log.debug("waiting for deletion of %s: %s; retrying", key, describe(e))
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+            continue
+        if current is None:
+            return
+        start_revision = revision + 1

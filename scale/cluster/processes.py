@@ -1,0 +1,181 @@
+"""Starting, watching and stopping the cluster's OS processes, by PID only.
+
+A started process is described by a ``ProcessRecord`` (name, pid, start time, command, log file) that is
+written to ``state.json``, so a later ``cluster down`` in another interpreter can stop it.
+
+Invariants:
+- A process is identified by ``(pid, create_time)``: a recorded PID whose current owner started at another time
+  belongs to someone else (PID reuse after a reboot or a long gap) and is never signalled.
+- Signals go to single PIDs we started: never to a process group, never by name.
+- Processes start in their own session (``start_new_session``), so a Ctrl-C in the terminal that ran
+  ``cluster up`` does not take the cluster down with it, and their output goes to one log file each.
+- Children started by this interpreter are kept in ``_children`` until reaped, so that ``Popen`` objects are
+  never collected while their process runs (no ResourceWarning) and exited children do not linger as zombies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+log = logging.getLogger(__name__)
+
+DEFAULT_GRACE = 10.0
+TAIL_LINES = 50
+_CREATE_TIME_TOLERANCE = 0.5
+_POLL = 0.05
+
+# Children of this interpreter, by pid, until they are reaped (see the module docstring).
+_children: dict[int, subprocess.Popen[bytes]] = {}
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessRecord:
+    """A process this package started."""
+
+    name: str
+    pid: int
+    create_time: float
+    command: tuple[str, ...]
+    log: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "pid": self.pid,
+            "create_time": self.create_time,
+            "command": list(self.command),
+            "log": self.log,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ProcessRecord:
+        return cls(
+            name=str(data["name"]),
+            pid=int(data["pid"]),
+            create_time=float(data["create_time"]),
+            command=tuple(str(a) for a in data.get("command") or ()),
+            log=str(data.get("log") or ""),
+        )
+
+
+def spawn(
+    name: str,
+    command: Sequence[str],
+    log_path: Path,
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> ProcessRecord:
+    """Start ``command`` with stdout and stderr written to ``log_path`` (truncated first)."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("wb") as out:
+        proc = subprocess.Popen(
+            list(command),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+        )
+    _children[proc.pid] = proc
+    try:
+        create_time = psutil.Process(proc.pid).create_time()
+    except psutil.NoSuchProcess:
+        create_time = 0.0  # already gone; is_running() will say so via the Popen
+    log.debug("started %s (pid %d): %s", name, proc.pid, " ".join(command))
+    return ProcessRecord(name, proc.pid, create_time, tuple(command), str(log_path))
+
+
+def exit_code(record: ProcessRecord) -> int | None:
+    """The exit status when the process is our child and has exited; else None."""
+    child = _children.get(record.pid)
+    if child is None:
+        return None
+    code = child.poll()
+    if code is not None:
+        _children.pop(record.pid, None)
+    return code
+
+
+def is_running(record: ProcessRecord) -> bool:
+    """True when the recorded process still runs (not exited, not a zombie, PID not reused)."""
+    child = _children.get(record.pid)
+    if child is not None:
+        if child.poll() is None:
+            return True
+        _children.pop(record.pid, None)
+        return False
+    try:
+        proc = psutil.Process(record.pid)
+        if abs(proc.create_time() - record.create_time) > _CREATE_TIME_TOLERANCE:
+            return False
+        return bool(proc.status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _signal(record: ProcessRecord, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(record.pid, sig)
+
+
+def terminate(records: Iterable[ProcessRecord], *, grace: float = DEFAULT_GRACE) -> list[str]:
+    """SIGTERM every running process in ``records``, SIGKILL those still running after ``grace`` seconds.
+
+    Returns the names of the processes that had to be killed. Returns when all of them are gone.
+    """
+    alive = [r for r in records if is_running(r)]
+    for record in alive:
+        log.info("stopping %s (pid %d)", record.name, record.pid)
+        _signal(record, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while alive and time.monotonic() < deadline:
+        time.sleep(_POLL)
+        alive = [r for r in alive if is_running(r)]
+    killed = []
+    for record in alive:
+        log.warning("%s (pid %d) ignored SIGTERM for %.0fs; sending SIGKILL", record.name, record.pid, grace)
+        _signal(record, signal.SIGKILL)
+        killed.append(record.name)
+    deadline = time.monotonic() + 5.0
+    while alive and time.monotonic() < deadline:
+        time.sleep(_POLL)
+        alive = [r for r in alive if is_running(r)]
+    if alive:
+        log.error("still running after SIGKILL: %s", ", ".join(f"{r.name} ({r.pid})" for r in alive))
+    return killed
+
+
+def tail(path: str | Path, lines: int = TAIL_LINES) -> str:
+    """The last ``lines`` lines of a log file ("" when it does not exist)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 256 * 1024))
+            data = f.read()
+    except FileNotFoundError:
+        return ""
+    return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
+
+
+def rss_bytes(record: ProcessRecord) -> int | None:
+    """Resident set size of a running recorded process, None when it does not run."""
+    if not is_running(record):
+        return None
+    try:
+        return int(psutil.Process(record.pid).memory_info().rss)
+    except psutil.NoSuchProcess:
+        return None

@@ -1,0 +1,96 @@
+"""A real etcd server process for tests that need their own (restartable) etcd: the project's own build
+(.local/bin/etcd) on free 127.0.0.1 ports with a temp data dir, stopped by the PID we started."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+ETCD_BIN = ROOT / ".local" / "bin" / "etcd"
+START_TIMEOUT = 30.0
+STOP_TIMEOUT = 10.0
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class EtcdServer:
+    """One etcd process; ``stop``/``start`` keep ports and data dir, so a restart is the same member."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.client_port = _free_port()
+        self.peer_port = _free_port()
+        self.log_path = data_dir.with_suffix(".log")
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: object = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.client_port}"
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> None:
+        assert not self.running
+        client_url = f"http://{self.endpoint}"
+        peer_url = f"http://127.0.0.1:{self.peer_port}"
+        args = [
+            str(ETCD_BIN),
+            "--name=test",
+            f"--data-dir={self.data_dir}",
+            f"--listen-client-urls={client_url}",
+            f"--advertise-client-urls={client_url}",
+            f"--listen-peer-urls={peer_url}",
+            f"--initial-advertise-peer-urls={peer_url}",
+            f"--initial-cluster=test={peer_url}",
+            "--log-level=warn",
+        ]
+        log = self.log_path.open("ab")
+        try:
+            self._proc = subprocess.Popen(args, stdout=log, stderr=log, start_new_session=True)
+        finally:
+            log.close()
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"etcd exited with {self._proc.returncode}; see {self.log_path}")
+            with (
+                contextlib.suppress(OSError, urllib.error.URLError),
+                urllib.request.urlopen(f"{client_url}/health", timeout=1) as resp,
+            ):
+                if b'"health":"true"' in resp.read():
+                    return
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"etcd not healthy within {START_TIMEOUT} s; see {self.log_path}")
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            if proc is not None:
+                proc.wait()
+            return
+        os.kill(proc.pid, sig)  # the PID we started, nothing else
+        try:
+            proc.wait(timeout=STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()

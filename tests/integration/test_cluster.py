@@ -1,0 +1,140 @@
+"""The local cluster is real: kube-scheduler binds pods to kwok nodes, kwok runs them, and ``down`` leaves nothing.
+
+The first test uses the session cluster (``tests/conftest.py``); the others start clusters of their own beside
+it, which also shows that two clusters run side by side on free ports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from agent_scheduler import cli
+from common.kube import KubeClient
+from scale.cluster import Cluster, DirectoryInUse, start_cluster
+from scale.cluster.processes import ProcessRecord
+
+pytestmark = pytest.mark.integration
+
+PODS = 500
+SESSION_NODES = 200  # tests/conftest.py CLUSTER_NODES
+CREATE_CONCURRENCY = 50
+
+
+def _pod(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": "harness"}},
+        "spec": {
+            "containers": [
+                {
+                    "name": "agent",
+                    "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
+                }
+            ]
+        },
+    }
+
+
+async def _create_pods(kube: KubeClient, namespace: str, count: int) -> None:
+    names = iter(range(count))
+
+    async def worker() -> None:
+        for i in names:
+            await kube.post(f"/api/v1/namespaces/{namespace}/pods", _pod(f"pod-{i:04d}"))
+
+    await asyncio.gather(*(worker() for _ in range(CREATE_CONCURRENCY)))
+
+
+async def _list_pods(kube: KubeClient, namespace: str) -> list[dict[str, Any]]:
+    page = await kube.get(f"/api/v1/namespaces/{namespace}/pods")
+    items: list[dict[str, Any]] = page.get("items") or []
+    return items
+
+
+async def test_kube_scheduler_binds_every_pod_and_kwok_runs_them(
+    cluster: Cluster, kube: KubeClient, namespace: str
+) -> None:
+    nodes = (await kube.get("/api/v1/nodes")).get("items") or []
+    assert len(nodes) >= SESSION_NODES
+    tainted = {n["metadata"]["name"] for n in nodes if n.get("spec", {}).get("taints")}
+    fake = {
+        n["metadata"]["name"]
+        for n in nodes
+        if n["metadata"]["annotations"].get("kwok.x-k8s.io/node") == "fake"
+    }
+
+    await _create_pods(kube, namespace, PODS)
+
+    deadline = time.monotonic() + 120
+    while True:
+        pods = await _list_pods(kube, namespace)
+        running = [p for p in pods if p.get("status", {}).get("phase") == "Running"]
+        if len(running) == PODS or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.5)
+
+    assert len(pods) == PODS
+    unbound = [p["metadata"]["name"] for p in pods if not p["spec"].get("nodeName")]
+    assert not unbound, f"{len(unbound)} pods not bound, e.g. {unbound[:5]}"
+    assert len(running) == PODS, f"only {len(running)}/{PODS} Running"
+    placed = {p["spec"]["nodeName"] for p in pods}
+    assert placed <= fake, "every pod runs on a kwok node"
+    assert not placed & tainted, "no pod lands on a tainted node it does not tolerate"
+    assert all(p["status"].get("podIP") for p in running), "kwok assigns pod IPs"
+
+
+def _alive(record: ProcessRecord) -> bool:
+    """Independent of the package under test: the PID exists, is not a zombie, and was started at that time."""
+    try:
+        proc = psutil.Process(record.pid)
+        return bool(
+            abs(proc.create_time() - record.create_time) < 0.5 and proc.status() != psutil.STATUS_ZOMBIE
+        )
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.mark.slow
+def test_cluster_down_leaves_no_process(tmp_path: Path) -> None:
+    directory = tmp_path / "own"
+    handle = start_cluster(directory, nodes=10, with_kube_scheduler=True)
+    try:
+        records = handle.processes
+        assert [r.name for r in records] == ["etcd", "kube-apiserver", "kwok", "kube-scheduler"]
+        assert all(_alive(r) for r in records)
+        assert Cluster.open(directory).count_nodes() == 10
+
+        assert cli.main(["cluster", "down", "--dir", str(directory)]) == 0
+
+        assert not [r.name for r in records if _alive(r)]
+        assert not directory.exists()
+    finally:
+        handle.stop()  # no-op when down worked; reaps and cleans up when an assertion failed
+
+
+@pytest.mark.slow
+def test_leftover_directory_needs_force(tmp_path: Path) -> None:
+    directory = tmp_path / "leftover"
+    first = start_cluster(directory)
+    try:
+        with pytest.raises(DirectoryInUse, match="--force") as info:
+            start_cluster(directory)
+        assert info.value.running
+
+        second = start_cluster(directory, force=True)
+        try:
+            assert not [r.name for r in first.processes if _alive(r)], "--force stopped the earlier processes"
+            assert all(_alive(r) for r in second.processes)
+        finally:
+            second.stop()
+    finally:
+        first.stop()
+    assert not directory.exists()

@@ -1,0 +1,302 @@
+"""Coordinator + workers on the real local cluster and a real (restartable) etcd, under failure.
+
+Every scenario ends with the same audit, read from the API server and the workers' binding trails:
+- every agent pod is bound (exactly once: the API refuses a second binding, and no pod appears twice in the
+  trails), or carries PodScheduled=False with a reason;
+- no node's summed requests exceed its allocatable;
+- no node was usable by two workers at once: two workers' [assumed, bound] intervals on one node never
+  overlap.
+Measured times (failover, pods/s) are recorded as test properties and printed; they are not asserted —
+generous timeouts only guard against hangs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import signal
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from common.kube import KubeClient
+from coordinator.status import collect
+from scale.cluster import Cluster
+from scale.workload import agent_pod
+from tests.integration.etcd_server import EtcdServer
+from tests.integration.support import SchedulerProcess, all_bound, audit_capacity, create_pods, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+TTL = 3
+SETTLE_TIMEOUT = 120.0  # hang guard
+
+
+@pytest.fixture(scope="module")
+def lease_etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
+    """An etcd of its own for leases and the shard map, so a test can restart it without touching the API
+    server's etcd."""
+    server = EtcdServer(tmp_path_factory.mktemp("lease-etcd") / "data")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+class Deployment:
+    """Coordinators and workers of one test: a scheduler name and an etcd prefix of their own."""
+
+    def __init__(self, cluster: Cluster, etcd: EtcdServer, tmp: Path) -> None:
+        self.cluster, self.etcd, self.tmp = cluster, etcd, tmp
+        suffix = uuid.uuid4().hex[:6]
+        self.scheduler_name = f"agent-co-{suffix}"
+        self.prefix = f"/test-{suffix}"
+        self.procs: dict[str, SchedulerProcess] = {}
+
+    def _common(self) -> list[str]:
+        return [
+            f"--kubeconfig={self.cluster.kubeconfig}",
+            f"--etcd-endpoints={self.etcd.endpoint}",
+            f"--etcd-prefix={self.prefix}",
+            f"--lease-ttl={TTL}",
+            f"--scheduler-name={self.scheduler_name}",
+        ]
+
+    def coordinator(self, name: str) -> SchedulerProcess:
+        proc = SchedulerProcess(["coordinator", *self._common(), f"--id={name}"], self.tmp / f"{name}.log")
+        self.procs[name] = proc
+        return proc
+
+    def worker(self, name: str) -> SchedulerProcess:
+        proc = SchedulerProcess(
+            ["worker", *self._common(), f"--id={name}", f"--audit-log={self.tmp / f'{name}.audit.jsonl'}"],
+            self.tmp / f"{name}.log",
+        )
+        self.procs[name] = proc
+        return proc
+
+    def stop_all(self) -> dict[str, int]:
+        return {name: p.stop() for name, p in self.procs.items()}
+
+    def trails(self) -> list[dict[str, Any]]:
+        lines = []
+        for path in self.tmp.glob("*.audit.jsonl"):
+            lines += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return lines
+
+    async def status(self) -> dict[str, Any]:
+        return await collect([self.etcd.endpoint], self.prefix)
+
+    async def wait_status(self, predicate: Any, what: str) -> float:
+        """Poll etcd until ``predicate(status)``; returns when (monotonic)."""
+        deadline = time.monotonic() + SETTLE_TIMEOUT
+        while True:
+            with_status = await self.status()
+            if predicate(with_status):
+                return time.monotonic()
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}: {with_status}")
+            await asyncio.sleep(0.1)
+
+
+@pytest.fixture
+async def deployment(cluster: Cluster, lease_etcd: EtcdServer, tmp_path: Path) -> AsyncIterator[Deployment]:
+    if not lease_etcd.running:
+        lease_etcd.start()
+    d = Deployment(cluster, lease_etcd, tmp_path)
+    try:
+        yield d
+    finally:
+        codes = d.stop_all()
+        logs = {n: p.tail(15) for n, p in d.procs.items()}
+        assert all(c in (0, -signal.SIGKILL) for c in codes.values()), (codes, logs)
+
+
+def nodes_of(status: dict[str, Any]) -> dict[str, int]:
+    return {w: int(v.get("nodes", 0)) for w, v in status["workers"].items() if v.get("live")}
+
+
+async def audit(d: Deployment, kube: KubeClient, namespace: str, n: int) -> list[dict[str, Any]]:
+    pods = await wait_for(kube, namespace, all_bound(n), timeout=SETTLE_TIMEOUT, what=f"{n} pods bound")
+    assert len({p["metadata"]["uid"] for p in pods}) == n
+    cap = await audit_capacity(kube)
+    assert cap.overcommitted == []
+    trails = d.trails()
+    per_pod: dict[str, int] = defaultdict(int)
+    per_node: dict[str, list[tuple[float, float, str]]] = defaultdict(list)
+    for t in trails:
+        if t["pod"].startswith(namespace + "/"):
+            per_pod[t["pod"]] += 1
+        per_node[t["node"]].append((t["assumed_at"], t["bound_at"], t["worker"]))
+    assert all(c == 1 for c in per_pod.values()), {k: c for k, c in per_pod.items() if c > 1}
+    for node, spans in per_node.items():
+        spans.sort()
+        for (_, end_a, w_a), (start_b, _, w_b) in itertools.pairwise(spans):
+            if w_a != w_b:
+                assert end_a <= start_b, f"{node}: {w_a} bound until {end_a}, {w_b} assumed at {start_b}"
+    return pods
+
+
+async def burst(
+    kube: KubeClient, d: Deployment, namespace: str, n: int, *, start: int = 0, concurrency: int = 32
+) -> None:
+    pods = [
+        agent_pod(i, namespace=namespace, scheduler_name=d.scheduler_name) for i in range(start, start + n)
+    ]
+    await create_pods(kube, namespace, pods, concurrency=concurrency)
+
+
+async def started(d: Deployment, workers: int) -> None:
+    await d.wait_status(
+        lambda s: (
+            s["leader"] is not None
+            and len(nodes_of(s)) == workers
+            and all(v > 0 for v in nodes_of(s).values())
+        ),
+        f"a leader and {workers} workers with nodes",
+    )
+
+
+async def test_steady_load_two_workers(
+    kube: KubeClient, namespace: str, deployment: Deployment, record_property: Any
+) -> None:
+    d = deployment
+    d.coordinator("coord-a")
+    d.worker("w1")
+    d.worker("w2")
+    await started(d, 2)
+    t0 = time.monotonic()
+    for second in range(6):  # about 50 pods/s
+        await burst(kube, d, namespace, 50, start=second * 50)
+        await asyncio.sleep(max(0.0, t0 + second + 1 - time.monotonic()))
+    pods = await audit(d, kube, namespace, 300)
+    by_worker = defaultdict(int)
+    for t in d.trails():
+        by_worker[t["worker"]] += 1
+    assert set(by_worker) == {"w1", "w2"}, by_worker  # both shards are used
+    record_property("pods", len(pods))
+
+
+async def test_burst_2000_and_pods_per_second(
+    kube: KubeClient, namespace: str, deployment: Deployment, record_property: Any
+) -> None:
+    d = deployment
+    d.coordinator("coord-a")
+    d.worker("w1")
+    d.worker("w2")
+    await started(d, 2)
+    t0 = time.monotonic()
+    await burst(kube, d, namespace, 2000, concurrency=64)
+    await audit(d, kube, namespace, 2000)
+    elapsed = time.monotonic() - t0
+    record_property("pods_per_s", round(2000 / elapsed, 1))
+    print(f"\nburst 2000 pods, 2 workers: {2000 / elapsed:.0f} pods/s create-to-all-bound")
+
+
+async def test_kill_worker_mid_burst(
+    kube: KubeClient, namespace: str, deployment: Deployment, record_property: Any
+) -> None:
+    d = deployment
+    d.coordinator("coord-a")
+    d.worker("w1")
+    victim = d.worker("w2")
+    await started(d, 2)
+    creating = asyncio.create_task(burst(kube, d, namespace, 1500, concurrency=16))
+    await asyncio.sleep(2)
+    victim.stop(signal.SIGKILL)
+    killed = time.monotonic()
+    total = sum(nodes_of(await d.status()).values())
+    moved = await d.wait_status(lambda s: nodes_of(s).get("w1", 0) == total, "w1 holding every node")
+    await creating
+    await audit(d, kube, namespace, 1500)
+    record_property("worker_failover_s", round(moved - killed, 2))
+    print(f"\nkill -9 worker: nodes reassigned {moved - killed:.2f}s after the kill (lease TTL {TTL}s)")
+
+
+async def test_kill_leader_mid_burst(
+    kube: KubeClient, namespace: str, deployment: Deployment, record_property: Any
+) -> None:
+    d = deployment
+    leader = d.coordinator("coord-a")
+    await d.wait_status(lambda s: s["leader"] == "coord-a", "coord-a leading")
+    d.coordinator("coord-b")
+    d.worker("w1")
+    d.worker("w2")
+    await started(d, 2)
+    creating = asyncio.create_task(burst(kube, d, namespace, 1500, concurrency=16))
+    await asyncio.sleep(2)
+    leader.stop(signal.SIGKILL)
+    killed = time.monotonic()
+    took_over = await d.wait_status(lambda s: s["leader"] == "coord-b", "coord-b leading")
+    await creating
+    await audit(d, kube, namespace, 1500)
+    record_property("leader_failover_s", round(took_over - killed, 2))
+    print(f"\nkill -9 leader: standby leading {took_over - killed:.2f}s after the kill (lease TTL {TTL}s)")
+
+
+async def test_add_worker_mid_burst(
+    kube: KubeClient, namespace: str, deployment: Deployment, record_property: Any
+) -> None:
+    d = deployment
+    d.coordinator("coord-a")
+    d.worker("w1")
+    await started(d, 1)
+    creating = asyncio.create_task(burst(kube, d, namespace, 1500, concurrency=16))
+    await asyncio.sleep(2)
+    d.worker("w2")
+    joined = time.monotonic()
+    # The shard map balances capacity (allocatable CPU), not node counts: a fair share is judged by the free
+    # CPU each worker reports, which at this light load is nearly its capacity.
+    def fair_share(s: dict[str, Any]) -> bool:
+        live = {w: v for w, v in s["workers"].items() if v.get("live") and "free_cpu" in v}
+        total = sum(v["free_cpu"] for v in live.values())
+        return "w2" in live and total > 0 and live["w2"]["free_cpu"] >= 0.4 * total
+
+    fair = await d.wait_status(fair_share, "w2 holding a fair share of the capacity")
+    await creating
+    await audit(d, kube, namespace, 1500)
+    record_property("join_to_fair_share_s", round(fair - joined, 2))
+    print(f"\nadded worker: fair share of the capacity {fair - joined:.2f}s after start")
+
+
+async def test_remove_worker_mid_burst_drains(
+    kube: KubeClient, namespace: str, deployment: Deployment
+) -> None:
+    d = deployment
+    d.coordinator("coord-a")
+    d.worker("w1")
+    leaving = d.worker("w2")
+    await started(d, 2)
+    creating = asyncio.create_task(burst(kube, d, namespace, 1500, concurrency=16))
+    await asyncio.sleep(2)
+    assert leaving.stop(signal.SIGTERM) == 0, leaving.tail()  # graceful: drains and exits 0
+    total_after = await d.wait_status(lambda s: "w2" not in nodes_of(s), "w2 gone")
+    assert total_after
+    await creating
+    await audit(d, kube, namespace, 1500)
+
+
+async def test_etcd_restart_mid_burst(
+    kube: KubeClient, namespace: str, deployment: Deployment, lease_etcd: EtcdServer
+) -> None:
+    d = deployment
+    d.coordinator("coord-a")
+    d.worker("w1")
+    d.worker("w2")
+    await started(d, 2)
+    creating = asyncio.create_task(burst(kube, d, namespace, 1500, concurrency=16))
+    await asyncio.sleep(2)
+    lease_etcd.stop()
+    await asyncio.sleep(TTL)  # long enough for every lease holder to fence itself
+    lease_etcd.start()
+    await creating
+    await audit(d, kube, namespace, 1500)
+    status = await d.status()
+    assert status["leader"] is not None and sum(nodes_of(status).values()) > 0

@@ -1,0 +1,606 @@
+"""Differential test: the engine's feasibility verdicts against the real kube-scheduler's.
+
+The claim under test: for the rules the engine implements (cordoned nodes, taints and tolerations, nodeSelector
+and required node affinity, resources with init containers, sidecars and overhead, host ports), every node the
+engine picks is one kube-scheduler finds feasible, and whenever kube-scheduler can place a pod the engine can too.
+
+Setup. ``DIFF_NODES`` dedicated kwok nodes (random labels, taints, allocatable shapes, some cordoned) are
+created beside the session's fleet and deleted at the end. Every node carries the label ``diff-pool=<run>`` and
+the taint ``diff-test=<run>:NoSchedule``; every generated pod tolerates that taint and ANDs
+``diff-pool In [<run>]`` into each of its required node-affinity terms. So kube-scheduler considers only the
+dedicated nodes for these pods, and no other test's pods land on them.
+
+Every case, one after the other (so both schedulers decide over exactly the same state):
+1. A random pod (seeded: ``DIFF_SEED``, case number) is parsed as the API server returns it after defaulting
+   (a dry-run create), and the engine decides on it over a cache holding the same nodes and the same bound
+   pods; its per-node verdict (``filter_all``) is recorded for every dedicated node.
+2. Probes: clones of the pod pinned to one node each (``matchFields metadata.name In [node]`` ANDed into every
+   term) ask kube-scheduler about single nodes: the engine's pick, one other node the engine finds feasible and
+   one it rejects. Each probe is deleted again, so the state is unchanged. Each probe's outcome must equal the
+   engine's verdict on that node.
+3. The pod itself is created unpinned. Bound to N: the engine must have found a node, and N must be feasible to
+   the engine. Unschedulable: the engine must have found none. Bound pods stay (capacity fills up, as it would
+   in a real cluster); now and then an earlier pod is deleted again so that capacity is also freed.
+
+Known, intended difference, kept out of the generated cases: the engine rejects nodes whose Ready condition is
+not True, which kube-scheduler leaves to the ``node.kubernetes.io/not-ready`` taint that the node lifecycle
+controller adds. No such controller runs here, and kwok makes its nodes Ready anyway, so all dedicated nodes are
+Ready.
+
+Knobs: ``DIFF_CASES`` (default 500), ``DIFF_SEED`` (default 1), ``DIFF_NODES`` (default 30).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import json
+import os
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from common.kube import Gone, KubeClient, NotFound, ServerError
+from common.records import NodeName, PodKey, PodRecord, node_from_json, pod_from_json
+from common.settings import WorkerSettings
+from scale.cluster import make_node as make_fleet_node
+from worker.cache import Cache
+from worker.scheduler import build_engine
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+CASES = int(os.environ.get("DIFF_CASES", "500"))
+SEED = int(os.environ.get("DIFF_SEED", "1"))
+NODES = int(os.environ.get("DIFF_NODES", "30"))
+DECISION_TIMEOUT = 30.0  # seconds for kube-scheduler to bind a pod or mark it unschedulable
+DELETE_EARLIER_POD = 0.2  # chance per case to delete an earlier bound pod (frees capacity)
+SHOW_DISAGREEMENTS = 3  # cases printed in full in the failure message
+
+POOL_LABEL = "diff-pool"
+ISOLATION_TAINT = "diff-test"
+RUNTIME_CLASS_OVERHEAD = {"cpu": "250m", "memory": "128Mi"}
+GPU = "nvidia.com/gpu"
+FOO = "example.com/foo"
+
+# ----- generated nodes ---------------------------------------------------------------------------------------
+
+# Label keys and the values nodes may carry. "gen" holds integers for Gt/Lt, plus forms that are valid label
+# values but not integers to kube-scheduler ("1_0" is one to Python's int(), "x" to nobody); "flag" is empty.
+NODE_LABELS: dict[str, list[str]] = {
+    "zone": ["a", "b", "c"],
+    "tier": ["gold", "silver", "bronze"],
+    "gen": ["1", "2", "3", "10", "007", "1_0", "x"],
+    "gpu-type": ["a100", "h100"],
+    "flag": [""],
+    "team.example.com/owner": ["ml", "web"],
+}
+# Values pods ask for that no node has.
+MISSING_VALUES = ["d", "none"]
+
+# (key, value, effect); the key of a taint is unique per effect on one node.
+TAINTS = [
+    ("dedicated", "batch", "NoSchedule"),
+    ("dedicated", "agents", "NoExecute"),
+    ("gpu", "", "NoSchedule"),
+    ("spot", "true", "PreferNoSchedule"),
+    ("maint", "", "NoExecute"),
+    ("team.example.com/x", "y", "NoSchedule"),
+]
+UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
+
+
+def generate_node(rng: random.Random, index: int, run: str) -> dict[str, Any]:
+    """A complete kwok node (the fleet's template) with a random shape, labels and taints."""
+    name = f"diff-{run}-{index:02d}"
+    obj = make_fleet_node(index, prefix=f"diff-{run}")
+    obj["metadata"]["name"] = name
+    labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", POOL_LABEL: run}
+    for key, values in NODE_LABELS.items():
+        if rng.random() < 0.6:
+            labels[key] = rng.choice(values)
+    obj["metadata"]["labels"] = labels
+    taints = [{"key": ISOLATION_TAINT, "value": run, "effect": "NoSchedule"}]
+    for key, value, effect in rng.sample(TAINTS, rng.choice([0, 0, 1, 1, 2])):
+        if any(t["key"] == key and t["effect"] == effect for t in taints):
+            continue
+        taints.append({"key": key, "value": value, "effect": effect})
+    obj["spec"]["taints"] = taints
+    if rng.random() < 0.15:
+        obj["spec"]["unschedulable"] = True
+    alloc = {
+        "cpu": rng.choice(["1", "1500m", "2", "4", "8", "16"]),
+        "memory": rng.choice(["2Gi", "3000Mi", "4Gi", "8Gi", "16Gi", "32Gi"]),
+        "pods": rng.choice(["3", "5", "10", "30"]),
+    }
+    if rng.random() < 0.8:
+        alloc["ephemeral-storage"] = rng.choice(["10Gi", "50Gi"])
+    if rng.random() < 0.3:
+        alloc[GPU] = rng.choice(["1", "2", "4", "8"])
+    if rng.random() < 0.15:
+        alloc[FOO] = rng.choice(["1", "3"])
+    obj["status"]["allocatable"] = dict(alloc)
+    obj["status"]["capacity"] = dict(alloc)
+    return obj
+
+
+# ----- generated pods ----------------------------------------------------------------------------------------
+
+
+def _toleration(rng: random.Random) -> dict[str, Any]:
+    r = rng.random()
+    if r < 0.1:  # the cordon taint, in forms that do and do not tolerate it
+        t: dict[str, Any] = {"key": UNSCHEDULABLE_TAINT}
+        t.update(
+            rng.choice([{"operator": "Exists"}, {"operator": "Equal"}, {"operator": "Equal", "value": "x"}])
+        )
+        effect = rng.choice(["", "NoSchedule", "NoExecute"])
+    elif r < 0.17:  # an empty key tolerates every taint (of the effect, if one is given)
+        t = {"operator": "Exists"}
+        effect = rng.choice(["", "NoSchedule", "NoSchedule", "NoExecute"])
+    else:
+        key, value, effect = rng.choice(TAINTS)
+        form = rng.random()
+        if form < 0.4:
+            t = {"key": key, "operator": "Equal", "value": value} if value else {"key": key}
+        elif form < 0.6:
+            t = {"key": key, "operator": "Exists"}
+        elif form < 0.8:
+            t = {"key": key, "operator": "Equal", "value": "wrong"}
+        else:
+            t = {"key": key, "operator": "Exists"}
+            effect = rng.choice(["NoSchedule", "NoExecute", "PreferNoSchedule"])
+        if rng.random() < 0.4:
+            effect = ""
+    if effect:
+        t["effect"] = effect
+    return t
+
+
+def _label_value(rng: random.Random, key: str) -> str:
+    return rng.choice(NODE_LABELS[key] + MISSING_VALUES)
+
+
+def _expression(rng: random.Random, *, valid: bool = False) -> dict[str, Any]:
+    key = rng.choice(list(NODE_LABELS))
+    op = rng.choice(["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt", "Gt", "Lt"])
+    if op in ("Exists", "DoesNotExist"):
+        return {"key": key, "operator": op}
+    if op in ("In", "NotIn"):
+        values = sorted({_label_value(rng, key) for _ in range(rng.choice([1, 1, 2]))})
+        return {"key": key, "operator": op, "values": values}
+    if rng.random() < 0.7:
+        key = "gen"
+    # Integers, and label values the API server accepts but that are no integers to kube-scheduler ("1_0" is
+    # one to Python's int()): such a term matches no node, while the pod's other terms still count.
+    value = rng.choice(["0", "1", "2", "3", "5", "9", "10", "007"] + ([] if valid else ["1_0", "abc"]))
+    return {"key": key, "operator": op, "values": [value]}
+
+
+def _term(rng: random.Random, run: str, nodes: list[str]) -> dict[str, Any]:
+    exprs = [_expression(rng) for _ in range(rng.choice([0, 1, 1, 2, 3]))]
+    exprs.append({"key": POOL_LABEL, "operator": "In", "values": [run]})
+    term: dict[str, Any] = {"matchExpressions": exprs}
+    if rng.random() < 0.12:
+        op = rng.choice(["In", "NotIn"])
+        term["matchFields"] = [{"key": "metadata.name", "operator": op, "values": [rng.choice(nodes)]}]
+    return term
+
+
+_CPU = ["50m", "100m", "250m", "500m", "1", "1500m", "3", "20"]
+_MEMORY = ["64Mi", "256Mi", "1Gi", "3Gi", "40Gi"]
+_STORAGE = ["1Gi", "20Gi", "100Gi"]
+
+
+def _resources(rng: random.Random) -> dict[str, Any]:
+    requests: dict[str, str] = {}
+    if rng.random() < 0.8:
+        requests["cpu"] = rng.choice(_CPU)
+    if rng.random() < 0.7:
+        requests["memory"] = rng.choice(_MEMORY)
+    if rng.random() < 0.1:
+        requests["ephemeral-storage"] = rng.choice(_STORAGE)
+    extended: dict[str, str] = {}
+    if rng.random() < 0.12:
+        extended[GPU] = rng.choice(["1", "1", "2", "3", "9"])
+    if rng.random() < 0.05:
+        extended[FOO] = rng.choice(["1", "2"])
+    form = rng.random()
+    if form < 0.6:
+        res: dict[str, Any] = {"requests": requests}
+    elif form < 0.8:  # limits only: the API server defaults the requests to them
+        res = {"limits": dict(requests)}
+    else:
+        res = {"requests": requests, "limits": {k: v for k, v in requests.items() if k != "cpu"}}
+    if extended:  # extended resources may not be overcommitted: requests equal limits
+        res.setdefault("requests", {}).update(extended)
+        res.setdefault("limits", {}).update(extended)
+    return res
+
+
+def _ports(rng: random.Random, used: set[tuple[str, str, int]]) -> list[dict[str, Any]]:
+    """Maybe one host port; ``used`` keeps the pod's own ports distinct (the API server rejects duplicates)."""
+    if rng.random() > 0.15:
+        return []
+    port = rng.choice([8080, 8081])
+    protocol = rng.choice(["TCP", "TCP", "UDP"])
+    host_ip = rng.choice(["", "", "127.0.0.1", "10.0.0.1", "::"])
+    if (protocol, host_ip, port) in used:
+        return []
+    used.add((protocol, host_ip, port))
+    p: dict[str, Any] = {"containerPort": port, "hostPort": port, "protocol": protocol}
+    if host_ip:
+        p["hostIP"] = host_ip
+    return [p]
+
+
+def _container(rng: random.Random, name: str, used_ports: set[tuple[str, str, int]]) -> dict[str, Any]:
+    c: dict[str, Any] = {"name": name, "image": "registry.k8s.io/pause:3.10", "resources": _resources(rng)}
+    ports = _ports(rng, used_ports)
+    if ports:
+        c["ports"] = ports
+    return c
+
+
+def generate_pod(rng: random.Random, name: str, run: str, nodes: list[str]) -> dict[str, Any]:
+    ports: set[tuple[str, str, int]] = set()
+    spec: dict[str, Any] = {
+        "schedulerName": "default-scheduler",
+        "terminationGracePeriodSeconds": 0,
+        "containers": [_container(rng, f"c{i}", ports) for i in range(rng.choice([1, 1, 2, 3]))],
+        "tolerations": [{"key": ISOLATION_TAINT, "operator": "Equal", "value": run, "effect": "NoSchedule"}]
+        + [_toleration(rng) for _ in range(rng.choice([0, 1, 1, 2, 3]))],
+    }
+    for i in range(rng.choice([0, 0, 0, 1, 2])):
+        init = _container(rng, f"init{i}", ports)
+        if rng.random() < 0.5:
+            init["restartPolicy"] = "Always"  # a sidecar
+        spec["initContainers"] = [*spec.get("initContainers", []), init]
+    if rng.random() < 0.15:
+        spec["runtimeClassName"] = f"diff-{run}"
+    if rng.random() < 0.3:
+        keys = rng.sample(list(NODE_LABELS), rng.choice([1, 1, 2]))
+        spec["nodeSelector"] = {k: _label_value(rng, k) for k in keys}
+        if rng.random() < 0.1:
+            spec["nodeSelector"]["kubernetes.io/hostname"] = rng.choice(nodes)
+    terms = [_term(rng, run, nodes) for _ in range(rng.choice([1, 1, 1, 2, 3]))]
+    affinity: dict[str, Any] = {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}
+    }
+    if rng.random() < 0.2:
+        # Valid terms only: kube-scheduler fails the scoring of a pod whose preferred terms do not parse (an
+        # error, not a feasibility verdict), so there is nothing to compare.
+        affinity["preferredDuringSchedulingIgnoredDuringExecution"] = [
+            {
+                "weight": rng.randint(1, 100),
+                "preference": {"matchExpressions": [_expression(rng, valid=True)]},
+            }
+        ]
+    spec["affinity"] = {"nodeAffinity": affinity}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": "differential"}},
+        "spec": spec,
+    }
+
+
+def pinned(pod: dict[str, Any], name: str, node: str) -> dict[str, Any]:
+    """A clone of ``pod`` that fits only ``node``: every required term also asks for the node's name, so each
+    term matches the node exactly when the original term does, and no other node."""
+    clone = copy.deepcopy(pod)
+    clone["metadata"] = {"name": name, "labels": dict(pod["metadata"].get("labels") or {})}
+    required = clone["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    for term in required["nodeSelectorTerms"]:
+        term.setdefault("matchFields", []).append(
+            {"key": "metadata.name", "operator": "In", "values": [node]}
+        )
+    return clone
+
+
+# ----- kube-scheduler's outcomes -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Outcome:
+    node: str | None  # where kube-scheduler bound the pod; None when it did not
+    reason: str  # "" when bound; else the PodScheduled=False reason ("Unschedulable", "SchedulerError")
+    message: str
+    obj: dict[str, Any]
+
+
+def _outcome(obj: dict[str, Any]) -> Outcome | None:
+    node = (obj.get("spec") or {}).get("nodeName")
+    if node:
+        return Outcome(node, "", "", obj)
+    for c in (obj.get("status") or {}).get("conditions") or ():
+        if c.get("type") == "PodScheduled" and c.get("status") == "False":
+            return Outcome(None, c.get("reason") or "", c.get("message") or "", obj)
+    return None
+
+
+class Outcomes:
+    """One watch on the test namespace; ``expect(name)`` before creating a pod, then await its outcome."""
+
+    def __init__(self, kube: KubeClient, namespace: str) -> None:
+        self.kube = kube
+        self.path = f"/api/v1/namespaces/{namespace}/pods"
+        self.waiters: dict[str, asyncio.Future[Outcome]] = {}
+
+    def expect(self, name: str) -> asyncio.Future[Outcome]:
+        fut: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        self.waiters[name] = fut
+        return fut
+
+    def _see(self, obj: dict[str, Any]) -> None:
+        name = obj["metadata"]["name"]
+        fut = self.waiters.get(name)
+        if fut is None or fut.done():
+            return
+        out = _outcome(obj)
+        if out is not None:
+            fut.set_result(out)
+            del self.waiters[name]
+
+    async def run(self) -> None:
+        rv = ""
+        while True:
+            if not rv:
+                listing = await self.kube.get(self.path)
+                rv = listing["metadata"]["resourceVersion"]
+                for obj in listing.get("items") or ():
+                    self._see(obj)
+            try:
+                async for kind, obj in self.kube.watch(self.path, resource_version=rv, timeout_seconds=120):
+                    rv = obj.get("metadata", {}).get("resourceVersion") or rv
+                    if kind in ("ADDED", "MODIFIED"):
+                        self._see(obj)
+            except Gone:
+                rv = ""
+            except ServerError:
+                await asyncio.sleep(0.2)
+
+
+# ----- the test ----------------------------------------------------------------------------------------------
+
+
+def _category(verdict: str | None) -> str:
+    """A short name for the engine's verdict on a node, for the coverage summary."""
+    if verdict is None:
+        return "feasible"
+    for needle, name in (
+        ("invalid pod spec", "invalid"),
+        ("taint", "taint"),
+        ("affinity", "affinity"),
+        ("unschedulable", "cordoned"),
+        ("ports", "ports"),
+        ("Too many pods", "pods"),
+        ("Insufficient", "resources"),
+    ):
+        if needle in verdict:
+            return name
+    return verdict
+
+
+@dataclass
+class Tally:
+    cases: int = 0
+    bound: int = 0
+    unschedulable: int = 0
+    probes: int = 0
+    deleted: int = 0
+    with_overhead: int = 0
+    # engine verdict category -> [kube-scheduler agreed, disagreed], over all probes
+    probe_verdicts: dict[str, list[int]] = field(default_factory=dict)
+    disagreements: list[str] = field(default_factory=list)
+
+    def summary(self, elapsed: float) -> str:
+        per_kind = ", ".join(f"{k} {v[0]}/{v[0] + v[1]}" for k, v in sorted(self.probe_verdicts.items()))
+        return (
+            f"{self.cases} cases in {elapsed:.0f}s: {self.bound} bound, {self.unschedulable} unschedulable, "
+            f"{self.deleted} bound pods deleted again, {self.with_overhead} with overhead; {self.probes} "
+            f"single-node probes, kube-scheduler agreeing per engine verdict: {per_kind}; "
+            f"{len(self.disagreements)} disagreements"
+        )
+
+
+@pytest.fixture
+async def diff_nodes(kube: KubeClient) -> AsyncIterator[str]:
+    """Creates the dedicated nodes and the RuntimeClass with overhead; yields the run's id; deletes both."""
+    run = uuid.uuid4().hex[:6]
+    rng = random.Random(f"nodes:{SEED}")
+    nodes = [generate_node(rng, i, run) for i in range(NODES)]
+    runtime_class = {
+        "apiVersion": "node.k8s.io/v1",
+        "kind": "RuntimeClass",
+        "metadata": {"name": f"diff-{run}"},
+        "handler": "runc",
+        "overhead": {"podFixed": RUNTIME_CLASS_OVERHEAD},
+    }
+    try:
+        await kube.post("/apis/node.k8s.io/v1/runtimeclasses", runtime_class)
+        await asyncio.gather(*(kube.post("/api/v1/nodes", n) for n in nodes))
+        yield run
+    finally:
+        for n in nodes:
+            with contextlib.suppress(NotFound):
+                await kube.delete(f"/api/v1/nodes/{n['metadata']['name']}")
+        with contextlib.suppress(NotFound):
+            await kube.delete(f"/apis/node.k8s.io/v1/runtimeclasses/diff-{run}")
+
+
+def _relevant(node: dict[str, Any]) -> dict[str, Any]:
+    """The node without the parts no scheduler looks at (managed fields, addresses, node info)."""
+    out = copy.deepcopy(node)
+    out["metadata"].pop("managedFields", None)
+    for key in ("addresses", "nodeInfo", "daemonEndpoints"):
+        out.get("status", {}).pop(key, None)
+    return out
+
+
+class Differential:
+    """Both schedulers over the same nodes and the same bound pods; one case at a time."""
+
+    def __init__(self, kube: KubeClient, namespace: str, run: str, nodes: list[dict[str, Any]]) -> None:
+        self.kube = kube
+        self.namespace = namespace
+        self.run = run
+        self.nodes = {n["metadata"]["name"]: n for n in nodes}
+        self.diff = sorted(
+            n for n, obj in self.nodes.items() if obj["metadata"]["labels"].get(POOL_LABEL) == run
+        )
+        # The engine sees the fleet too: it must reject those nodes for these pods, as kube-scheduler does.
+        self.cache = Cache()
+        for obj in nodes:
+            self.cache.upsert_node(node_from_json(obj))
+        self.engine = build_engine(WorkerSettings(), self.cache)
+        self.outcomes = Outcomes(kube, namespace)
+        self.bound: list[str] = []  # our pods kube-scheduler bound and that still exist
+        self.tally = Tally()
+
+    def verdict(self, pod: PodRecord, node: str) -> str | None:
+        """None when the engine finds the node feasible for the pod, else why not."""
+        if pod.parse_error is not None:
+            return pod.parse_error
+        st = self.engine.filter_all(pod, self.cache.nodes[NodeName(node)])
+        return None if st is None else ", ".join(st.reasons) or st.code.name
+
+    async def decide(self, obj: dict[str, Any]) -> Outcome:
+        """Create the pod and wait until kube-scheduler has bound it or reported why not."""
+        fut = self.outcomes.expect(obj["metadata"]["name"])
+        await self.kube.post(f"/api/v1/namespaces/{self.namespace}/pods", obj)
+        return await asyncio.wait_for(fut, DECISION_TIMEOUT)
+
+    async def delete(self, name: str) -> None:
+        path = f"/api/v1/namespaces/{self.namespace}/pods/{name}"
+        with contextlib.suppress(NotFound):
+            await self.kube.delete(path, params={"gracePeriodSeconds": "0"})
+
+    async def probe(self, pod: dict[str, Any], name: str, node: str) -> Outcome:
+        """kube-scheduler's verdict on one node: a pinned clone, deleted again once decided."""
+        clone = pinned(pod, name, node)
+        try:
+            return await self.decide(clone)
+        finally:
+            await self.delete(name)
+
+    async def case(self, case: int) -> None:
+        rng = random.Random(f"{SEED}:{case}")
+        name = f"c{case:04d}"
+        pod = generate_pod(rng, name, self.run, self.diff)
+        # What the API server makes of it: defaulted requests, the RuntimeClass's overhead.
+        dry = await self.kube.post(f"/api/v1/namespaces/{self.namespace}/pods", pod, params={"dryRun": "All"})
+        record = pod_from_json(dry)
+        self.tally.with_overhead += bool(dry["spec"].get("overhead"))
+        decision = self.engine.schedule(record)
+        verdicts = {n: self.verdict(record, n) for n in self.diff}
+        problems: list[str] = []
+        involved: set[str] = set()
+        if decision.node is not None:
+            involved.add(decision.node)
+            if decision.node not in verdicts:
+                problems.append(f"engine picked {decision.node}, which is not a dedicated node")
+            elif verdicts[decision.node] is not None:
+                problems.append(f"engine picked {decision.node} but filter_all rejects it")
+        elif any(v is None for v in verdicts.values()):
+            problems.append("engine found no node, but filter_all accepts some")
+
+        # Every dedicated node, one pinned probe each. Probes on different nodes cannot affect one another
+        # (no filter here looks at other nodes), so they run at once.
+        results = await asyncio.gather(
+            *(self.probe(pod, f"{name}-p{i:02d}", node) for i, node in enumerate(self.diff))
+        )
+        for node, out in zip(self.diff, results, strict=True):
+            self.tally.probes += 1
+            kube_ok = out.node == node
+            engine_ok = verdicts[node] is None
+            counts = self.tally.probe_verdicts.setdefault(_category(verdicts[node]), [0, 0])
+            counts[kube_ok != engine_ok] += 1
+            if out.node is not None and out.node != node:
+                problems.append(f"probe pinned to {node} was bound to {out.node}")
+            elif out.node is None and out.reason != "Unschedulable":
+                problems.append(f"probe on {node}: kube-scheduler {out.reason}: {out.message}")
+            elif kube_ok != engine_ok:
+                involved.add(node)
+                problems.append(
+                    f"node {node}: kube-scheduler {'accepts' if kube_ok else 'rejects'} "
+                    f"({out.message or 'bound'}); engine {'accepts' if engine_ok else 'rejects'} "
+                    f"({verdicts[node] or 'feasible'})"
+                )
+
+        # The pod itself, unpinned, over the same state.
+        out = await self.decide(pod)
+        if out.node is not None:
+            self.tally.bound += 1
+            involved.add(out.node)
+            if decision.node is None:
+                problems.append(f"kube-scheduler bound it to {out.node}; the engine found no node")
+            elif verdicts.get(out.node) is not None:
+                problems.append(f"kube-scheduler bound it to {out.node}; engine: {verdicts.get(out.node)}")
+            self.cache.upsert_pod(pod_from_json(out.obj))  # it stays: capacity fills up
+            self.bound.append(name)
+        else:
+            self.tally.unschedulable += 1
+            if out.reason != "Unschedulable":
+                problems.append(f"kube-scheduler {out.reason}: {out.message}")
+            elif decision.node is not None:
+                problems.append(
+                    f"kube-scheduler: unschedulable ({out.message}); the engine picked {decision.node}"
+                )
+            await self.delete(name)
+        self.tally.cases += 1
+        if problems:
+            self.tally.disagreements.append(self.report(case, problems, pod, dry, involved))
+
+        if self.bound and rng.random() < DELETE_EARLIER_POD:
+            victim = self.bound.pop(rng.randrange(len(self.bound)))
+            await self.delete(victim)
+            self.cache.remove_pod(PodKey(f"{self.namespace}/{victim}"))
+            self.tally.deleted += 1
+
+    def report(
+        self,
+        case: int,
+        problems: list[str],
+        pod: dict[str, Any],
+        read_back: dict[str, Any],
+        involved: set[str],
+    ) -> str:
+        lines = [f"case {case} (DIFF_SEED={SEED}):", *(f"  - {p}" for p in problems)]
+        lines.append("  pod as generated: " + json.dumps(pod, sort_keys=True))
+        lines.append("  pod spec after defaulting: " + json.dumps(read_back.get("spec"), sort_keys=True))
+        for node in sorted(involved):
+            info = self.cache.nodes.get(NodeName(node))
+            lines.append(f"  node {node}: " + json.dumps(_relevant(self.nodes[node]), sort_keys=True))
+            lines.append(f"    pods there: {sorted(info.pods) if info is not None else []}")
+        return "\n".join(lines)
+
+
+async def test_engine_agrees_with_kube_scheduler_on_feasibility(
+    kube: KubeClient, namespace: str, diff_nodes: str
+) -> None:
+    started = time.monotonic()
+    # The nodes as the API server stores them (kwok may have touched their status).
+    nodes = (await kube.get("/api/v1/nodes"))["items"]
+    d = Differential(kube, namespace, diff_nodes, nodes)
+    assert len(d.diff) == NODES
+    watcher = asyncio.create_task(d.outcomes.run())
+    try:
+        for case in range(CASES):
+            await d.case(case)
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+    summary = d.tally.summary(time.monotonic() - started)
+    print(summary)
+    shown = "\n\n".join(d.tally.disagreements[:SHOW_DISAGREEMENTS])
+    assert not d.tally.disagreements, f"{summary}\n\n{shown}"
+    # The generator must keep producing both outcomes, or the comparison says little.
+    assert d.tally.bound > CASES // 5 and d.tally.unschedulable > CASES // 10, summary
+    assert d.tally.with_overhead > 0, summary
