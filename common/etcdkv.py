@@ -69,8 +69,14 @@ class WatchBatch:
 
 
 async def connect(endpoints: Sequence[str]) -> Etcd3Client:
-    """Open a client whose channel reconnects quickly after an etcd restart."""
-    client = Etcd3Client(list(endpoints), watch_max_reconnect_backoff_seconds=1.0)
+    """Open a client whose channel reconnects quickly after an etcd restart. Endpoints are ``host:port``;
+    an ``http://`` scheme (as etcd prints its client URLs) is accepted and dropped."""
+    plain = []
+    for e in endpoints:
+        if e.startswith("https://"):
+            raise ValueError(f"etcd endpoint {e!r}: TLS to etcd is not supported yet; use a plain endpoint")
+        plain.append(e.removeprefix("http://").rstrip("/"))
+    client = Etcd3Client(plain, watch_max_reconnect_backoff_seconds=1.0)
     # etcd3aio builds the channel from these options in connect(); it has no public knob for backoff.
     options = client._manager.grpc_options
     options.append(("grpc.max_reconnect_backoff_ms", _MAX_RECONNECT_BACKOFF_MS))

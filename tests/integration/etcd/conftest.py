@@ -23,7 +23,7 @@ from tests.integration.etcd_server import ETCD_BIN, EtcdServer
 @pytest.fixture(scope="session")
 def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
     if not ETCD_BIN.exists():
-        pytest.skip(f"{ETCD_BIN} not built (make tools)")
+        pytest.fail(f"{ETCD_BIN} not built: run `make tools`")
     server = EtcdServer(tmp_path_factory.mktemp("etcd") / "data")
     server.start()
     try:
@@ -36,7 +36,7 @@ def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer
 def private_etcd(tmp_path: Path) -> Iterator[EtcdServer]:
     """An etcd of the test's own, which the test may stop, kill and restart."""
     if not ETCD_BIN.exists():
-        pytest.skip(f"{ETCD_BIN} not built (make tools)")
+        pytest.fail(f"{ETCD_BIN} not built: run `make tools`")
     server = EtcdServer(tmp_path / "etcd-data")
     server.start()
     try:
