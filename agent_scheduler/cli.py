@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import os
 import sys
 from types import ModuleType
+
+from common import logs
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "cluster": ("scale.cluster.command", "local real cluster: kube-apiserver, etcd, kwok nodes"),
@@ -33,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="agent-scheduler", description=__doc__.split("\n")[0])
     parser.add_argument("--log-level", default=os.environ.get("AGENT_SCHEDULER_LOG_LEVEL", "INFO"))
+    parser.add_argument(
+        "--log-format", choices=["text", "json"], default=os.environ.get("AGENT_SCHEDULER_LOG_FORMAT", "text")
+    )
     subs = parser.add_subparsers(dest="command", metavar="COMMAND")
     chosen = next((a for a in argv if a in SUBCOMMANDS), None)
     for name, (_, helptext) in SUBCOMMANDS.items():
@@ -43,10 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.command:
         parser.print_help()
         return 2
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    logs.configure(str(args.log_level), args.log_format)
     code: int = _load(args.command).run(args)
     return code
 

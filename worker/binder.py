@@ -115,26 +115,37 @@ class Binder:
                 await self.client.bind(pod.namespace, pod.name, pod.uid, node)
             except Conflict as e:
                 metrics.bind_results.labels("conflict").inc()
-                log.info("bind %s -> %s: conflict (%s); waiting for the watch", pod.key, node, e.message)
+                log.info(
+                    "bind conflict (%s); waiting for the watch",
+                    e.message,
+                    extra={"pod": pod.key, "node": node},
+                )
                 self.cache.finish_binding(pod.key, self.clock())
                 return
             except NotFound:
                 metrics.bind_results.labels("gone").inc()
-                log.info("bind %s -> %s: pod is gone", pod.key, node)
+                log.info("bind: pod is gone", extra={"pod": pod.key, "node": node})
                 self.cache.forget(pod.key)
                 return
             except (TooManyRequests, ServerError) as e:
                 metrics.bind_results.labels("retried").inc()
                 if attempt < self.retries:
-                    log.warning("bind %s -> %s failed (%s), retry in %.1fs", pod.key, node, e, backoff)
+                    log.warning(
+                        "bind failed (%s), retry in %.1fs", e, backoff, extra={"pod": pod.key, "node": node}
+                    )
                     await asyncio.sleep(backoff)
                     backoff *= 2
                     continue
-                log.warning("bind %s -> %s failed %d times (%s); rescheduling", pod.key, node, attempt + 1, e)
+                log.warning(
+                    "bind failed %d times (%s); rescheduling",
+                    attempt + 1,
+                    e,
+                    extra={"pod": pod.key, "node": node},
+                )
                 break
             except ApiError as e:
                 metrics.bind_results.labels("failed").inc()
-                log.warning("bind %s -> %s rejected: %s", pod.key, node, e)
+                log.warning("bind rejected: %s", e, extra={"pod": pod.key, "node": node})
                 self.cache.forget(pod.key)
                 self.on_rejected(pod, f"binding rejected: {e.message}")
                 return

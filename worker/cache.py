@@ -219,7 +219,7 @@ class Cache:
         assumed = self.assumed.pop(key, None)
         current = self.pod_node.get(key)
         if assumed is not None and assumed.node != node:
-            log.warning("pod %s bound to %s but assumed on %s", key, node, assumed.node)
+            log.warning("bound elsewhere than assumed (%s)", assumed.node, extra={"pod": key, "node": node})
         if current == node:
             info = self.nodes[node]
             old = info.pods.get(key)
@@ -271,7 +271,7 @@ class Cache:
     def cleanup_expired(self, now: float) -> list[PodKey]:
         gone = [k for k, a in self.assumed.items() if a.deadline is not None and a.deadline <= now]
         for key in gone:
-            log.warning("assumed pod %s expired without confirmation; capacity returned", key)
+            log.warning("assumption expired without confirmation; capacity returned", extra={"pod": key})
             self.forget(key)
         self.expired += len(gone)
         return gone

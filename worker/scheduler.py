@@ -195,6 +195,7 @@ class Scheduler:
             self.cache.assume(pod, decision.node)
             self.queue.done(qp, scheduled=True)
             self.binder.submit(pod, decision.node, qp.added_at, qp.attempts)
+            log.debug("assumed", extra={"pod": key, "node": decision.node})
             metrics.schedule_attempts.labels("scheduled", "agent").inc()
             metrics.attempt_duration.labels("scheduled", "agent").observe(elapsed)
             return decision
@@ -202,7 +203,7 @@ class Scheduler:
         metrics.schedule_attempts.labels(result, "agent").inc()
         metrics.attempt_duration.labels(result, "agent").observe(elapsed)
         self.unschedulable += 1
-        log.debug("pod %s unschedulable: %s", key, decision.message)
+        log.debug("unschedulable: %s", decision.message, extra={"pod": key})
         self.queue.done(qp, scheduled=False, retry=decision.code == Code.ERROR, message=decision.message)
         self.on_unschedulable(pod, decision)
         return decision

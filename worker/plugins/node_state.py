@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from common.records import PodRecord
+from common.records import PodRecord, Taint
 from worker.framework import Status
 from worker.nodeinfo import NodeInfo
 
-_UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
+# A cordoned node is as if tainted with this (no value); a pod tolerating that taint may still go there.
+_UNSCHEDULABLE_TAINT = Taint("node.kubernetes.io/unschedulable", "", "NoSchedule")
 _CORDONED = Status.unresolvable("node(s) were unschedulable")
 _NOT_READY = Status.unresolvable("node(s) were not ready")
 _NO_CAPACITY = Status.unresolvable("node(s) had invalid allocatable")
@@ -24,12 +25,8 @@ class NodeUnschedulable:
     def filter(self, pod: PodRecord, node: NodeInfo) -> Status | None:
         if not node.node.unschedulable:
             return None
-        for t in pod.tolerations:
-            if (t.key == _UNSCHEDULABLE_TAINT or (t.key == "" and t.operator == "Exists")) and t.effect in (
-                "",
-                "NoSchedule",
-            ):
-                return None
+        if any(t.tolerates(_UNSCHEDULABLE_TAINT) for t in pod.tolerations):
+            return None
         return _CORDONED
 
 
