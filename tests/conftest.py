@@ -7,7 +7,7 @@ Fixtures:
   so it never competes for our scheduler's pods, and tests can compare against it. Its client limits are raised
   (``SCHEDULER_QPS``) so that it is not the slow part of a test.
   Set ``AGENT_SCHEDULER_TEST_CLUSTER=DIR`` to run against an already running cluster
-  (``agent-scheduler cluster up --with-kube-scheduler --nodes 200 --dir DIR``) instead; it is left running.
+  (``agent-scheduler cluster up --with-kube-scheduler --nodes 500 --dir DIR``) instead; it is left running.
 - ``kube``: an admin ``KubeClient`` on the test's event loop, closed after the test.
 - ``namespace``: a new namespace (its name derived from the test's), deleted after the test: its pods are
   deleted at once (grace period 0) and the namespace is finalized by hand, because no namespace controller runs.
@@ -27,10 +27,11 @@ import pytest
 from common.kube import KubeClient, NotFound
 from scale.cluster import Cluster, ClusterOptions, start_cluster
 
-CLUSTER_NODES = 200
+CLUSTER_NODES = 500
 SCHEDULER_QPS = 1000.0
 SCHEDULER_BURST = 1000
 REUSE_ENV = "AGENT_SCHEDULER_TEST_CLUSTER"
+DELETE_TIMEOUT = 300.0
 
 
 @pytest.fixture(scope="session")
@@ -76,7 +77,13 @@ async def namespace(kube: KubeClient, request: pytest.FixtureRequest) -> AsyncIt
 async def delete_namespace(kube: KubeClient, name: str) -> None:
     """Delete the namespace's pods immediately, then the namespace, finalizing it ourselves."""
     try:
-        await kube.delete(f"/api/v1/namespaces/{name}/pods", params={"gracePeriodSeconds": "0"})
+        # One request that deletes every pod server-side; thousands of them take a while on a busy machine.
+        await kube.request(
+            "DELETE",
+            f"/api/v1/namespaces/{name}/pods",
+            params={"gracePeriodSeconds": "0"},
+            timeout=DELETE_TIMEOUT,
+        )
         await kube.delete(f"/api/v1/namespaces/{name}")
         ns = await kube.get(f"/api/v1/namespaces/{name}")
         ns.setdefault("spec", {})["finalizers"] = []

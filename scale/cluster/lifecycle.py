@@ -31,7 +31,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from common.kube import Credentials, KubeClient
+from common.kube import ApiError, Credentials, KubeClient
 from scale.cluster import components
 from scale.cluster.components import APISERVER, ETCD, KWOK, SCHEDULER, Component, Ports
 from scale.cluster.config import (
@@ -255,7 +255,12 @@ def start_cluster(
     cluster = _start_processes(layout, opts, with_kube_scheduler=with_kube_scheduler, force=force)
     try:
         if nodes:
-            _run_coroutine(cluster.add_nodes(nodes, start=0))
+            try:
+                _run_coroutine(cluster.add_nodes(nodes, start=0))
+            except ApiError as e:
+                raise ClusterError(
+                    f"creating {nodes} nodes failed: {e}; the API server log is {layout.log(APISERVER)}"
+                ) from e
         cluster.state.phase = RUNNING
         cluster._save()
     except BaseException:

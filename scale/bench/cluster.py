@@ -1,0 +1,408 @@
+"""``agent-scheduler bench cluster``: every scheduler × workload on a real local cluster, one results directory.
+
+For each node count and each scheduler (``scale.bench.schedulers``), in this order:
+1. a fresh local cluster (``scale.cluster``) with the same deterministic node fleet, kube-scheduler at the
+   spec's client limits, the bench's kwok stages (``scale.bench.stages``) and the product's RBAC for the
+   ``system:kube-scheduler`` user;
+2. the scheduler's processes, then readiness: for a coordinator, the shard map settled; for all, a few probe
+   pods bound;
+3. each workload (``scale.bench.workloads``) in a namespace of its own: the load generator
+   (``scale.bench.loadgen``) creates and times the pods while the meter (``scale.bench.meter``) reads the
+   scheduler's, the API server's, etcd's and kwok's CPU; the result (``scale.bench.results``) is appended to
+   ``results.json`` at once, so an interrupted run keeps what it measured; then the namespace is deleted;
+4. the scheduler stopped (by PID), its logs kept under ``logs/``, the cluster stopped and removed.
+
+Then ``report.md`` and the plots (``scale.bench.report``). Nothing is asserted: numbers are reported, with the
+issue's goals marked met or missed. A failure of one scheduler is recorded in its results' ``error`` and the
+bench goes on with the next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import pstats
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from io import StringIO
+from pathlib import Path
+from typing import Any
+
+from common.kube import ApiError, KubeClient, NotFound
+from scale.bench import loadgen, noop_binder, report, stages
+from scale.bench.meter import ProcessMeter, own_pid, with_children
+from scale.bench.results import RunResult, dump, summarize
+from scale.bench.schedulers import (
+    AGENT,
+    NOOP,
+    QUICK_SCHEDULERS,
+    SCHEDULERS,
+    Running,
+    SchedulerSpec,
+    grant_agent_rbac,
+    launch,
+    scheduler_kubeconfig,
+    stop_children,
+    wait_sharded,
+)
+from scale.bench.volcano import VolcanoProbe
+from scale.bench.volcano import probe as probe_volcano
+from scale.bench.workloads import AGENT as AGENT_POD
+from scale.bench.workloads import BATCH, BURST, STEADY, WorkloadSpec, arrivals, default_workloads
+from scale.cluster import Cluster, ClusterError, ClusterOptions, generate_nodes, start_cluster_async
+from scale.cluster.components import APISERVER, ETCD, KWOK, SCHEDULER
+
+log = logging.getLogger(__name__)
+
+PROBE_PODS = 10
+PROBE_TIMEOUT = 120.0
+SETTLE_S = 2.0
+QUICK_NODES = 100
+FULL_NODES = (1000,)
+
+
+@dataclass(kw_only=True, slots=True)
+class BenchConfig:
+    """Everything one ``bench cluster`` invocation does."""
+
+    nodes: list[int]
+    schedulers: list[str]
+    workloads: dict[str, WorkloadSpec] | None = None  # per node count from default_workloads when None
+    workload_names: list[str] = field(default_factory=lambda: [BURST, STEADY])
+    out: Path
+    quick: bool = False
+    rate: float | None = None
+    burst: int | None = None
+    stall_s: float = 30.0
+    timeout_s: float = 300.0
+    profile: bool = False
+    volcano: bool = True
+    work_dir: Path | None = None
+
+
+def _component_pids(cluster: Cluster, name: str) -> Callable[[], list[int]]:
+    def pids() -> list[int]:
+        record = cluster.state.process(name)
+        return [record.pid] if record is not None else []
+
+    return pids
+
+
+async def _create_namespace(client: KubeClient, name: str) -> None:
+    await _delete_namespace(client, name)
+    await client.post("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+
+
+async def _delete_namespace(client: KubeClient, name: str) -> None:
+    """Delete the namespace's pods at once (grace 0), then the namespace, finalizing it by hand (no namespace
+    controller runs in the local cluster); returns when the pods are gone."""
+    try:
+        await client.delete(f"/api/v1/namespaces/{name}/pods", params={"gracePeriodSeconds": "0"})
+        for _ in range(120):
+            page = await client.get(f"/api/v1/namespaces/{name}/pods", {"limit": "1"})
+            if not page.get("items"):
+                break
+            await asyncio.sleep(0.5)
+        await client.delete(f"/api/v1/namespaces/{name}")
+        ns = await client.get(f"/api/v1/namespaces/{name}")
+        ns.setdefault("spec", {})["finalizers"] = []
+        await client.put(f"/api/v1/namespaces/{name}/finalize", ns)
+        for _ in range(60):
+            await client.get(f"/api/v1/namespaces/{name}")
+            await asyncio.sleep(0.25)
+    except NotFound:
+        return
+
+
+async def _probe(client: KubeClient, spec: SchedulerSpec, running: Running, nodes: list[dict[str, Any]]) -> str:
+    """Bind a few pods through the scheduler under test; "" when they all bound, else why not."""
+    namespace = "bench-probe"
+    await _create_namespace(client, namespace)
+    probe = WorkloadSpec(name="probe", pods=PROBE_PODS, create_concurrency=PROBE_PODS, seed=99)
+    placer = noop_binder.placer(nodes) if spec.kind == NOOP else None
+    plan = arrivals(probe, namespace=namespace, scheduler_name=spec.pod_scheduler_name, placer=placer)
+    try:
+        observed = await loadgen.run(client, namespace, plan, concurrency=PROBE_PODS, stall_s=PROBE_TIMEOUT, timeout_s=PROBE_TIMEOUT)
+    finally:
+        await _delete_namespace(client, namespace)
+    if observed.complete:
+        return ""
+    dead = "; ".join(running.dead())
+    bound = sum(1 for p in observed.agent if p.is_bound)
+    return f"probe: {bound}/{PROBE_PODS} pods bound in {PROBE_TIMEOUT:.0f}s" + (f"; {dead}" if dead else "")
+
+
+async def _run_workload(
+    client: KubeClient,
+    cluster: Cluster,
+    running: Running,
+    workload: WorkloadSpec,
+    *,
+    nodes: int,
+    fleet: list[dict[str, Any]],
+    config: BenchConfig,
+    notes: list[str],
+) -> RunResult:
+    spec = running.spec
+    namespace = f"bench-{workload.name}"
+    await _create_namespace(client, namespace)
+    placer = noop_binder.placer(fleet) if spec.kind == NOOP else None
+    plan = arrivals(workload, namespace=namespace, scheduler_name=spec.pod_scheduler_name, placer=placer)
+    meter = ProcessMeter(
+        {
+            "scheduler": lambda: with_children(running.pids()),
+            "apiserver": _component_pids(cluster, APISERVER),
+            "etcd": _component_pids(cluster, ETCD),
+            "kwok": _component_pids(cluster, KWOK),
+            "loadgen": own_pid,
+        }
+    )
+    started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    log.info("%s × %s × %d nodes: %d pods", spec.name, workload.name, nodes, len(plan))
+    meter.start()
+    try:
+        observed = await loadgen.run(
+            client,
+            namespace,
+            plan,
+            concurrency=workload.create_concurrency,
+            stall_s=config.stall_s,
+            timeout_s=config.timeout_s,
+        )
+    finally:
+        usage = await meter.stop()
+    run_notes = list(notes)
+    if not observed.complete:
+        run_notes.append(
+            f"stopped waiting {observed.end - observed.origin:.0f}s after the start: no bind for {config.stall_s:.0f}s "
+            f"or {config.timeout_s:.0f}s after the last create"
+        )
+    run_notes += running.dead()
+    result = summarize(
+        scheduler=spec.name,
+        scheduler_kind=spec.kind,
+        workload=workload.name,
+        nodes=nodes,
+        agent=observed.agent,
+        batch=observed.batch,
+        origin=observed.origin,
+        end=observed.end,
+        usage=usage,
+        host_cpu_s=meter.host_cpu_s,
+        params={**workload.params(), "client_qps": spec.kube_qps if spec.kind != AGENT else 5000.0},
+        notes=run_notes,
+        started_at=started_at,
+    )
+    await _delete_namespace(client, namespace)
+    await asyncio.sleep(SETTLE_S)  # let the scheduler's watches catch up with the deletions
+    log.info(
+        "%s × %s: %d/%d bound, %.0f pods/s, p50 %.0f ms, p99 %.0f ms, %.2f CPU-s/1k pods",
+        spec.name,
+        workload.name,
+        result.bound,
+        result.pods,
+        result.pods_per_s,
+        result.p50_ms,
+        result.p99_ms,
+        result.cpu_s_per_1k_pods,
+    )
+    return result
+
+
+def _failed(spec: SchedulerSpec, workload: WorkloadSpec, nodes: int, error: str) -> RunResult:
+    result = summarize(
+        scheduler=spec.name,
+        scheduler_kind=spec.kind,
+        workload=workload.name,
+        nodes=nodes,
+        agent=[],
+        origin=0.0,
+        end=0.0,
+        usage={},
+        host_cpu_s=0.0,
+        params=workload.params(),
+    )
+    result.error = error
+    result.pods = workload.pods
+    result.unbound = workload.pods
+    return result
+
+
+async def _profile_burst(
+    client: KubeClient,
+    cluster: Cluster,
+    spec: SchedulerSpec,
+    workload: WorkloadSpec,
+    *,
+    kubeconfig: Path,
+    nodes: int,
+    fleet: list[dict[str, Any]],
+    config: BenchConfig,
+) -> str:
+    """Run ``workload`` once more with the standalone worker under cProfile; returns the top of the profile."""
+    logs = config.out / "logs"
+    stats_file = config.out / f"profile-{spec.name}-{workload.name}-{nodes}.pstats"
+    running = launch(spec, cluster, logs, kubeconfig=kubeconfig, profile_to=stats_file, tag="profiled")
+    try:
+        why = await _probe(client, spec, running, fleet)
+        if why:
+            return f"profiling run failed: {why}"
+        result = await _run_workload(
+            client, cluster, running, workload, nodes=nodes, fleet=fleet, config=config, notes=["under cProfile"]
+        )
+    finally:
+        problems = stop_children(running.children)
+    if not stats_file.exists():
+        return f"no profile written ({'; '.join(problems) or 'unknown reason'})"
+    text = StringIO()
+    stats = pstats.Stats(str(stats_file), stream=text)
+    stats.strip_dirs().sort_stats("tottime").print_stats(25)
+    head = (
+        f"Profiled run ({spec.name}, {workload.name}, {nodes} nodes, under cProfile, which slows Python code "
+        f"roughly 2x): {result.bound}/{result.pods} bound, {result.pods_per_s:.0f} pods/s, "
+        f"{result.cpu_s_per_1k_pods:.2f} CPU-s per 1k pods.\n"
+    )
+    body = text.getvalue()
+    (config.out / f"profile-{spec.name}-{workload.name}-{nodes}.txt").write_text(head + body)
+    return head + body
+
+
+async def bench_scheduler(
+    spec: SchedulerSpec,
+    nodes: int,
+    workloads: list[WorkloadSpec],
+    fleet: list[dict[str, Any]],
+    config: BenchConfig,
+    results: list[RunResult],
+    profiles: list[str],
+) -> None:
+    """All workloads of one scheduler on one fresh cluster; appends to ``results`` (and writes the file)."""
+    logs = config.out / "logs" / f"{nodes}"
+    logs.mkdir(parents=True, exist_ok=True)
+    cluster_dir = Path(tempfile.mkdtemp(prefix=f"bench-{nodes}-{spec.name}-", dir=config.work_dir))
+    options = ClusterOptions(scheduler_qps=spec.kube_qps, scheduler_burst=spec.kube_burst)
+    began = time.monotonic()
+    try:
+        cluster = await start_cluster_async(cluster_dir, nodes=nodes, with_kube_scheduler=True, options=options, force=True)
+    except ClusterError as e:
+        for workload in workloads:
+            results.append(_failed(spec, workload, nodes, f"cluster did not start: {e}"))
+        dump(results, config.out / "results.json")
+        return
+    running: Running | None = None
+    try:
+        await asyncio.to_thread(stages.install, cluster)
+        log.info("cluster of %d nodes for %s ready in %.0fs", nodes, spec.name, time.monotonic() - began)
+        async with cluster.client(qps=50000, burst=50000, max_connections=256) as client:
+            notes: list[str] = []
+            why_admin = await grant_agent_rbac(client)
+            kubeconfig = scheduler_kubeconfig(cluster)
+            if why_admin:
+                notes.append(f"ran as admin: {why_admin}")
+                kubeconfig = cluster.kubeconfig
+            running = launch(spec, cluster, logs, kubeconfig=kubeconfig)
+            if spec.kind == AGENT and spec.workers:
+                why = await wait_sharded(running, nodes)
+                if why:
+                    notes.append(why)
+            why = await _probe(client, spec, running, fleet)
+            if why:
+                for workload in workloads:
+                    results.append(_failed(spec, workload, nodes, why))
+                dump(results, config.out / "results.json")
+                return
+            for workload in workloads:
+                try:
+                    result = await _run_workload(
+                        client, cluster, running, workload, nodes=nodes, fleet=fleet, config=config, notes=notes
+                    )
+                except (ApiError, OSError, TimeoutError) as e:
+                    log.exception("%s × %s failed", spec.name, workload.name)
+                    result = _failed(spec, workload, nodes, f"{type(e).__name__}: {e}")
+                results.append(result)
+                dump(results, config.out / "results.json")
+            if config.profile and spec.kind == AGENT and spec.workers == 0:
+                problems = running.stop()
+                running = None
+                if problems:
+                    log.warning("stopping %s: %s", spec.name, "; ".join(problems))
+                burst = next((w for w in workloads if w.name == BURST), workloads[0])
+                profiles.append(
+                    await _profile_burst(
+                        client, cluster, spec, burst, kubeconfig=kubeconfig, nodes=nodes, fleet=fleet, config=config
+                    )
+                )
+    finally:
+        if running is not None:
+            problems = running.stop()
+            if problems:
+                log.warning("stopping %s: %s", spec.name, "; ".join(problems))
+        record = cluster.state.process(SCHEDULER)
+        if record is not None and Path(record.log).exists():
+            shutil.copy(record.log, logs / f"{spec.name}-kube-scheduler.log")
+        await asyncio.to_thread(cluster.stop)
+
+
+async def run_bench(config: BenchConfig) -> list[RunResult]:
+    config.out.mkdir(parents=True, exist_ok=True)
+    results: list[RunResult] = []
+    profiles: list[str] = []
+    volcano: VolcanoProbe | None = None
+    if config.volcano:
+        log.info("trying to build Volcano's agent-scheduler (bounded)")
+        volcano = await asyncio.to_thread(probe_volcano, config.out / "bin")
+        log.info("Volcano: %s", volcano.reason)
+    for nodes in config.nodes:
+        specs = config.workloads or default_workloads(nodes, quick=config.quick, rate=config.rate, burst=config.burst)
+        workloads = [specs[name] for name in config.workload_names]
+        fleet = generate_nodes(nodes)
+        for name in config.schedulers:
+            await bench_scheduler(SCHEDULERS[name], nodes, workloads, fleet, config, results, profiles)
+    report.write(config.out, results, volcano=volcano, profiles=profiles, quick=config.quick)
+    return results
+
+
+def main(
+    *,
+    nodes: list[int] | None,
+    schedulers: list[str] | None,
+    workloads: list[str] | None,
+    out: Path | None,
+    quick: bool,
+    rate: float | None,
+    burst: int | None,
+    profile: bool,
+    volcano: bool,
+    stall_s: float | None,
+    timeout_s: float | None,
+) -> int:
+    unknown = [s for s in schedulers or () if s not in SCHEDULERS]
+    if unknown:
+        print(f"unknown scheduler(s) {', '.join(unknown)}; known: {', '.join(SCHEDULERS)}")
+        return 2
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    config = BenchConfig(
+        nodes=nodes or ([QUICK_NODES] if quick else list(FULL_NODES)),
+        schedulers=schedulers or list(QUICK_SCHEDULERS if quick else SCHEDULERS),
+        workload_names=workloads or ([BURST, STEADY] if quick else ["burst", "steady", "churn", "mix"]),
+        out=(out or Path("results") / f"bench-{'quick-' if quick else ''}{stamp}").resolve(),
+        quick=quick,
+        rate=rate,
+        burst=burst,
+        profile=profile,
+        volcano=volcano and not quick,
+        stall_s=stall_s if stall_s is not None else (15.0 if quick else 30.0),
+        timeout_s=timeout_s if timeout_s is not None else (60.0 if quick else 300.0),
+    )
+    began = time.monotonic()
+    results = asyncio.run(run_bench(config))
+    print(report.table(results))
+    print(f"\n{len(results)} runs in {time.monotonic() - began:.0f}s; results in {config.out}/results.json, "
+          f"report in {config.out}/report.md")
+    return 0 if results and not any(r.error for r in results) else 1
+
+
+__all__ = ["AGENT_POD", "BATCH", "BenchConfig", "bench_scheduler", "main", "run_bench"]

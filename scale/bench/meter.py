@@ -1,0 +1,123 @@
+"""CPU seconds and peak memory of groups of processes over one measured window, read with psutil.
+
+A ``ProcessMeter`` is given named groups, each a function returning the PIDs that belong to it right now (the
+scheduler's processes, the API server, etcd, kwok, this process). ``start()`` takes a baseline, a background
+task samples every ``period`` seconds (new PIDs and children appear, exited ones keep their last reading), and
+``stop()`` returns each group's CPU seconds (user + system, also of reaped children) and its peak summed RSS.
+
+It also reads the whole host's busy CPU time, so the report can say how much of the machine's CPU went to
+processes outside the measured groups (other work on a shared machine makes numbers noisy; this says how noisy).
+
+Invariant: a process is identified by PID and start time, so a reused PID is never charged to a group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Callable, Iterable
+import psutil
+
+from scale.bench.results import Usage
+
+DEFAULT_PERIOD = 0.5
+
+PidSource = Callable[[], Iterable[int]]
+
+
+def own_pid() -> list[int]:
+    return [os.getpid()]
+
+
+def with_children(pids: Iterable[int]) -> list[int]:
+    """``pids`` and all their descendants that are alive now."""
+    out: list[int] = []
+    for pid in pids:
+        out.append(pid)
+        with contextlib.suppress(psutil.Error):
+            out.extend(child.pid for child in psutil.Process(pid).children(recursive=True))
+    return out
+
+
+def host_busy_seconds() -> float:
+    """CPU seconds the whole host spent not idle since boot, over all cores."""
+    t = psutil.cpu_times()
+    return float(sum(t)) - float(t.idle) - float(getattr(t, "iowait", 0.0))
+
+
+class _Tracked:
+    __slots__ = ("first", "last", "proc")
+
+    def __init__(self, proc: psutil.Process, cpu: float) -> None:
+        self.proc = proc
+        self.first = cpu
+        self.last = cpu
+
+
+def _cpu(proc: psutil.Process) -> float:
+    t = proc.cpu_times()
+    return float(t.user + t.system + t.children_user + t.children_system)
+
+
+class ProcessMeter:
+    def __init__(self, groups: dict[str, PidSource], *, period: float = DEFAULT_PERIOD) -> None:
+        self.groups = groups
+        self.period = period
+        self._tracked: dict[str, dict[tuple[int, float], _Tracked]] = {g: {} for g in groups}
+        self._peak: dict[str, int] = dict.fromkeys(groups, 0)
+        self._host_start = 0.0
+        self._host_cpu = 0.0
+        self._task: asyncio.Task[None] | None = None
+        self._started = False
+
+    def sample(self) -> None:
+        """Read every group once: CPU of each process, summed RSS per group (peak kept)."""
+        for group, source in self.groups.items():
+            tracked = self._tracked[group]
+            rss = 0
+            for pid in set(source()):
+                try:
+                    proc = psutil.Process(pid)
+                    key = (pid, proc.create_time())
+                    entry = tracked.get(key)
+                    if entry is None:
+                        # A process born inside the window counts from zero, one alive before from the baseline.
+                        entry = tracked[key] = _Tracked(proc, 0.0 if self._started else _cpu(proc))
+                    with proc.oneshot():
+                        entry.last = _cpu(entry.proc)
+                        rss += int(entry.proc.memory_info().rss)
+                except psutil.Error:
+                    continue
+            self._peak[group] = max(self._peak[group], rss)
+
+    def start(self) -> None:
+        """Take the baseline and begin sampling in the background (call inside a running event loop)."""
+        self._host_start = host_busy_seconds()
+        self.sample()
+        self._started = True
+        self._task = asyncio.create_task(self._run(), name="process-meter")
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.period)
+            self.sample()
+
+    async def stop(self) -> dict[str, Usage]:
+        """Stop sampling, take a last reading; per group: CPU seconds used in the window, peak RSS, processes."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self.sample()
+        self._host_cpu = host_busy_seconds() - self._host_start
+        out: dict[str, Usage] = {}
+        for group, tracked in self._tracked.items():
+            cpu = sum(max(0.0, e.last - e.first) for e in tracked.values())
+            out[group] = Usage(round(cpu, 3), self._peak[group], len(tracked))
+        return out
+
+    @property
+    def host_cpu_s(self) -> float:
+        """Busy CPU seconds of the whole host over the window (valid after ``stop``)."""
+        return round(self._host_cpu, 3)

@@ -1,0 +1,158 @@
+"""The no-decision binder: binds each pod to a node chosen before the run. The ceiling of this machine.
+
+It measures what the API server allows when the scheduler costs nothing: the pod's node is already written in
+its ``NODE_ANNOTATION`` (computed before the run by ``placer``, with the real engine over the same node fleet,
+so every choice fits), and this process only watches pending pods of its scheduler name and posts their
+bindings — through ``common.kube.KubeClient``, the same client path, rate limiter and connection pool as the
+agent scheduler's binder, with the same number of bindings in flight.
+
+Run as its own process (``python -m scale.bench.noop_binder``) so its CPU and memory are measured like any
+scheduler's. It emits no events and reports nothing; a pod without the annotation is left pending.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+from collections.abc import Callable
+from typing import Any
+
+from common.kube import ApiError, Conflict, KubeClient, NotFound, ServerError, TooManyRequests, load_credentials
+from common.watching import Reflector
+from scale.bench.workloads import NODE_ANNOTATION
+
+log = logging.getLogger(__name__)
+
+SCHEDULER_NAME = "bench-noop"
+BIND_RETRIES = 5
+
+
+class _Pending:
+    """Watch handler: every unbound pod of ours with a node annotation goes on the queue once."""
+
+    def __init__(self, queue: asyncio.Queue[tuple[str, str, str, str]]) -> None:
+        self.queue = queue
+        self.seen: set[str] = set()
+
+    def _offer(self, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        uid = str(meta.get("uid") or "")
+        if not uid or uid in self.seen or (obj.get("spec") or {}).get("nodeName"):
+            return
+        node = (meta.get("annotations") or {}).get(NODE_ANNOTATION)
+        if not node:
+            return
+        self.seen.add(uid)
+        self.queue.put_nowait((str(meta.get("namespace")), str(meta.get("name")), uid, str(node)))
+
+    def replace(self, objects: list[dict[str, Any]]) -> None:
+        for obj in objects:
+            self._offer(obj)
+
+    def event(self, kind: str, obj: dict[str, Any]) -> None:
+        if kind == "DELETED":
+            self.seen.discard(str((obj.get("metadata") or {}).get("uid") or ""))
+        else:
+            self._offer(obj)
+
+
+async def _bind_loop(client: KubeClient, queue: asyncio.Queue[tuple[str, str, str, str]], stats: dict[str, int]) -> None:
+    while True:
+        namespace, name, uid, node = await queue.get()
+        delay = 0.05
+        for attempt in range(BIND_RETRIES):
+            try:
+                await client.bind(namespace, name, uid, node)
+                stats["bound"] += 1
+            except (Conflict, NotFound):
+                stats["gone"] += 1
+            except (TooManyRequests, ServerError) as e:
+                if attempt < BIND_RETRIES - 1:
+                    await asyncio.sleep(delay)
+                    delay *= 2
+                    continue
+                stats["failed"] += 1
+                log.warning("binding %s/%s failed: %s", namespace, name, e)
+            except ApiError as e:
+                stats["failed"] += 1
+                log.warning("binding %s/%s failed: %s", namespace, name, e)
+            break
+
+
+async def serve(args: argparse.Namespace) -> int:
+    creds = load_credentials(args.kubeconfig)
+    stats = {"bound": 0, "gone": 0, "failed": 0}
+    async with KubeClient(creds, qps=args.qps, burst=args.burst, max_connections=args.concurrency * 2) as client:
+        queue: asyncio.Queue[tuple[str, str, str, str]] = asyncio.Queue()
+        reflector = Reflector(
+            client,
+            "/api/v1/pods",
+            _Pending(queue),
+            params={"fieldSelector": f"spec.schedulerName={args.scheduler_name},spec.nodeName="},
+            name="noop-pending",
+        )
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        tasks = [asyncio.create_task(reflector.run())]
+        tasks += [asyncio.create_task(_bind_loop(client, queue, stats)) for _ in range(args.concurrency)]
+        await reflector.synced.wait()
+        log.info("no-decision binder ready (scheduler name %s, %d binds in flight)", args.scheduler_name, args.concurrency)
+        await stop.wait()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    log.info("no-decision binder stopped: %s", stats)
+    return 0
+
+
+def placer(nodes: list[dict[str, Any]], *, exclude_pools: frozenset[str] = frozenset({"batch"})) -> Callable[[dict[str, Any]], str | None]:
+    """A function that gives each pod (in call order) a node that fits it, using the real engine over ``nodes``.
+
+    Each call decides and assumes, so successive pods see the capacity the earlier ones took. Nodes of
+    ``exclude_pools`` (the ``node-pool`` label) are left out, so that the default scheduler's batch pods never
+    compete with these precomputed choices.
+    """
+    from common.records import node_from_json, pod_from_json
+    from common.settings import WorkerSettings
+    from scale.cluster.nodes import LABEL_POOL
+    from worker.cache import Cache
+    from worker.scheduler import build_engine
+
+    settings = WorkerSettings()
+    cache = Cache(session_label=settings.scheduling.session_label)
+    for obj in nodes:
+        if (obj["metadata"].get("labels") or {}).get(LABEL_POOL) in exclude_pools:
+            continue
+        cache.upsert_node(node_from_json(obj))
+    engine = build_engine(settings, cache)
+
+    def place(pod: dict[str, Any]) -> str | None:
+        record = pod_from_json(pod)
+        decision = engine.schedule(record)
+        if decision.node is None:
+            return None
+        cache.assume(record, decision.node)
+        return str(decision.node)
+
+    return place
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m scale.bench.noop_binder", description=__doc__.split("\n")[0])
+    p.add_argument("--kubeconfig", required=True)
+    p.add_argument("--scheduler-name", default=SCHEDULER_NAME)
+    p.add_argument("--qps", type=float, default=5000.0)
+    p.add_argument("--burst", type=int, default=5000)
+    p.add_argument("--concurrency", type=int, default=64, help="bindings in flight (the worker's default)")
+    p.add_argument("--log-level", default="INFO")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    return asyncio.run(serve(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,290 @@
+"""The bench report: ``report.md`` with the issue's goals met or missed, the results table, plots, limits.
+
+Input is only the list of ``RunResult`` (what ``results.json`` holds), so a report can be rebuilt from a results
+file alone (``agent-scheduler bench report DIR``). Pure functions (``goals``, ``table``, ``utilisation``) build
+the text; ``write`` adds the PNG plots (matplotlib, Agg backend, imported lazily).
+
+The goals (issue 6), each comparing one agent configuration with kube-scheduler at client qps 5000 on the same
+node count:
+- throughput: sustained pods/s on the burst workload at least 2x;
+- latency: p99 create-to-bound at equal offered load (the steady workload, else churn) at most half;
+- ceiling: burst pods/s at least 90 % of the no-decision binder's;
+- cost: CPU-seconds per 1,000 pods on the burst workload no more than kube-scheduler's.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from scale.bench.results import RunResult, load
+from scale.bench.volcano import VolcanoProbe
+
+KUBE_REFERENCE = "kube-scheduler-qps5000"
+CEILING = "no-decision"
+THROUGHPUT_WORKLOAD = "burst"
+LATENCY_WORKLOADS = ("steady", "churn", "mix")
+
+
+@dataclass(frozen=True, slots=True)
+class Goal:
+    nodes: int
+    scheduler: str
+    goal: str
+    target: str
+    value: float | None  # the measured ratio; None when a needed run is missing or failed
+    met: bool | None
+
+    @property
+    def verdict(self) -> str:
+        return "n/a" if self.met is None else ("met" if self.met else "missed")
+
+
+def _find(results: Sequence[RunResult], scheduler: str, workload: str, nodes: int) -> RunResult | None:
+    for r in results:
+        if r.scheduler == scheduler and r.workload == workload and r.nodes == nodes and not r.error:
+            return r
+    return None
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return round(a / b, 2) if b > 0 else None
+
+
+def goals(results: Sequence[RunResult]) -> list[Goal]:
+    """The four goals for every agent configuration and node count found in ``results``."""
+    out: list[Goal] = []
+    nodes_seen = sorted({r.nodes for r in results})
+    agents = sorted({r.scheduler for r in results if r.scheduler_kind == "agent" or r.scheduler.startswith("agent")})
+    for nodes in nodes_seen:
+        for agent in agents:
+            kube_burst = _find(results, KUBE_REFERENCE, THROUGHPUT_WORKLOAD, nodes)
+            ours_burst = _find(results, agent, THROUGHPUT_WORKLOAD, nodes)
+            ceiling = _find(results, CEILING, THROUGHPUT_WORKLOAD, nodes)
+            ratio = _ratio(ours_burst.pods_per_s, kube_burst.pods_per_s) if ours_burst and kube_burst else None
+            out.append(Goal(nodes, agent, "throughput vs kube-scheduler (burst)", ">= 2.0x", ratio, None if ratio is None else ratio >= 2.0))
+            lat = next(
+                (
+                    (w, o, k)
+                    for w in LATENCY_WORKLOADS
+                    if (o := _find(results, agent, w, nodes)) and (k := _find(results, KUBE_REFERENCE, w, nodes))
+                ),
+                None,
+            )
+            if lat is not None and lat[2].p99_ms > 0:
+                workload, ours, kube = lat
+                r = round(ours.p99_ms / kube.p99_ms, 2)
+                out.append(Goal(nodes, agent, f"p99 vs kube-scheduler ({workload})", "<= 0.5x", r, r <= 0.5))
+            else:
+                out.append(Goal(nodes, agent, "p99 vs kube-scheduler (steady)", "<= 0.5x", None, None))
+            ratio = _ratio(ours_burst.pods_per_s, ceiling.pods_per_s) if ours_burst and ceiling else None
+            out.append(Goal(nodes, agent, "share of the no-decision ceiling (burst)", ">= 0.90", ratio, None if ratio is None else ratio >= 0.9))
+            ratio = (
+                _ratio(ours_burst.cpu_s_per_1k_pods, kube_burst.cpu_s_per_1k_pods) if ours_burst and kube_burst else None
+            )
+            out.append(Goal(nodes, agent, "CPU per 1k pods vs kube-scheduler (burst)", "<= 1.0x", ratio, None if ratio is None else ratio <= 1.0))
+    return out
+
+
+def _fmt(x: float, digits: int = 0) -> str:
+    if isinstance(x, float) and math.isnan(x):
+        return "-"
+    return f"{x:,.{digits}f}"
+
+
+def table(results: Sequence[RunResult]) -> str:
+    """The results as one Markdown table, rows grouped by node count and workload."""
+    head = (
+        "| nodes | workload | scheduler | pods | unbound | offered/s | pods/s | p50 ms | p90 ms | p99 ms | max ms "
+        "| sched CPU-s/1k pods | sched peak RSS MiB | apiserver CPU-s | other host CPU-s |\n"
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    )
+    rows = [head]
+    for r in sorted(results, key=lambda r: (r.nodes, _workload_order(r.workload), r.scheduler)):
+        if r.error:
+            rows.append(f"| {r.nodes} | {r.workload} | {r.scheduler} | {r.pods} | {r.unbound} | failed: {r.error[:80]} |" + " |" * 9)
+            continue
+        rows.append(
+            f"| {r.nodes} | {r.workload} | {r.scheduler} | {r.pods} | {r.unbound} | {_fmt(r.offered_per_s)} "
+            f"| **{_fmt(r.pods_per_s)}** | {_fmt(r.p50_ms)} | {_fmt(r.p90_ms)} | **{_fmt(r.p99_ms)}** | {_fmt(r.max_ms)} "
+            f"| {_fmt(r.cpu_s_per_1k_pods, 2)} | {_fmt(r.peak_rss_mb)} | {_fmt(r.apiserver_cpu_s, 1)} "
+            f"| {_fmt(r.host_other_cpu_s, 1)} |"
+        )
+    return "\n".join(rows)
+
+
+def _workload_order(name: str) -> int:
+    order = ["burst", "steady", "churn", "mix"]
+    return order.index(name) if name in order else len(order)
+
+
+def utilisation(r: RunResult) -> dict[str, float]:
+    """Average busy cores of each measured group over the run (CPU-seconds / wall seconds)."""
+    if r.duration_s <= 0:
+        return {}
+    d = r.duration_s
+    return {
+        "scheduler": round(r.cpu_s / d, 2),
+        "apiserver": round(r.apiserver_cpu_s / d, 2),
+        "etcd": round(r.etcd_cpu_s / d, 2),
+        "kwok": round(r.kwok_cpu_s / d, 2),
+        "loadgen": round(r.loadgen_cpu_s / d, 2),
+        "other": round(r.host_other_cpu_s / d, 2),
+    }
+
+
+def limits(results: Sequence[RunResult], cores: int) -> list[str]:
+    """What bounded each burst run, read from where the CPU went (one line per run)."""
+    lines = []
+    for r in sorted(results, key=lambda r: (r.nodes, r.scheduler)):
+        if r.error or r.workload != THROUGHPUT_WORKLOAD:
+            continue
+        u = utilisation(r)
+        if not u:
+            continue
+        total = sum(u.values())
+        per_process = u["scheduler"] / max(1, r.scheduler_processes)
+        if r.scheduler_kind == "agent" and per_process >= 0.8:
+            why = "the scheduler process is CPU-bound (one asyncio thread per process)"
+        elif r.scheduler == "kube-scheduler-default":
+            why = "its client rate limit (qps 50 / burst 100) paces the bindings"
+        elif total >= 0.85 * cores:
+            why = f"the machine is saturated ({total:.1f} of {cores} cores busy; the API server takes {u['apiserver']:.2f})"
+        else:
+            why = "no single resource saturated; latency of the API round trips paces it"
+        lines.append(
+            f"- {r.nodes} nodes, {r.scheduler}: {r.pods_per_s:.0f} pods/s; busy cores: scheduler {u['scheduler']:.2f}, "
+            f"API server {u['apiserver']:.2f}, etcd {u['etcd']:.2f}, kwok {u['kwok']:.2f}, load generator "
+            f"{u['loadgen']:.2f}, other processes {u['other']:.2f} — {why}."
+        )
+    return lines
+
+
+def _plots(out: Path, results: Sequence[RunResult]) -> list[tuple[str, str]]:
+    """One latency-CDF figure and one bound-over-time figure per node count; returns (title, file) pairs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    made: list[tuple[str, str]] = []
+    ok = [r for r in results if not r.error]
+    for nodes in sorted({r.nodes for r in ok}):
+        runs = [r for r in ok if r.nodes == nodes]
+        workloads = sorted({r.workload for r in runs}, key=_workload_order)
+        schedulers = sorted({r.scheduler for r in runs})
+        colours = {s: plt.get_cmap("tab10")(i % 10) for i, s in enumerate(schedulers)}
+        for kind in ("cdf", "timeline"):
+            fig, axes = plt.subplots(1, len(workloads), figsize=(4.2 * len(workloads), 3.6), squeeze=False)
+            for ax, workload in zip(axes[0], workloads, strict=True):
+                for r in sorted((r for r in runs if r.workload == workload), key=lambda r: r.scheduler):
+                    if kind == "cdf" and r.cdf_ms:
+                        ys = [k / (len(r.cdf_ms) - 1) for k in range(len(r.cdf_ms))]
+                        ax.plot([max(x, 0.1) for x in r.cdf_ms], ys, label=r.scheduler, color=colours[r.scheduler])
+                    elif kind == "timeline" and r.timeline:
+                        ax.plot([p[0] for p in r.timeline], [p[1] for p in r.timeline], label=r.scheduler, color=colours[r.scheduler])
+                ax.set_title(f"{workload} ({nodes} nodes)")
+                ax.grid(True, alpha=0.3)
+                if kind == "cdf":
+                    ax.set_xscale("log")
+                    ax.set_xlabel("create-to-bound latency (ms, log)")
+                    ax.set_ylabel("fraction of pods")
+                else:
+                    ax.set_xlabel("seconds since the workload started")
+                    ax.set_ylabel("pods bound")
+            axes[0][-1].legend(fontsize=7, loc="lower right")
+            fig.tight_layout()
+            name = f"{'latency-cdf' if kind == 'cdf' else 'bound-over-time'}-{nodes}.png"
+            fig.savefig(out / name, dpi=110)
+            plt.close(fig)
+            made.append((f"{'Latency CDF' if kind == 'cdf' else 'Pods bound over time'}, {nodes} nodes", name))
+    return made
+
+
+def render(
+    results: Sequence[RunResult],
+    *,
+    plots: Sequence[tuple[str, str]] = (),
+    volcano: VolcanoProbe | None = None,
+    profiles: Sequence[str] = (),
+    quick: bool = False,
+) -> str:
+    cores = os.cpu_count() or 1
+    lines = [
+        f"# Scale bench: agent scheduler vs kube-scheduler{' (quick)' if quick else ''}",
+        "",
+        f"Machine: {cores} cores, {platform.machine()}, Python {platform.python_version()}; every component "
+        "(etcd, kube-apiserver, kwok, the schedulers, the load generator) shares it. Each scheduler ran on a fresh "
+        "local cluster with the same kwok node fleet. Latency is from the load generator sending the create to its "
+        "watch seeing `spec.nodeName`; pods/s is sustained (10 %–90 % of binds). Field definitions: "
+        "`docs/benchmarks.md`.",
+        "",
+        "## Goals (agent scheduler vs kube-scheduler at client qps 5000)",
+        "",
+        "| nodes | agent configuration | goal | target | measured | verdict |",
+        "|---:|---|---|---|---:|---|",
+    ]
+    for g in goals(results):
+        value = "-" if g.value is None else f"{g.value:.2f}"
+        lines.append(f"| {g.nodes} | {g.scheduler} | {g.goal} | {g.target} | {value} | **{g.verdict}** |")
+    lines += ["", "## Results", "", table(results), ""]
+    other = [r for r in results if not r.error and r.host_other_cpu_s > 0.2 * max(r.duration_s, 1e-9)]
+    if other:
+        lines += [
+            f"Note: in {len(other)} of {len(results)} runs, processes outside the bench used more than 0.2 cores on "
+            "average (column *other host CPU-s*): the machine was shared and those numbers carry that noise.",
+            "",
+        ]
+    for title, name in plots:
+        lines += [f"### {title}", "", f"![{title}]({name})", ""]
+    lim = limits(results, cores)
+    if lim:
+        lines += ["## What limits throughput (burst runs, from where the CPU went)", "", *lim, ""]
+    for text in profiles:
+        lines += ["## Profile of the agent scheduler", "", "```", text.strip()[:6000], "```", ""]
+    mixed = [r for r in results if r.batch_pods and not r.error]
+    if mixed:
+        lines += ["## Mix: the default scheduler's batch pods alongside", ""]
+        lines += [f"- {r.nodes} nodes, {r.scheduler}: {r.batch_bound}/{r.batch_pods} batch pods bound, p99 {r.batch_p99_ms:.0f} ms" for r in mixed]
+        lines.append("")
+    lines += ["## Volcano's agent-scheduler", ""]
+    if volcano is None:
+        lines.append("Not attempted in this run (`--quick` or `--no-volcano`).")
+    else:
+        state = f"built {volcano.version}" if volcano.built else "not built"
+        lines.append(f"{state} after {volcano.seconds:.0f}s: {volcano.reason}")
+    lines.append("")
+    noted = [r for r in results if r.notes or r.error]
+    if noted:
+        lines += ["## Notes per run", ""]
+        for r in noted:
+            for note in ([r.error] if r.error else []) + r.notes:
+                lines.append(f"- {r.nodes} nodes, {r.scheduler} × {r.workload}: {note}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write(
+    out: Path,
+    results: Sequence[RunResult],
+    *,
+    volcano: VolcanoProbe | None = None,
+    profiles: Sequence[str] = (),
+    quick: bool = False,
+) -> Path:
+    """Write ``report.md`` and its PNG plots into ``out``; returns the report's path."""
+    out.mkdir(parents=True, exist_ok=True)
+    plots = _plots(out, results) if results else []
+    path = out / "report.md"
+    path.write_text(render(results, plots=plots, volcano=volcano, profiles=profiles, quick=quick))
+    return path
+
+
+def rebuild(out: Path) -> Path:
+    """Rebuild the report of a results directory from its ``results.json`` (profiles kept if present)."""
+    profiles = [p.read_text() for p in sorted(out.glob("profile-*.txt"))]
+    return write(out, load(out / "results.json"), profiles=profiles)

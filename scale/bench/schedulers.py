@@ -1,0 +1,329 @@
+"""The schedulers a scale run compares, and how each is started, made ready, measured and stopped.
+
+Kinds:
+- ``agent``: this project. ``agent-standalone`` is one ``agent-scheduler worker --standalone`` process;
+  ``agent-coord-N`` is one ``agent-scheduler coordinator`` and N coordinated workers sharing the cluster's etcd
+  (under a prefix of their own). All of them are measured together.
+- ``kube-scheduler``: the cluster's own kube-scheduler (v1.36, started by ``scale.cluster`` with the client
+  qps/burst of the spec: 5000/5000 as its scheduler_perf runs it, or its defaults 50/100).
+- ``no-decision``: ``scale.bench.noop_binder``, binds each pod to a precomputed node (the ceiling).
+
+Every cluster runs kube-scheduler, because the mix workload's batch pods are the default scheduler's; when it
+is not the scheduler under test it runs at qps 5000 and is not measured.
+
+Fair identity: our processes use the kubeconfig of the user kube-scheduler runs as (``system:kube-scheduler``),
+after ``grant_agent_rbac`` bound the product's ClusterRole (``manifests/rbac.yaml``) to that user too; so every
+scheduler goes through the same API priority-and-fairness level and none is exempt as an admin would be.
+
+Processes are started in their own session, log to files, and are stopped by PID only: SIGTERM (graceful: the
+worker drains its bindings), then SIGKILL after a grace period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from common.kube import ApiError, Conflict, KubeClient
+from scale.bench import noop_binder
+from scale.cluster import Cluster
+from scale.cluster.components import SCHEDULER
+from scale.cluster.config import PROJECT_ROOT, SCHEDULER_USER
+
+log = logging.getLogger(__name__)
+
+AGENT = "agent"
+KUBE = "kube-scheduler"
+NOOP = "no-decision"
+
+AGENT_SCHEDULER_NAME = "agent-scheduler"
+KUBE_SCHEDULER_NAME = "default-scheduler"
+ETCD_PREFIX = "/agent-scheduler-bench"
+CLIENT_QPS = 5000.0
+CLIENT_BURST = 5000
+STOP_GRACE = 30.0
+READY_TIMEOUT = 180.0
+RBAC_FILE = PROJECT_ROOT / "manifests" / "rbac.yaml"
+RBAC_BINDING = "agent-scheduler-bench"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SchedulerSpec:
+    """One scheduler configuration under test."""
+
+    name: str
+    kind: str
+    description: str
+    #: agent: 0 for standalone, else a coordinator and this many workers
+    workers: int = 0
+    #: client qps/burst of the cluster's kube-scheduler
+    kube_qps: float = CLIENT_QPS
+    kube_burst: int = CLIENT_BURST
+
+    @property
+    def pod_scheduler_name(self) -> str:
+        """What the measured pods put in ``spec.schedulerName``."""
+        return {AGENT: AGENT_SCHEDULER_NAME, KUBE: KUBE_SCHEDULER_NAME, NOOP: noop_binder.SCHEDULER_NAME}[self.kind]
+
+
+SCHEDULERS: dict[str, SchedulerSpec] = {
+    s.name: s
+    for s in (
+        SchedulerSpec(name="agent-standalone", kind=AGENT, description="agent scheduler, one standalone worker process"),
+        SchedulerSpec(name="agent-coord-1", kind=AGENT, workers=1, description="agent scheduler, coordinator + 1 worker"),
+        SchedulerSpec(name="agent-coord-2", kind=AGENT, workers=2, description="agent scheduler, coordinator + 2 workers"),
+        SchedulerSpec(name="kube-scheduler-qps5000", kind=KUBE, description="kube-scheduler v1.36, client qps/burst 5000"),
+        SchedulerSpec(
+            name="kube-scheduler-default",
+            kind=KUBE,
+            kube_qps=50.0,
+            kube_burst=100,
+            description="kube-scheduler v1.36, default client qps 50 / burst 100",
+        ),
+        SchedulerSpec(name="no-decision", kind=NOOP, description="binds to precomputed nodes: the API server's ceiling"),
+    )
+}
+QUICK_SCHEDULERS = ("agent-standalone", "kube-scheduler-qps5000", "no-decision")
+
+
+class Child:
+    """One process we started: ``python -m <module> <args>`` with its output in ``log_path``."""
+
+    def __init__(self, name: str, argv: list[str], log_path: Path) -> None:
+        self.name = name
+        self.log_path = log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with log_path.open("wb") as out:
+            self.proc = subprocess.Popen(
+                argv,
+                cwd=PROJECT_ROOT,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        log.info("started %s (pid %d)", name, self.proc.pid)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            os.kill(self.proc.pid, sig)
+
+    def wait(self, timeout: float) -> int | None:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return ""
+
+
+def python_module(module: str, *args: str, profile_to: Path | None = None) -> list[str]:
+    if profile_to is not None:
+        return [sys.executable, "-m", "cProfile", "-o", str(profile_to), "-m", module, *args]
+    return [sys.executable, "-m", module, *args]
+
+
+def stop_children(children: list[Child], *, grace: float = STOP_GRACE) -> list[str]:
+    """SIGTERM all (workers before the coordinator: reverse start order), SIGKILL what outlives ``grace``.
+
+    Returns one line per process that did not exit cleanly."""
+    problems = []
+    for child in reversed(children):
+        child.signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for child in reversed(children):
+        code = child.wait(max(0.1, deadline - time.monotonic()))
+        if code is None:
+            log.warning("%s (pid %d) ignored SIGTERM for %.0fs; killing it", child.name, child.pid, grace)
+            child.signal(signal.SIGKILL)
+            child.wait(10.0)
+            problems.append(f"{child.name} had to be killed")
+        elif code != 0:
+            problems.append(f"{child.name} exited with status {code}: {child.tail(5)}")
+    return problems
+
+
+class Running:
+    """A scheduler under test, started on one cluster."""
+
+    def __init__(self, spec: SchedulerSpec, cluster: Cluster, children: list[Child], *, etcd_endpoint: str = "") -> None:
+        self.spec = spec
+        self.cluster = cluster
+        self.children = children
+        self.etcd_endpoint = etcd_endpoint
+        self.notes: list[str] = []
+
+    def pids(self) -> list[int]:
+        """The processes whose CPU and memory count as the scheduler's (children included by the meter)."""
+        if self.spec.kind == KUBE:
+            record = self.cluster.state.process(SCHEDULER)
+            return [record.pid] if record is not None else []
+        return [c.pid for c in self.children if c.alive()]
+
+    def dead(self) -> list[str]:
+        return [f"{c.name} exited early (status {c.proc.returncode}): {c.tail(8)}" for c in self.children if not c.alive()]
+
+    def stop(self) -> list[str]:
+        return stop_children(self.children)
+
+
+def scheduler_kubeconfig(cluster: Cluster) -> Path:
+    """The kubeconfig of the ``system:kube-scheduler`` user the cluster wrote for kube-scheduler."""
+    return cluster.layout.component_kubeconfig(SCHEDULER)
+
+
+async def grant_agent_rbac(client: KubeClient, rbac_file: Path = RBAC_FILE) -> str:
+    """Create the product's ClusterRole from ``rbac_file`` and bind it to ``system:kube-scheduler``.
+
+    Returns "" when done, else why not (the caller then runs our processes as admin and says so)."""
+    try:
+        docs = [d for d in yaml.safe_load_all(rbac_file.read_text()) if d]
+    except (OSError, yaml.YAMLError) as e:
+        return f"cannot read {rbac_file}: {e}"
+    role = next((d for d in docs if d.get("kind") == "ClusterRole"), None)
+    if role is None:
+        return f"{rbac_file} has no ClusterRole"
+    role = {**role, "metadata": {"name": RBAC_BINDING}}
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": RBAC_BINDING},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": RBAC_BINDING},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": SCHEDULER_USER}],
+    }
+    try:
+        for path, body in (
+            ("/apis/rbac.authorization.k8s.io/v1/clusterroles", role),
+            ("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", binding),
+        ):
+            try:
+                await client.post(path, body)
+            except Conflict:
+                pass
+    except ApiError as e:
+        return f"creating the RBAC for {SCHEDULER_USER} failed: {e}"
+    return ""
+
+
+def launch(
+    spec: SchedulerSpec, cluster: Cluster, logs: Path, *, kubeconfig: Path, profile_to: Path | None = None, tag: str = ""
+) -> Running:
+    """Start the processes of ``spec`` (none for kube-scheduler, which the cluster runs)."""
+    cli = "agent_scheduler.cli"
+    common = [
+        f"--kubeconfig={kubeconfig}",
+        f"--scheduler-name={spec.pod_scheduler_name}",
+        f"--kube-api-qps={CLIENT_QPS:g}",
+        f"--kube-api-burst={CLIENT_BURST}",
+    ]
+    suffix = f"-{tag}" if tag else ""
+    if spec.kind == KUBE:
+        return Running(spec, cluster, [])
+    if spec.kind == NOOP:
+        child = Child(
+            "no-decision",
+            python_module(
+                "scale.bench.noop_binder",
+                f"--kubeconfig={kubeconfig}",
+                f"--scheduler-name={spec.pod_scheduler_name}",
+                f"--qps={CLIENT_QPS:g}",
+                f"--burst={CLIENT_BURST}",
+            ),
+            logs / f"no-decision{suffix}.log",
+        )
+        return Running(spec, cluster, [child])
+    if spec.workers == 0:
+        child = Child(
+            "worker",
+            python_module(cli, "worker", "--standalone", *common, "--id=bench-standalone", profile_to=profile_to),
+            logs / f"{spec.name}-worker{suffix}.log",
+        )
+        return Running(spec, cluster, [child])
+    etcd = cluster.etcd_endpoint.removeprefix("http://")
+    prefix = f"{ETCD_PREFIX}/{spec.name}"
+    children = []
+    # Workers first: when the coordinator's first round runs, they are all registered and the nodes are placed
+    # once, instead of all going to the first worker and then being rebalanced.
+    for i in range(spec.workers):
+        children.append(
+            Child(
+                f"worker-{i + 1}",
+                python_module(
+                    cli, "worker", *common, f"--etcd-endpoints={etcd}", f"--etcd-prefix={prefix}", f"--id=bench-w{i + 1}"
+                ),
+                logs / f"{spec.name}-worker-{i + 1}{suffix}.log",
+            )
+        )
+    children.append(
+        Child(
+            "coordinator",
+            python_module(cli, "coordinator", *common, f"--etcd-endpoints={etcd}", f"--etcd-prefix={prefix}", "--id=bench-coordinator"),
+            logs / f"{spec.name}-coordinator{suffix}.log",
+        )
+    )
+    return Running(spec, cluster, children, etcd_endpoint=etcd)
+
+
+async def shard_status(running: Running) -> dict[str, Any] | None:
+    """``agent-scheduler status --json`` for a coordinated scheduler (None when it cannot be read)."""
+    prefix = f"{ETCD_PREFIX}/{running.spec.name}"
+    proc = await asyncio.create_subprocess_exec(
+        *python_module("agent_scheduler.cli", "status", "--json", f"--etcd-endpoints={running.etcd_endpoint}", f"--etcd-prefix={prefix}"),
+        cwd=PROJECT_ROOT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    out, _ = await proc.communicate()
+    try:
+        status: dict[str, Any] = json.loads(out)
+    except json.JSONDecodeError:
+        return None
+    return status
+
+
+async def wait_sharded(running: Running, nodes: int, *, timeout: float = READY_TIMEOUT) -> str:
+    """Wait until every worker holds nodes, all ``nodes`` are granted and no handoff is under way.
+
+    Returns "" when settled, else a note on how far it got (the run goes on; the note is reported)."""
+    deadline = time.monotonic() + timeout
+    settled_polls = 0
+    last: dict[str, Any] | None = None
+    while time.monotonic() < deadline:
+        if running.dead():
+            return "; ".join(running.dead())
+        last = await shard_status(running)
+        workers = (last or {}).get("workers") or {}
+        live = [w for w in workers.values() if w.get("live") and w.get("nodes", 0) > 0]
+        granted = sum(int(w.get("nodes", 0)) for w in workers.values())
+        moving = sum(int(w.get("revoking", 0)) for w in workers.values())
+        if len(live) == running.spec.workers and granted >= nodes and moving == 0:
+            settled_polls += 1
+            if settled_polls >= 2:
+                return ""
+        else:
+            settled_polls = 0
+        await asyncio.sleep(1.0)
+    shards = {k: (v.get("nodes"), v.get("revoking")) for k, v in ((last or {}).get("workers") or {}).items()}
+    return f"shard map not settled after {timeout:.0f}s: (nodes, revoking) per worker {shards}"

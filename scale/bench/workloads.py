@@ -1,0 +1,197 @@
+"""The four workloads of ``bench cluster`` and the arrival plan each one expands to. Pure and deterministic.
+
+A ``WorkloadSpec`` is parameters only; ``arrivals(spec, ...)`` turns it into the exact list of pods to create and
+when (seconds after the workload starts), identical for every scheduler so that runs compare like for like.
+
+- ``burst``: ``pods`` agent pods all at once (the load generator creates them as fast as the API server takes
+  them, ``create_concurrency`` in flight).
+- ``steady``: ``pods`` agent pods arriving as a Poisson process at ``rate`` pods/s.
+- ``churn``: like steady, and each pod carries a lifetime (uniform in 0.5–1.5 × ``lifetime_s``): the bench's kwok
+  stages (``scale.bench.stages``) complete it that long after it runs and then delete it, so capacity frees
+  continuously and the scheduler sees a stream of deletions alongside the creations.
+- ``mix``: agent pods with placement rules (``scale.workload`` mix: tolerations, zone affinity, node selectors,
+  a few GPU pods) at ``rate``, plus batch pods at ``batch_rate`` for the default scheduler (kube-scheduler) on the
+  batch nodes, so two schedulers share the cluster.
+
+Agent pods are ``scale.workload.agent_pod`` (100m–500m CPU, 128–512Mi); batch pods ask for 1 CPU / 2Gi.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from scale.cluster.nodes import LABEL_POOL
+from scale.workload import agent_pod
+
+BURST = "burst"
+STEADY = "steady"
+CHURN = "churn"
+MIX = "mix"
+WORKLOADS = (BURST, STEADY, CHURN, MIX)
+
+AGENT = "agent"
+BATCH = "batch"
+
+RUN_LABEL = "bench.agent-scheduler.io/workload"
+LIFETIME_ANNOTATION = "bench.agent-scheduler.io/lifetime"
+NODE_ANNOTATION = "bench.agent-scheduler.io/node"  # the no-decision binder's precomputed node
+DEFAULT_SCHEDULER = "default-scheduler"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WorkloadSpec:
+    """Parameters of one workload; see the module docstring for what each kind does with them."""
+
+    name: str
+    #: agent pods created (the pods whose latency is measured)
+    pods: int
+    #: Poisson arrival rate of agent pods in pods/s; 0 means all at once
+    rate: float = 0.0
+    #: churn: mean pod lifetime in seconds after it runs (0: pods live until the workload is cleaned up)
+    lifetime_s: float = 0.0
+    #: mix: Poisson arrival rate of batch pods for the default scheduler
+    batch_rate: float = 0.0
+    #: agent pods with placement rules (``scale.workload`` mix)
+    mix: bool = False
+    #: creates in flight at once
+    create_concurrency: int = 64
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.pods < 0 or self.rate < 0 or self.lifetime_s < 0 or self.batch_rate < 0:
+            raise ValueError(f"workload {self.name}: counts and rates must be >= 0")
+        if self.create_concurrency < 1:
+            raise ValueError(f"workload {self.name}: create_concurrency must be >= 1")
+
+    @property
+    def duration_s(self) -> float:
+        """Expected arrival span in seconds (0 for a burst)."""
+        return self.pods / self.rate if self.rate > 0 else 0.0
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "rate": self.rate,
+            "lifetime_s": self.lifetime_s,
+            "batch_rate": self.batch_rate,
+            "mix": self.mix,
+            "create_concurrency": self.create_concurrency,
+            "seed": self.seed,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    at: float  # seconds after the workload starts
+    kind: str  # AGENT or BATCH
+    pod: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return str(self.pod["metadata"]["name"])
+
+
+def default_workloads(
+    nodes: int, *, quick: bool = False, rate: float | None = None, burst: int | None = None
+) -> dict[str, WorkloadSpec]:
+    """The standard parameters for a cluster of ``nodes`` (quick: small and short, for a two-minute run)."""
+    if quick:
+        burst_pods, steady_rate, steady_pods = 400, 40.0, 400
+    else:
+        burst_pods = 3000 if nodes <= 2000 else 5000
+        steady_rate, steady_pods = 100.0, 3000
+    burst_pods = burst if burst is not None else burst_pods
+    steady_rate = rate if rate is not None else steady_rate
+    steady_pods = max(steady_pods, int(steady_rate * 20)) if not quick else steady_pods
+    lifetime = 5.0 if quick else 10.0
+    return {
+        BURST: WorkloadSpec(name=BURST, pods=burst_pods),
+        STEADY: WorkloadSpec(name=STEADY, pods=steady_pods, rate=steady_rate),
+        CHURN: WorkloadSpec(name=CHURN, pods=steady_pods, rate=steady_rate, lifetime_s=lifetime),
+        MIX: WorkloadSpec(
+            name=MIX, pods=steady_pods, rate=steady_rate, mix=True, batch_rate=max(1.0, steady_rate / 5)
+        ),
+    }
+
+
+def poisson_times(count: int, rate: float, rng: random.Random) -> list[float]:
+    """``count`` arrival times of a Poisson process at ``rate`` per second (all 0.0 when rate is 0)."""
+    if rate <= 0:
+        return [0.0] * count
+    t, out = 0.0, []
+    for _ in range(count):
+        t += rng.expovariate(rate)
+        out.append(t)
+    return out
+
+
+def batch_pod(index: int, *, namespace: str) -> dict[str, Any]:
+    """A batch job's pod for the default scheduler, pinned to the batch pool (tolerates its taint)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"batch-{index:06d}", "namespace": namespace, "labels": {"app": "batch"}},
+        "spec": {
+            "schedulerName": DEFAULT_SCHEDULER,
+            "terminationGracePeriodSeconds": 0,
+            "nodeSelector": {LABEL_POOL: "batch"},
+            "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "batch", "effect": "NoSchedule"}],
+            "containers": [
+                {
+                    "name": "job",
+                    "image": "registry.local/batch-job:1",
+                    "resources": {"requests": {"cpu": "1", "memory": "2Gi"}},
+                }
+            ],
+        },
+    }
+
+
+Placer = Callable[[dict[str, Any]], str | None]
+
+
+def arrivals(
+    spec: WorkloadSpec,
+    *,
+    namespace: str,
+    scheduler_name: str,
+    placer: Placer | None = None,
+) -> list[Arrival]:
+    """Every pod of the workload with its arrival time, sorted by time (ties: agent pods first, by name).
+
+    ``scheduler_name`` goes into the agent pods' ``spec.schedulerName``. ``placer`` (no-decision runs only)
+    returns a node known to fit each agent pod; it is written into the ``NODE_ANNOTATION`` for the binder.
+    """
+    rng = random.Random(f"workload:{spec.name}:{spec.seed}")
+    times = poisson_times(spec.pods, spec.rate, rng)
+    out: list[Arrival] = []
+    for i, at in enumerate(times):
+        pod = agent_pod(i, namespace=namespace, scheduler_name=scheduler_name, mix=spec.mix, seed=spec.seed)
+        meta = pod["metadata"]
+        meta["labels"][RUN_LABEL] = spec.name
+        annotations: dict[str, str] = meta.setdefault("annotations", {})
+        if spec.lifetime_s > 0:
+            lifetime = spec.lifetime_s * rng.uniform(0.5, 1.5)
+            annotations[LIFETIME_ANNOTATION] = f"{lifetime * 1000:.0f}ms"
+        if placer is not None:
+            node = placer(pod)
+            if node is not None:
+                annotations[NODE_ANNOTATION] = node
+        out.append(Arrival(round(at, 6), AGENT, pod))
+    if spec.batch_rate > 0:
+        span = spec.duration_s or 1.0
+        count = max(1, round(spec.batch_rate * span))
+        batch_rng = random.Random(f"batch:{spec.name}:{spec.seed}")
+        for i, at in enumerate(poisson_times(count, spec.batch_rate, batch_rng)):
+            pod = batch_pod(i, namespace=namespace)
+            pod["metadata"]["labels"][RUN_LABEL] = spec.name
+            out.append(Arrival(round(at, 6), BATCH, pod))
+    out.sort(key=lambda a: (a.at, a.kind != AGENT, a.name))
+    return out
+
+
+def scaled(spec: WorkloadSpec, **changes: Any) -> WorkloadSpec:
+    """A copy of ``spec`` with some parameters changed (the CLI's overrides)."""
+    return replace(spec, **changes)
