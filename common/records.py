@@ -200,7 +200,9 @@ class HostPort:
     def conflicts(self, other: HostPort) -> bool:
         if self.port != other.port or self.protocol != other.protocol:
             return False
-        wildcard = ("", "0.0.0.0", "::")
+        # As kube-scheduler's HostPortInfo: no hostIP or "0.0.0.0" takes the port on every address; any other
+        # address (also "::") only on itself.
+        wildcard = ("", "0.0.0.0")
         return self.host_ip in wildcard or other.host_ip in wildcard or self.host_ip == other.host_ip
 
 
@@ -303,10 +305,30 @@ def _required_terms(raw: Any) -> tuple[SelectorTerm, ...]:
     return tuple(terms)
 
 
+def _apply_pod_level(total: Resources, raw: Any) -> None:
+    """Pod-level requests override the containers' sum for the resources kube-scheduler takes from them."""
+    if not raw:
+        return
+    if not isinstance(raw, dict):
+        raise QuantityError(f"resource list must be a mapping, got {type(raw).__name__}")
+    chosen = {k: v for k, v in raw.items() if k in (CPU, MEMORY) or str(k).startswith("hugepages-")}
+    level = resources_from_list(chosen)
+    if CPU in chosen:
+        total.milli_cpu = level.milli_cpu
+    if MEMORY in chosen:
+        total.memory = level.memory
+    for name in chosen:
+        if name not in (CPU, MEMORY):
+            total.scalar.pop(name, None)
+            if level.scalar.get(name):
+                total.scalar[name] = level.scalar[name]
+
+
 def _effective_requests(spec: dict[str, Any]) -> Resources:
     """Requests as kube-scheduler counts them: app containers summed, restartable (sidecar) init containers
     added to them, other init containers as the max of each with the sidecars started before it, plus the
-    pod overhead. Every pod also takes one pod slot."""
+    pod overhead. Pod-level requests (``spec.resources``) replace that sum for the resources they name (cpu,
+    memory, hugepages). Every pod also takes one pod slot."""
     total = Resources()
     for c in spec.get("containers") or ():
         total.add(resources_from_list((c.get("resources") or {}).get("requests")))
@@ -323,6 +345,7 @@ def _effective_requests(spec: dict[str, Any]) -> Resources:
             with_sidecars.add(sidecars)
             init_peak.max_with(with_sidecars)
     total.max_with(init_peak)
+    _apply_pod_level(total, (spec.get("resources") or {}).get("requests"))
     total.add(resources_from_list(spec.get("overhead")))
     total.pods = 1
     return total
@@ -342,7 +365,10 @@ def _empty_pod_fields() -> dict[str, Any]:
 def _placement_fields(spec: dict[str, Any]) -> dict[str, Any]:
     requests = _effective_requests(spec)
     ports: list[HostPort] = []
-    for c in list(spec.get("containers") or ()) + list(spec.get("initContainers") or ()):
+    # As kube-scheduler: app containers and sidecars (restartable init containers) hold their host ports while
+    # the pod runs; plain init containers have exited by then, so their ports are not counted.
+    sidecars = [c for c in spec.get("initContainers") or () if c.get("restartPolicy") == "Always"]
+    for c in list(spec.get("containers") or ()) + sidecars:
         for p in c.get("ports") or ():
             hp = p.get("hostPort")
             if hp:

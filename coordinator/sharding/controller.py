@@ -6,7 +6,8 @@ Runs inside one leadership term (``coordinator.leader.run_term``) beside the sha
 1. Evaluate, when due: on a new policy, every ``shardSyncPeriod``, and on node changes when
    ``enableNodeEventTrigger`` (at most once per ``MIN_EVENT_INTERVAL``). ``EffectivePolicy.evaluate`` over the
    managed nodes, with holders read from the NodeShards' ``spec.nodesDesired`` (hysteresis and the move budget
-   live in the policy). Every scheduler of the policy gets its NodeShard ``spec.nodesDesired``.
+   live in the policy). Every scheduler of the policy gets its NodeShard ``spec.nodesDesired``, compared on
+   every pass and rewritten when it differs (a NodeShard deleted or edited by hand is restored).
 2. Hand over (Volcano's rule): the agent shard may use ``its nodesDesired - every other shard's
    status.nodesInUse``. Those are the *candidates*.
 3. Claim, confirm, then offer: ``status.nodesInUse`` of the agent shard is published as ``held | candidates``,
@@ -21,8 +22,9 @@ Runs inside one leadership term (``coordinator.leader.run_term``) beside the sha
 
 Invariants:
 - A node enters the pool only after it was published in the agent shard's ``status.nodesInUse`` and a read
-  made after that publication showed no other shard publishing it, so a batch scheduler following the protocol never sees a node free that an agent
-  worker may be using, and an agent worker is never granted a node the batch side still publishes.
+  made after that publication showed no other shard publishing it: a batch scheduler following the protocol
+  never sees a node free that an agent worker may be using, and no agent worker is granted a node the batch
+  side still publishes.
 - A node leaves the published set only when no worker holds it and no round of the shard map can still grant it.
   Before the shard map's mirror has listed (``held`` unknown), nothing published is withdrawn.
 - With no policy (no ConfigMap seen, and not told to use the default) the pool is the label-selected node set,
@@ -169,7 +171,6 @@ class ShardingController:
         self._next_eval = 0.0
         self._last_eval = float("-inf")
         self._node_event = False
-        self._specs_dirty = False
         self._record = b""
         self._waiting = 0
         self.evaluations = 0
@@ -219,8 +220,7 @@ class ShardingController:
         else:
             if self._due(policy):
                 self._evaluate(policy)
-            if self._specs_dirty:
-                await self._write_specs(policy)
+            await self._write_specs(policy)  # compares first: writes only what differs (or was lost)
             await self._hand_over(agent.name)
         await self._publish_record()
 
@@ -245,7 +245,6 @@ class ShardingController:
         self._evaluated, self._last_eval = policy, now
         self._next_eval = now + policy.sharding.shard_sync_period_seconds
         self._node_event = False
-        self._specs_dirty = True
         self.evaluations += 1
         self.moves += len(result.moves)
         if result.moves or result.deferred:
@@ -259,12 +258,12 @@ class ShardingController:
             )
 
     async def _write_specs(self, policy: EffectivePolicy) -> None:
-        assert self._assignment is not None
+        if self._assignment is None:
+            return
         for scheduler in policy.sharding.schedulers:
             if not self._term.active:
                 return
             await self.shards.write_spec(scheduler.name, self._assignment.desired.get(scheduler.name, ()))
-        self._specs_dirty = False
 
     # ---- 2 and 3. hand over: claim, then offer ----
 

@@ -14,8 +14,9 @@ local copy from the reply, so a write is visible to the next read at once, befor
 Consistency: decisions use the watch cache, except where another scheduler's concurrent claim matters
 (``confirm_in_use_except``, a quorum read after our own write).
 
-Without the CRD (404 on the collection) interop is off: ``available`` is False, the store is empty, nothing is
-written, and ``run`` probes again every ``PROBE_INTERVAL`` until the CRD appears.
+Without the CRD (404 on the collection), or without permission to read it, interop is off: ``available`` is
+False, the store is empty, nothing is written, and ``run`` probes again every ``PROBE_INTERVAL``. ``available``
+turns True only once the first list is in, never on an empty store.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from common import nodeshard
-from common.kube import ApiError, Conflict, KubeClient, NotFound
+from common.kube import ApiError, Conflict, KubeClient, NotFound, ServerError, TooManyRequests
 from common.nodeshard import NodeShard, NodeShardFormatError
 from common.records import NodeName
 from common.watching import Reflector
@@ -35,6 +36,7 @@ from common.watching import Reflector
 log = logging.getLogger(__name__)
 
 PROBE_INTERVAL = 30.0
+RETRY_DELAY = 1.0
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "agent-scheduler"
 
@@ -198,21 +200,26 @@ class NodeShardStore:
             try:
                 await self._client.get(nodeshard.COLLECTION_PATH, {"limit": "1"})
                 break
+            except (ServerError, TooManyRequests) as e:
+                log.warning("NodeShard probe failed (%s); retrying", e)
+                await asyncio.sleep(RETRY_DELAY)
+                continue
             except NotFound:
-                if not self.synced.is_set():
-                    log.warning(
-                        "NodeShard CRD (%s) not installed: running without NodeShard interop; "
-                        "apply manifests/crds/nodeshards.shard.volcano.sh.yaml to enable it",
-                        nodeshard.COLLECTION_PATH,
-                    )
-                self.synced.set()
+                why = "the NodeShard CRD is not installed (manifests/crds/nodeshards.shard.volcano.sh.yaml)"
             except ApiError as e:
-                log.warning("NodeShard probe failed: %s", e)
+                why = f"NodeShards cannot be read ({e}; see manifests/rbac.yaml)"
+            if not self.synced.is_set():
+                log.warning(
+                    "%s: running without NodeShard interop; probing again every %.0f s", why, PROBE_INTERVAL
+                )
+                self.synced.set()
             await asyncio.sleep(PROBE_INTERVAL)
-        self.available = True
         watch = asyncio.create_task(self.reflector.run(), name="nodeshards")
         try:
             await self.reflector.synced.wait()
+            self.available = (
+                True  # only now: an empty store that is "available" would mean "nobody uses anything"
+            )
             self.synced.set()
             self._changed()
             await watch

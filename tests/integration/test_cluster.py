@@ -22,7 +22,7 @@ from scale.cluster.processes import ProcessRecord
 pytestmark = pytest.mark.integration
 
 PODS = 500
-SESSION_NODES = 200  # tests/conftest.py CLUSTER_NODES
+SESSION_NODES = 500  # tests/conftest.py CLUSTER_NODES
 CREATE_CONCURRENCY = 50
 
 

@@ -15,9 +15,11 @@ Every case, one after the other (so both schedulers decide over exactly the same
    (a dry-run create), and the engine decides on it over a cache holding the same nodes and the same bound
    pods; its per-node verdict (``filter_all``) is recorded for every dedicated node.
 2. Probes: clones of the pod pinned to one node each (``matchFields metadata.name In [node]`` ANDed into every
-   term) ask kube-scheduler about single nodes: the engine's pick, one other node the engine finds feasible and
-   one it rejects. Each probe is deleted again, so the state is unchanged. Each probe's outcome must equal the
-   engine's verdict on that node.
+   term) ask kube-scheduler about single nodes: always the engine's pick, then one node per kind of engine
+   verdict in turn (feasible, cordoned, taint, affinity, resources, pod count, host ports, ...), so that rare
+   verdicts are checked whenever they occur. Probes on different nodes cannot affect one another, so they run
+   at once, and each is deleted again: the state is unchanged. Each probe's outcome must equal the engine's
+   verdict on that node.
 3. The pod itself is created unpinned. Bound to N: the engine must have found a node, and N must be feasible to
    the engine. Unschedulable: the engine must have found none. Bound pods stay (capacity fills up, as it would
    in a real cluster); now and then an earlier pod is deleted again so that capacity is also freed.
@@ -27,7 +29,12 @@ not True, which kube-scheduler leaves to the ``node.kubernetes.io/not-ready`` ta
 controller adds. No such controller runs here, and kwok makes its nodes Ready anyway, so all dedicated nodes are
 Ready.
 
-Knobs: ``DIFF_CASES`` (default 500), ``DIFF_SEED`` (default 1), ``DIFF_NODES`` (default 30).
+At the end, the pods the API server shows on the dedicated nodes must be exactly the ones the engine's cache
+holds, so both really did see the same state.
+
+Knobs: ``DIFF_CASES`` (default 500), ``DIFF_SEED`` (default 1; also seeds the nodes), ``DIFF_NODES`` (default
+30), ``DIFF_PROBES`` (single-node probes per case, default 4; ``DIFF_NODES`` or more probes every node in every
+case), ``DIFF_REPORT`` (a file to write every disagreement to, in full; the failure shows the first three).
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -58,10 +66,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 CASES = int(os.environ.get("DIFF_CASES", "500"))
 SEED = int(os.environ.get("DIFF_SEED", "1"))
 NODES = int(os.environ.get("DIFF_NODES", "30"))
+PROBES = int(os.environ.get("DIFF_PROBES", "4"))  # single-node probes per case; >= DIFF_NODES probes all
+REPORT = os.environ.get("DIFF_REPORT", "")  # a file to write every disagreement to, in full
 DECISION_TIMEOUT = 30.0  # seconds for kube-scheduler to bind a pod or mark it unschedulable
-DELETE_EARLIER_POD = 0.2  # chance per case to delete an earlier bound pod (frees capacity)
+DELETE_EARLIER_POD = 0.4  # chance per case to delete an earlier bound pod (frees capacity)
+PLAIN_PODS = 0.25  # share of plain agent pods (they fill the nodes up); the rest have random rules
 SHOW_DISAGREEMENTS = 3  # cases printed in full in the failure message
 
+FLEET_INDEX_OFFSET = 60000
 POOL_LABEL = "diff-pool"
 ISOLATION_TAINT = "diff-test"
 RUNTIME_CLASS_OVERHEAD = {"cpu": "250m", "memory": "128Mi"}
@@ -98,24 +110,28 @@ UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
 def generate_node(rng: random.Random, index: int, run: str) -> dict[str, Any]:
     """A complete kwok node (the fleet's template) with a random shape, labels and taints."""
     name = f"diff-{run}-{index:02d}"
-    obj = make_fleet_node(index, prefix=f"diff-{run}")
+    # The fleet's node, far from the fleet's index range so that its addresses and pod CIDR do not collide.
+    obj = make_fleet_node(FLEET_INDEX_OFFSET + index, prefix=f"diff-{run}")
     obj["metadata"]["name"] = name
+    obj["status"]["addresses"] = [a for a in obj["status"]["addresses"] if a["type"] != "Hostname"] + [
+        {"type": "Hostname", "address": name}
+    ]
     labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", POOL_LABEL: run}
     for key, values in NODE_LABELS.items():
         if rng.random() < 0.6:
             labels[key] = rng.choice(values)
     obj["metadata"]["labels"] = labels
     taints = [{"key": ISOLATION_TAINT, "value": run, "effect": "NoSchedule"}]
-    for key, value, effect in rng.sample(TAINTS, rng.choice([0, 0, 1, 1, 2])):
+    for key, value, effect in rng.sample(TAINTS, rng.choice([0, 0, 0, 1, 1, 2])):
         if any(t["key"] == key and t["effect"] == effect for t in taints):
             continue
         taints.append({"key": key, "value": value, "effect": effect})
     obj["spec"]["taints"] = taints
-    if rng.random() < 0.15:
+    if rng.random() < 0.1:
         obj["spec"]["unschedulable"] = True
     alloc = {
-        "cpu": rng.choice(["1", "1500m", "2", "4", "8", "16"]),
-        "memory": rng.choice(["2Gi", "3000Mi", "4Gi", "8Gi", "16Gi", "32Gi"]),
+        "cpu": rng.choice(["1", "1500m", "2", "2.5", "4", "8", "16"]),
+        "memory": rng.choice(["2Gi", "3000Mi", "4Gi", "7.5Gi", "8Gi", "16Gi", "32Gi"]),
         "pods": rng.choice(["3", "5", "10", "30"]),
     }
     if rng.random() < 0.8:
@@ -168,7 +184,7 @@ def _label_value(rng: random.Random, key: str) -> str:
 
 def _expression(rng: random.Random, *, valid: bool = False) -> dict[str, Any]:
     key = rng.choice(list(NODE_LABELS))
-    op = rng.choice(["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt", "Gt", "Lt"])
+    op = rng.choice(["In", "In", "In", "NotIn", "NotIn", "Exists", "Exists", "DoesNotExist", "Gt", "Lt"])
     if op in ("Exists", "DoesNotExist"):
         return {"key": key, "operator": op}
     if op in ("In", "NotIn"):
@@ -178,12 +194,14 @@ def _expression(rng: random.Random, *, valid: bool = False) -> dict[str, Any]:
         key = "gen"
     # Integers, and label values the API server accepts but that are no integers to kube-scheduler ("1_0" is
     # one to Python's int()): such a term matches no node, while the pod's other terms still count.
-    value = rng.choice(["0", "1", "2", "3", "5", "9", "10", "007"] + ([] if valid else ["1_0", "abc"]))
+    value = rng.choice(["0", "1", "2", "3", "5", "9", "10", "007"])
+    if not valid and rng.random() < 0.1:
+        value = rng.choice(["1_0", "abc"])
     return {"key": key, "operator": op, "values": [value]}
 
 
 def _term(rng: random.Random, run: str, nodes: list[str]) -> dict[str, Any]:
-    exprs = [_expression(rng) for _ in range(rng.choice([0, 1, 1, 2, 3]))]
+    exprs = [_expression(rng) for _ in range(rng.choice([0, 0, 1, 1, 2]))]
     exprs.append({"key": POOL_LABEL, "operator": "In", "values": [run]})
     term: dict[str, Any] = {"matchExpressions": exprs}
     if rng.random() < 0.12:
@@ -192,8 +210,9 @@ def _term(rng: random.Random, run: str, nodes: list[str]) -> dict[str, Any]:
     return term
 
 
-_CPU = ["50m", "100m", "250m", "500m", "1", "1500m", "3", "20"]
-_MEMORY = ["64Mi", "256Mi", "1Gi", "3Gi", "40Gi"]
+# Quantities in several spellings (the API server keeps them as written when canonical, else rewrites them).
+_CPU = ["50m", "100m", "0.25", "500m", "1", "1200m", "2.5", "3", "20"]
+_MEMORY = ["64Mi", "256Mi", "500M", "1e9", "1.5Gi", "3Gi", "1000500m", "40Gi"]
 _STORAGE = ["1Gi", "20Gi", "100Gi"]
 
 
@@ -225,7 +244,7 @@ def _resources(rng: random.Random) -> dict[str, Any]:
 
 def _ports(rng: random.Random, used: set[tuple[str, str, int]]) -> list[dict[str, Any]]:
     """Maybe one host port; ``used`` keeps the pod's own ports distinct (the API server rejects duplicates)."""
-    if rng.random() > 0.15:
+    if rng.random() > 0.3:
         return []
     port = rng.choice([8080, 8081])
     protocol = rng.choice(["TCP", "TCP", "UDP"])
@@ -239,6 +258,23 @@ def _ports(rng: random.Random, used: set[tuple[str, str, int]]) -> list[dict[str
     return [p]
 
 
+def _pod_level_resources(rng: random.Random, spec: dict[str, Any]) -> None:
+    """Pod-level requests (``spec.resources``) for cpu and/or memory, which replace the containers' sum. The
+    API server wants them at least that sum, so the containers get small requests for these two."""
+    for c in spec["containers"] + spec.get("initContainers", []):
+        res = c["resources"]
+        for part in ("requests", "limits"):
+            for name in ("cpu", "memory"):
+                res.get(part, {}).pop(name, None)
+        res.setdefault("requests", {}).update(cpu=rng.choice(["100m", "250m"]), memory="128Mi")
+    requests: dict[str, str] = {}
+    if rng.random() < 0.8:
+        requests["cpu"] = rng.choice(["2", "6", "12"])
+    if rng.random() < 0.6 or not requests:
+        requests["memory"] = rng.choice(["2Gi", "8Gi", "20Gi"])
+    spec["resources"] = {"requests": requests}
+
+
 def _container(rng: random.Random, name: str, used_ports: set[tuple[str, str, int]]) -> dict[str, Any]:
     c: dict[str, Any] = {"name": name, "image": "registry.k8s.io/pause:3.10", "resources": _resources(rng)}
     ports = _ports(rng, used_ports)
@@ -247,14 +283,46 @@ def _container(rng: random.Random, name: str, used_ports: set[tuple[str, str, in
     return c
 
 
+def plain_pod(rng: random.Random, name: str, run: str) -> dict[str, Any]:
+    """The common agent pod: small requests, no placement rules beyond the dedicated pool."""
+    requests = {"cpu": rng.choice(["100m", "250m", "500m"]), "memory": rng.choice(["128Mi", "512Mi"])}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": "differential"}},
+        "spec": {
+            "schedulerName": "default-scheduler",
+            "terminationGracePeriodSeconds": 0,
+            "containers": [
+                {"name": "c0", "image": "registry.k8s.io/pause:3.10", "resources": {"requests": requests}}
+            ],
+            "tolerations": [
+                {"key": ISOLATION_TAINT, "operator": "Equal", "value": run, "effect": "NoSchedule"}
+            ],
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {"matchExpressions": [{"key": POOL_LABEL, "operator": "In", "values": [run]}]}
+                        ]
+                    }
+                }
+            },
+        },
+    }
+
+
 def generate_pod(rng: random.Random, name: str, run: str, nodes: list[str]) -> dict[str, Any]:
+    """A plain agent pod (a quarter of them) or one with random rules, requests and ports."""
+    if rng.random() < PLAIN_PODS:
+        return plain_pod(rng, name, run)
     ports: set[tuple[str, str, int]] = set()
     spec: dict[str, Any] = {
         "schedulerName": "default-scheduler",
         "terminationGracePeriodSeconds": 0,
         "containers": [_container(rng, f"c{i}", ports) for i in range(rng.choice([1, 1, 2, 3]))],
         "tolerations": [{"key": ISOLATION_TAINT, "operator": "Equal", "value": run, "effect": "NoSchedule"}]
-        + [_toleration(rng) for _ in range(rng.choice([0, 1, 1, 2, 3]))],
+        + [_toleration(rng) for _ in range(rng.choice([0, 1, 2, 2, 3]))],
     }
     for i in range(rng.choice([0, 0, 0, 1, 2])):
         init = _container(rng, f"init{i}", ports)
@@ -263,12 +331,14 @@ def generate_pod(rng: random.Random, name: str, run: str, nodes: list[str]) -> d
         spec["initContainers"] = [*spec.get("initContainers", []), init]
     if rng.random() < 0.15:
         spec["runtimeClassName"] = f"diff-{run}"
-    if rng.random() < 0.3:
+    if rng.random() < 0.1:
+        _pod_level_resources(rng, spec)
+    if rng.random() < 0.2:
         keys = rng.sample(list(NODE_LABELS), rng.choice([1, 1, 2]))
         spec["nodeSelector"] = {k: _label_value(rng, k) for k in keys}
         if rng.random() < 0.1:
             spec["nodeSelector"]["kubernetes.io/hostname"] = rng.choice(nodes)
-    terms = [_term(rng, run, nodes) for _ in range(rng.choice([1, 1, 1, 2, 3]))]
+    terms = [_term(rng, run, nodes) for _ in range(rng.choice([1, 1, 2, 3]))]
     affinity: dict[str, Any] = {
         "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}
     }
@@ -331,8 +401,11 @@ class Outcomes:
         self.kube = kube
         self.path = f"/api/v1/namespaces/{namespace}/pods"
         self.waiters: dict[str, asyncio.Future[Outcome]] = {}
+        self.failed: BaseException | None = None
 
     def expect(self, name: str) -> asyncio.Future[Outcome]:
+        if self.failed is not None:
+            raise AssertionError("the namespace watch failed") from self.failed
         fut: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         self.waiters[name] = fut
         return fut
@@ -348,6 +421,16 @@ class Outcomes:
             del self.waiters[name]
 
     async def run(self) -> None:
+        try:
+            await self._watch()
+        except Exception as e:  # nobody awaits this task: hand the failure to whoever waits for a pod
+            self.failed = e
+            for fut in self.waiters.values():
+                if not fut.done():
+                    fut.set_exception(e)
+            raise
+
+    async def _watch(self) -> None:
         rv = ""
         while True:
             if not rv:
@@ -489,6 +572,24 @@ class Differential:
         finally:
             await self.delete(name)
 
+    def probe_nodes(self, rng: random.Random, pick: str | None, verdicts: dict[str, str | None]) -> list[str]:
+        """The nodes to ask kube-scheduler about: the engine's pick, then one node per kind of engine verdict
+        in turn (feasible, each kind of rejection), so that rare verdicts are always checked."""
+        if len(self.diff) <= PROBES:
+            return list(self.diff)
+        chosen: list[str] = [pick] if pick is not None and pick in verdicts else []
+        kinds: dict[str, list[str]] = {}
+        for node in self.diff:
+            if node not in chosen:
+                kinds.setdefault(_category(verdicts[node]), []).append(node)
+        for pool in kinds.values():
+            rng.shuffle(pool)
+        while len(chosen) < PROBES and any(kinds.values()):
+            for pool in sorted(kinds.values(), key=len):
+                if pool and len(chosen) < PROBES:
+                    chosen.append(pool.pop())
+        return chosen
+
     async def case(self, case: int) -> None:
         rng = random.Random(f"{SEED}:{case}")
         name = f"c{case:04d}"
@@ -510,12 +611,13 @@ class Differential:
         elif any(v is None for v in verdicts.values()):
             problems.append("engine found no node, but filter_all accepts some")
 
-        # Every dedicated node, one pinned probe each. Probes on different nodes cannot affect one another
-        # (no filter here looks at other nodes), so they run at once.
+        # Pinned probes on single nodes. Probes on different nodes cannot affect one another (no filter here
+        # looks at other nodes), so they run at once.
+        probed = self.probe_nodes(rng, decision.node, verdicts)
         results = await asyncio.gather(
-            *(self.probe(pod, f"{name}-p{i:02d}", node) for i, node in enumerate(self.diff))
+            *(self.probe(pod, f"{name}-p{i:02d}", node) for i, node in enumerate(probed))
         )
-        for node, out in zip(self.diff, results, strict=True):
+        for node, out in zip(probed, results, strict=True):
             self.tally.probes += 1
             kube_ok = out.node == node
             engine_ok = verdicts[node] is None
@@ -581,6 +683,10 @@ class Differential:
         return "\n".join(lines)
 
 
+def _write_report(path: str, parts: list[str]) -> None:
+    Path(path).write_text("\n\n".join(parts) + "\n")
+
+
 async def test_engine_agrees_with_kube_scheduler_on_feasibility(
     kube: KubeClient, namespace: str, diff_nodes: str
 ) -> None:
@@ -597,8 +703,19 @@ async def test_engine_agrees_with_kube_scheduler_on_feasibility(
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
+    # Both schedulers saw the same pods on the dedicated nodes: nobody else's, and none lost.
+    pods = (await kube.get("/api/v1/pods"))["items"]
+    on_diff = {
+        f"{p['metadata']['namespace']}/{p['metadata']['name']}"
+        for p in pods
+        if p["spec"].get("nodeName") in d.diff
+    }
+    cached = {key for n in d.diff for key in d.cache.nodes[NodeName(n)].pods}
+    assert on_diff == cached, (sorted(on_diff - cached), sorted(cached - on_diff))
     summary = d.tally.summary(time.monotonic() - started)
     print(summary)
+    if REPORT:
+        _write_report(REPORT, [summary, *d.tally.disagreements])
     shown = "\n\n".join(d.tally.disagreements[:SHOW_DISAGREEMENTS])
     assert not d.tally.disagreements, f"{summary}\n\n{shown}"
     # The generator must keep producing both outcomes, or the comparison says little.
