@@ -1,8 +1,8 @@
 """The agent node pool: which nodes the shard map hands out to workers. One seam, ``PoolSource``.
 
 ``LabelPool`` (this module) is the pool chosen by a node label selector: every node matching it, weighted by
-its allocatable CPU, kept current by a watch. The shard-policy ConfigMap (``coordinator.policy``) is the other
-implementation of the same seam.
+its allocatable CPU, kept current by a watch. The shard-policy ConfigMap's pool
+(``coordinator.sharding.PolicyPool``) is the other implementation of the same seam.
 
 Invariant: a pool that has not yet listed its nodes, or whose watch is down, keeps answering with its last good
 set (the shard map would otherwise revoke every node); before the first list it answers empty, which grants

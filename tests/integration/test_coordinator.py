@@ -252,6 +252,7 @@ async def test_add_worker_mid_burst(
     await asyncio.sleep(2)
     d.worker("w2")
     joined = time.monotonic()
+
     # The shard map balances capacity (allocatable CPU), not node counts: a fair share is judged by the free
     # CPU each worker reports, which at this light load is nearly its capacity.
     def fair_share(s: dict[str, Any]) -> bool:
@@ -300,3 +301,45 @@ async def test_etcd_restart_mid_burst(
     await audit(d, kube, namespace, 1500)
     status = await d.status()
     assert status["leader"] is not None and sum(nodes_of(status).values()) > 0
+
+
+async def test_pod_no_shard_can_fit_is_reported_with_every_shards_reasons(
+    kube: KubeClient, namespace: str, deployment: Deployment
+) -> None:
+    d = deployment
+    d.coordinator("coord-a")
+    d.worker("w1")
+    d.worker("w2")
+    await started(d, 2)
+    total = sum(nodes_of(await d.status()).values())
+    huge = agent_pod(0, namespace=namespace, scheduler_name=d.scheduler_name)
+    huge["metadata"]["name"] = "huge"
+    huge["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "500"
+    small = agent_pod(1, namespace=namespace, scheduler_name=d.scheduler_name)
+    await create_pods(kube, namespace, [huge, small])
+
+    def reported(pods: list[dict[str, Any]]) -> bool:
+        by_name = {p["metadata"]["name"]: p for p in pods}
+        conds = by_name["huge"].get("status", {}).get("conditions") or []
+        return bool(by_name[small["metadata"]["name"]]["spec"].get("nodeName")) and any(
+            c["type"] == "PodScheduled" and c["status"] == "False" for c in conds
+        )
+
+    pods = await wait_for(kube, namespace, reported, timeout=SETTLE_TIMEOUT, what="the huge pod reported")
+    cond = next(
+        c
+        for p in pods
+        if p["metadata"]["name"] == "huge"
+        for c in p["status"]["conditions"]
+        if c["type"] == "PodScheduled"
+    )
+    assert cond["reason"] == "Unschedulable"
+    # one cluster-wide message over both shards, in kube-scheduler's shape
+    assert cond["message"].startswith(f"0/{total} nodes are available: "), cond["message"]
+    assert "Insufficient cpu" in cond["message"]
+    await asyncio.sleep(2)
+    events = (await kube.get(f"/api/v1/namespaces/{namespace}/events"))["items"]
+    failed = [
+        e for e in events if e["reason"] == "FailedScheduling" and e["involvedObject"]["name"] == "huge"
+    ]
+    assert len(failed) == 1, [e["message"] for e in failed]
