@@ -20,10 +20,11 @@ Worker -> leader
               outcome: "bound" (node set), "unschedulable" (no owned node fits; ``nodes`` is how many
               nodes were considered, ``reasons`` maps kube-scheduler reasons to node counts), "gone" (the pod
               was deleted), "rejected" (the worker cannot take pods now, e.g. fenced or draining)
-    CAPACITY  {nodes, free_cpu, free_memory, max_cpu, max_memory, pending, binds_per_s, ts}
+    CAPACITY  {nodes, free_cpu, free_memory, max_cpu, max_memory, pending, syncing, binds_per_s, ts}
               a compact summary of the worker's shard, every ``CAPACITY_INTERVAL``: totals of free
-              millicores/bytes over owned nodes, and the largest free amounts on one node (a pod larger
-              than ``max_*`` cannot fit this shard)
+              millicores/bytes over usable owned nodes, and the largest free amounts on one node (a pod
+              larger than ``max_*`` cannot fit this shard); ``syncing`` counts granted nodes not usable
+              yet (the worker's cache is catching up with them)
     PONG      {ts}                             answer to PING
 Either way
     ERROR     {message}                        then the sender closes the stream

@@ -9,13 +9,17 @@ Invariants:
 - Transient failures (5xx, 429, broken connections) reconnect from the last seen resourceVersion with
   exponential backoff (0.2 s doubling to 10 s), resetting after a healthy stream, so no event is lost and none
   is applied twice from the same stream. Handlers must still treat events idempotently: a relist may replay.
-- ``synced`` is set after the first complete list.
+- ``synced`` is set after the first complete list; ``list_started_at`` says when the latest complete list
+  began, so a caller can tell whether the cache reflects a consistent read made after some moment.
+- ``resource_version`` only grows while one stream lasts (the API server delivers events in etcd revision
+  order), which lets a caller wait until the cache has seen a given object revision.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any, Protocol
 
 from common.kube import ApiError, Gone, KubeClient
@@ -57,6 +61,7 @@ class Reflector:
         self.relists = 0
         self.reconnects = 0
         self.events = 0
+        self.list_started_at = -1.0  # monotonic start of the latest (re)list that completed
 
     async def list_all(self) -> tuple[list[dict[str, Any]], str]:
         items: list[dict[str, Any]] = []
@@ -79,7 +84,9 @@ class Reflector:
         while True:
             try:
                 if need_list:
+                    started = time.monotonic()
                     items, self.resource_version = await self.list_all()
+                    self.list_started_at = started
                     self.handler.replace(items)
                     self.relists += 1
                     self.synced.set()

@@ -16,7 +16,8 @@ Invariants:
 - A pod is dispatched to at most one worker at a time; it is tracked until its RESULT, until the watch shows
   it bound or deleted, or until the worker's stream dies (then it is dispatched again, elsewhere if possible).
 - A pod is declared unschedulable (condition + event, with the reasons summed over every shard) only when
-  every live worker with nodes has said no; it is retried when a worker's capacity grows, a worker joins,
+  every live worker with nodes has said no (or its summary rules the pod out) and no connected worker is
+  still settling (no summary yet, or granted nodes it is still catching up on); it is retried when a worker's capacity grows, a worker joins,
   or ``UNSCHEDULABLE_RETRY`` passes.
 - Malformed pods are reported unschedulable at once with their parse error; they are never dispatched.
 """
@@ -200,6 +201,16 @@ class Dispatcher:
     def _live_workers_with_nodes(self) -> set[str]:
         return {wid for wid, link in self.links.items() if link.ready and link.capacity.get("nodes", 0) > 0}
 
+    def _settling(self, p: _Pod) -> bool:
+        """True while a connected worker could still answer for this pod: its stream has not sent a summary
+        yet, or it holds granted nodes it is still catching up on. No verdict is final until it has."""
+        for wid, link in self.links.items():
+            if wid in p.tried or link.writer is None or link.writer.is_closing():
+                continue
+            if not link.capacity or link.capacity.get("syncing", 0) > 0:
+                return True
+        return False
+
     def _dispatch(self, key: PodKey) -> None:
         p = self.pods.get(key)
         if p is None or p.worker is not None or p.record.gated or p.parked_at is not None:
@@ -207,7 +218,8 @@ class Dispatcher:
         link = self.choose(p)
         if link is None:
             live = self._live_workers_with_nodes()
-            if live and live <= p.tried | {w for w in live if not self._fits(self.links[w], p.record)}:
+            ruled_out = p.tried | {w for w in live if not self._fits(self.links[w], p.record)}
+            if live and live <= ruled_out and not self._settling(p):
                 self._declare_unschedulable(p, live)
             return  # no worker can take it now: it waits for capacity or workers to change
         assert link.writer is not None

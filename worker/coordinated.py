@@ -3,8 +3,9 @@
 Wiring, and why each piece is there:
 - ``Scheduler(owns=membership.owns, watch_pending=False)``: the cache still watches every node and pod (all
   pods use capacity), but only the leader's dispatch feeds the queue, and only granted nodes are candidates.
-- ownership changes re-index the cache at once; a lease health change (fencing) re-indexes too, and while
-  fenced ``owns`` is False for every node, so no decision can pick one.
+- released nodes leave the index at once; granted nodes join it only after the cache has caught up with
+  the pods already bound there (``Scheduler.acquire``); a lease health change (fencing) re-indexes too, and
+  while fenced ``owns`` is False for every node, so no decision can pick one.
 - the release hook waits for the bindings in flight to the released nodes before ``common.ownership`` writes
   the acknowledgement: the new owner cannot see a node that still has our bindings on their way.
 - load reports (pending pods, free capacity, binds/s, process CPU) go to etcd for the leader's balancing.
@@ -78,7 +79,7 @@ async def run_coordinated(settings: WorkerSettings, options: CoordinatedOptions)
         membership: ShardMembership | None = None
 
         def owns(node: NodeName) -> bool:
-            return membership is not None and membership.owns(node)
+            return membership is not None and membership.owns(node) and sched.usable(node)
 
         sched = Scheduler(client, settings, owns=owns, watch_pending=False)
         draining = False
@@ -103,8 +104,15 @@ async def run_coordinated(settings: WorkerSettings, options: CoordinatedOptions)
             etcd, record, keys=KeyLayout(options.etcd_prefix), ttl=options.lease_ttl, on_release=on_release
         )
 
+        acquiring: set[asyncio.Task[None]] = set()
+
         def changed(change: OwnershipChange) -> None:
-            sched.ownership_changed(set(change.added | change.removed))
+            if change.removed:
+                sched.ownership_changed(set(change.removed))
+            if change.added:
+                task = asyncio.create_task(sched.acquire(change.added), name=f"acquire-{change.epoch}")
+                acquiring.add(task)
+                task.add_done_callback(acquiring.discard)
             log.info("shard epoch %d: +%d -%d nodes", change.epoch, len(change.added), len(change.removed))
 
         audit = (

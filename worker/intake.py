@@ -203,6 +203,7 @@ class Intake:
             "max_cpu": max_cpu if self.can_place() else 0,
             "max_memory": max_mem if self.can_place() else 0,
             "pending": stats["active"] + stats["backoff"] + stats["flight"],
+            "syncing": len(self.sched.syncing),
             "binds_per_s": len(self._bound_times) / 5.0,
             "ts": time.time(),
         }

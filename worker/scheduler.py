@@ -37,6 +37,8 @@ from worker.queue import QueuedPod, SchedulingQueue
 
 log = logging.getLogger(__name__)
 
+CATCH_UP_TIMEOUT = 5.0  # seconds a newly granted node waits for the pod watch before a direct read is used
+CATCH_UP_CONCURRENCY = 16
 YIELD_EVERY = 64  # decisions between yields to the event loop, so watches and binds keep flowing
 HOUSEKEEPING_PERIOD = 0.05
 EXPIRY_PERIOD = 1.0
@@ -152,6 +154,7 @@ class Scheduler:
         self.decisions = 0
         self.unschedulable = 0
         self.paused = False
+        self.syncing: set[NodeName] = set()
 
     # ----- intake ----------------------------------------------------------------------------------------
 
@@ -176,6 +179,54 @@ class Scheduler:
     def ownership_changed(self, nodes: set[NodeName] | frozenset[NodeName] | None = None) -> None:
         self.cache.ownership_changed(nodes)
         self.queue.move_all()
+
+    def usable(self, node: NodeName) -> bool:
+        """Granted nodes are usable only once the cache has caught up with them (see ``acquire``)."""
+        return node not in self.syncing
+
+    async def acquire(self, nodes: frozenset[NodeName]) -> None:
+        """Make newly granted nodes usable once this worker's cache holds every pod already bound there.
+
+        The previous owner released a node only after its bindings completed, but our pod watch may not have
+        delivered those bindings yet; placing before it has would overcommit the node. So a node granted at
+        time g becomes usable when the cache reflects a consistent read made after g: either a (re)list that
+        started after g, or, per node, a consistent LIST of the pods bound to it whose newest revision the
+        watch has reached. If the watch lags more than ``CATCH_UP_TIMEOUT``, the listed pods are applied
+        directly (a pod deleted meanwhile may then count until the next relist: conservative, never over).
+        """
+        granted_at = time.monotonic()
+        self.syncing |= nodes
+        try:
+            await self.pod_reflector.synced.wait()
+            if self.pod_reflector.list_started_at < granted_at:
+                sem = asyncio.Semaphore(CATCH_UP_CONCURRENCY)
+
+                async def one(node: NodeName) -> None:
+                    async with sem:
+                        await self._catch_up(node)
+
+                await asyncio.gather(*(one(n) for n in nodes))
+        finally:
+            self.syncing -= nodes
+            self.ownership_changed(nodes)
+
+    async def _catch_up(self, node: NodeName) -> None:
+        reply = await self.client.get("/api/v1/pods", {"fieldSelector": f"spec.nodeName={node}"})
+        items = reply.get("items") or []
+        # resourceVersions are etcd revisions in every API server we know; compared as integers here only.
+        target = max((int(i["metadata"]["resourceVersion"]) for i in items), default=0)
+        deadline = time.monotonic() + CATCH_UP_TIMEOUT
+        while int(self.pod_reflector.resource_version or 0) < target:
+            if time.monotonic() >= deadline:
+                log.warning(
+                    "pod watch lags behind a granted node; applying a direct read", extra={"node": node}
+                )
+                for obj in items:
+                    pod = pod_from_json(obj)
+                    if not pod.terminal and pod.key not in self.cache.pod_node:
+                        self.cache.upsert_pod(pod)
+                return
+            await asyncio.sleep(0.01)
 
     # ----- the loop --------------------------------------------------------------------------------------
 
