@@ -1,8 +1,17 @@
-"""``agent-scheduler bench engine|cluster|simulate``: argument parsing only; each benchmark owns its module."""
+"""``agent-scheduler bench engine|cluster|simulate|report``: argument parsing only; each benchmark owns its module."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x.replace("_", "")) for x in text.split(",") if x.strip()]
+
+
+def _names(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -15,6 +24,63 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--feasible-nodes", type=int, default=16)
     e.add_argument("--json", action="store_true", help="one JSON object per line")
 
+    c = subs.add_parser(
+        "cluster",
+        help="scale runs on local clusters: agent scheduler vs kube-scheduler vs the no-decision ceiling",
+        description="Each scheduler runs every workload on a fresh local cluster with the same kwok nodes; "
+        "writes results.json, report.md and PNG plots into --out.",
+    )
+    c.add_argument("--quick", action="store_true", help="100 nodes, 3 schedulers, burst+steady (~2 minutes)")
+    c.add_argument("--nodes", type=_ints, default=None, help="comma-separated node counts (default 1000)")
+    c.add_argument("--workloads", type=_names, default=None, help="burst,steady,churn,mix (default all)")
+    c.add_argument(
+        "--schedulers",
+        type=_names,
+        default=None,
+        help="agent-standalone,agent-coord-1,agent-coord-2,kube-scheduler-qps5000,kube-scheduler-default,"
+        "no-decision (default all; --quick: agent-standalone,kube-scheduler-qps5000,no-decision)",
+    )
+    c.add_argument(
+        "--out", type=Path, default=None, help="results directory (default results/bench-TIMESTAMP)"
+    )
+    c.add_argument("--rate", type=float, default=None, help="steady/churn/mix arrival rate, pods/s")
+    c.add_argument("--burst", type=int, default=None, help="pods in the burst workload")
+    c.add_argument("--pods", type=int, default=None, help="agent pods of the steady, churn and mix workloads")
+    c.add_argument("--profile", action="store_true", help="also run agent-standalone's burst under cProfile")
+    c.add_argument("--no-volcano", action="store_true", help="do not try to build Volcano's agent-scheduler")
+    c.add_argument(
+        "--stall", type=float, default=None, help="stop waiting after this many seconds without a bind"
+    )
+    c.add_argument("--timeout", type=float, default=None, help="stop waiting this long after the last create")
+    c.add_argument(
+        "--repeat", type=int, default=1, help="runs per scheduler × workload; the least disturbed is kept"
+    )
+    c.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=None,
+        help="seconds to wait before each run for other processes to quieten (default 120; --quick 15; 0: off)",
+    )
+
+    s = subs.add_parser(
+        "simulate",
+        help="shard assignment + engine at 100k nodes / 1M pods in simulated time (no API server)",
+    )
+    s.add_argument("--nodes", type=int, default=100_000)
+    s.add_argument("--pods", type=int, default=1_000_000)
+    s.add_argument("--workers", type=_ints, default=[8, 16, 32, 64], help="comma-separated worker counts")
+    s.add_argument("--sample", type=int, default=2000, help="pods decided and timed per simulated worker")
+    s.add_argument("--sample-workers", type=int, default=4, help="workers simulated per configuration")
+    s.add_argument(
+        "--max-rounds", type=int, default=20, help="policy rounds per join/leave before estimating"
+    )
+    s.add_argument("--max-moves-per-round", type=int, default=None, help="default: the policy's own")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--out", type=Path, default=None, help="directory for simulate.json and simulate.md")
+
+    r = subs.add_parser("report", help="rebuild report.md and the plots of a results directory")
+    r.add_argument("dir", type=Path)
+
 
 def run(args: argparse.Namespace) -> int:
     if args.bench == "engine":
@@ -26,4 +92,33 @@ def run(args: argparse.Namespace) -> int:
             as_json=args.json,
             feasible_nodes=args.feasible_nodes,
         )
+    if args.bench == "cluster":
+        from scale.bench import cluster
+
+        return cluster.main(
+            nodes=args.nodes,
+            schedulers=args.schedulers,
+            workloads=args.workloads,
+            out=args.out,
+            quick=args.quick,
+            rate=args.rate,
+            burst=args.burst,
+            pods=args.pods,
+            profile=args.profile,
+            volcano=not args.no_volcano,
+            stall_s=args.stall,
+            timeout_s=args.timeout,
+            repeat=args.repeat,
+            quiet_wait_s=args.quiet_wait,
+        )
+    if args.bench == "simulate":
+        from scale.bench import simulate
+
+        return simulate.main(args)
+    if args.bench == "report":
+        from scale.bench import report
+
+        path = report.rebuild(args.dir)
+        print(f"wrote {path}")
+        return 0
     raise SystemExit(f"unknown benchmark {args.bench!r}")

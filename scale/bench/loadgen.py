@@ -94,7 +94,9 @@ class DriveResult:
     last_sent: float
 
 
-async def create_one(client: KubeClient, namespace: str, pod: dict[str, Any], times: PodTimes, clock: Clock) -> None:
+async def create_one(
+    client: KubeClient, namespace: str, pod: dict[str, Any], times: PodTimes, clock: Clock
+) -> None:
     """POST one pod, retrying 429/5xx with backoff; records ``sent``/``acked`` or ``error`` in ``times``."""
     delay = RETRY_INITIAL
     times.sent = clock()
@@ -157,9 +159,12 @@ async def drive(
             task.cancel()
     failed = sum(1 for a in plan if watch.pods[a.name].error)
     if failed:
-        log.warning("%d of %d creates failed; first: %s", failed, len(plan), next(
-            watch.pods[a.name].error for a in plan if watch.pods[a.name].error
-        ))
+        log.warning(
+            "%d of %d creates failed; first: %s",
+            failed,
+            len(plan),
+            next(watch.pods[a.name].error for a in plan if watch.pods[a.name].error),
+        )
     return DriveResult(origin=origin, created=len(plan) - failed, failed=failed, last_sent=last_sent)
 
 

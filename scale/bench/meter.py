@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import os
 from collections.abc import Callable, Iterable
+
 import psutil
 
 from scale.bench.results import Usage

@@ -2,9 +2,13 @@
 
 It measures what the API server allows when the scheduler costs nothing: the pod's node is already written in
 its ``NODE_ANNOTATION`` (computed before the run by ``placer``, with the real engine over the same node fleet,
-so every choice fits), and this process only watches pending pods of its scheduler name and posts their
-bindings — through ``common.kube.KubeClient``, the same client path, rate limiter and connection pool as the
-agent scheduler's binder, with the same number of bindings in flight.
+so every choice fits), and this process posts the bindings — through ``common.kube.KubeClient``, the same
+client path, rate limiter and connection pool as the agent scheduler's binder, with the same number of bindings
+in flight.
+
+It watches every non-terminal pod, as a scheduler's cache must (the worker and kube-scheduler do too), and picks
+out the pending pods of its scheduler name itself: the API server then pays for the same watch traffic as with a
+real scheduler, and the ceiling is the ceiling of scheduling, not of a cheaper, filtered watch.
 
 Run as its own process (``python -m scale.bench.noop_binder``) so its CPU and memory are measured like any
 scheduler's. It emits no events and reports nothing; a pod without the annotation is left pending.
@@ -19,7 +23,15 @@ import signal
 from collections.abc import Callable
 from typing import Any
 
-from common.kube import ApiError, Conflict, KubeClient, NotFound, ServerError, TooManyRequests, load_credentials
+from common.kube import (
+    ApiError,
+    Conflict,
+    KubeClient,
+    NotFound,
+    ServerError,
+    TooManyRequests,
+    load_credentials,
+)
 from common.watching import Reflector
 from scale.bench.workloads import NODE_ANNOTATION
 
@@ -30,16 +42,23 @@ BIND_RETRIES = 5
 
 
 class _Pending:
-    """Watch handler: every unbound pod of ours with a node annotation goes on the queue once."""
+    """Watch handler: every unbound pod of our scheduler name with a node annotation goes on the queue once."""
 
-    def __init__(self, queue: asyncio.Queue[tuple[str, str, str, str]]) -> None:
+    def __init__(self, queue: asyncio.Queue[tuple[str, str, str, str]], scheduler_name: str) -> None:
         self.queue = queue
+        self.scheduler_name = scheduler_name
         self.seen: set[str] = set()
 
     def _offer(self, obj: dict[str, Any]) -> None:
         meta = obj.get("metadata") or {}
         uid = str(meta.get("uid") or "")
-        if not uid or uid in self.seen or (obj.get("spec") or {}).get("nodeName"):
+        spec = obj.get("spec") or {}
+        if (
+            not uid
+            or uid in self.seen
+            or spec.get("nodeName")
+            or spec.get("schedulerName") != self.scheduler_name
+        ):
             return
         node = (meta.get("annotations") or {}).get(NODE_ANNOTATION)
         if not node:
@@ -58,7 +77,9 @@ class _Pending:
             self._offer(obj)
 
 
-async def _bind_loop(client: KubeClient, queue: asyncio.Queue[tuple[str, str, str, str]], stats: dict[str, int]) -> None:
+async def _bind_loop(
+    client: KubeClient, queue: asyncio.Queue[tuple[str, str, str, str]], stats: dict[str, int]
+) -> None:
     while True:
         namespace, name, uid, node = await queue.get()
         delay = 0.05
@@ -84,14 +105,16 @@ async def _bind_loop(client: KubeClient, queue: asyncio.Queue[tuple[str, str, st
 async def serve(args: argparse.Namespace) -> int:
     creds = load_credentials(args.kubeconfig)
     stats = {"bound": 0, "gone": 0, "failed": 0}
-    async with KubeClient(creds, qps=args.qps, burst=args.burst, max_connections=args.concurrency * 2) as client:
+    async with KubeClient(
+        creds, qps=args.qps, burst=args.burst, max_connections=args.concurrency * 2
+    ) as client:
         queue: asyncio.Queue[tuple[str, str, str, str]] = asyncio.Queue()
         reflector = Reflector(
             client,
             "/api/v1/pods",
-            _Pending(queue),
-            params={"fieldSelector": f"spec.schedulerName={args.scheduler_name},spec.nodeName="},
-            name="noop-pending",
+            _Pending(queue, args.scheduler_name),
+            params={"fieldSelector": "status.phase!=Succeeded,status.phase!=Failed"},
+            name="noop-pods",
         )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -100,7 +123,11 @@ async def serve(args: argparse.Namespace) -> int:
         tasks = [asyncio.create_task(reflector.run())]
         tasks += [asyncio.create_task(_bind_loop(client, queue, stats)) for _ in range(args.concurrency)]
         await reflector.synced.wait()
-        log.info("no-decision binder ready (scheduler name %s, %d binds in flight)", args.scheduler_name, args.concurrency)
+        log.info(
+            "no-decision binder ready (scheduler name %s, %d binds in flight)",
+            args.scheduler_name,
+            args.concurrency,
+        )
         await stop.wait()
         for task in tasks:
             task.cancel()
@@ -109,7 +136,9 @@ async def serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def placer(nodes: list[dict[str, Any]], *, exclude_pools: frozenset[str] = frozenset({"batch"})) -> Callable[[dict[str, Any]], str | None]:
+def placer(
+    nodes: list[dict[str, Any]], *, exclude_pools: frozenset[str] = frozenset({"batch"})
+) -> Callable[[dict[str, Any]], str | None]:
     """A function that gives each pod (in call order) a node that fits it, using the real engine over ``nodes``.
 
     Each call decides and assumes, so successive pods see the capacity the earlier ones took. Nodes of

@@ -115,7 +115,9 @@ def cdf(seconds: Iterable[float], points: int = CDF_POINTS) -> list[float]:
     return [round(percentile(values, 100.0 * k / (points - 1)) * 1000.0, 2) for k in range(points)]
 
 
-def timeline(bound_times: Iterable[float], *, origin: float, points: int = TIMELINE_POINTS) -> list[list[float]]:
+def timeline(
+    bound_times: Iterable[float], *, origin: float, points: int = TIMELINE_POINTS
+) -> list[list[float]]:
     """Cumulative binds over time as ``[seconds since origin, bound so far]``, at most ``points`` of them."""
     times = sorted(bound_times)
     if not times:

@@ -22,6 +22,7 @@ worker drains its bindings), then SIGKILL after a grace period.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -74,16 +75,31 @@ class SchedulerSpec:
     @property
     def pod_scheduler_name(self) -> str:
         """What the measured pods put in ``spec.schedulerName``."""
-        return {AGENT: AGENT_SCHEDULER_NAME, KUBE: KUBE_SCHEDULER_NAME, NOOP: noop_binder.SCHEDULER_NAME}[self.kind]
+        return {AGENT: AGENT_SCHEDULER_NAME, KUBE: KUBE_SCHEDULER_NAME, NOOP: noop_binder.SCHEDULER_NAME}[
+            self.kind
+        ]
 
 
 SCHEDULERS: dict[str, SchedulerSpec] = {
     s.name: s
     for s in (
-        SchedulerSpec(name="agent-standalone", kind=AGENT, description="agent scheduler, one standalone worker process"),
-        SchedulerSpec(name="agent-coord-1", kind=AGENT, workers=1, description="agent scheduler, coordinator + 1 worker"),
-        SchedulerSpec(name="agent-coord-2", kind=AGENT, workers=2, description="agent scheduler, coordinator + 2 workers"),
-        SchedulerSpec(name="kube-scheduler-qps5000", kind=KUBE, description="kube-scheduler v1.36, client qps/burst 5000"),
+        SchedulerSpec(
+            name="agent-standalone", kind=AGENT, description="agent scheduler, one standalone worker process"
+        ),
+        SchedulerSpec(
+            name="agent-coord-1", kind=AGENT, workers=1, description="agent scheduler, coordinator + 1 worker"
+        ),
+        SchedulerSpec(
+            name="agent-coord-2",
+            kind=AGENT,
+            workers=2,
+            description="agent scheduler, coordinator + 2 workers",
+        ),
+        SchedulerSpec(
+            name="kube-scheduler-qps5000",
+            kind=KUBE,
+            description="kube-scheduler v1.36, client qps/burst 5000",
+        ),
         SchedulerSpec(
             name="kube-scheduler-default",
             kind=KUBE,
@@ -91,7 +107,9 @@ SCHEDULERS: dict[str, SchedulerSpec] = {
             kube_burst=100,
             description="kube-scheduler v1.36, default client qps 50 / burst 100",
         ),
-        SchedulerSpec(name="no-decision", kind=NOOP, description="binds to precomputed nodes: the API server's ceiling"),
+        SchedulerSpec(
+            name="no-decision", kind=NOOP, description="binds to precomputed nodes: the API server's ceiling"
+        ),
     )
 }
 QUICK_SCHEDULERS = ("agent-standalone", "kube-scheduler-qps5000", "no-decision")
@@ -168,7 +186,9 @@ def stop_children(children: list[Child], *, grace: float = STOP_GRACE) -> list[s
 class Running:
     """A scheduler under test, started on one cluster."""
 
-    def __init__(self, spec: SchedulerSpec, cluster: Cluster, children: list[Child], *, etcd_endpoint: str = "") -> None:
+    def __init__(
+        self, spec: SchedulerSpec, cluster: Cluster, children: list[Child], *, etcd_endpoint: str = ""
+    ) -> None:
         self.spec = spec
         self.cluster = cluster
         self.children = children
@@ -183,7 +203,11 @@ class Running:
         return [c.pid for c in self.children if c.alive()]
 
     def dead(self) -> list[str]:
-        return [f"{c.name} exited early (status {c.proc.returncode}): {c.tail(8)}" for c in self.children if not c.alive()]
+        return [
+            f"{c.name} exited early (status {c.proc.returncode}): {c.tail(8)}"
+            for c in self.children
+            if not c.alive()
+        ]
 
     def stop(self) -> list[str]:
         return stop_children(self.children)
@@ -199,7 +223,8 @@ async def grant_agent_rbac(client: KubeClient, rbac_file: Path = RBAC_FILE) -> s
 
     Returns "" when done, else why not (the caller then runs our processes as admin and says so)."""
     try:
-        docs = [d for d in yaml.safe_load_all(rbac_file.read_text()) if d]
+        text = await asyncio.to_thread(rbac_file.read_text)
+        docs = [d for d in yaml.safe_load_all(text) if d]
     except (OSError, yaml.YAMLError) as e:
         return f"cannot read {rbac_file}: {e}"
     role = next((d for d in docs if d.get("kind") == "ClusterRole"), None)
@@ -218,17 +243,21 @@ async def grant_agent_rbac(client: KubeClient, rbac_file: Path = RBAC_FILE) -> s
             ("/apis/rbac.authorization.k8s.io/v1/clusterroles", role),
             ("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", binding),
         ):
-            try:
+            with contextlib.suppress(Conflict):
                 await client.post(path, body)
-            except Conflict:
-                pass
     except ApiError as e:
         return f"creating the RBAC for {SCHEDULER_USER} failed: {e}"
     return ""
 
 
 def launch(
-    spec: SchedulerSpec, cluster: Cluster, logs: Path, *, kubeconfig: Path, profile_to: Path | None = None, tag: str = ""
+    spec: SchedulerSpec,
+    cluster: Cluster,
+    logs: Path,
+    *,
+    kubeconfig: Path,
+    profile_to: Path | None = None,
+    tag: str = "",
 ) -> Running:
     """Start the processes of ``spec`` (none for kube-scheduler, which the cluster runs)."""
     cli = "agent_scheduler.cli"
@@ -257,7 +286,9 @@ def launch(
     if spec.workers == 0:
         child = Child(
             "worker",
-            python_module(cli, "worker", "--standalone", *common, "--id=bench-standalone", profile_to=profile_to),
+            python_module(
+                cli, "worker", "--standalone", *common, "--id=bench-standalone", profile_to=profile_to
+            ),
             logs / f"{spec.name}-worker{suffix}.log",
         )
         return Running(spec, cluster, [child])
@@ -271,7 +302,12 @@ def launch(
             Child(
                 f"worker-{i + 1}",
                 python_module(
-                    cli, "worker", *common, f"--etcd-endpoints={etcd}", f"--etcd-prefix={prefix}", f"--id=bench-w{i + 1}"
+                    cli,
+                    "worker",
+                    *common,
+                    f"--etcd-endpoints={etcd}",
+                    f"--etcd-prefix={prefix}",
+                    f"--id=bench-w{i + 1}",
                 ),
                 logs / f"{spec.name}-worker-{i + 1}{suffix}.log",
             )
@@ -279,7 +315,14 @@ def launch(
     children.append(
         Child(
             "coordinator",
-            python_module(cli, "coordinator", *common, f"--etcd-endpoints={etcd}", f"--etcd-prefix={prefix}", "--id=bench-coordinator"),
+            python_module(
+                cli,
+                "coordinator",
+                *common,
+                f"--etcd-endpoints={etcd}",
+                f"--etcd-prefix={prefix}",
+                "--id=bench-coordinator",
+            ),
             logs / f"{spec.name}-coordinator{suffix}.log",
         )
     )
@@ -290,7 +333,13 @@ async def shard_status(running: Running) -> dict[str, Any] | None:
     """``agent-scheduler status --json`` for a coordinated scheduler (None when it cannot be read)."""
     prefix = f"{ETCD_PREFIX}/{running.spec.name}"
     proc = await asyncio.create_subprocess_exec(
-        *python_module("agent_scheduler.cli", "status", "--json", f"--etcd-endpoints={running.etcd_endpoint}", f"--etcd-prefix={prefix}"),
+        *python_module(
+            "agent_scheduler.cli",
+            "status",
+            "--json",
+            f"--etcd-endpoints={running.etcd_endpoint}",
+            f"--etcd-prefix={prefix}",
+        ),
         cwd=PROJECT_ROOT,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.DEVNULL,

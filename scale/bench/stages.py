@@ -115,4 +115,7 @@ def install(cluster: Cluster) -> None:
         terminate([old], grace=cluster.options.stop_grace)
         cluster.state.processes.remove(old)
     start_component(cluster_components.kwok(cluster.options, cluster.layout), cluster)
-    log.info("kwok restarted with the bench stages (%s)", ", ".join(s.split("name: ")[1].split()[0] for s in BENCH_STAGES))
+    log.info(
+        "kwok restarted with the bench stages (%s)",
+        ", ".join(s.split("name: ")[1].split()[0] for s in BENCH_STAGES),
+    )

@@ -113,7 +113,18 @@ def probe(out_dir: Path, *, build_timeout: float = BUILD_TIMEOUT) -> VolcanoProb
             return done(False, version, "", f"downloading {MODULE}@{version} failed: {_first_error(text)}")
         replaces = replace_directives(Path(info["GoMod"]).read_text())
         (work / "go.mod").write_text(
-            "\n".join(["module bench/volcano-wrapper", "", "go 1.24", "", f"require {MODULE} {version}", "", *replaces, ""])
+            "\n".join(
+                [
+                    "module bench/volcano-wrapper",
+                    "",
+                    "go 1.24",
+                    "",
+                    f"require {MODULE} {version}",
+                    "",
+                    *replaces,
+                    "",
+                ]
+            )
         )
         (work / "tools.go").write_text(f'//go:build tools\n\npackage tools\n\nimport _ "{PACKAGE}"\n')
         code, text = _go(["mod", "tidy"], work, LIST_TIMEOUT * 3)

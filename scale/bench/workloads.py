@@ -94,17 +94,26 @@ class Arrival:
 
 
 def default_workloads(
-    nodes: int, *, quick: bool = False, rate: float | None = None, burst: int | None = None
+    nodes: int,
+    *,
+    quick: bool = False,
+    rate: float | None = None,
+    burst: int | None = None,
+    pods: int | None = None,
 ) -> dict[str, WorkloadSpec]:
-    """The standard parameters for a cluster of ``nodes`` (quick: small and short, for a two-minute run)."""
+    """The standard parameters for a cluster of ``nodes`` (quick: small and short, for a two-minute run).
+
+    ``rate``, ``burst`` and ``pods`` override the arrival rate, the burst size and the pod count of the
+    steady, churn and mix workloads."""
     if quick:
         burst_pods, steady_rate, steady_pods = 400, 40.0, 400
     else:
         burst_pods = 3000 if nodes <= 2000 else 5000
-        steady_rate, steady_pods = 100.0, 3000
+        steady_rate, steady_pods = 50.0, 1500
     burst_pods = burst if burst is not None else burst_pods
     steady_rate = rate if rate is not None else steady_rate
-    steady_pods = max(steady_pods, int(steady_rate * 20)) if not quick else steady_pods
+    steady_pods = max(steady_pods, int(steady_rate * 30)) if not quick else steady_pods
+    steady_pods = pods if pods is not None else steady_pods
     lifetime = 5.0 if quick else 10.0
     return {
         BURST: WorkloadSpec(name=BURST, pods=burst_pods),
@@ -137,7 +146,9 @@ def batch_pod(index: int, *, namespace: str) -> dict[str, Any]:
             "schedulerName": DEFAULT_SCHEDULER,
             "terminationGracePeriodSeconds": 0,
             "nodeSelector": {LABEL_POOL: "batch"},
-            "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "batch", "effect": "NoSchedule"}],
+            "tolerations": [
+                {"key": "dedicated", "operator": "Equal", "value": "batch", "effect": "NoSchedule"}
+            ],
             "containers": [
                 {
                     "name": "job",

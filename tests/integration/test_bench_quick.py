@@ -1,0 +1,74 @@
+"""``agent-scheduler bench cluster`` end to end on a tiny cluster: two schedulers, burst and churn.
+
+Runs the real command as a subprocess (its own clusters on free ports, stopped at the end) and checks the
+results directory: every run in ``results.json`` with sane numbers, and the report with its plots. No
+wall-clock assertion: speed is what the bench reports, not what the test checks.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scale.bench.results import REQUIRED_FIELDS, load
+from tests.integration.support import ROOT
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+SCHEDULERS = ("agent-standalone", "kube-scheduler-qps5000")
+WORKLOADS = ("burst", "churn")
+NODES = 50
+PODS = 200
+GUARD_TIMEOUT = 900  # against a hang, not a speed requirement
+
+
+def test_tiny_bench_writes_results_and_report(tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    cmd = [
+        sys.executable,
+        "-m",
+        "agent_scheduler.cli",
+        "bench",
+        "cluster",
+        f"--nodes={NODES}",
+        f"--schedulers={','.join(SCHEDULERS)}",
+        f"--workloads={','.join(WORKLOADS)}",
+        f"--burst={PODS}",
+        f"--pods={PODS}",
+        "--rate=40",
+        "--no-volcano",
+        "--quiet-wait=0",
+        f"--out={out}",
+    ]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=GUARD_TIMEOUT, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    raw = json.loads((out / "results.json").read_text())
+    assert all(name in item for item in raw for name in REQUIRED_FIELDS)
+    results = load(out / "results.json")
+    assert sorted((r.scheduler, r.workload) for r in results) == sorted(
+        (s, w) for s in SCHEDULERS for w in WORKLOADS
+    )
+    for r in results:
+        assert r.error == "", r.error
+        assert r.nodes == NODES and r.pods == PODS
+        assert r.unbound == 0, r.notes
+        assert 0 < r.p50_ms <= r.p99_ms <= r.max_ms
+        assert r.pods_per_s > 0
+        assert r.cpu_s > 0 and r.cpu_s_per_1k_pods > 0
+        assert r.peak_rss_mb > 10
+        assert r.apiserver_cpu_s > 0
+        assert len(r.cdf_ms) == 101 and r.timeline[-1][1] == PODS
+    churn = [r for r in results if r.workload == "churn"]
+    assert all(r.params["lifetime_s"] > 0 for r in churn)
+
+    report = (out / "report.md").read_text()
+    assert "## Goals" in report and "## Results" in report
+    for png in (f"latency-cdf-{NODES}.png", f"bound-over-time-{NODES}.png"):
+        assert (out / png).stat().st_size > 1000
+        assert png in report
+    assert any((out / "logs" / str(NODES)).glob("agent-standalone-worker.log"))

@@ -1,0 +1,93 @@
+"""The load generator's clocks: binds stamped once, creates retried, waiting ends (``scale.bench.loadgen``)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Any, cast
+
+from common.kube import Invalid, KubeClient, TooManyRequests
+from scale.bench.loadgen import BindWatch, drive, wait_bound
+from scale.bench.workloads import WorkloadSpec, arrivals
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _pod(name: str, node: str = "") -> dict[str, Any]:
+    return {"metadata": {"name": name}, "spec": {"nodeName": node} if node else {}}
+
+
+def test_bind_is_stamped_the_first_time_only() -> None:
+    clock = FakeClock()
+    watch = BindWatch(clock)
+    times = watch.expect("a", "agent")
+    watch.event("ADDED", _pod("a"))
+    assert not times.is_bound
+    clock.now = 101.0
+    watch.event("MODIFIED", _pod("a", "n1"))
+    clock.now = 105.0
+    watch.event("MODIFIED", _pod("a", "n1"))
+    watch.replace([_pod("a", "n1")])
+    watch.event("DELETED", _pod("a", "n1"))
+    assert times.bound == 101.0 and times.node == "n1"
+    assert watch.bound == 1 and watch.deleted == 1
+
+
+def test_pods_the_generator_did_not_create_are_ignored() -> None:
+    watch = BindWatch(FakeClock())
+    watch.event("ADDED", _pod("stranger", "n1"))
+    assert watch.bound == 0 and watch.pods == {}
+
+
+class FakeClient:
+    """Records creates; the first ``throttle`` calls answer 429, pods named in ``invalid`` get 422."""
+
+    def __init__(self, watch: BindWatch, *, throttle: int = 0, invalid: frozenset[str] = frozenset()) -> None:
+        self.watch = watch
+        self.throttle = throttle
+        self.invalid = invalid
+        self.calls = 0
+        self.created: list[str] = []
+
+    async def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.calls += 1
+        name = body["metadata"]["name"]
+        if self.calls <= self.throttle:
+            raise TooManyRequests(429, "slow down")
+        if name in self.invalid:
+            raise Invalid(422, "bad pod")
+        self.created.append(name)
+        self.watch.event(
+            "MODIFIED", {**body, "spec": {**body["spec"], "nodeName": "n"}}
+        )  # an instant scheduler
+        return body
+
+
+async def test_drive_creates_every_pod_retries_throttling_and_records_failures() -> None:
+    watch = BindWatch()
+    plan = arrivals(WorkloadSpec(name="steady", pods=20, rate=2000.0), namespace="ns", scheduler_name="s")
+    client = FakeClient(watch, throttle=3, invalid=frozenset({"agent-000007"}))
+    result = await drive(cast(KubeClient, client), "ns", plan, watch, concurrency=4)
+    assert result.created == 19 and result.failed == 1
+    assert len(client.created) == 19
+    failed = watch.pods["agent-000007"]
+    assert failed.error and not failed.is_bound and math.isnan(failed.acked)
+    ok = [t for name, t in watch.pods.items() if name != "agent-000007"]
+    assert all(t.is_bound and t.sent <= t.acked for t in ok)
+    assert await wait_bound(watch, stall_s=1.0, timeout_s=5.0, since=result.last_sent)
+
+
+async def test_wait_bound_gives_up_after_a_stall() -> None:
+    watch = BindWatch()
+    watch.expect("never", "agent")
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    done = await wait_bound(watch, stall_s=0.2, timeout_s=10.0, since=watch.clock())
+    assert not done
+    assert loop.time() - began < 2.0

@@ -1,0 +1,129 @@
+"""Goals, the table and the written report (``scale.bench.report``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from scale.bench import report
+from scale.bench.results import RunResult, dump
+from scale.bench.volcano import VolcanoProbe
+
+
+def run(
+    scheduler: str, workload: str, *, kind: str = "agent", pps: float, p99: float, cpu: float
+) -> RunResult:
+    return RunResult.from_json(
+        {
+            "scheduler": scheduler,
+            "scheduler_kind": kind,
+            "workload": workload,
+            "nodes": 1000,
+            "pods": 3000,
+            "bound": 3000,
+            "unbound": 0,
+            "pods_per_s": pps,
+            "p50_ms": p99 / 3,
+            "p99_ms": p99,
+            "cpu_s_per_1k_pods": cpu,
+            "duration_s": 10.0,
+            "cpu_s": cpu * 3,
+            "apiserver_cpu_s": 12.0,
+            "scheduler_processes": 1,
+            "cdf_ms": [float(i) for i in range(101)],
+            "timeline": [[0.0, 0], [5.0, 1500], [10.0, 3000]],
+        }
+    )
+
+
+def results() -> list[RunResult]:
+    return [
+        run("agent-standalone", "burst", pps=900, p99=2000, cpu=1.0),
+        run("agent-standalone", "steady", pps=100, p99=40, cpu=2.0),
+        run("agent-coord-2", "burst", pps=500, p99=3000, cpu=3.0),
+        run("kube-scheduler-qps5000", "burst", kind="kube-scheduler", pps=400, p99=5000, cpu=2.0),
+        run("kube-scheduler-qps5000", "steady", kind="kube-scheduler", pps=100, p99=100, cpu=2.5),
+        run("no-decision", "burst", kind="no-decision", pps=950, p99=1500, cpu=0.5),
+    ]
+
+
+def verdicts(goals: list[report.Goal], scheduler: str) -> dict[str, str]:
+    return {g.goal.split(" (")[0]: g.verdict for g in goals if g.scheduler == scheduler}
+
+
+def test_goals_compare_each_agent_configuration_with_kube_scheduler_and_the_ceiling() -> None:
+    goals = report.goals(results())
+    standalone = verdicts(goals, "agent-standalone")
+    assert standalone == {
+        "throughput vs kube-scheduler": "met",  # 900 / 400 = 2.25
+        "p99 vs kube-scheduler": "met",  # 40 / 100 = 0.4
+        "share of the no-decision ceiling": "met",  # 900 / 950 = 0.95
+        "CPU per 1k pods vs kube-scheduler": "met",  # 1.0 / 2.0
+    }
+    coord = verdicts(goals, "agent-coord-2")
+    assert coord["throughput vs kube-scheduler"] == "missed"  # 1.25x
+    assert coord["p99 vs kube-scheduler"] == "n/a"  # no steady run
+    assert coord["CPU per 1k pods vs kube-scheduler"] == "missed"
+    ratio = next(g for g in goals if g.scheduler == "agent-standalone" and g.goal.startswith("throughput"))
+    assert ratio.value == 2.25
+
+
+def test_failed_runs_make_a_goal_not_applicable() -> None:
+    rs = results()
+    rs[3].error = "cluster did not start"
+    goals = report.goals(rs)
+    assert verdicts(goals, "agent-standalone")["throughput vs kube-scheduler"] == "n/a"
+
+
+def test_table_lists_every_run_and_failures() -> None:
+    rs = results()
+    rs[2].error = "probe: 0/10 pods bound"
+    text = report.table(rs)
+    assert text.count("\n") == len(rs) + 1
+    assert "failed: probe" in text
+    assert "| 1000 | burst | agent-standalone | 3000 | 0 |" in text
+
+
+def test_limits_name_what_bounded_each_burst() -> None:
+    rs = results()
+    rs[0].cpu_s = 9.5  # 0.95 of a core over 10 s
+    lines = report.limits(rs, cores=2)
+    standalone = next(line for line in lines if "agent-standalone" in line)
+    assert "CPU-bound" in standalone
+    assert len(lines) == 1 + 4  # whether 2x was within reach, then one line per burst run
+    assert "2.38x" in lines[0] and "2x is possible" in lines[0]  # ceiling 950 / kube 400
+
+
+def test_write_produces_the_report_and_plots(tmp_path: Path) -> None:
+    rs = results()
+    volcano = VolcanoProbe(
+        False, "", "", "`go list -m -versions volcano.sh/volcano` failed: 403 Forbidden", 1.0
+    )
+    path = report.write(tmp_path, rs, volcano=volcano, profiles=["  ncalls tottime\n  10 1.0 engine.py"])
+    text = path.read_text()
+    assert "## Goals" in text and "## Results" in text
+    assert "403 Forbidden" in text
+    assert "engine.py" in text
+    for name in ("latency-cdf-1000.png", "bound-over-time-1000.png"):
+        assert (tmp_path / name).stat().st_size > 1000
+        assert f"]({name})" in text
+
+
+def test_rebuild_from_a_results_file(tmp_path: Path) -> None:
+    dump(results(), tmp_path / "results.json")
+    path = report.rebuild(tmp_path)
+    assert "agent-standalone" in path.read_text()
+
+
+def test_repeated_runs_keep_the_least_disturbed_and_say_so() -> None:
+    from scale.bench.cluster import least_disturbed
+
+    busy = run("agent-standalone", "burst", pps=100, p99=9000, cpu=1.0)
+    busy.host_other_cpu_s = 10.0  # 1 core over 10 s
+    quiet = run("agent-standalone", "burst", pps=300, p99=3000, cpu=1.0)
+    quiet.host_other_cpu_s = 1.0
+    failed = run("agent-standalone", "burst", pps=0, p99=0, cpu=0.0)
+    failed.error = "probe failed"
+    kept = least_disturbed([busy, failed, quiet])
+    assert kept is quiet
+    assert "least disturbed of 3" in kept.notes[-1] and "(kept)" in kept.notes[-1]
+    assert least_disturbed([busy]) is busy and busy.notes == []

@@ -1,0 +1,118 @@
+"""Workload arrival plans (``scale.bench.workloads``) and the churn kwok stages (``scale.bench.stages``)."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import statistics
+
+import pytest
+import yaml
+
+from scale.bench.stages import BENCH_STAGES, bench_kwok_config
+from scale.bench.workloads import (
+    AGENT,
+    BATCH,
+    LIFETIME_ANNOTATION,
+    NODE_ANNOTATION,
+    RUN_LABEL,
+    WorkloadSpec,
+    arrivals,
+    default_workloads,
+    poisson_times,
+)
+
+
+def test_a_burst_arrives_at_once_with_the_agent_pod_shapes() -> None:
+    plan = arrivals(WorkloadSpec(name="burst", pods=50), namespace="ns", scheduler_name="agent-scheduler")
+    assert len(plan) == 50
+    assert {a.at for a in plan} == {0.0}
+    assert {a.kind for a in plan} == {AGENT}
+    pod = plan[0].pod
+    assert pod["metadata"]["namespace"] == "ns"
+    assert pod["metadata"]["labels"][RUN_LABEL] == "burst"
+    assert pod["spec"]["schedulerName"] == "agent-scheduler"
+    cpu = pod["spec"]["containers"][0]["resources"]["requests"]["cpu"]
+    assert cpu in ("100m", "200m", "250m", "500m")
+    assert len({a.name for a in plan}) == 50
+
+
+def test_plans_are_identical_for_every_scheduler_but_the_name() -> None:
+    spec = WorkloadSpec(name="steady", pods=30, rate=10.0)
+    a = arrivals(spec, namespace="x", scheduler_name="a")
+    b = arrivals(spec, namespace="x", scheduler_name="b")
+    assert [(p.at, p.name) for p in a] == [(p.at, p.name) for p in b]
+    assert [p.pod["spec"]["containers"] for p in a] == [p.pod["spec"]["containers"] for p in b]
+
+
+def test_poisson_arrivals_have_the_asked_rate() -> None:
+    times = poisson_times(20000, 200.0, random.Random(1))
+    assert times == sorted(times)
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert statistics.mean(gaps) == pytest.approx(1 / 200.0, rel=0.03)
+    assert poisson_times(3, 0.0, random.Random(1)) == [0.0, 0.0, 0.0]
+
+
+def test_churn_pods_carry_a_lifetime_around_the_mean() -> None:
+    plan = arrivals(
+        WorkloadSpec(name="churn", pods=200, rate=50.0, lifetime_s=10.0), namespace="n", scheduler_name="s"
+    )
+    lifetimes = [int(a.pod["metadata"]["annotations"][LIFETIME_ANNOTATION].removesuffix("ms")) for a in plan]
+    assert min(lifetimes) >= 5000 and max(lifetimes) <= 15000
+    assert statistics.mean(lifetimes) == pytest.approx(10000, rel=0.1)
+
+
+def test_mix_adds_batch_pods_for_the_default_scheduler() -> None:
+    plan = arrivals(
+        WorkloadSpec(name="mix", pods=100, rate=10.0, mix=True, batch_rate=2.0),
+        namespace="n",
+        scheduler_name="s",
+    )
+    batch = [a for a in plan if a.kind == BATCH]
+    assert 10 <= len(batch) <= 30  # 2/s over the ~10 s the agent pods take
+    assert all(a.pod["spec"]["schedulerName"] == "default-scheduler" for a in batch)
+    assert all(a.pod["spec"]["nodeSelector"] == {"node-pool": "batch"} for a in batch)
+    assert [a.at for a in plan] == sorted(a.at for a in plan)
+    agent = [a for a in plan if a.kind == AGENT]
+    assert any("affinity" in a.pod["spec"] or "nodeSelector" in a.pod["spec"] for a in agent)
+
+
+def test_the_placer_writes_the_node_annotation() -> None:
+    seen: list[str] = []
+
+    def placer(pod: dict[str, object]) -> str | None:
+        name = pod["metadata"]["name"]  # type: ignore[index]
+        seen.append(str(name))
+        return None if str(name).endswith("1") else "node-a"
+
+    plan = arrivals(
+        WorkloadSpec(name="burst", pods=3), namespace="n", scheduler_name="bench-noop", placer=placer
+    )
+    annotations = [a.pod["metadata"].get("annotations", {}) for a in plan]
+    assert [x.get(NODE_ANNOTATION) for x in annotations] == ["node-a", None, "node-a"]
+    assert seen == ["agent-000000", "agent-000001", "agent-000002"]
+
+
+def test_default_workloads() -> None:
+    quick = default_workloads(100, quick=True)
+    assert set(quick) == {"burst", "steady", "churn", "mix"}
+    assert quick["burst"].pods <= 500
+    full = default_workloads(1000, rate=250.0, burst=4000)
+    assert full["burst"].pods == 4000
+    assert full["steady"].rate == 250.0 and full["steady"].pods >= 250 * 20
+    assert full["churn"].lifetime_s > 0 and full["mix"].batch_rate > 0
+    with pytest.raises(ValueError):
+        WorkloadSpec(name="bad", pods=-1)
+
+
+def test_the_bench_kwok_config_adds_the_lifetime_stages_to_the_clusters() -> None:
+    docs = list(yaml.safe_load_all(bench_kwok_config(pod_parallelism=8)))
+    names = [d["metadata"]["name"] for d in docs if d.get("kind") == "Stage"]
+    assert {"pod-ready", "pod-delete", "bench-pod-expire", "bench-pod-remove"} <= set(names)
+    expire = next(d for d in docs if d.get("metadata", {}).get("name") == "bench-pod-expire")
+    assert LIFETIME_ANNOTATION in expire["spec"]["delay"]["durationFrom"]["expressionFrom"]
+    keys = [e["key"] for e in expire["spec"]["selector"]["matchExpressions"]]
+    assert any(LIFETIME_ANNOTATION in k for k in keys)
+    remove = next(d for d in docs if d.get("metadata", {}).get("name") == "bench-pod-remove")
+    assert remove["spec"]["next"]["delete"] is True
+    assert len(BENCH_STAGES) == 2
