@@ -54,7 +54,7 @@ from scale.bench.schedulers import (
 )
 from scale.bench.volcano import VolcanoProbe
 from scale.bench.volcano import probe as probe_volcano
-from scale.bench.workloads import BURST, STEADY, WorkloadSpec, arrivals, default_workloads
+from scale.bench.workloads import BACKLOG, BURST, STEADY, WorkloadSpec, arrivals, default_workloads
 from scale.cluster import Cluster, ClusterError, ClusterOptions, generate_nodes, start_cluster_async
 from scale.cluster.components import APISERVER, ETCD, KWOK, SCHEDULER
 
@@ -77,7 +77,7 @@ class BenchConfig:
     nodes: list[int]
     schedulers: list[str]
     workloads: dict[str, WorkloadSpec] | None = None  # per node count from default_workloads when None
-    workload_names: list[str] = field(default_factory=lambda: [BURST, STEADY])
+    workload_names: list[str] = field(default_factory=lambda: [BACKLOG, STEADY])
     out: Path
     quick: bool = False
     rate: float | None = None
@@ -260,6 +260,8 @@ async def _run_workload(
     meter = ProcessMeter(_groups(cluster, running))
     started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     log.info("%s × %s × %d nodes: %d pods", spec.name, workload.name, nodes, len(plan))
+    if workload.paused:
+        running.pause()
     meter.start()
     try:
         observed = await loadgen.run(
@@ -269,8 +271,11 @@ async def _run_workload(
             concurrency=workload.create_concurrency,
             stall_s=config.stall_s,
             timeout_s=config.timeout_s,
+            release=running.resume if workload.paused else None,
         )
     finally:
+        if workload.paused:
+            running.resume()  # also when the run failed: never leave a scheduler stopped
         usage = await meter.stop()
     run_notes = list(notes)
     if not observed.complete:
@@ -455,7 +460,7 @@ async def bench_scheduler(
                 running = None
                 if problems:
                     log.warning("stopping %s: %s", spec.name, "; ".join(problems))
-                burst = next((w for w in workloads if w.name == BURST), workloads[0])
+                burst = next((w for w in workloads if w.name in (BACKLOG, BURST)), workloads[0])
                 try:
                     profiles.append(
                         await _profile_burst(
@@ -539,7 +544,8 @@ def main(
     config = BenchConfig(
         nodes=nodes or ([QUICK_NODES] if quick else list(FULL_NODES)),
         schedulers=schedulers or list(QUICK_SCHEDULERS if quick else SCHEDULERS),
-        workload_names=workloads or ([BURST, STEADY] if quick else ["burst", "steady", "churn", "mix"]),
+        workload_names=workloads
+        or ([BACKLOG, STEADY] if quick else [BACKLOG, BURST, STEADY, "churn", "mix"]),
         out=(out or Path("results") / f"bench-{'quick-' if quick else ''}{stamp}").resolve(),
         quick=quick,
         rate=rate,

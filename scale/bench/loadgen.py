@@ -39,6 +39,7 @@ CREATE_RETRIES = 10
 RETRY_INITIAL = 0.05
 RETRY_MAX = 2.0
 POLL = 0.05
+RELEASE_SETTLE_S = 1.0
 
 Clock = Callable[[], float]
 
@@ -208,18 +209,27 @@ async def run(
     concurrency: int,
     stall_s: float,
     timeout_s: float,
+    release: Callable[[], None] | None = None,
     clock: Clock = time.monotonic,
 ) -> Observation:
-    """Watch the namespace, create ``plan``, wait for the binds; the whole measured window of one run."""
+    """Watch the namespace, create ``plan``, wait for the binds; the whole measured window of one run.
+
+    With ``release`` (the backlog workload: the scheduler is paused), every create is done first, then
+    ``release()`` is called; that moment is the run's origin and each pod's ``eligible`` time."""
     watch = BindWatch(clock)
     reflector = Reflector(client, f"/api/v1/namespaces/{namespace}/pods", watch, name=f"bench:{namespace}")
     watcher = asyncio.create_task(reflector.run(), name="bench-watch")
     try:
         await asyncio.wait_for(reflector.synced.wait(), 60.0)
         driven = await drive(client, namespace, plan, watch, concurrency=concurrency, clock=clock)
-        complete = await wait_bound(
-            watch, stall_s=stall_s, timeout_s=timeout_s, since=driven.last_sent, clock=clock
-        )
+        since = driven.last_sent
+        if release is not None:
+            await asyncio.sleep(RELEASE_SETTLE_S)  # let the last creates reach the paused scheduler's socket
+            since = driven.origin = clock()
+            for times in watch.pods.values():
+                times.eligible = since
+            release()
+        complete = await wait_bound(watch, stall_s=stall_s, timeout_s=timeout_s, since=since, clock=clock)
         end = clock()
     finally:
         watcher.cancel()

@@ -6,8 +6,9 @@ JSON file of a bench run is a list of ``RunResult.to_json()`` objects, documente
 ``docs/benchmarks.md`` (``SCHEMA_VERSION`` changes whenever a field changes meaning or is removed).
 
 Definitions (the report and the docs use the same words):
-- latency: from the moment the load generator *sent* the pod's create request to the moment its watch showed
-  ``spec.nodeName`` set. Pods never bound are left out of the percentiles and counted in ``unbound``.
+- latency: from the moment the load generator *sent* the pod's create request (backlog: from the moment the
+  paused scheduler was released) to the moment its watch showed ``spec.nodeName`` set. Pods never bound are left
+  out of the percentiles and counted in ``unbound``.
 - sustained throughput (``pods_per_s``): binds per second between the moments 10 % and 90 % of the bound
   pods were bound, so start-up and the tail of stragglers do not dilute it. ``pods_per_s_overall`` divides
   all binds by the time from the first create sent to the last bind.
@@ -225,6 +226,8 @@ class PodTimes:
     bound: float = math.nan
     node: str = ""
     error: str = ""
+    #: when the pod could first be scheduled, if later than ``sent`` (backlog: the scheduler's release)
+    eligible: float = math.nan
 
     @property
     def is_bound(self) -> bool:
@@ -232,8 +235,9 @@ class PodTimes:
 
     @property
     def latency(self) -> float:
-        """Seconds from create sent to bind seen (nan when not bound)."""
-        return self.bound - self.sent
+        """Seconds from create sent (or from when it became eligible, if later) to bind seen; nan if unbound."""
+        start = self.sent if math.isnan(self.eligible) else max(self.sent, self.eligible)
+        return self.bound - start
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,6 +38,7 @@ import yaml
 
 from common.kube import ApiError, Conflict, KubeClient
 from scale.bench import noop_binder
+from scale.bench.meter import with_children
 from scale.cluster import Cluster
 from scale.cluster.components import SCHEDULER
 from scale.cluster.config import PROJECT_ROOT, SCHEDULER_USER
@@ -201,6 +202,18 @@ class Running:
             record = self.cluster.state.process(SCHEDULER)
             return [record.pid] if record is not None else []
         return [c.pid for c in self.children if c.alive()]
+
+    def pause(self) -> None:
+        """SIGSTOP every process of the scheduler (the backlog workload); ``resume`` undoes it."""
+        self._signal_all(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self._signal_all(signal.SIGCONT)
+
+    def _signal_all(self, sig: int) -> None:
+        for pid in with_children(self.pids()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
 
     def dead(self) -> list[str]:
         return [

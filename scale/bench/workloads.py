@@ -3,8 +3,11 @@
 A ``WorkloadSpec`` is parameters only; ``arrivals(spec, ...)`` turns it into the exact list of pods to create and
 when (seconds after the workload starts), identical for every scheduler so that runs compare like for like.
 
+- ``backlog``: ``pods`` agent pods created while the scheduler under test is paused (SIGSTOP), then released
+  at once (SIGCONT): the scheduler's throughput on a ready backlog, without the creates competing with its
+  bindings for the API server. Latency counts from the release.
 - ``burst``: ``pods`` agent pods all at once (the load generator creates them as fast as the API server takes
-  them, ``create_concurrency`` in flight).
+  them, ``create_concurrency`` in flight) while the scheduler runs: creates and bindings share the API server.
 - ``steady``: ``pods`` agent pods arriving as a Poisson process at ``rate`` pods/s.
 - ``churn``: like steady, and each pod carries a lifetime (uniform in 0.5–1.5 × ``lifetime_s``): the bench's kwok
   stages (``scale.bench.stages``) complete it that long after it runs and then delete it, so capacity frees
@@ -26,11 +29,12 @@ from typing import Any
 from scale.cluster.nodes import LABEL_POOL
 from scale.workload import agent_pod
 
+BACKLOG = "backlog"
 BURST = "burst"
 STEADY = "steady"
 CHURN = "churn"
 MIX = "mix"
-WORKLOADS = (BURST, STEADY, CHURN, MIX)
+WORKLOADS = (BACKLOG, BURST, STEADY, CHURN, MIX)
 
 AGENT = "agent"
 BATCH = "batch"
@@ -56,6 +60,8 @@ class WorkloadSpec:
     batch_rate: float = 0.0
     #: agent pods with placement rules (``scale.workload`` mix)
     mix: bool = False
+    #: create every pod while the scheduler is paused, then release them at once (the backlog workload)
+    paused: bool = False
     #: creates in flight at once
     create_concurrency: int = 64
     seed: int = 0
@@ -77,6 +83,7 @@ class WorkloadSpec:
             "lifetime_s": self.lifetime_s,
             "batch_rate": self.batch_rate,
             "mix": self.mix,
+            "paused": self.paused,
             "create_concurrency": self.create_concurrency,
             "seed": self.seed,
         }
@@ -116,6 +123,7 @@ def default_workloads(
     steady_pods = pods if pods is not None else steady_pods
     lifetime = 5.0 if quick else 10.0
     return {
+        BACKLOG: WorkloadSpec(name=BACKLOG, pods=burst_pods, paused=True),
         BURST: WorkloadSpec(name=BURST, pods=burst_pods),
         STEADY: WorkloadSpec(name=STEADY, pods=steady_pods, rate=steady_rate),
         CHURN: WorkloadSpec(name=CHURN, pods=steady_pods, rate=steady_rate, lifetime_s=lifetime),

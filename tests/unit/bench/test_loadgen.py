@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import AsyncIterator
 from typing import Any, cast
 
+import pytest
+
 from common.kube import Invalid, KubeClient, TooManyRequests
+from scale.bench import loadgen
 from scale.bench.loadgen import BindWatch, drive, wait_bound
 from scale.bench.workloads import WorkloadSpec, arrivals
 
@@ -91,3 +95,51 @@ async def test_wait_bound_gives_up_after_a_stall() -> None:
     done = await wait_bound(watch, stall_s=0.2, timeout_s=10.0, since=watch.clock())
     assert not done
     assert loop.time() - began < 2.0
+
+
+class BacklogClient:
+    """Creates pods; its watch shows them all bound once the scheduler was released."""
+
+    def __init__(self) -> None:
+        self.created: list[str] = []
+        self.events: list[str] = []
+        self.released = asyncio.Event()
+
+    def release(self) -> None:
+        self.events.append("release")
+        self.released.set()
+
+    async def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.events.append("create")
+        self.created.append(body["metadata"]["name"])
+        return body
+
+    async def get(self, path: str, params: dict[str, str] | None = None) -> dict[str, Any]:
+        return {"items": [], "metadata": {"resourceVersion": "1"}}
+
+    async def watch(self, path: str, **kwargs: Any) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        await self.released.wait()
+        for name in self.created:
+            yield "MODIFIED", {"metadata": {"name": name}, "spec": {"nodeName": "n"}}
+        await asyncio.Event().wait()
+
+
+async def test_a_backlog_is_released_after_every_create_and_timed_from_there(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(loadgen, "RELEASE_SETTLE_S", 0.0)
+    plan = arrivals(WorkloadSpec(name="backlog", pods=5, paused=True), namespace="ns", scheduler_name="s")
+    client = BacklogClient()
+    observed = await loadgen.run(
+        cast(KubeClient, client),
+        "ns",
+        plan,
+        concurrency=2,
+        stall_s=2.0,
+        timeout_s=5.0,
+        release=client.release,
+    )
+    assert client.events == ["create"] * 5 + ["release"]
+    assert observed.complete
+    assert all(t.eligible == observed.origin for t in observed.agent)
+    assert all(0 <= t.latency <= t.bound - t.sent for t in observed.agent)

@@ -95,11 +95,14 @@ def test_the_placer_writes_the_node_annotation() -> None:
 
 def test_default_workloads() -> None:
     quick = default_workloads(100, quick=True)
-    assert set(quick) == {"burst", "steady", "churn", "mix"}
+    assert set(quick) == {"backlog", "burst", "steady", "churn", "mix"}
     assert quick["burst"].pods <= 500
-    full = default_workloads(1000, rate=250.0, burst=4000)
-    assert full["burst"].pods == 4000
-    assert full["steady"].rate == 250.0 and full["steady"].pods >= 250 * 20
+    assert quick["backlog"].paused and not quick["burst"].paused
+    assert quick["backlog"].pods == quick["burst"].pods
+    full = default_workloads(1000, rate=250.0, burst=4000, pods=600)
+    assert full["burst"].pods == 4000 == full["backlog"].pods
+    assert full["churn"].pods == 600
+    assert full["steady"].rate == 250.0
     assert full["churn"].lifetime_s > 0 and full["mix"].batch_rate > 0
     with pytest.raises(ValueError):
         WorkloadSpec(name="bad", pods=-1)
