@@ -13,6 +13,7 @@ generous timeouts only guard against hangs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import signal
@@ -153,6 +154,20 @@ async def burst(
     await create_pods(kube, namespace, pods, concurrency=concurrency)
 
 
+MID_BURST_PODS = 1500
+
+
+@contextlib.asynccontextmanager
+async def mid_burst(kube: KubeClient, d: Deployment, namespace: str) -> AsyncIterator[None]:
+    """Start a burst, let it run for two seconds, hand over to the disruption, then finish the burst and run
+    the audit."""
+    creating = asyncio.create_task(burst(kube, d, namespace, MID_BURST_PODS, concurrency=16))
+    await asyncio.sleep(2)
+    yield
+    await creating
+    await audit(d, kube, namespace, MID_BURST_PODS)
+
+
 async def started(d: Deployment, workers: int) -> None:
     await d.wait_status(
         lambda s: (
@@ -208,14 +223,11 @@ async def test_kill_worker_mid_burst(
     d.worker("w1")
     victim = d.worker("w2")
     await started(d, 2)
-    creating = asyncio.create_task(burst(kube, d, namespace, 1500, concurrency=16))
-    await asyncio.sleep(2)
-    victim.stop(signal.SIGKILL)
-    killed = time.monotonic()
-    total = sum(nodes_of(await d.status()).values())
-    moved = await d.wait_status(lambda s: nodes_of(s).get("w1", 0) == total, "w1 holding every node")
-    await creating
-    await audit(d, kube, namespace, 1500)
+    async with mid_burst(kube, d, namespace):
+        victim.stop(signal.SIGKILL)
+        killed = time.monotonic()
+        total = sum(nodes_of(await d.status()).values())
+        moved = await d.wait_status(lambda s: nodes_of(s).get("w1", 0) == total, "w1 holding every node")
     record_property("worker_failover_s", round(moved - killed, 2))
     print(f"\nkill -9 worker: nodes reassigned {moved - killed:.2f}s after the kill (lease TTL {TTL}s)")
 
@@ -230,13 +242,10 @@ async def test_kill_leader_mid_burst(
     d.worker("w1")
     d.worker("w2")
     await started(d, 2)
-    creating = asyncio.create_task(burst(kube, d, namespace, 1500, concurrency=16))
-    await asyncio.sleep(2)
-    leader.stop(signal.SIGKILL)
-    killed = time.monotonic()
-    took_over = await d.wait_status(lambda s: s["leader"] == "coord-b", "coord-b leading")
-    await creating
-    await audit(d, kube, namespace, 1500)
+    async with mid_burst(kube, d, namespace):
+        leader.stop(signal.SIGKILL)
+        killed = time.monotonic()
+        took_over = await d.wait_status(lambda s: s["leader"] == "coord-b", "coord-b leading")
     record_property("leader_failover_s", round(took_over - killed, 2))
     print(f"\nkill -9 leader: standby leading {took_over - killed:.2f}s after the kill (lease TTL {TTL}s)")
 
@@ -248,10 +257,6 @@ async def test_add_worker_mid_burst(
     d.coordinator("coord-a")
     d.worker("w1")
     await started(d, 1)
-    creating = asyncio.create_task(burst(kube, d, namespace, 1500, concurrency=16))
-    await asyncio.sleep(2)
-    d.worker("w2")
-    joined = time.monotonic()
 
     # The shard map balances capacity (allocatable CPU), not node counts: a fair share is judged by the free
     # CPU each worker reports, which at this light load is nearly its capacity.
@@ -260,9 +265,10 @@ async def test_add_worker_mid_burst(
         total = sum(v["free_cpu"] for v in live.values())
         return "w2" in live and total > 0 and live["w2"]["free_cpu"] >= 0.4 * total
 
-    fair = await d.wait_status(fair_share, "w2 holding a fair share of the capacity")
-    await creating
-    await audit(d, kube, namespace, 1500)
+    async with mid_burst(kube, d, namespace):
+        d.worker("w2")
+        joined = time.monotonic()
+        fair = await d.wait_status(fair_share, "w2 holding a fair share of the capacity")
     record_property("join_to_fair_share_s", round(fair - joined, 2))
     print(f"\nadded worker: fair share of the capacity {fair - joined:.2f}s after start")
 
@@ -275,13 +281,9 @@ async def test_remove_worker_mid_burst_drains(
     d.worker("w1")
     leaving = d.worker("w2")
     await started(d, 2)
-    creating = asyncio.create_task(burst(kube, d, namespace, 1500, concurrency=16))
-    await asyncio.sleep(2)
-    assert leaving.stop(signal.SIGTERM) == 0, leaving.tail()  # graceful: drains and exits 0
-    total_after = await d.wait_status(lambda s: "w2" not in nodes_of(s), "w2 gone")
-    assert total_after
-    await creating
-    await audit(d, kube, namespace, 1500)
+    async with mid_burst(kube, d, namespace):
+        assert leaving.stop(signal.SIGTERM) == 0, leaving.tail()  # graceful: drains and exits 0
+        await d.wait_status(lambda s: "w2" not in nodes_of(s), "w2's nodes handed over")
 
 
 async def test_etcd_restart_mid_burst(
@@ -292,13 +294,10 @@ async def test_etcd_restart_mid_burst(
     d.worker("w1")
     d.worker("w2")
     await started(d, 2)
-    creating = asyncio.create_task(burst(kube, d, namespace, 1500, concurrency=16))
-    await asyncio.sleep(2)
-    lease_etcd.stop()
-    await asyncio.sleep(TTL)  # long enough for every lease holder to fence itself
-    lease_etcd.start()
-    await creating
-    await audit(d, kube, namespace, 1500)
+    async with mid_burst(kube, d, namespace):
+        lease_etcd.stop()
+        await asyncio.sleep(TTL)  # long enough for every lease holder to fence itself
+        lease_etcd.start()
     status = await d.status()
     assert status["leader"] is not None and sum(nodes_of(status).values()) > 0
 
