@@ -30,14 +30,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         description="Each scheduler runs every workload on a fresh local cluster with the same kwok nodes; "
         "writes results.json, report.md and PNG plots into --out.",
     )
-    c.add_argument("--quick", action="store_true", help="100 nodes, 3 schedulers, burst+steady (~2 minutes)")
+    c.add_argument(
+        "--quick", action="store_true", help="100 nodes, 3 schedulers, backlog+steady (~3 minutes)"
+    )
     c.add_argument("--nodes", type=_ints, default=None, help="comma-separated node counts (default 1000)")
-    c.add_argument("--workloads", type=_names, default=None, help="burst,steady,churn,mix (default all)")
+    c.add_argument(
+        "--workloads", type=_names, default=None, help="backlog,burst,steady,churn,mix (default all)"
+    )
     c.add_argument(
         "--schedulers",
         type=_names,
         default=None,
-        help="agent-standalone,agent-coord-1,agent-coord-2,kube-scheduler-qps5000,kube-scheduler-default,"
+        help="agent-standalone,agent-standalone-bc256,agent-coord-1,agent-coord-2,kube-scheduler-qps5000,"
+        "kube-scheduler-default,"
         "no-decision (default all; --quick: agent-standalone,kube-scheduler-qps5000,no-decision)",
     )
     c.add_argument(

@@ -1,6 +1,7 @@
 """The no-decision binder: binds each pod to a node chosen before the run. The ceiling of this machine.
 
-It measures what the API server allows when the scheduler costs nothing: the pod's node is already written in
+It measures what the API server allows when the scheduler costs nothing (the bench runs it with 256 bindings in
+flight, ``--concurrency``): the pod's node is already written in
 its ``NODE_ANNOTATION`` (computed before the run by ``placer``, with the real engine over the same node fleet,
 so every choice fits), and this process posts the bindings — through ``common.kube.KubeClient``, the same
 client path, rate limiter and connection pool as the agent scheduler's binder, with the same number of bindings
@@ -38,7 +39,8 @@ from scale.bench.workloads import NODE_ANNOTATION
 log = logging.getLogger(__name__)
 
 SCHEDULER_NAME = "bench-noop"
-BIND_RETRIES = 5
+BIND_RETRIES = 10
+RETRY_MAX_S = 1.0
 
 
 class _Pending:
@@ -92,7 +94,7 @@ async def _bind_loop(
             except (TooManyRequests, ServerError) as e:
                 if attempt < BIND_RETRIES - 1:
                     await asyncio.sleep(delay)
-                    delay *= 2
+                    delay = min(RETRY_MAX_S, delay * 2)
                     continue
                 stats["failed"] += 1
                 log.warning("binding %s/%s failed: %s", namespace, name, e)

@@ -6,7 +6,9 @@ Kinds:
   (under a prefix of their own). All of them are measured together.
 - ``kube-scheduler``: the cluster's own kube-scheduler (v1.36, started by ``scale.cluster`` with the client
   qps/burst of the spec: 5000/5000 as its scheduler_perf runs it, or its defaults 50/100).
-- ``no-decision``: ``scale.bench.noop_binder``, binds each pod to a precomputed node (the ceiling).
+- ``no-decision``: ``scale.bench.noop_binder``, binds each pod to a precomputed node (the ceiling), with 256
+  bindings in flight: more than the worker's default 64, fewer than the API server's priority-and-fairness
+  level admits (at 512, bindings get 429s here).
 
 Every cluster runs kube-scheduler, because the mix workload's batch pods are the default scheduler's; when it
 is not the scheduler under test it runs at qps 5000 and is not measured.
@@ -72,6 +74,8 @@ class SchedulerSpec:
     #: client qps/burst of the cluster's kube-scheduler
     kube_qps: float = CLIENT_QPS
     kube_burst: int = CLIENT_BURST
+    #: bindings in flight (agent workers' ``--bind-concurrency``, the no-decision binder's ``--concurrency``)
+    bind_concurrency: int = 64
 
     @property
     def pod_scheduler_name(self) -> str:
@@ -86,6 +90,12 @@ SCHEDULERS: dict[str, SchedulerSpec] = {
     for s in (
         SchedulerSpec(
             name="agent-standalone", kind=AGENT, description="agent scheduler, one standalone worker process"
+        ),
+        SchedulerSpec(
+            name="agent-standalone-bc256",
+            kind=AGENT,
+            bind_concurrency=256,
+            description="agent scheduler, one standalone worker process, --bind-concurrency 256",
         ),
         SchedulerSpec(
             name="agent-coord-1", kind=AGENT, workers=1, description="agent scheduler, coordinator + 1 worker"
@@ -109,7 +119,10 @@ SCHEDULERS: dict[str, SchedulerSpec] = {
             description="kube-scheduler v1.36, default client qps 50 / burst 100",
         ),
         SchedulerSpec(
-            name="no-decision", kind=NOOP, description="binds to precomputed nodes: the API server's ceiling"
+            name="no-decision",
+            kind=NOOP,
+            bind_concurrency=256,
+            description="binds to precomputed nodes, 256 bindings in flight: the API server's ceiling",
         ),
     )
 }
@@ -292,6 +305,7 @@ def launch(
                 f"--scheduler-name={spec.pod_scheduler_name}",
                 f"--qps={CLIENT_QPS:g}",
                 f"--burst={CLIENT_BURST}",
+                f"--concurrency={spec.bind_concurrency}",
             ),
             logs / f"no-decision{suffix}.log",
         )
@@ -300,7 +314,13 @@ def launch(
         child = Child(
             "worker",
             python_module(
-                cli, "worker", "--standalone", *common, "--id=bench-standalone", profile_to=profile_to
+                cli,
+                "worker",
+                "--standalone",
+                *common,
+                f"--bind-concurrency={spec.bind_concurrency}",
+                "--id=bench-standalone",
+                profile_to=profile_to,
             ),
             logs / f"{spec.name}-worker{suffix}.log",
         )
@@ -321,6 +341,7 @@ def launch(
                     f"--etcd-endpoints={etcd}",
                     f"--etcd-prefix={prefix}",
                     f"--id=bench-w{i + 1}",
+                    f"--bind-concurrency={spec.bind_concurrency}",
                 ),
                 logs / f"{spec.name}-worker-{i + 1}{suffix}.log",
             )

@@ -1,4 +1,4 @@
-"""``agent-scheduler bench cluster`` end to end on a tiny cluster: two schedulers, burst and churn.
+"""``agent-scheduler bench cluster`` end to end on a tiny cluster: two schedulers, backlog and churn.
 
 Runs the real command as a subprocess (its own clusters on free ports, stopped at the end) and checks the
 results directory: every run in ``results.json`` with sane numbers, and the report with its plots. No
@@ -20,7 +20,7 @@ from tests.integration.support import ROOT
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 SCHEDULERS = ("agent-standalone", "kube-scheduler-qps5000")
-WORKLOADS = ("burst", "churn")
+WORKLOADS = ("backlog", "churn")
 NODES = 50
 PODS = 200
 GUARD_TIMEOUT = 900  # against a hang, not a speed requirement
@@ -65,6 +65,8 @@ def test_tiny_bench_writes_results_and_report(tmp_path: Path) -> None:
         assert len(r.cdf_ms) == 101 and r.timeline[-1][1] == PODS
     churn = [r for r in results if r.workload == "churn"]
     assert all(r.params["lifetime_s"] > 0 for r in churn)
+    backlog = [r for r in results if r.workload == "backlog"]
+    assert all(r.params["paused"] for r in backlog)  # the schedulers were stopped and released
 
     report = (out / "report.md").read_text()
     assert "## Goals" in report and "## Results" in report
