@@ -25,9 +25,11 @@ import re
 from dataclasses import dataclass
 from typing import NewType
 
+from common.wellknown import DEFAULT_ETCD_PREFIX
+
 WorkerId = NewType("WorkerId", str)
 
-DEFAULT_PREFIX = "/agent-scheduler"
+DEFAULT_PREFIX = DEFAULT_ETCD_PREFIX
 
 _WORKER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 

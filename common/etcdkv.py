@@ -26,6 +26,8 @@ from etcd3aio.kv import KVService
 from etcd3aio.lease import LeaseService
 from etcd3aio.watch import WatchService
 
+from common.backoff import etcd_retry
+
 log = logging.getLogger(__name__)
 
 # etcd's client-side error mapping covers unary calls; raw streams (keepalive) raise the gRPC error, and
@@ -201,7 +203,7 @@ async def wait_deleted(client: Etcd3Client, key: str, *, start_revision: int) ->
 
     Rides out etcd outages: a wait is not a reason to give up.
     """
-    delay = 0.1
+    backoff = etcd_retry()
     while True:
         try:
             async with contextlib.aclosing(
@@ -212,12 +214,11 @@ async def wait_deleted(client: Etcd3Client, key: str, *, start_revision: int) ->
                         break
                     if any(kind == EVENT_DELETE for kind, _ in batch.events):
                         return
-                    delay = 0.1
+                    backoff.reset()
             current, revision = await get_key(client, key)
         except ETCD_FAILURES as e:
             log.debug("waiting for deletion of %s: %s; retrying", key, describe(e))
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 1.0)
+            await backoff.sleep()
             continue
         if current is None:
             return

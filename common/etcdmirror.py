@@ -22,12 +22,11 @@ from collections.abc import Callable, Mapping
 
 from etcd3aio import Etcd3Client
 
+from common.backoff import etcd_retry
 from common.etcdkv import ETCD_FAILURES, EVENT_DELETE, KeyValue, describe, get_key, get_prefix, watch
 
 log = logging.getLogger(__name__)
 
-RETRY_DELAY = 0.2
-MAX_RETRY_DELAY = 2.0
 DEFAULT_RESYNC_INTERVAL = 60.0
 
 
@@ -64,18 +63,19 @@ class KeyMirror:
 
     async def run(self) -> None:
         """List, then watch, forever; cancel the task to stop."""
-        delay = RETRY_DELAY
+        backoff = etcd_retry()
         while True:
             try:
                 await self._relist()
-                delay = RETRY_DELAY
+                backoff.reset()
                 async with asyncio.timeout(self._resync_interval):
                     await self._follow()
             except TimeoutError:
                 continue  # periodic resync, or an etcd call timed out: both mean "list again"
             except ETCD_FAILURES as e:
                 # Once per outage at warning level; the retries after it are routine.
-                level = logging.WARNING if delay == RETRY_DELAY else logging.DEBUG
+                level = logging.WARNING if backoff.fresh else logging.DEBUG
+                delay = backoff.next()
                 log.log(
                     level,
                     "mirror %s: etcd unavailable (%s); relisting in %.1f s",
@@ -84,7 +84,6 @@ class KeyMirror:
                     delay,
                 )
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, MAX_RETRY_DELAY)
 
     async def wait_revision(self, revision: int) -> None:
         """Return once the mirror reflects ``revision`` or later (e.g. our own write)."""

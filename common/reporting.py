@@ -17,14 +17,13 @@ are dropped only when their queue is full, and counted (``agent_scheduler_events
 from __future__ import annotations
 
 import asyncio
-import datetime
 import logging
 import time
-import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
 
 from common import metrics
+from common.events import NORMAL, WARNING, ObjectRef, event_body, events_path, rfc3339
 from common.kube import ApiError, KubeClient, NotFound
 from common.records import PodKey, PodRecord
 
@@ -39,10 +38,6 @@ def unschedulable_message(nodes: int, reasons: dict[str, int]) -> str:
     """kube-scheduler's FailedScheduling message: "0/40 nodes are available: 12 Insufficient cpu, ..."."""
     detail = ", ".join(f"{n} {reason}" for reason, n in sorted(reasons.items()))
     return f"0/{nodes} nodes are available" + (f": {detail}." if detail else ".")
-
-
-def _now_rfc3339() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(slots=True)
@@ -127,7 +122,7 @@ class Reporter:
                 await self._scheduled_wakeup.wait()
                 continue
             _, (pod, node) = self._scheduled.popitem(last=False)
-            await self._event(pod, "Normal", "Scheduled", f"Successfully assigned {pod.key} to {node}")
+            await self._event(pod, NORMAL, "Scheduled", f"Successfully assigned {pod.key} to {node}")
 
     async def _send_failure(self, f: _Failure) -> None:
         pod = f.pod
@@ -141,7 +136,7 @@ class Reporter:
                         "reason": "Unschedulable",
                         "message": f.message,
                         "lastProbeTime": None,
-                        "lastTransitionTime": _now_rfc3339(),
+                        "lastTransitionTime": rfc3339(),
                     }
                 ]
             }
@@ -155,33 +150,19 @@ class Reporter:
             return
         except ApiError as e:
             log.warning("pod %s: could not set PodScheduled condition: %s", pod.key, e)
-        await self._event(pod, "Warning", "FailedScheduling", f.message)
+        await self._event(pod, WARNING, "FailedScheduling", f.message)
 
-    async def _event(self, pod: PodRecord, kind: str, reason: str, message: str) -> None:
-        now = _now_rfc3339()
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"name": f"{pod.name}.{uuid.uuid4().hex[:16]}", "namespace": pod.namespace},
-            "involvedObject": {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "namespace": pod.namespace,
-                "name": pod.name,
-                "uid": pod.uid,
-            },
-            "reason": reason,
-            "message": message,
-            "type": kind,
-            "source": {"component": self.component},
-            "reportingComponent": self.component,
-            "reportingInstance": self.instance,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
+    async def _event(self, pod: PodRecord, type_: str, reason: str, message: str) -> None:
+        body = event_body(
+            ObjectRef.pod(pod.namespace, pod.name, pod.uid),
+            type_=type_,
+            reason=reason,
+            message=message,
+            component=self.component,
+            instance=self.instance,
+        )
         try:
-            await self.client.post(f"/api/v1/namespaces/{pod.namespace}/events", body)
+            await self.client.post(events_path(pod.namespace), body)
             self.sent += 1
         except ApiError as e:
             log.warning("pod %s: could not record %s event: %s", pod.key, reason, e)

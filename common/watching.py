@@ -7,7 +7,7 @@ Invariants:
 - After ``replace`` the handler holds exactly the listed objects, so objects deleted while the watch was down
   are not kept forever (relist on 410 Gone, and at start).
 - Transient failures (5xx, 429, broken connections) reconnect from the last seen resourceVersion with
-  exponential backoff (0.2 s doubling to 10 s), resetting after a healthy stream, so no event is lost and none
+  exponential backoff (``common.backoff.api_retry``: 0.2 s doubling to 10 s), resetting after a healthy stream, so no event is lost and none
   is applied twice from the same stream. Handlers must still treat events idempotently: a relist may replay.
 - ``synced`` is set after the first complete list; ``list_started_at`` says when the latest complete list
   began, so a caller can tell whether the cache reflects a consistent read made after some moment.
@@ -22,12 +22,11 @@ import logging
 import time
 from typing import Any, Protocol
 
+from common.backoff import api_retry
 from common.kube import ApiError, Gone, KubeClient
 
 log = logging.getLogger(__name__)
 
-INITIAL_BACKOFF = 0.2
-MAX_BACKOFF = 10.0
 LIST_PAGE_SIZE = 500
 
 
@@ -79,7 +78,7 @@ class Reflector:
 
     async def run(self) -> None:
         """Run until cancelled."""
-        backoff = INITIAL_BACKOFF
+        backoff = api_retry()
         need_list = True
         while True:
             try:
@@ -105,12 +104,12 @@ class Reflector:
                         continue
                     self.events += 1
                     self.handler.event(kind, obj)
-                    backoff = INITIAL_BACKOFF
+                    backoff.reset()
             except Gone:
                 log.info("%s: resourceVersion %s too old, relisting", self.name, self.resource_version)
                 need_list = True
             except ApiError as e:
                 self.reconnects += 1
-                log.warning("%s: watch failed (%s), retrying in %.1fs", self.name, e, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(MAX_BACKOFF, backoff * 2)
+                delay = backoff.next()
+                log.warning("%s: watch failed (%s), retrying in %.1fs", self.name, e, delay)
+                await asyncio.sleep(delay)
