@@ -3,7 +3,7 @@
 A worker registers under its lease, mirrors its assignment key, and answers ``owns(node)`` from memory.
 
 Invariants (the worker's half of "no node is ever usable by two workers at once"):
-- ``owns`` is False for every node while the lease is not healthy (fencing, see ``common.leases``), while
+- ``owns`` is False for every node while the lease is not healthy (fencing, see ``common.etcd.leases``), while
   draining, and for any node not in the granted set of the latest assignment made for *this* lease.
   An assignment written for an earlier lease (a previous incarnation) grants nothing.
 - A revoked node stops being owned the moment its revocation is seen, before ``on_release`` runs; the
@@ -29,12 +29,12 @@ from etcd3aio import Etcd3Client
 from etcd3aio.kv import KVService
 
 from common.aiotools import cancel_and_wait, wait_first
-from common.etcdkeys import KeyLayout, WorkerId
-from common.etcdkv import DEFAULT_TIMEOUT, ETCD_FAILURES, describe, kv_service
-from common.etcdmirror import KeyMirror
-from common.leases import Clock, LeaseKeeper, LeaseState
+from common.etcd.keys import KeyLayout, WorkerId
+from common.etcd.kv import DEFAULT_TIMEOUT, ETCD_FAILURES, describe, kv_service
+from common.etcd.leases import Clock, LeaseKeeper, LeaseState
+from common.etcd.mirror import KeyMirror
+from common.etcd.schema import LoadReport, RecordError, ReleaseAck, ShardAssignment, WorkerRecord
 from common.records import NodeName
-from common.shardrecords import LoadReport, RecordError, ReleaseAck, ShardAssignment, WorkerRecord
 
 log = logging.getLogger(__name__)
 

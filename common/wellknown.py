@@ -17,5 +17,5 @@ WARM_LABEL_VALUE = "true"
 #: pods of one agent session carry the same value; SessionLocality scores nodes already running the session
 SESSION_LABEL = "agent-scheduler.io/session"
 
-#: where one installation keeps its coordination state in etcd (see ``common.etcdkeys``)
+#: where one installation keeps its coordination state in etcd (see ``common.etcd.keys``)
 DEFAULT_ETCD_PREFIX = "/agent-scheduler"

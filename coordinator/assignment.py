@@ -26,9 +26,9 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from common.etcdkeys import WorkerId
+from common.etcd.keys import WorkerId
+from common.etcd.schema import LoadReport
 from common.records import NodeName
-from common.shardrecords import LoadReport
 
 EPSILON = 1e-9
 

@@ -17,10 +17,10 @@ import socket
 import time
 
 from common import metrics
-from common.etcdkeys import KeyLayout
-from common.etcdkv import connect
+from common.etcd.keys import KeyLayout
+from common.etcd.kv import connect
+from common.etcd.schema import LeaderRecord
 from common.kube import KubeClient, load_credentials
-from common.shardrecords import LeaderRecord
 from coordinator.election import LeaderElection, run_as_leader
 from coordinator.leader import LeaderOptions, TermState, run_term
 from coordinator.policy import DEFAULT_CONFIGMAP_NAME, DEFAULT_CONFIGMAP_NAMESPACE

@@ -10,7 +10,7 @@ A term is identified by our key and its create revision. The shard map guards ev
 "that key still has that create revision", so a deposed leader's late writes fail in etcd itself.
 
 Invariants:
-- ``leading`` is True only while we hold the lowest key *and* our lease is healthy (``common.leases``):
+- ``leading`` is True only while we hold the lowest key *and* our lease is healthy (``common.etcd.leases``):
   a leader that has not heard from etcd for TTL/2 stops acting before its lease can expire and a standby
   can take over.
 - On losing leadership for any reason the term's ``lost`` event is set first, then callbacks run, then the
@@ -31,10 +31,10 @@ from etcd3aio import Etcd3Client
 from etcd3aio.kv import KVService
 
 from common.aiotools import cancel_and_wait, wait_first
-from common.etcdkeys import KeyLayout
-from common.etcdkv import DEFAULT_TIMEOUT, ETCD_FAILURES, describe, get_prefix, kv_service, wait_deleted
-from common.leases import Clock, LeaseKeeper, LeaseState
-from common.shardrecords import LeaderRecord, RecordError
+from common.etcd.keys import KeyLayout
+from common.etcd.kv import DEFAULT_TIMEOUT, ETCD_FAILURES, describe, get_prefix, kv_service, wait_deleted
+from common.etcd.leases import Clock, LeaseKeeper, LeaseState
+from common.etcd.schema import LeaderRecord, RecordError
 
 log = logging.getLogger(__name__)
 

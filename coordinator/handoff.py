@@ -24,9 +24,9 @@ import logging
 from collections.abc import Mapping, Set
 from dataclasses import dataclass, replace
 
-from common.etcdkeys import WorkerId
+from common.etcd.keys import WorkerId
+from common.etcd.schema import ReleaseAck, ShardAssignment
 from common.records import NodeName
-from common.shardrecords import ReleaseAck, ShardAssignment
 
 log = logging.getLogger(__name__)
 

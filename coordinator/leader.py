@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 
 from etcd3aio import Etcd3Client
 
-from common.etcdkeys import KeyFamily, KeyLayout
-from common.etcdmirror import KeyMirror
+from common.etcd.keys import KeyFamily, KeyLayout
+from common.etcd.mirror import KeyMirror
+from common.etcd.schema import RecordError, WorkerRecord
 from common.kube import KubeClient
 from common.reporting import Reporter
-from common.shardrecords import RecordError, WorkerRecord
 from coordinator.assignment import AssignmentPolicy
 from coordinator.dispatch import Dispatcher
 from coordinator.election import LeaderTerm

@@ -36,8 +36,8 @@ from etcd3aio import Etcd3Client
 from etcd3aio.kv import KVService
 
 from common.aiotools import cancel_and_wait, wait_first
-from common.etcdkeys import KeyFamily, KeyLayout, WorkerId
-from common.etcdkv import (
+from common.etcd.keys import KeyFamily, KeyLayout, WorkerId
+from common.etcd.kv import (
     DEFAULT_TIMEOUT,
     ETCD_FAILURES,
     KeyValue,
@@ -46,9 +46,8 @@ from common.etcdkv import (
     kv_service,
     lease_remaining,
 )
-from common.etcdmirror import KeyMirror
-from common.records import NodeName
-from common.shardrecords import (
+from common.etcd.mirror import KeyMirror
+from common.etcd.schema import (
     LoadReport,
     RecordError,
     ReleaseAck,
@@ -56,6 +55,7 @@ from common.shardrecords import (
     ShardMapMeta,
     WorkerRecord,
 )
+from common.records import NodeName
 from coordinator import handoff
 from coordinator.assignment import AssignmentPolicy, Plan, WorkerInfo
 from coordinator.election import LeaderTerm

@@ -11,9 +11,9 @@ import os
 import time
 from typing import Any
 
-from common.etcdkeys import KeyFamily, KeyLayout
-from common.etcdkv import connect, get_prefix
-from common.shardrecords import LoadReport, RecordError, ShardAssignment, ShardMapMeta, WorkerRecord
+from common.etcd.keys import KeyFamily, KeyLayout
+from common.etcd.kv import connect, get_prefix
+from common.etcd.schema import LoadReport, RecordError, ShardAssignment, ShardMapMeta, WorkerRecord
 from coordinator.election import current_leader
 from coordinator.sharding import PolicyRecord, PolicyRecordError, policy_key
 

@@ -20,8 +20,8 @@ import socket
 
 from common import metrics
 from common.kube import KubeClient, load_credentials
-from common.settings import WorkerSettings
 from worker.scheduler import Scheduler
+from worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 

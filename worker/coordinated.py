@@ -22,16 +22,16 @@ from dataclasses import dataclass
 import psutil
 
 from common import metrics
-from common.etcdkeys import KeyLayout, worker_id
-from common.etcdkv import connect
+from common.etcd.keys import KeyLayout, worker_id
+from common.etcd.kv import connect
+from common.etcd.schema import LoadReport, WorkerCapacity, WorkerRecord
 from common.kube import KubeClient, load_credentials
 from common.ownership import OwnershipChange, ShardMembership
 from common.records import NodeName
-from common.settings import WorkerSettings
-from common.shardrecords import LoadReport, WorkerCapacity, WorkerRecord
 from worker.audit import AuditLog
 from worker.intake import Intake
 from worker.scheduler import Scheduler
+from worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,6 @@ from common import metrics
 from common.kube import KubeClient
 from common.records import NodeName, PodKey, PodRecord, node_from_json, pod_from_json
 from common.reporting import Reporter
-from common.settings import WorkerSettings
 from common.watching import Reflector
 from worker.binder import Binder
 from worker.cache import Cache
@@ -34,6 +33,7 @@ from worker.engine import Decision, Engine
 from worker.framework import Code
 from worker.plugins import default_profile, default_registry
 from worker.queue import QueuedPod, SchedulingQueue
+from worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 

@@ -48,8 +48,8 @@ from etcd3aio import Etcd3Client
 from etcd3aio.kv import KVService
 
 from common.aiotools import wait_first
-from common.etcdkeys import KeyLayout
-from common.etcdkv import DEFAULT_TIMEOUT, ETCD_FAILURES, describe, kv_service
+from common.etcd.keys import KeyLayout
+from common.etcd.kv import DEFAULT_TIMEOUT, ETCD_FAILURES, describe, kv_service
 from common.kube import ApiError, KubeClient
 from common.records import NodeName
 from common.watching import Reflector

@@ -1,6 +1,6 @@
 """The policy in force, as the leader publishes it in etcd for ``agent-scheduler status``.
 
-One JSON value at ``{prefix}/policy`` (outside the families of ``common.etcdkeys``, so the shard map and the
+One JSON value at ``{prefix}/policy`` (outside the families of ``common.etcd.keys``, so the shard map and the
 workers skip it), written only by the leader through a term-guarded transaction and only when its content
 changed. It is a report, not an input: nothing reads it back to decide anything.
 """
@@ -11,7 +11,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Self
 
-from common.etcdkeys import KeyLayout
+from common.etcd.keys import KeyLayout
 
 POLICY_KEY_SUFFIX = "/policy"
 

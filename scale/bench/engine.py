@@ -14,11 +14,11 @@ import time
 from dataclasses import asdict, dataclass
 
 from common.records import node_from_json, pod_from_json
-from common.settings import WorkerSettings
 from scale.cluster.nodes import generate_nodes
 from scale.workload import agent_pod
 from worker.cache import Cache
 from worker.scheduler import build_engine
+from worker.settings import WorkerSettings
 
 
 @dataclass(slots=True)

@@ -148,10 +148,10 @@ def placer(
     compete with these precomputed choices.
     """
     from common.records import node_from_json, pod_from_json
-    from common.settings import WorkerSettings
     from scale.cluster.nodes import LABEL_POOL
     from worker.cache import Cache
     from worker.scheduler import build_engine
+    from worker.settings import WorkerSettings
 
     settings = WorkerSettings()
     cache = Cache(session_label=settings.scheduling.session_label)

@@ -34,14 +34,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from common.etcdkeys import WorkerId
+from common.etcd.keys import WorkerId
 from common.records import NodeName, NodeRecord, PodKey, PodRecord, node_from_json, pod_from_json
-from common.settings import WorkerSettings
 from coordinator.assignment import AssignmentPolicy, PolicyConfig, WorkerInfo, skew
 from scale.cluster.nodes import make_node
 from scale.workload import agent_pod
 from worker.cache import Cache
 from worker.scheduler import build_engine
+from worker.settings import WorkerSettings
 
 ROUND_SECONDS = 1.0  # coordinator.shardmap plans at least this often; one simulated round
 

@@ -27,11 +27,11 @@ import yaml
 from etcd3aio import Etcd3Client
 
 from common import nodeshard
-from common.etcdkeys import KeyFamily, KeyLayout
-from common.etcdkv import DEFAULT_TIMEOUT, EVENT_DELETE, get_prefix, kv_service, watch
+from common.etcd.keys import KeyFamily, KeyLayout
+from common.etcd.kv import DEFAULT_TIMEOUT, EVENT_DELETE, get_prefix, kv_service, watch
+from common.etcd.schema import ShardAssignment
 from common.kube import Conflict, Gone, KubeClient, NotFound, TooManyRequests
 from common.nodeshard import NodeShard, parse_nodeshard
-from common.shardrecords import ShardAssignment
 from coordinator.status import collect
 from scale.cluster import Cluster
 from tests.integration.support import SchedulerProcess

@@ -56,10 +56,10 @@ import pytest
 
 from common.kube import Gone, KubeClient, NotFound, ServerError
 from common.records import NodeName, PodKey, PodRecord, node_from_json, pod_from_json
-from common.settings import WorkerSettings
 from scale.cluster import make_node as make_fleet_node
 from worker.cache import Cache
 from worker.scheduler import build_engine
+from worker.settings import WorkerSettings
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

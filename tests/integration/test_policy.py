@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 import yaml
 
-from common.etcdkv import connect
+from common.etcd.kv import connect
 from common.kube import KubeClient, NotFound
 from coordinator.policy import PolicyConfigError, parse_configmap
 from coordinator.sharding import REASON_APPLIED, REASON_INVALID

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from etcd3aio import Etcd3Client
 
-from common.etcdkeys import KeyLayout
-from common.etcdkv import connect
+from common.etcd.keys import KeyLayout
+from common.etcd.kv import connect
 from tests.integration.etcd.etcd_harness import ShardCluster
 from tests.integration.etcd_server import ETCD_BIN, EtcdServer
 

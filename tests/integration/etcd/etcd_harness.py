@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from etcd3aio import Etcd3Client
 
 from common.aiotools import cancel_and_wait
-from common.etcdkeys import KeyLayout, WorkerId
-from common.etcdkv import connect
+from common.etcd.keys import KeyLayout, WorkerId
+from common.etcd.kv import connect
+from common.etcd.schema import LeaderRecord, WorkerRecord
 from common.ownership import OwnershipChange, ReleaseHook, ShardMembership
 from common.records import NodeName
-from common.shardrecords import LeaderRecord, WorkerRecord
 from coordinator.election import LeaderElection, LeaderTerm, run_as_leader
 from coordinator.shardmap import ShardMapLeader, StaticPool
 

@@ -10,9 +10,9 @@ import pytest
 from etcd3aio import Etcd3Client
 
 from common.aiotools import cancel_and_wait
-from common.etcdkeys import KeyLayout
-from common.etcdkv import connect, lease_service
-from common.shardrecords import LeaderRecord
+from common.etcd.keys import KeyLayout
+from common.etcd.kv import connect, lease_service
+from common.etcd.schema import LeaderRecord
 from coordinator.election import LeaderElection, LeaderTerm, current_leader, run_as_leader
 from tests.integration.etcd.etcd_harness import TTL, eventually
 
@@ -117,7 +117,7 @@ async def test_run_as_leader_cancels_the_body_when_leadership_ends(
 
 
 async def test_lease_health_follows_the_injected_clock(etcd: Etcd3Client) -> None:
-    from common.leases import LeaseKeeper, LeaseState
+    from common.etcd.leases import LeaseKeeper, LeaseState
 
     now = [1000.0]
     keeper = LeaseKeeper(etcd, ttl=TTL, clock=lambda: now[0])

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from common.etcdkeys import KeyLayout
+from common.etcd.keys import KeyLayout
 from tests.integration.etcd.etcd_harness import TTL, ShardCluster, eventually, node_names
 from tests.integration.etcd_server import EtcdServer
 

@@ -12,10 +12,10 @@ import time
 
 import pytest
 
-from common.etcdkv import get_key, lease_service
+from common.etcd.kv import get_key, lease_service
+from common.etcd.schema import ShardAssignment, ShardMapMeta
 from common.ownership import ReleaseHook
 from common.records import NodeName
-from common.shardrecords import ShardAssignment, ShardMapMeta
 from coordinator.election import LeaderTerm
 from coordinator.shardmap import ShardMapLeader, StaticPool
 from tests.integration.etcd.etcd_harness import TTL, ShardCluster, eventually, node_names
@@ -173,7 +173,7 @@ async def test_lost_lease_means_reregistration_and_resumed_ownership(shard_clust
 
 async def test_load_reports_reach_etcd_under_the_worker_lease(shard_cluster: ShardCluster) -> None:
     cluster = shard_cluster
-    from common.shardrecords import LoadReport
+    from common.etcd.schema import LoadReport
 
     await cluster.start_leader("coordinator-0")
     w1 = await cluster.start_worker("w1")

@@ -8,9 +8,9 @@ from collections.abc import Iterable, Mapping
 
 import pytest
 
-from common.etcdkeys import WorkerId
+from common.etcd.keys import WorkerId
+from common.etcd.schema import LoadReport
 from common.records import NodeName
-from common.shardrecords import LoadReport
 from coordinator.assignment import (
     AssignmentPolicy,
     Plan,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from common.etcdkeys import WorkerId
+from common.etcd.keys import WorkerId
+from common.etcd.schema import ReleaseAck, ShardAssignment
 from common.records import NodeName
-from common.shardrecords import ReleaseAck, ShardAssignment
 from coordinator import handoff
 
 A, B = WorkerId("a"), WorkerId("b")

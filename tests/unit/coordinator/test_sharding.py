@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from common.etcdkeys import KeyLayout
+from common.etcd.keys import KeyLayout
 from common.nodeshard import COLLECTION_PATH, object_path, status_path
 from common.records import NodeName
 from coordinator.policy import PolicyConfigError, default_policy, parse_configmap

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from common.records import NodeName, NodeRecord, PodRecord
-from common.settings import WorkerSettings
 from worker.cache import Cache
 from worker.engine import Engine
 from worker.scheduler import build_engine
+from worker.settings import WorkerSettings
 
 
 def engine_over(

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from etcd3aio import Etcd3Client
 
 from common.aiotools import cancel_and_wait
-from common.etcdkv import DEFAULT_TIMEOUT, ETCD_FAILURES, describe, keepalive_once, lease_service
+from common.etcd.kv import DEFAULT_TIMEOUT, ETCD_FAILURES, describe, keepalive_once, lease_service
 
 log = logging.getLogger(__name__)
 

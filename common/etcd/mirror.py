@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from etcd3aio import Etcd3Client
 
 from common.backoff import etcd_retry
-from common.etcdkv import ETCD_FAILURES, EVENT_DELETE, KeyValue, describe, get_key, get_prefix, watch
+from common.etcd.kv import ETCD_FAILURES, EVENT_DELETE, KeyValue, describe, get_key, get_prefix, watch
 
 log = logging.getLogger(__name__)
 

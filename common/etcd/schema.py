@@ -1,4 +1,4 @@
-"""The values stored under the etcd keys of ``common.etcdkeys``: dataclasses with a JSON encoding.
+"""The values stored under the etcd keys of ``common.etcd.keys``: dataclasses with a JSON encoding.
 
 JSON rather than msgpack because these records are small and rare next to pod traffic, and an operator
 debugging a stuck handoff can read them with ``etcdctl get --prefix /agent-scheduler``.
@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Self
 
-from common.etcdkeys import WorkerId, worker_id
+from common.etcd.keys import WorkerId, worker_id
 from common.records import NodeName
 
 SCHEMA_VERSION = 1

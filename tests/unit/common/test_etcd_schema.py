@@ -6,9 +6,8 @@ import json
 
 import pytest
 
-from common.etcdkeys import KeyFamily, KeyLayout, WorkerId, worker_id
-from common.records import NodeName
-from common.shardrecords import (
+from common.etcd.keys import KeyFamily, KeyLayout, WorkerId, worker_id
+from common.etcd.schema import (
     LeaderRecord,
     LoadReport,
     RecordError,
@@ -18,6 +17,7 @@ from common.shardrecords import (
     WorkerCapacity,
     WorkerRecord,
 )
+from common.records import NodeName
 
 W = WorkerId("worker-1")
 Record = WorkerRecord | LoadReport | ShardAssignment | ReleaseAck | LeaderRecord | ShardMapMeta
