@@ -15,8 +15,6 @@ import argparse
 import asyncio
 import json
 import shutil
-import signal
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -25,12 +23,19 @@ from typing import Any
 
 from common.kube import KubeClient
 from common.records import node_from_json, pod_from_json
+from common.watching import Reflector
+from common.wellknown import DEFAULT_ETCD_PREFIX, DEFAULT_SCHEDULER_NAME
+from scale.bench.loadgen import create_one
+from scale.bench.results import latency_stats
 from scale.cluster import Cluster, start_cluster
-from scale.tracking import BindTracker
+from scale.cluster.processes import ProcessRecord, spawn, stop
+from scale.tracking import BindWatch, PodTimes, wait_bound
 from scale.workload import agent_pod
 
 NAMESPACE = "agents"
-SCHEDULER = "agent-scheduler"
+SCHEDULER = DEFAULT_SCHEDULER_NAME
+STOP_GRACE = 30.0
+BIND_TIMEOUT_S = 120.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -48,30 +53,15 @@ class Processes:
 
     def __init__(self, log_dir: Path) -> None:
         self.log_dir = log_dir
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.records: list[ProcessRecord] = []
 
     def start(self, name: str, args: list[str]) -> None:
-        log = open(self.log_dir / f"{name}.log", "wb")  # noqa: SIM115 - the child owns it
-        self.procs[name] = subprocess.Popen(
-            [sys.executable, "-m", "agent_scheduler.cli", *args],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+        self.records.append(
+            spawn(name, [sys.executable, "-m", "agent_scheduler.cli", *args], self.log_dir / f"{name}.log")
         )
-        log.close()
 
     def stop(self) -> dict[str, int | None]:
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        codes: dict[str, int | None] = {}
-        for name, p in self.procs.items():
-            try:
-                codes[name] = p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                codes[name] = p.wait()
-        return codes
+        return {s.name: s.code for s in stop(self.records, grace=STOP_GRACE)}
 
 
 async def _workers_ready(cluster: Cluster, want: int) -> None:
@@ -79,7 +69,7 @@ async def _workers_ready(cluster: Cluster, want: int) -> None:
 
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        s = await collect([cluster.etcd_endpoint], "/agent-scheduler")
+        s = await collect([cluster.etcd_endpoint], DEFAULT_ETCD_PREFIX)
         live = [w for w in s["workers"].values() if w.get("live") and w.get("nodes", 0) > 0]
         if s["leader"] and len(live) >= want:
             print(
@@ -94,32 +84,36 @@ async def _workers_ready(cluster: Cluster, want: int) -> None:
 async def _drive(cluster: Cluster, args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
     async with cluster.client() as kube:
         await kube.post("/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
-        tracker = BindTracker(kube, NAMESPACE)
-        watch = asyncio.create_task(tracker.reflector.run())
+        watch = BindWatch()
+        reflector = Reflector(kube, f"/api/v1/namespaces/{NAMESPACE}/pods", watch, name=f"track-{NAMESPACE}")
+        watcher = asyncio.create_task(reflector.run())
         sem = asyncio.Semaphore(64)
         index = 0
 
         async def create(i: int) -> None:
             pod = agent_pod(i, namespace=NAMESPACE, scheduler_name=SCHEDULER, mix=i % 5 == 0)
+            times = watch.expect(pod["metadata"]["name"], "agent")
             async with sem:
-                tracker.created(pod["metadata"]["name"])
-                await kube.post(f"/api/v1/namespaces/{NAMESPACE}/pods", pod)
+                await create_one(kube, NAMESPACE, pod, times, watch.clock)
+            if times.error:
+                raise RuntimeError(f"creating {pod['metadata']['name']} failed: {times.error}")
 
         async def progress(stop: asyncio.Event) -> None:
             t0 = time.monotonic()
             last = 0
             while not stop.is_set():
                 await asyncio.sleep(1.0)
-                b = len(tracker.bound)
+                b = watch.bound
+                sent = watch.sent()
                 print(
-                    f"  t={time.monotonic() - t0:5.1f}s  created {len(tracker.sent):6d}  bound {b:6d}  pending {len(tracker.sent) - b:6d}  {b - last:5d} binds/s",
+                    f"  t={time.monotonic() - t0:5.1f}s  created {sent:6d}  bound {b:6d}  pending {sent - b:6d}  {b - last:5d} binds/s",
                     flush=True,
                 )
                 last = b
 
         stop = asyncio.Event()
         reporter = asyncio.create_task(progress(stop))
-        await tracker.reflector.synced.wait()
+        await reflector.synced.wait()
         for burst in range(args.bursts):
             print(f"burst {burst + 1}/{args.bursts}: {args.burst_size} agent pods at once", flush=True)
             await asyncio.gather(*(create(index + i) for i in range(args.burst_size)))
@@ -131,15 +125,33 @@ async def _drive(cluster: Cluster, args: argparse.Namespace, run_dir: Path) -> d
                     await create(index)
                     index += 1
                     await asyncio.sleep(max(0.0, t0 + (k + 1) / args.trickle - time.monotonic()))
-        await tracker.wait_bound(index, timeout=120)
+        await wait_bound(watch, stall_s=BIND_TIMEOUT_S, timeout_s=BIND_TIMEOUT_S, since=watch.clock())
         stop.set()
         await reporter
-        watch.cancel()
-        await asyncio.gather(watch, return_exceptions=True)
-        summary = tracker.summary()
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
+        summary = _summary(watch.of_kind("agent"))
         summary["created"] = index
         summary["overcommitted_nodes"] = await _overcommitted(kube)
         return summary
+
+
+def _summary(pods: list[PodTimes]) -> dict[str, Any]:
+    """Throughput from the first create sent to the last bind seen, and create-to-bound percentiles."""
+    bound = [p for p in pods if p.is_bound]
+    if not bound:
+        return {"bound": 0}
+    first = min(p.sent for p in pods)
+    last = max(p.bound for p in bound)
+    stats = latency_stats(p.latency for p in bound)
+    return {
+        "bound": len(bound),
+        "pods_per_s": len(bound) / max(1e-9, last - first),
+        "p50_ms": stats.p50_ms,
+        "p90_ms": stats.p90_ms,
+        "p99_ms": stats.p99_ms,
+        "max_ms": stats.max_ms,
+    }
 
 
 def _worker_shares(run_dir: Path) -> dict[str, int]:
@@ -198,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"stopped: {codes}; cluster removed", flush=True)
         else:
             print(
-                f"left running: cluster in {root} (agent-scheduler cluster down --dir {root}), schedulers {[p.pid for p in procs.procs.values()]}"
+                f"left running: cluster in {root} (agent-scheduler cluster down --dir {root}), schedulers {[p.pid for p in procs.records]}"
             )
     if summary:
         print("\nsummary")

@@ -1,78 +1,120 @@
-"""Create-to-bound latency, measured with the load generator's own clocks.
+"""Create-to-bound times of the pods a load generator created, on the generator's own clock.
 
-``BindTracker`` watches the pods of one namespace and notes the monotonic time at which each pod is first
-seen with ``spec.nodeName``; the generator notes when it sent each create. creationTimestamp is not used: it
-has one-second resolution.
+One implementation for the demo and the benchmarks:
+- ``PodTimes`` is one pod as the generator saw it: when its create was sent and answered, when it was first
+  seen bound and to which node.
+- ``BindWatch`` is the handler of a ``common.watching.Reflector`` on the workload's namespace. The first time
+  it sees an expected pod with ``spec.nodeName`` set, it stamps that pod's ``bound`` time. A watch event
+  arrives a few milliseconds after the binding is stored, for every scheduler alike; ``creationTimestamp`` is
+  not used (one-second resolution).
+- ``wait_bound`` waits until every created pod is bound, or binds stop coming, or a deadline passes.
+
+Invariants: a pod's ``bound`` is stamped once (later events, relists and deletions do not move it); a pod the
+generator did not ``expect`` is ignored. Time comes from the injected clock (``time.monotonic`` by default).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import statistics
+import math
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from common.kube import KubeClient
-from common.watching import Reflector
+POLL = 0.05
+
+Clock = Callable[[], float]
 
 
-class BindTracker:
-    def __init__(self, client: KubeClient, namespace: str) -> None:
-        self.sent: dict[str, float] = {}
-        self.bound: dict[str, float] = {}
-        self.node_of: dict[str, str] = {}
-        self._changed = asyncio.Event()
-        self.reflector = Reflector(
-            client, f"/api/v1/namespaces/{namespace}/pods", self, name=f"track-{namespace}"
-        )
+@dataclass(slots=True)
+class PodTimes:
+    """One pod as the load generator saw it, on its monotonic clock (nan: did not happen)."""
 
-    def created(self, name: str, at: float | None = None) -> None:
-        self.sent.setdefault(name, time.monotonic() if at is None else at)
+    kind: str
+    sent: float = math.nan
+    acked: float = math.nan
+    bound: float = math.nan
+    node: str = ""
+    error: str = ""
+    #: when the pod could first be scheduled, if later than ``sent`` (backlog: the scheduler's release)
+    eligible: float = math.nan
+
+    @property
+    def is_bound(self) -> bool:
+        return not math.isnan(self.bound)
+
+    @property
+    def latency(self) -> float:
+        """Seconds from create sent (or from when it became eligible, if later) to bind seen; nan if unbound."""
+        start = self.sent if math.isnan(self.eligible) else max(self.sent, self.eligible)
+        return self.bound - start
+
+
+class BindWatch:
+    """Watch handler that stamps the first moment each expected pod is seen bound."""
+
+    def __init__(self, clock: Clock = time.monotonic) -> None:
+        self.clock = clock
+        self.pods: dict[str, PodTimes] = {}
+        self.bound = 0
+        self.last_bind = math.nan
+        self.deleted = 0
+
+    def expect(self, name: str, kind: str) -> PodTimes:
+        times = self.pods.get(name)
+        if times is None:
+            times = self.pods[name] = PodTimes(kind)
+        return times
 
     def _see(self, obj: dict[str, Any]) -> None:
-        name = (obj.get("metadata") or {}).get("name") or ""
         node = (obj.get("spec") or {}).get("nodeName")
-        if node and name not in self.bound:
-            self.bound[name] = time.monotonic()
-            self.node_of[name] = node
-            self._changed.set()
-
-    async def wait_bound(self, count: int, timeout: float) -> bool:
-        """Wait until ``count`` pods are bound; False if ``timeout`` passed first."""
-        deadline = time.monotonic() + timeout
-        while len(self.bound) < count:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            self._changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), left)
-        return True
+        if not node:
+            return
+        name = (obj.get("metadata") or {}).get("name") or ""
+        times = self.pods.get(name)
+        if times is None or times.is_bound:
+            return
+        now = self.clock()
+        times.bound = now
+        times.node = str(node)
+        self.bound += 1
+        self.last_bind = now
 
     def replace(self, objects: list[dict[str, Any]]) -> None:
         for obj in objects:
             self._see(obj)
 
     def event(self, kind: str, obj: dict[str, Any]) -> None:
-        if kind != "DELETED":
-            self._see(obj)
+        if kind == "DELETED":
+            self.deleted += 1
+        self._see(obj)
 
-    def latencies(self) -> list[float]:
-        """Seconds from create sent to bound seen, for every pod that is both."""
-        return sorted(self.bound[n] - t for n, t in self.sent.items() if n in self.bound)
+    def of_kind(self, kind: str) -> list[PodTimes]:
+        return [t for t in self.pods.values() if t.kind == kind]
 
-    def summary(self) -> dict[str, Any]:
-        lat = self.latencies()
-        if not lat:
-            return {"bound": 0}
-        first = min(self.sent.values())
-        last = max(self.bound[n] for n in self.sent if n in self.bound)
-        return {
-            "bound": len(lat),
-            "pods_per_s": len(lat) / max(1e-9, last - first),
-            "p50_ms": 1000 * statistics.median(lat),
-            "p90_ms": 1000 * lat[int(0.90 * (len(lat) - 1))],
-            "p99_ms": 1000 * lat[int(0.99 * (len(lat) - 1))],
-            "max_ms": 1000 * lat[-1],
-        }
+    def sent(self) -> int:
+        """How many creates were sent so far."""
+        return sum(1 for t in self.pods.values() if not math.isnan(t.sent))
+
+
+async def wait_bound(
+    watch: BindWatch,
+    *,
+    stall_s: float,
+    timeout_s: float,
+    since: float,
+    clock: Clock = time.monotonic,
+) -> bool:
+    """Wait until every created pod is bound (True), or no bind for ``stall_s`` seconds after ``since`` or
+    ``timeout_s`` seconds after ``since`` (False)."""
+    wanted = sum(1 for t in watch.pods.values() if not t.error)
+    deadline = since + timeout_s
+    while True:
+        if watch.bound >= wanted:
+            return True
+        now = clock()
+        last = watch.last_bind if not math.isnan(watch.last_bind) else since
+        if now - max(last, since) > stall_s or now > deadline:
+            return False
+        await asyncio.sleep(POLL)

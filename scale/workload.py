@@ -11,9 +11,9 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from common.wellknown import DEFAULT_SCHEDULER_NAME, SESSION_LABEL
 from scale.cluster.nodes import LABEL_POOL, LABEL_ZONE, ZONES
 
-SESSION_LABEL = "agent-scheduler.io/session"
 CPU_CHOICES = ("100m", "200m", "250m", "500m")
 MEMORY_CHOICES = ("128Mi", "256Mi", "512Mi")
 
@@ -22,7 +22,7 @@ def agent_pod(
     index: int,
     *,
     namespace: str = "default",
-    scheduler_name: str = "agent-scheduler",
+    scheduler_name: str = DEFAULT_SCHEDULER_NAME,
     mix: bool = False,
     seed: int = 0,
     prefix: str = "agent",

@@ -7,6 +7,7 @@ import copy
 from typing import Any
 
 from common.records import NodeRecord, PodRecord, node_from_json, pod_from_json
+from common.wellknown import DEFAULT_SCHEDULER_NAME
 
 
 class PodBuilder:
@@ -16,7 +17,7 @@ class PodBuilder:
             "kind": "Pod",
             "metadata": {"name": name, "namespace": namespace, "labels": {}},
             "spec": {
-                "schedulerName": "agent-scheduler",
+                "schedulerName": DEFAULT_SCHEDULER_NAME,
                 "containers": [{"name": "main", "image": "agent:latest", "resources": {"requests": {}}}],
             },
         }

@@ -35,6 +35,8 @@ from io import StringIO
 from pathlib import Path
 from typing import Any
 
+from common.backoff import Backoff
+from common.events import rfc3339
 from common.kube import ApiError, KubeClient, NotFound, ServerError, TooManyRequests
 from scale.bench import loadgen, noop_binder, report, stages
 from scale.bench.meter import PidSource, ProcessMeter, own_pid, with_children
@@ -66,6 +68,9 @@ SETTLE_S = 2.0
 QUIET_WINDOW_S = 3.0
 QUIET_PAUSE_S = 5.0
 DELETE_CONCURRENCY = 32
+DELETE_RETRIES = 5
+DELETE_RETRY_INITIAL = 0.2
+DELETE_RETRY_MAX = 1.0
 QUICK_NODES = 100
 FULL_NODES = (1000,)
 PROFILED = "agent-standalone"  # the scheduler --profile runs once more under cProfile
@@ -185,7 +190,8 @@ async def _delete_pods(client: KubeClient, namespace: str) -> int:
 
     async def worker() -> None:
         for name in queue:
-            for attempt in range(5):
+            backoff = Backoff(DELETE_RETRY_INITIAL, DELETE_RETRY_MAX)
+            for _ in range(DELETE_RETRIES):
                 try:
                     await client.delete(
                         f"/api/v1/namespaces/{namespace}/pods/{name}", {"gracePeriodSeconds": "0"}
@@ -193,7 +199,7 @@ async def _delete_pods(client: KubeClient, namespace: str) -> int:
                 except NotFound:
                     pass
                 except (TooManyRequests, ServerError):
-                    await asyncio.sleep(0.2 * (attempt + 1))
+                    await backoff.sleep()
                     continue
                 break
 
@@ -259,7 +265,7 @@ async def _run_workload(
     placer = noop_binder.placer(fleet) if spec.kind == NOOP else None
     plan = arrivals(workload, namespace=namespace, scheduler_name=spec.pod_scheduler_name, placer=placer)
     meter = ProcessMeter(_groups(cluster, running))
-    started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    started_at = rfc3339()
     log.info("%s × %s × %d nodes: %d pods", spec.name, workload.name, nodes, len(plan))
     if workload.paused:
         running.pause()

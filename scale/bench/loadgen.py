@@ -1,20 +1,15 @@
 """The load generator: creates a workload's pods on schedule and times each one until it is bound.
 
 Two halves share one clock (``time.monotonic`` unless a test injects another):
-- ``BindWatch`` is the handler of a ``common.watching.Reflector`` on the workload's namespace. The first time
-  it sees a pod with ``spec.nodeName`` set, it stamps that pod's ``bound`` time. A watch event arrives a few
-  milliseconds after the binding is stored, for every scheduler alike; ``creationTimestamp`` is not used
-  (one-second resolution).
+- ``scale.tracking.BindWatch``, the handler of a ``common.watching.Reflector`` on the workload's namespace,
+  stamps each pod's ``bound`` time (see that module);
 - ``drive`` creates the pods of an arrival plan at their arrival times, at most ``concurrency`` in flight,
   stamping ``sent`` just before each request and ``acked`` when the API server answered. Throttling and server
   errors are retried with backoff (the pod keeps its first ``sent`` time); a pod that cannot be created is
   recorded with its error and counts as unbound.
 
-``wait_bound`` then waits until every created pod is bound, or binds stop coming for ``stall_s`` seconds, or
-``timeout_s`` passes: the caller decides what "unbound" means by choosing those.
-
-Invariants: a pod's ``bound`` is stamped once (later events, relists and deletions do not move it); a pod the
-generator did not create is ignored.
+``scale.tracking.wait_bound`` then waits until every created pod is bound, or binds stop coming for ``stall_s``
+seconds, or ``timeout_s`` passes: the caller decides what "unbound" means by choosing those.
 """
 
 from __future__ import annotations
@@ -22,69 +17,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from common.backoff import Backoff
 from common.kube import ApiError, Conflict, KubeClient, ServerError, TooManyRequests
 from common.watching import Reflector
-from scale.bench.results import PodTimes
 from scale.bench.workloads import Arrival
+from scale.tracking import BindWatch, Clock, PodTimes, wait_bound
 
 log = logging.getLogger(__name__)
 
 CREATE_RETRIES = 10
 RETRY_INITIAL = 0.05
 RETRY_MAX = 2.0
-POLL = 0.05
 RELEASE_SETTLE_S = 1.0
-
-Clock = Callable[[], float]
-
-
-class BindWatch:
-    """Watch handler that stamps the first moment each expected pod is seen bound."""
-
-    def __init__(self, clock: Clock = time.monotonic) -> None:
-        self.clock = clock
-        self.pods: dict[str, PodTimes] = {}
-        self.bound = 0
-        self.last_bind = math.nan
-        self.deleted = 0
-
-    def expect(self, name: str, kind: str) -> PodTimes:
-        times = self.pods.get(name)
-        if times is None:
-            times = self.pods[name] = PodTimes(kind)
-        return times
-
-    def _see(self, obj: dict[str, Any]) -> None:
-        node = (obj.get("spec") or {}).get("nodeName")
-        if not node:
-            return
-        name = (obj.get("metadata") or {}).get("name") or ""
-        times = self.pods.get(name)
-        if times is None or times.is_bound:
-            return
-        now = self.clock()
-        times.bound = now
-        times.node = str(node)
-        self.bound += 1
-        self.last_bind = now
-
-    def replace(self, objects: list[dict[str, Any]]) -> None:
-        for obj in objects:
-            self._see(obj)
-
-    def event(self, kind: str, obj: dict[str, Any]) -> None:
-        if kind == "DELETED":
-            self.deleted += 1
-        self._see(obj)
-
-    def of_kind(self, kind: str) -> list[PodTimes]:
-        return [t for t in self.pods.values() if t.kind == kind]
 
 
 @dataclass(slots=True)
@@ -99,7 +48,7 @@ async def create_one(
     client: KubeClient, namespace: str, pod: dict[str, Any], times: PodTimes, clock: Clock
 ) -> None:
     """POST one pod, retrying 429/5xx with backoff; records ``sent``/``acked`` or ``error`` in ``times``."""
-    delay = RETRY_INITIAL
+    backoff = Backoff(RETRY_INITIAL, RETRY_MAX)
     times.sent = clock()
     for attempt in range(CREATE_RETRIES):
         try:
@@ -110,8 +59,7 @@ async def create_one(
             if attempt == CREATE_RETRIES - 1:
                 times.error = str(e)
                 return
-            await asyncio.sleep(delay)
-            delay = min(RETRY_MAX, delay * 2)
+            await backoff.sleep()
             continue
         except ApiError as e:
             times.error = str(e)
@@ -167,28 +115,6 @@ async def drive(
             next(watch.pods[a.name].error for a in plan if watch.pods[a.name].error),
         )
     return DriveResult(origin=origin, created=len(plan) - failed, failed=failed, last_sent=last_sent)
-
-
-async def wait_bound(
-    watch: BindWatch,
-    *,
-    stall_s: float,
-    timeout_s: float,
-    since: float,
-    clock: Clock = time.monotonic,
-) -> bool:
-    """Wait until every created pod is bound (True), or no bind for ``stall_s`` seconds after ``since`` or
-    ``timeout_s`` seconds after ``since`` (False)."""
-    wanted = sum(1 for t in watch.pods.values() if not t.error)
-    deadline = since + timeout_s
-    while True:
-        if watch.bound >= wanted:
-            return True
-        now = clock()
-        last = watch.last_bind if not math.isnan(watch.last_bind) else since
-        if now - max(last, since) > stall_s or now > deadline:
-            return False
-        await asyncio.sleep(POLL)
 
 
 @dataclass(slots=True)

@@ -24,6 +24,7 @@ import signal
 from collections.abc import Callable
 from typing import Any
 
+from common.backoff import Backoff
 from common.kube import (
     ApiError,
     Conflict,
@@ -40,6 +41,7 @@ log = logging.getLogger(__name__)
 
 SCHEDULER_NAME = "bench-noop"
 BIND_RETRIES = 10
+RETRY_INITIAL_S = 0.05
 RETRY_MAX_S = 1.0
 
 
@@ -84,7 +86,7 @@ async def _bind_loop(
 ) -> None:
     while True:
         namespace, name, uid, node = await queue.get()
-        delay = 0.05
+        backoff = Backoff(RETRY_INITIAL_S, RETRY_MAX_S)
         for attempt in range(BIND_RETRIES):
             try:
                 await client.bind(namespace, name, uid, node)
@@ -93,8 +95,7 @@ async def _bind_loop(
                 stats["gone"] += 1
             except (TooManyRequests, ServerError) as e:
                 if attempt < BIND_RETRIES - 1:
-                    await asyncio.sleep(delay)
-                    delay = min(RETRY_MAX_S, delay * 2)
+                    await backoff.sleep()
                     continue
                 stats["failed"] += 1
                 log.warning("binding %s/%s failed: %s", namespace, name, e)

@@ -24,6 +24,8 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from scale.tracking import PodTimes
+
 SCHEMA_VERSION = 1
 CDF_POINTS = 101  # quantiles 0, 1 %, ..., 100 % kept per run for the latency plot
 TIMELINE_POINTS = 200  # (seconds, bound pods) samples kept per run for the throughput plot
@@ -214,30 +216,6 @@ def load(path: Path) -> list[RunResult]:
     if not isinstance(data, list):
         raise SchemaError(f"{path}: expected a JSON array of result objects")
     return [RunResult.from_json(item) for item in data]
-
-
-@dataclass(slots=True)
-class PodTimes:
-    """One pod as the load generator saw it, on its monotonic clock (nan: did not happen)."""
-
-    kind: str
-    sent: float = math.nan
-    acked: float = math.nan
-    bound: float = math.nan
-    node: str = ""
-    error: str = ""
-    #: when the pod could first be scheduled, if later than ``sent`` (backlog: the scheduler's release)
-    eligible: float = math.nan
-
-    @property
-    def is_bound(self) -> bool:
-        return not math.isnan(self.bound)
-
-    @property
-    def latency(self) -> float:
-        """Seconds from create sent (or from when it became eligible, if later) to bind seen; nan if unbound."""
-        start = self.sent if math.isnan(self.eligible) else max(self.sent, self.eligible)
-        return self.bound - start
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,6 @@ import json
 import logging
 import os
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -39,11 +38,13 @@ from typing import Any
 import yaml
 
 from common.kube import ApiError, Conflict, KubeClient
+from common.wellknown import DEFAULT_ETCD_PREFIX, DEFAULT_SCHEDULER_NAME
 from scale.bench import noop_binder
 from scale.bench.meter import with_children
 from scale.cluster import Cluster
 from scale.cluster.components import SCHEDULER
 from scale.cluster.config import PROJECT_ROOT, SCHEDULER_USER
+from scale.cluster.processes import ProcessRecord, exit_code, is_running, spawn, stop, tail
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +52,9 @@ AGENT = "agent"
 KUBE = "kube-scheduler"
 NOOP = "no-decision"
 
-AGENT_SCHEDULER_NAME = "agent-scheduler"
+AGENT_SCHEDULER_NAME = DEFAULT_SCHEDULER_NAME
 KUBE_SCHEDULER_NAME = "default-scheduler"
-ETCD_PREFIX = "/agent-scheduler-bench"
+ETCD_PREFIX = f"{DEFAULT_ETCD_PREFIX}-bench"
 CLIENT_QPS = 5000.0
 CLIENT_BURST = 5000
 STOP_GRACE = 30.0
@@ -129,46 +130,11 @@ SCHEDULERS: dict[str, SchedulerSpec] = {
 QUICK_SCHEDULERS = ("agent-standalone", "kube-scheduler-qps5000", "no-decision")
 
 
-class Child:
-    """One process we started: ``python -m <module> <args>`` with its output in ``log_path``."""
-
-    def __init__(self, name: str, argv: list[str], log_path: Path) -> None:
-        self.name = name
-        self.log_path = log_path
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with log_path.open("wb") as out:
-            self.proc = subprocess.Popen(
-                argv,
-                cwd=PROJECT_ROOT,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        log.info("started %s (pid %d)", name, self.proc.pid)
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def signal(self, sig: int) -> None:
-        if self.alive():
-            os.kill(self.proc.pid, sig)
-
-    def wait(self, timeout: float) -> int | None:
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            return None
-
-    def tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except FileNotFoundError:
-            return ""
+def start(name: str, argv: list[str], log_path: Path) -> ProcessRecord:
+    """Start one of our processes from the project root, its output in ``log_path``."""
+    record = spawn(name, argv, log_path, cwd=PROJECT_ROOT)
+    log.info("started %s (pid %d)", name, record.pid)
+    return record
 
 
 def python_module(module: str, *args: str, profile_to: Path | None = None) -> list[str]:
@@ -177,23 +143,16 @@ def python_module(module: str, *args: str, profile_to: Path | None = None) -> li
     return [sys.executable, "-m", module, *args]
 
 
-def stop_children(children: list[Child], *, grace: float = STOP_GRACE) -> list[str]:
+def stop_children(children: list[ProcessRecord], *, grace: float = STOP_GRACE) -> list[str]:
     """SIGTERM all (workers before the coordinator: reverse start order), SIGKILL what outlives ``grace``.
 
     Returns one line per process that did not exit cleanly."""
     problems = []
-    for child in reversed(children):
-        child.signal(signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    for child in reversed(children):
-        code = child.wait(max(0.1, deadline - time.monotonic()))
-        if code is None:
-            log.warning("%s (pid %d) ignored SIGTERM for %.0fs; killing it", child.name, child.pid, grace)
-            child.signal(signal.SIGKILL)
-            child.wait(10.0)
-            problems.append(f"{child.name} had to be killed")
-        elif code != 0:
-            problems.append(f"{child.name} exited with status {code}: {child.tail(5)}")
+    for stopped in stop(list(reversed(children)), grace=grace, tail_lines=5):
+        if stopped.killed:
+            problems.append(f"{stopped.name} had to be killed")
+        elif stopped.code:
+            problems.append(f"{stopped.name} exited with status {stopped.code}: {stopped.log_tail}")
     return problems
 
 
@@ -201,7 +160,7 @@ class Running:
     """A scheduler under test, started on one cluster."""
 
     def __init__(
-        self, spec: SchedulerSpec, cluster: Cluster, children: list[Child], *, etcd_endpoint: str = ""
+        self, spec: SchedulerSpec, cluster: Cluster, children: list[ProcessRecord], *, etcd_endpoint: str = ""
     ) -> None:
         self.spec = spec
         self.cluster = cluster
@@ -214,7 +173,7 @@ class Running:
         if self.spec.kind == KUBE:
             record = self.cluster.state.process(SCHEDULER)
             return [record.pid] if record is not None else []
-        return [c.pid for c in self.children if c.alive()]
+        return [c.pid for c in self.children if is_running(c)]
 
     def pause(self) -> None:
         """SIGSTOP every process of the scheduler (the backlog workload); ``resume`` undoes it."""
@@ -230,9 +189,9 @@ class Running:
 
     def dead(self) -> list[str]:
         return [
-            f"{c.name} exited early (status {c.proc.returncode}): {c.tail(8)}"
+            f"{c.name} exited early (status {exit_code(c)}): {tail(c.log, 8)}"
             for c in self.children
-            if not c.alive()
+            if not is_running(c)
         ]
 
     def stop(self) -> list[str]:
@@ -297,7 +256,7 @@ def launch(
     if spec.kind == KUBE:
         return Running(spec, cluster, [])
     if spec.kind == NOOP:
-        child = Child(
+        child = start(
             "no-decision",
             python_module(
                 "scale.bench.noop_binder",
@@ -311,7 +270,7 @@ def launch(
         )
         return Running(spec, cluster, [child])
     if spec.workers == 0:
-        child = Child(
+        child = start(
             "worker",
             python_module(
                 cli,
@@ -332,7 +291,7 @@ def launch(
     # once, instead of all going to the first worker and then being rebalanced.
     for i in range(spec.workers):
         children.append(
-            Child(
+            start(
                 f"worker-{i + 1}",
                 python_module(
                     cli,
@@ -347,7 +306,7 @@ def launch(
             )
         )
     children.append(
-        Child(
+        start(
             "coordinator",
             python_module(
                 cli,

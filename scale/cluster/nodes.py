@@ -32,7 +32,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from common.backoff import Backoff
+from common.events import rfc3339
 from common.kube import Conflict, KubeClient, ServerError, TooManyRequests
+from common.wellknown import WARM_LABEL, WARM_LABEL_VALUE
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +45,6 @@ LABEL_ZONE = "topology.kubernetes.io/zone"
 LABEL_REGION = "topology.kubernetes.io/region"
 LABEL_INSTANCE_TYPE = "node.kubernetes.io/instance-type"
 LABEL_POOL = "node-pool"
-LABEL_WARMUP = "node.volcano.sh/warmup"
 GPU_RESOURCE = "nvidia.com/gpu"
 
 REGION = "local-1"
@@ -57,6 +59,8 @@ WARMUP_FRACTION = 0.10
 
 DEFAULT_CONCURRENCY = 64
 CREATE_RETRIES = 8
+RETRY_INITIAL = 0.1
+RETRY_MAX = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +128,7 @@ def make_node(
         LABEL_POOL: shape.pool,
     }
     if warm:
-        labels[LABEL_WARMUP] = "true"
+        labels[WARM_LABEL] = WARM_LABEL_VALUE
     resources = {
         "cpu": str(shape.cpu),
         "memory": f"{shape.memory_gi}Gi",
@@ -140,7 +144,7 @@ def make_node(
     if shape.taint:
         key, value, effect = shape.taint
         spec["taints"] = [{"key": key, "value": value, "effect": effect}]
-    now = now or _now()
+    now = now or rfc3339()
     return {
         "apiVersion": "v1",
         "kind": "Node",
@@ -191,12 +195,8 @@ def generate_nodes(
     """Nodes ``0 .. count-1`` of the deterministic fleet for ``seed`` (identical for equal arguments and ``now``)."""
     if count < 0:
         raise ValueError(f"node count must be >= 0, got {count}")
-    stamp = now or _now()
+    stamp = now or rfc3339()
     return [make_node(i, seed=seed, prefix=prefix, now=stamp) for i in range(count)]
-
-
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def _pod_cidr(index: int) -> str:
@@ -218,7 +218,7 @@ def _condition(kind: str, status: str, reason: str, message: str, now: str) -> d
 
 async def create_node(client: KubeClient, node: dict[str, Any]) -> bool:
     """Create one node, retrying throttling and transient errors. False when it already existed."""
-    delay = 0.1
+    backoff = Backoff(RETRY_INITIAL, RETRY_MAX)
     for attempt in range(CREATE_RETRIES):
         try:
             await client.post("/api/v1/nodes", node)
@@ -228,9 +228,8 @@ async def create_node(client: KubeClient, node: dict[str, Any]) -> bool:
         except (TooManyRequests, ServerError) as e:
             if attempt == CREATE_RETRIES - 1:
                 raise
-            log.debug("creating node %s: %s; retrying in %.1fs", node["metadata"]["name"], e, delay)
-            await asyncio.sleep(delay)
-            delay = min(5.0, delay * 2)
+            log.debug("creating node %s: %s; retrying in %.1fs", node["metadata"]["name"], e, backoff.delay)
+            await backoff.sleep()
     raise AssertionError("unreachable")
 
 

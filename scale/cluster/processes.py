@@ -1,7 +1,9 @@
-"""Starting, watching and stopping the cluster's OS processes, by PID only.
+"""Starting, watching and stopping OS processes, by PID only: the one launcher of the scale tooling.
 
-A started process is described by a ``ProcessRecord`` (name, pid, start time, command, log file) that is
-written to ``state.json``, so a later ``cluster down`` in another interpreter can stop it.
+The local cluster's components, the benchmark's schedulers, the demo's schedulers and the integration tests'
+schedulers are all started with ``spawn`` and stopped with ``stop``/``terminate``. A started process is
+described by a ``ProcessRecord`` (name, pid, start time, command, log file); the cluster writes its records to
+``state.json``, so a later ``cluster down`` in another interpreter can stop them.
 
 Invariants:
 - A process is identified by ``(pid, create_time)``: a recorded PID whose current owner started at another time
@@ -9,13 +11,13 @@ Invariants:
 - Signals go to single PIDs we started: never to a process group, never by name.
 - Processes start in their own session (``start_new_session``), so a Ctrl-C in the terminal that ran
   ``cluster up`` does not take the cluster down with it, and their output goes to one log file each.
-- Children started by this interpreter are kept in ``_children`` until reaped, so that ``Popen`` objects are
-  never collected while their process runs (no ResourceWarning) and exited children do not linger as zombies.
+- Children started by this interpreter are kept in ``_children``, so that ``Popen`` objects are never
+  collected while their process runs (no ResourceWarning), exited children are reaped (no zombies) and
+  their exit status stays readable after they were reaped.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import signal
@@ -103,20 +105,14 @@ def exit_code(record: ProcessRecord) -> int | None:
     child = _children.get(record.pid)
     if child is None:
         return None
-    code = child.poll()
-    if code is not None:
-        _children.pop(record.pid, None)
-    return code
+    return child.poll()
 
 
 def is_running(record: ProcessRecord) -> bool:
     """True when the recorded process still runs (not exited, not a zombie, PID not reused)."""
     child = _children.get(record.pid)
     if child is not None:
-        if child.poll() is None:
-            return True
-        _children.pop(record.pid, None)
-        return False
+        return child.poll() is None
     try:
         proc = psutil.Process(record.pid)
         if abs(proc.create_time() - record.create_time) > _CREATE_TIME_TOLERANCE:
@@ -126,9 +122,75 @@ def is_running(record: ProcessRecord) -> bool:
         return False
 
 
-def _signal(record: ProcessRecord, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError):
+def send(record: ProcessRecord, sig: int) -> bool:
+    """Send ``sig`` to the recorded process if it still runs (a reused PID is never signalled).
+
+    Returns whether the signal was sent."""
+    if not is_running(record):
+        return False
+    try:
         os.kill(record.pid, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class Stopped:
+    """How one process ended under ``stop``."""
+
+    name: str
+    #: exit status (negative: the signal that ended it) when the process is our child; None when it is not
+    code: int | None
+    #: True when it outlived the grace period and got SIGKILL
+    killed: bool
+    #: the tail of its log when it exited with a non-zero status or was killed; "" otherwise
+    log_tail: str = ""
+
+
+def stop(
+    records: Sequence[ProcessRecord],
+    *,
+    grace: float = DEFAULT_GRACE,
+    sig: int = signal.SIGTERM,
+    tail_lines: int = TAIL_LINES,
+) -> list[Stopped]:
+    """Send ``sig`` to every running process of ``records`` (in that order), SIGKILL those still running after
+    ``grace`` seconds, and wait until all are gone.
+
+    Returns one ``Stopped`` per record, in the order of ``records``; a process that had exited before is
+    reported with its exit status too."""
+    alive = [r for r in records if is_running(r)]
+    for record in alive:
+        log.info("stopping %s (pid %d)", record.name, record.pid)
+        send(record, sig)
+    deadline = time.monotonic() + grace
+    while alive and time.monotonic() < deadline:
+        time.sleep(_POLL)
+        alive = [r for r in alive if is_running(r)]
+    killed = {r.pid for r in alive}
+    for record in alive:
+        log.warning(
+            "%s (pid %d) outlived its stop signal for %.0fs; sending SIGKILL", record.name, record.pid, grace
+        )
+        send(record, signal.SIGKILL)
+    deadline = time.monotonic() + 5.0
+    while alive and time.monotonic() < deadline:
+        time.sleep(_POLL)
+        alive = [r for r in alive if is_running(r)]
+    if alive:
+        log.error("still running after SIGKILL: %s", ", ".join(f"{r.name} ({r.pid})" for r in alive))
+    out = []
+    for record in records:
+        code = exit_code(record)
+        was_killed = record.pid in killed
+        failed = was_killed or (code is not None and code != 0)
+        out.append(
+            Stopped(
+                record.name, code, was_killed, tail(record.log, tail_lines) if failed and record.log else ""
+            )
+        )
+    return out
 
 
 def terminate(records: Iterable[ProcessRecord], *, grace: float = DEFAULT_GRACE) -> list[str]:
@@ -136,26 +198,7 @@ def terminate(records: Iterable[ProcessRecord], *, grace: float = DEFAULT_GRACE)
 
     Returns the names of the processes that had to be killed. Returns when all of them are gone.
     """
-    alive = [r for r in records if is_running(r)]
-    for record in alive:
-        log.info("stopping %s (pid %d)", record.name, record.pid)
-        _signal(record, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while alive and time.monotonic() < deadline:
-        time.sleep(_POLL)
-        alive = [r for r in alive if is_running(r)]
-    killed = []
-    for record in alive:
-        log.warning("%s (pid %d) ignored SIGTERM for %.0fs; sending SIGKILL", record.name, record.pid, grace)
-        _signal(record, signal.SIGKILL)
-        killed.append(record.name)
-    deadline = time.monotonic() + 5.0
-    while alive and time.monotonic() < deadline:
-        time.sleep(_POLL)
-        alive = [r for r in alive if is_running(r)]
-    if alive:
-        log.error("still running after SIGKILL: %s", ", ".join(f"{r.name} ({r.pid})" for r in alive))
-    return killed
+    return [s.name for s in stop(list(records), grace=grace) if s.killed]
 
 
 def tail(path: str | Path, lines: int = TAIL_LINES) -> str:

@@ -1,13 +1,12 @@
-"""Helpers for integration tests: scheduler processes (started and stopped by PID), pod creation, waiting,
-the capacity audit read back from the API server, and a TCP proxy whose connections a test can cut."""
+"""Helpers for integration tests: scheduler processes (started and stopped by PID with the scale tooling's
+launcher, ``scale.cluster.processes``), pod creation, waiting, the capacity audit read back from the API
+server, and a TCP proxy whose connections a test can cut."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
-import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -17,6 +16,7 @@ from typing import Any
 
 from common.kube import KubeClient
 from common.records import node_from_json, pod_from_json
+from scale.cluster.processes import is_running, spawn, stop, tail
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,36 +26,23 @@ class SchedulerProcess:
 
     def __init__(self, args: list[str], log_path: Path) -> None:
         self.log_path = log_path
-        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "agent_scheduler.cli", *args],
-            cwd=ROOT,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+        self.record = spawn(
+            log_path.stem, [sys.executable, "-m", "agent_scheduler.cli", *args], log_path, cwd=ROOT
         )
 
     @property
     def pid(self) -> int:
-        return self.proc.pid
+        return self.record.pid
 
     def alive(self) -> bool:
-        return self.proc.poll() is None
+        return is_running(self.record)
 
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        self._log.close()
-        return self.proc.returncode
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int | None:
+        """Send ``sig`` (SIGKILL after ``timeout``); the exit status."""
+        return stop([self.record], grace=timeout, sig=sig)[0].code
 
     def tail(self, lines: int = 40) -> str:
-        text = self.log_path.read_text(errors="replace").splitlines()
-        return "\n".join(text[-lines:])
+        return tail(self.log_path, lines)
 
 
 async def create_pods(

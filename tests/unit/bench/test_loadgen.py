@@ -11,8 +11,9 @@ import pytest
 
 from common.kube import Invalid, KubeClient, TooManyRequests
 from scale.bench import loadgen
-from scale.bench.loadgen import BindWatch, drive, wait_bound
+from scale.bench.loadgen import drive
 from scale.bench.workloads import WorkloadSpec, arrivals
+from scale.tracking import BindWatch, wait_bound
 
 
 class FakeClock:

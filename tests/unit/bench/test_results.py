@@ -12,7 +12,6 @@ from scale.bench.results import (
     CDF_POINTS,
     REQUIRED_FIELDS,
     SCHEMA_VERSION,
-    PodTimes,
     RunResult,
     SchemaError,
     Usage,
@@ -25,6 +24,7 @@ from scale.bench.results import (
     sustained_rate,
     timeline,
 )
+from scale.tracking import PodTimes
 
 
 class TestPercentile:

@@ -7,12 +7,12 @@ from collections import Counter
 import pytest
 
 from common.quantity import parse_milli, parse_units
+from common.wellknown import WARM_LABEL, WARM_LABEL_VALUE
 from scale.cluster.nodes import (
     GPU_RESOURCE,
     KWOK_ANNOTATION,
     LABEL_INSTANCE_TYPE,
     LABEL_POOL,
-    LABEL_WARMUP,
     LABEL_ZONE,
     ZONES,
     generate_nodes,
@@ -51,7 +51,7 @@ def test_mix_of_shapes_labels_and_taints() -> None:
         n["status"]["allocatable"]["cpu"] for n in nodes if n["metadata"]["labels"][LABEL_POOL] == "general"
     )
     assert set(cpus) == {"16", "32", "64"}
-    warm = sum(1 for n in nodes if n["metadata"]["labels"].get(LABEL_WARMUP) == "true")
+    warm = sum(1 for n in nodes if n["metadata"]["labels"].get(WARM_LABEL) == WARM_LABEL_VALUE)
     assert 0.08 < warm / 5000 < 0.12
     zones = Counter(n["metadata"]["labels"][LABEL_ZONE] for n in nodes)
     assert set(zones) == set(ZONES) and max(zones.values()) - min(zones.values()) <= 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import signal
 import sys
 import time
 from pathlib import Path
@@ -85,3 +86,27 @@ def test_record_round_trip_and_tail_limits(tmp_path: Path) -> None:
     lines = tail(log).splitlines()
     assert len(lines) == 50 and lines[-1] == "line 199" and lines[0] == "line 150"
     assert tail(tmp_path / "missing.log") == ""
+
+
+def test_stop_reports_exit_status_and_log_tail_of_failures(tmp_path: Path) -> None:
+    clean = spawn("clean", [sys.executable, "-c", "import time; time.sleep(60)"], tmp_path / "clean.log")
+    failed = spawn(
+        "failed", [sys.executable, "-c", "print('boom', flush=True); raise SystemExit(2)"], tmp_path / "f.log"
+    )
+    deadline = time.monotonic() + 10
+    while exit_code(failed) is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    outcome = processes.stop([clean, failed], grace=5)
+    assert [s.name for s in outcome] == ["clean", "failed"]
+    assert outcome[0].code == -signal.SIGTERM and not outcome[0].killed and outcome[0].log_tail == ""
+    assert outcome[1].code == 2 and not outcome[1].killed and outcome[1].log_tail == "boom"
+    assert exit_code(failed) == 2, "the exit status stays readable after the child was reaped"
+
+
+def test_stop_with_another_first_signal(tmp_path: Path) -> None:
+    log = tmp_path / "stubborn.log"
+    record = spawn("stubborn", [sys.executable, "-c", IGNORES_SIGTERM], log)
+    _wait_for_line(log, "ignoring SIGTERM")
+    [outcome] = processes.stop([record], grace=5, sig=signal.SIGKILL)
+    assert outcome.code == -signal.SIGKILL and not outcome.killed
+    assert not processes.send(record, signal.SIGTERM), "an exited process is not signalled"
