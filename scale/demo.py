@@ -5,7 +5,7 @@
 2. a coordinator and ``--workers`` worker processes, using the cluster's etcd for leases and the shard map;
 3. a bursty stream of agent pods (bursts separated by a steady trickle), with live progress every second;
 4. a summary: pods/s, p50/p99 create-to-bound latency from the generator's own clocks, each worker's share
-   (from the workers' binding trails), and the capacity audit read back from the API server;
+   (from the workers' binding trails), and the capacity audit read back from the API server (``scale.audit``);
 5. a clean shutdown: every process stopped by its PID, the cluster removed (``--keep`` leaves it running).
 """
 
@@ -21,10 +21,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from common.kube import KubeClient
-from common.records import node_from_json, pod_from_json
 from common.watching import Reflector
 from common.wellknown import DEFAULT_ETCD_PREFIX, DEFAULT_SCHEDULER_NAME
+from scale.audit import audit_capacity
 from scale.bench.loadgen import create_one
 from scale.bench.results import latency_stats
 from scale.cluster import Cluster, start_cluster
@@ -132,7 +131,7 @@ async def _drive(cluster: Cluster, args: argparse.Namespace, run_dir: Path) -> d
         await asyncio.gather(watcher, return_exceptions=True)
         summary = _summary(watch.of_kind("agent"))
         summary["created"] = index
-        summary["overcommitted_nodes"] = await _overcommitted(kube)
+        summary["overcommitted_nodes"] = len((await audit_capacity(kube)).overcommitted)
         return summary
 
 
@@ -162,19 +161,6 @@ def _worker_shares(run_dir: Path) -> dict[str, int]:
             if rec["pod"].startswith(NAMESPACE + "/"):
                 shares[rec["worker"]] += 1
     return dict(sorted(shares.items()))
-
-
-async def _overcommitted(kube: KubeClient) -> int:
-    nodes = {
-        n["metadata"]["name"]: node_from_json(n).allocatable
-        for n in (await kube.get("/api/v1/nodes"))["items"]
-    }
-    used: Counter[str] = Counter()
-    for obj in (await kube.get("/api/v1/pods"))["items"]:
-        pod = pod_from_json(obj)
-        if pod.node_name and not pod.terminal:
-            used[pod.node_name] += pod.requests.milli_cpu
-    return sum(1 for name, cpu in used.items() if name in nodes and cpu > nodes[name].milli_cpu)
 
 
 def run(args: argparse.Namespace) -> int:

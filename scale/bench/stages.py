@@ -25,11 +25,12 @@ from scale.cluster import Cluster
 from scale.cluster import components as cluster_components
 from scale.cluster.lifecycle import start_component
 from scale.cluster.processes import terminate
-from scale.cluster.stages import kwok_config
+from scale.cluster.stages import POD_SUCCEEDED_STATUS, kwok_config
 
 log = logging.getLogger(__name__)
 
-POD_EXPIRE = f"""\
+POD_EXPIRE = (
+    f"""\
 apiVersion: kwok.x-k8s.io/v1alpha1
 kind: Stage
 metadata:
@@ -53,23 +54,9 @@ spec:
       expressionFrom: '.metadata.annotations["{LIFETIME_ANNOTATION}"]'
   next:
     statusTemplate: |
-      {{{{ $now := Now }}}}
-      containerStatuses:
-      {{{{ range .spec.containers }}}}
-      - image: {{{{ .image | Quote }}}}
-        name: {{{{ .name | Quote }}}}
-        ready: false
-        restartCount: 0
-        started: false
-        state:
-          terminated:
-            exitCode: 0
-            finishedAt: {{{{ $now | Quote }}}}
-            reason: Completed
-            startedAt: {{{{ $now | Quote }}}}
-      {{{{ end }}}}
-      phase: Succeeded
 """
+    + POD_SUCCEEDED_STATUS
+)
 
 POD_REMOVE = f"""\
 apiVersion: kwok.x-k8s.io/v1alpha1

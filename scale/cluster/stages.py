@@ -19,6 +19,45 @@ from __future__ import annotations
 NODE_HEARTBEAT_MS = 300_000
 NODE_HEARTBEAT_JITTER_MS = 360_000
 
+# Status templates (kwok's Go templates, indented for a ``statusTemplate: |`` block) that more than one Stage
+# writes.
+
+#: a node's conditions, refreshed: written when a node is initialised and at every heartbeat
+NODE_CONDITIONS_STATUS = """\
+      {{ $now := Now }}
+      {{ $lastTransitionTime := or .metadata.creationTimestamp $now }}
+      conditions:
+      {{ range NodeConditions }}
+      - lastHeartbeatTime: {{ $now | Quote }}
+        lastTransitionTime: {{ $lastTransitionTime | Quote }}
+        message: {{ .message | Quote }}
+        reason: {{ .reason | Quote }}
+        status: {{ .status | Quote }}
+        type: {{ .type | Quote }}
+      {{ end }}
+"""
+
+#: a pod that finished: every container terminated with exit code 0, phase Succeeded (also the bench's
+#: ``bench-pod-expire`` stage, ``scale.bench.stages``)
+POD_SUCCEEDED_STATUS = """\
+      {{ $now := Now }}
+      containerStatuses:
+      {{ range .spec.containers }}
+      - image: {{ .image | Quote }}
+        name: {{ .name | Quote }}
+        ready: false
+        restartCount: 0
+        started: false
+        state:
+          terminated:
+            exitCode: 0
+            finishedAt: {{ $now | Quote }}
+            reason: Completed
+            startedAt: {{ $now | Quote }}
+      {{ end }}
+      phase: Succeeded
+"""
+
 KWOK_CONFIGURATION = """\
 apiVersion: config.kwok.x-k8s.io/v1alpha1
 kind: KwokConfiguration
@@ -28,7 +67,8 @@ options:
   enableDebuggingHandlers: false
 """
 
-NODE_INITIALIZE = """\
+NODE_INITIALIZE = (
+    """\
 apiVersion: kwok.x-k8s.io/v1alpha1
 kind: Stage
 metadata:
@@ -44,17 +84,9 @@ spec:
       values: ['True']
   next:
     statusTemplate: |
-      {{ $now := Now }}
-      {{ $lastTransitionTime := or .metadata.creationTimestamp $now }}
-      conditions:
-      {{ range NodeConditions }}
-      - lastHeartbeatTime: {{ $now | Quote }}
-        lastTransitionTime: {{ $lastTransitionTime | Quote }}
-        message: {{ .message | Quote }}
-        reason: {{ .reason | Quote }}
-        status: {{ .status | Quote }}
-        type: {{ .type  | Quote}}
-      {{ end }}
+"""
+    + NODE_CONDITIONS_STATUS
+    + """\
       {{ with .status.addresses }}
       addresses:
       {{ YAML . 1 }}
@@ -100,6 +132,7 @@ spec:
         systemUUID: {{ or $nodeInfo.systemUUID `""` }}
       phase: Running
 """
+)
 
 NODE_HEARTBEAT = """\
 apiVersion: kwok.x-k8s.io/v1alpha1
@@ -123,18 +156,7 @@ spec:
     jitterDurationMilliseconds: {heartbeat_jitter_ms}
   next:
     statusTemplate: |
-      {{{{ $now := Now }}}}
-      {{{{ $lastTransitionTime := or .metadata.creationTimestamp $now }}}}
-      conditions:
-      {{{{ range NodeConditions }}}}
-      - lastHeartbeatTime: {{{{ $now | Quote }}}}
-        lastTransitionTime: {{{{ $lastTransitionTime | Quote }}}}
-        message: {{{{ .message | Quote }}}}
-        reason: {{{{ .reason | Quote }}}}
-        status: {{{{ .status | Quote }}}}
-        type: {{{{ .type | Quote }}}}
-      {{{{ end }}}}
-  immediateNextStage: true
+{conditions}  immediateNextStage: true
 """
 
 POD_READY = """\
@@ -217,7 +239,8 @@ spec:
       startTime: {{ $now | Quote }}
 """
 
-POD_COMPLETE = """\
+POD_COMPLETE = (
+    """\
 apiVersion: kwok.x-k8s.io/v1alpha1
 kind: Stage
 metadata:
@@ -238,23 +261,9 @@ spec:
       values: ['Job']
   next:
     statusTemplate: |
-      {{ $now := Now }}
-      containerStatuses:
-      {{ range .spec.containers }}
-      - image: {{ .image | Quote }}
-        name: {{ .name | Quote }}
-        ready: false
-        restartCount: 0
-        started: false
-        state:
-          terminated:
-            exitCode: 0
-            finishedAt: {{ $now | Quote }}
-            reason: Completed
-            startedAt: {{ $now | Quote }}
-      {{ end }}
-      phase: Succeeded
 """
+    + POD_SUCCEEDED_STATUS
+)
 
 POD_DELETE = """\
 apiVersion: kwok.x-k8s.io/v1alpha1
@@ -286,7 +295,9 @@ def kwok_config(
         KWOK_CONFIGURATION.format(pod_parallelism=pod_parallelism, node_parallelism=node_parallelism),
         NODE_INITIALIZE,
         NODE_HEARTBEAT.format(
-            heartbeat_ms=heartbeat_ms, heartbeat_jitter_ms=max(heartbeat_ms, heartbeat_jitter_ms)
+            heartbeat_ms=heartbeat_ms,
+            heartbeat_jitter_ms=max(heartbeat_ms, heartbeat_jitter_ms),
+            conditions=NODE_CONDITIONS_STATUS,
         ),
         POD_READY,
         POD_COMPLETE,

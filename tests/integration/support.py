@@ -1,6 +1,6 @@
 """Helpers for integration tests: scheduler processes (started and stopped by PID with the scale tooling's
 launcher, ``scale.cluster.processes``), pod creation, waiting, the capacity audit read back from the API
-server, and a TCP proxy whose connections a test can cut."""
+server (``scale.audit``), and a TCP proxy whose connections a test can cut."""
 
 from __future__ import annotations
 
@@ -9,13 +9,11 @@ import contextlib
 import signal
 import sys
 import time
-from collections import defaultdict
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from common.kube import KubeClient
-from common.records import node_from_json, pod_from_json
+from scale.audit import Audit, audit_capacity  # noqa: F401 - re-exported: the tests import the audit here
 from scale.cluster.processes import is_running, spawn, stop, tail
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,54 +77,6 @@ async def wait_for(
 
 def all_bound(n: int) -> Any:
     return lambda pods: len(pods) == n and all(p["spec"].get("nodeName") for p in pods)
-
-
-@dataclass
-class Audit:
-    pods_bound: int = 0
-    overcommitted: list[str] = field(default_factory=list)
-    per_node: dict[str, int] = field(default_factory=dict)
-
-
-async def audit_capacity(kube: KubeClient) -> Audit:
-    """Read every node and non-terminal pod from the API server and check no node's summed requests exceed
-    its allocatable (cpu, memory, extended resources, pod count)."""
-    nodes = {n["metadata"]["name"]: node_from_json(n) for n in (await kube.get("/api/v1/nodes"))["items"]}
-    pods = (
-        await kube.get("/api/v1/pods", {"fieldSelector": "status.phase!=Succeeded,status.phase!=Failed"})
-    )["items"]
-    used: dict[str, Any] = {}
-    count: dict[str, int] = defaultdict(int)
-    out = Audit()
-    for obj in pods:
-        rec = pod_from_json(obj)
-        if not rec.node_name:
-            continue
-        out.pods_bound += 1
-        count[rec.node_name] += 1
-        if rec.node_name not in used:
-            used[rec.node_name] = rec.requests.copy()
-        else:
-            used[rec.node_name].add(rec.requests)
-    for name, req in used.items():
-        node = nodes.get(name)
-        if node is None:
-            continue
-        a = node.allocatable
-        over = [
-            r
-            for r, have, want in [
-                ("cpu", a.milli_cpu, req.milli_cpu),
-                ("memory", a.memory, req.memory),
-                ("pods", a.pods, count[name]),
-                *[(k, a.scalar.get(k, 0), v) for k, v in req.scalar.items()],
-            ]
-            if want > have
-        ]
-        if over:
-            out.overcommitted.append(f"{name}: {over}")
-    out.per_node = dict(count)
-    return out
 
 
 class CuttableProxy:
