@@ -1,0 +1,129 @@
+"""The Reflector's promises: paged lists, relist on 410 Gone, reconnect from the last resourceVersion with
+backoff on transient errors, bookmarks that only advance the resourceVersion."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from common.kube import Gone, ServerError, TooManyRequests
+from common.watching import LIST_PAGE_SIZE, Reflector
+from tests.unit.common.fakes import FakeKube, cancel, record_sleeps
+
+PATH = "/api/v1/pods"
+
+
+def _obj(name: str, rv: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "resourceVersion": rv}}
+
+
+def _page(names: list[str], rv: str, cont: str = "") -> dict[str, Any]:
+    meta: dict[str, Any] = {"resourceVersion": rv}
+    if cont:
+        meta["continue"] = cont
+    return {"items": [_obj(n, "1") for n in names], "metadata": meta}
+
+
+class Handler:
+    """Keeps the set the reflector says exists, as a cache would."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.replaced = 0
+        self.events: list[tuple[str, str]] = []
+
+    def replace(self, objects: list[dict[str, Any]]) -> None:
+        self.replaced += 1
+        self.objects = {o["metadata"]["name"]: o for o in objects}
+
+    def event(self, kind: str, obj: dict[str, Any]) -> None:
+        name = obj["metadata"]["name"]
+        self.events.append((kind, name))
+        if kind == "DELETED":
+            self.objects.pop(name, None)
+        else:
+            self.objects[name] = obj
+
+
+async def _run_until_idle(reflector: Reflector, kube: FakeKube) -> None:
+    """Run the reflector until it has used every scripted answer and waits in a watch, then stop it."""
+    task = asyncio.create_task(reflector.run())
+    try:
+        await asyncio.wait_for(kube.idle.wait(), 10)
+    finally:
+        await cancel(task)
+
+
+async def test_lists_in_pages_with_continue_then_watches_from_the_lists_version() -> None:
+    kube = FakeKube(pages=[_page(["a", "b"], "", cont="token-1"), _page(["c"], "42")])
+    handler = Handler()
+    reflector = Reflector(kube.client(), PATH, handler, params={"fieldSelector": "spec.nodeName="})
+
+    await _run_until_idle(reflector, kube)
+
+    assert kube.gets == [
+        (PATH, {"fieldSelector": "spec.nodeName=", "limit": str(LIST_PAGE_SIZE)}),
+        (PATH, {"fieldSelector": "spec.nodeName=", "limit": str(LIST_PAGE_SIZE), "continue": "token-1"}),
+    ]
+    assert handler.replaced == 1 and sorted(handler.objects) == ["a", "b", "c"]
+    assert reflector.synced.is_set() and reflector.relists == 1
+    assert kube.watch_versions == ["42"]
+
+
+async def test_410_gone_relists_and_the_new_list_replaces_the_handlers_set() -> None:
+    kube = FakeKube(
+        pages=[_page(["a", "b"], "5"), _page(["a", "d"], "20")],
+        streams=[[("ADDED", _obj("c", "6")), Gone(410, "too old")]],
+    )
+    handler = Handler()
+    reflector = Reflector(kube.client(), PATH, handler)
+
+    await _run_until_idle(reflector, kube)
+
+    assert handler.events == [("ADDED", "c")]
+    assert sorted(handler.objects) == ["a", "d"], "b and c went away while the watch was down: not kept"
+    assert handler.replaced == 2 and reflector.relists == 2 and reflector.reconnects == 0
+    assert kube.watch_versions == ["5", "20"]
+
+
+async def test_transient_errors_reconnect_from_the_last_version_with_growing_backoff(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    kube = FakeKube(
+        pages=[_page(["a"], "5")],
+        streams=[
+            [("ADDED", _obj("b", "7")), ServerError(500, "etcd leader changed")],
+            [TooManyRequests(429, "slow down")],
+            [ServerError(0, "connection reset")],
+            [("MODIFIED", _obj("b", "9")), ServerError(503, "unavailable")],
+        ],
+    )
+    slept = record_sleeps(monkeypatch)
+    handler = Handler()
+    reflector = Reflector(kube.client(), PATH, handler)
+
+    await _run_until_idle(reflector, kube)
+
+    assert kube.watch_versions == ["5", "7", "7", "7", "9"], "each reconnect resumes where the stream stopped"
+    assert len(kube.gets) == 1 and handler.replaced == 1, "a transient error does not relist"
+    assert reflector.reconnects == 4
+    # 0.2 s doubling while nothing arrives; an event resets it (common.backoff.api_retry)
+    assert slept == [0.2, 0.4, 0.8, 0.2]
+    assert handler.events == [("ADDED", "b"), ("MODIFIED", "b")]
+
+
+async def test_bookmarks_advance_the_version_without_events() -> None:
+    kube = FakeKube(
+        pages=[_page(["a"], "5")],
+        streams=[[("BOOKMARK", {"metadata": {"resourceVersion": "90"}})]],
+    )
+    handler = Handler()
+    reflector = Reflector(kube.client(), PATH, handler)
+
+    await _run_until_idle(reflector, kube)
+
+    assert handler.events == [] and reflector.events == 0
+    assert reflector.resource_version == "90"
+    assert kube.watch_versions == ["5", "90"], "a stream that ends is watched again from the bookmark"
