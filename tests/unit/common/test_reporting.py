@@ -63,7 +63,9 @@ def test_unschedulable_message_has_kube_schedulers_shape() -> None:
     assert unschedulable_message(0, {}) == "0/0 nodes are available."
 
 
-async def test_a_pod_failing_again_before_its_report_is_sent_has_one_report_the_newest(clock: FakeClock) -> None:
+async def test_a_pod_failing_again_before_its_report_is_sent_has_one_report_the_newest(
+    clock: FakeClock,
+) -> None:
     kube = FakeKube()
     reporter = Reporter(kube.client(), component="agent-scheduler", qps=0)
     reporter.unschedulable(_pod("a"), "0/3 nodes are available: 3 Insufficient cpu.")
