@@ -31,6 +31,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
+from common.backoff import Backoff
 from common.kube import ApiError, Credentials, KubeClient
 from scale.cluster import components
 from scale.cluster.components import APISERVER, ETCD, KWOK, SCHEDULER, Component, Ports
@@ -64,6 +65,8 @@ from scale.cluster.state import FAILED, RUNNING, STARTING, ClusterState, load, s
 log = logging.getLogger(__name__)
 
 STOPPED = "stopped"
+READY_POLL_INITIAL = 0.05  # a component's readiness probe: often at first, then every half second
+READY_POLL_MAX = 0.5
 _PORT_TAKEN = "address already in use"
 _T = TypeVar("_T")
 
@@ -415,7 +418,7 @@ def start_component(component: Component, cluster: Cluster) -> Ports:
 
 def _wait_ready(component: Component, record: ProcessRecord, ports: Ports, *, timeout: float) -> None:
     deadline = time.monotonic() + timeout
-    pause = 0.05
+    pause = Backoff(READY_POLL_INITIAL, READY_POLL_MAX, factor=1.5)
     while True:
         code = exit_code(record)
         if code is not None or not is_running(record):
@@ -436,8 +439,7 @@ def _wait_ready(component: Component, record: ProcessRecord, ports: Ports, *, ti
                 log_path=record.log,
                 log_tail=tail(record.log),
             )
-        time.sleep(pause)
-        pause = min(0.5, pause * 1.5)
+        time.sleep(pause.next())
 
 
 def claim_directory(layout: Layout, *, force: bool, grace: float) -> None:
