@@ -17,8 +17,9 @@ Fair identity: our processes use the kubeconfig of the user kube-scheduler runs 
 after ``grant_agent_rbac`` bound the product's ClusterRole (``manifests/rbac.yaml``) to that user too; so every
 scheduler goes through the same API priority-and-fairness level and none is exempt as an admin would be.
 
-Processes are started in their own session, log to files, and are stopped by PID only: SIGTERM (graceful: the
-worker drains its bindings), then SIGKILL after a grace period.
+Processes are started with the scale tooling's one launcher (``scale.cluster.processes``: their own session, a
+log file each) and are stopped by PID only: SIGTERM (graceful: the worker drains its bindings), then SIGKILL
+after a grace period.
 """
 
 from __future__ import annotations
