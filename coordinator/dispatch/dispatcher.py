@@ -93,7 +93,7 @@ class Dispatcher:
         self.connect: LinkFactory = connect or self._open_link
         self.table = PendingTable()
         self.workers: dict[str, Worker] = {}
-        self._blocked: list[PodKey] = []  # waiting only for a full ACK window to free
+        self._blocked: dict[PodKey, None] = {}  # waiting only for a full ACK window to free (ordered set)
         self._next_id = 0
         self.reflector = Reflector(
             client,
@@ -159,7 +159,7 @@ class Dispatcher:
             elif any(
                 o.window_full and o.fits(p.record) for wid, o in self.workers.items() if wid not in p.tried
             ):
-                self._blocked.append(key)
+                self._blocked[key] = None
             return  # no worker can take it now: it waits for capacity, an ACK, or workers to change
         self._next_id += 1
         p.worker, p.dispatch_id = w.worker_id, self._next_id
@@ -212,6 +212,7 @@ class Dispatcher:
                 p.worker = None
                 self.redispatched += 1
                 self.table.enqueue(key)
+        self._unblock()  # the pods that waited for this worker's window may go elsewhere now
 
     def _current(self, link: Transport) -> Worker | None:
         """The worker ``link`` belongs to, unless the link has been replaced or dropped since."""
@@ -245,10 +246,13 @@ class Dispatcher:
                 self._result(w, message)
 
     def _acknowledged(self, w: Worker, dispatch_id: int) -> None:
-        if w.acknowledged(dispatch_id) and self._blocked:
-            for key in self._blocked:
-                self.table.enqueue(key)
-            self._blocked.clear()
+        if w.acknowledged(dispatch_id):
+            self._unblock()
+
+    def _unblock(self) -> None:
+        for key in self._blocked:
+            self.table.enqueue(key)
+        self._blocked.clear()
 
     def _result(self, w: Worker, result: protocol.Result) -> None:
         key = w.in_flight.get(result.id)
@@ -308,6 +312,7 @@ class Dispatcher:
             "parked": self.table.parked(),
             "declared_unschedulable": self.declared_unschedulable,
             "redispatched": self.redispatched,
+            "waiting_for_window": len(self._blocked),
             "workers": {
                 wid: {
                     "connected": w.ready,

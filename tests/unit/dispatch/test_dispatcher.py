@@ -343,6 +343,10 @@ async def test_ack_window_bounds_unacknowledged_dispatches(rig: Rig) -> None:
     sent = w1.dispatches()
     assert len(sent) == protocol.MAX_UNACKED
     assert rig.reporter.verdicts == []  # a full window is not a "no"
+    for _ in range(3):  # the idle rescans consider them again; each is still counted once
+        rig.rescan()
+        rig.step()
+    assert rig.d.statistics()["waiting_for_window"] == extra
     w1.ack(sent[0].id)
     rig.step()
     assert len(w1.dispatches()) == protocol.MAX_UNACKED + 1
@@ -376,7 +380,8 @@ async def test_a_full_window_sends_the_burst_to_other_workers(rig: Rig) -> None:
     rig.rescan()
     rig.step()
     assert len(w2.dispatches()) == 10
-    w1.down()  # its window and its pods go with the stream
+    w1.down()  # its window and its pods go with the stream; what waited for its window is queued again
+    assert rig.d.statistics()["waiting_for_window"] == 0
     rig.step()
     assert rig.d.workers["w1"].unacked == set()
     # w2 takes what its own window allows; the rest waits for its ACKs
