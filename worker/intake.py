@@ -76,20 +76,18 @@ class Intake:
         peer = writer.get_extra_info("peername")
         try:
             hello = await protocol.read_message(reader)
-            if hello["t"] != protocol.HELLO:
-                raise protocol.ProtocolError(f"expected hello, got {hello['t']!r}")
-            term = int(hello.get("term", 0))
+            if not isinstance(hello, protocol.Hello):
+                raise protocol.ProtocolError(f"expected hello, got {type(hello).__name__}")
+            term = hello.term
             if term < self._term:
-                writer.write(
-                    protocol.encode(protocol.ERROR, message=f"term {term} is older than {self._term}")
-                )
+                writer.write(protocol.encode(protocol.Error(f"term {term} is older than {self._term}")))
                 await writer.drain()
                 return
             if self._writer is not None and self._writer is not writer:
                 self._writer.close()
             self._term, self._writer = term, writer
-            log.info("leader %s (term %d) connected from %s", hello.get("leader"), term, peer)
-            writer.write(protocol.encode(protocol.WELCOME, worker=self.worker_id, term=term))
+            log.info("leader %s (term %d) connected from %s", hello.leader, term, peer)
+            writer.write(protocol.encode(protocol.Welcome(worker=self.worker_id, term=term)))
             reporter = asyncio.create_task(self._report_capacity(writer))
             try:
                 while True:
@@ -104,39 +102,31 @@ class Intake:
         except protocol.ProtocolError as e:
             log.warning("protocol error from %s: %s", peer, e)
             with contextlib.suppress(ConnectionError):
-                writer.write(protocol.encode(protocol.ERROR, message=str(e)))
+                writer.write(protocol.encode(protocol.Error(str(e))))
         finally:
             if self._writer is writer:
                 self._writer = None
             writer.close()
 
-    def _handle(self, msg: dict[str, Any], writer: asyncio.StreamWriter) -> None:
-        kind = msg["t"]
-        if kind == protocol.DISPATCH:
-            dispatch_id = int(msg["id"])
-            pod = pod_from_json(msg["pod"])
+    def _handle(self, msg: protocol.Message, writer: asyncio.StreamWriter) -> None:
+        if isinstance(msg, protocol.Dispatch):
+            dispatch_id = msg.id
+            pod = pod_from_json(msg.pod)
             self.received += 1
             if not self.can_place():
                 writer.write(
                     protocol.encode(
-                        protocol.RESULT,
-                        id=dispatch_id,
-                        key=pod.key,
-                        outcome=protocol.REJECTED,
-                        node="",
-                        nodes=0,
-                        reasons={},
-                        message="worker cannot place pods now",
+                        protocol.Result.rejected(dispatch_id, pod.key, "worker cannot place pods now")
                     )
                 )
                 return
             self._pending[pod.key] = _Pending(dispatch_id, pod.key)
             self.sched.submit(pod)
-            writer.write(protocol.encode(protocol.ACK, id=dispatch_id))
-        elif kind == protocol.PING:
-            writer.write(protocol.encode(protocol.PONG, ts=msg.get("ts", 0)))
+            writer.write(protocol.encode(protocol.Ack(dispatch_id)))
+        elif isinstance(msg, protocol.Ping):
+            writer.write(protocol.encode(protocol.Pong(msg.ts)))
         else:
-            log.debug("ignoring %s message", kind)
+            log.debug("ignoring %s message", type(msg).__name__)
 
     # ----- results ---------------------------------------------------------------------------------------
 
@@ -148,18 +138,7 @@ class Intake:
         self._bound_times.append(time.monotonic())
         p = self._pending.pop(pod.key, None)
         if p is not None:
-            self._send(
-                protocol.encode(
-                    protocol.RESULT,
-                    id=p.dispatch_id,
-                    key=pod.key,
-                    outcome=protocol.BOUND,
-                    node=node,
-                    nodes=0,
-                    reasons={},
-                    message="",
-                )
-            )
+            self._send(protocol.encode(protocol.Result.bound(p.dispatch_id, pod.key, node)))
 
     def _unschedulable(self, pod: PodRecord, decision: Decision) -> None:
         p = self._pending.pop(pod.key, None)
@@ -170,14 +149,13 @@ class Intake:
             return
         self._send(
             protocol.encode(
-                protocol.RESULT,
-                id=p.dispatch_id,
-                key=pod.key,
-                outcome=protocol.UNSCHEDULABLE,
-                node="",
-                nodes=decision.nodes,
-                reasons=dict(decision.reasons),
-                message=decision.message,
+                protocol.Result.unschedulable(
+                    p.dispatch_id,
+                    pod.key,
+                    nodes=decision.nodes,
+                    reasons=dict(decision.reasons),
+                    message=decision.message,
+                )
             )
         )
 
@@ -210,6 +188,6 @@ class Intake:
 
     async def _report_capacity(self, writer: asyncio.StreamWriter) -> None:
         while not writer.is_closing():
-            writer.write(protocol.encode(protocol.CAPACITY, **self.capacity()))
+            writer.write(protocol.encode(protocol.Capacity(**self.capacity())))
             await writer.drain()
             await asyncio.sleep(protocol.CAPACITY_INTERVAL)

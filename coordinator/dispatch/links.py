@@ -1,0 +1,144 @@
+"""One worker link: the leader's end of one worker's dispatch stream (``common.protocol``).
+
+Lifecycle: connect to the worker's address (again every ``CONNECT_RETRY`` while it is unreachable), send
+HELLO, then read frames until the stream breaks, a frame is malformed, the worker sends ERROR, or nothing
+arrives for ``DEAD_AFTER``; then close, tell the owner, and connect again, until ``stop``. While connected
+the link sends PING every ``HEARTBEAT_INTERVAL`` (checked as frames arrive; the worker's CAPACITY every
+``CAPACITY_INTERVAL`` keeps them coming, and its PONG keeps an idle stream alive).
+
+A link knows nothing of pods. It tells its ``LinkEvents`` (given at construction) three things, always with
+itself as the first argument so the owner can tell a current link from one it has already replaced:
+``link_up`` once the stream is open and HELLO is on its way, ``received`` for every CAPACITY, ACK and RESULT,
+and ``link_down`` after the stream closed (whatever in flight over it is then the owner's to re-dispatch).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from common import protocol
+
+log = logging.getLogger(__name__)
+
+CONNECT_RETRY = 0.5
+
+Inbound = protocol.Capacity | protocol.Ack | protocol.Result
+
+
+class Transport(Protocol):
+    """What the dispatcher needs of a link: whose it is, whether it is connected, and a way to send."""
+
+    @property
+    def worker_id(self) -> str: ...
+
+    @property
+    def connected(self) -> bool: ...
+
+    def send(self, message: protocol.Message) -> None:
+        """Queue one message on the stream; dropped if the stream is not connected (its ``link_down``
+        follows, or has already been told)."""
+
+    async def drain(self) -> None:
+        """Wait until the stream's write buffer is flushed (never raises for a broken stream)."""
+
+    def stop(self) -> None:
+        """Close the stream for good (the worker left, or the term ended)."""
+
+
+class LinkEvents(Protocol):
+    def link_up(self, link: Transport) -> None: ...
+
+    def received(self, link: Transport, message: Inbound) -> None: ...
+
+    def link_down(self, link: Transport) -> None: ...
+
+
+LinkFactory = Callable[[str, str, LinkEvents], Transport]
+"""Builds and starts the link to one worker: ``(worker_id, address, events) -> link``."""
+
+
+class Link:
+    def __init__(
+        self,
+        worker_id: str,
+        address: str,
+        events: LinkEvents,
+        *,
+        leader_id: str,
+        term: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.worker_id = worker_id
+        self.address = address
+        self.events = events
+        self.leader_id = leader_id
+        self.term = term
+        self.clock = clock
+        self._writer: asyncio.StreamWriter | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> Link:
+        self._task = asyncio.create_task(self._run(), name=f"link-{self.worker_id}")
+        return self
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    @property
+    def connected(self) -> bool:
+        return self._writer is not None and not self._writer.is_closing()
+
+    def send(self, message: protocol.Message) -> None:
+        if self._writer is not None and not self._writer.is_closing():
+            self._writer.write(protocol.encode(message))
+
+    async def drain(self) -> None:
+        if self._writer is not None and not self._writer.is_closing():
+            with contextlib.suppress(ConnectionError):
+                await self._writer.drain()
+
+    async def _run(self) -> None:
+        host, _, port = self.address.rpartition(":")
+        while True:
+            try:
+                reader, writer = await asyncio.open_connection(host, int(port))
+            except OSError as e:
+                log.debug("worker %s at %s not reachable: %s", self.worker_id, self.address, e)
+                await asyncio.sleep(CONNECT_RETRY)
+                continue
+            self._writer = writer
+            try:
+                writer.write(protocol.encode(protocol.Hello(leader=self.leader_id, term=self.term)))
+                self.events.link_up(self)
+                await self._read(reader, writer)
+            except (asyncio.IncompleteReadError, ConnectionError, protocol.ProtocolError, TimeoutError) as e:
+                log.warning("stream to worker %s broke: %s", self.worker_id, e)
+            finally:
+                writer.close()
+                self._writer = None
+                self.events.link_down(self)
+            await asyncio.sleep(CONNECT_RETRY)
+
+    async def _read(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        last_ping = self.clock()
+        while True:
+            msg = await asyncio.wait_for(protocol.read_message(reader), protocol.DEAD_AFTER)
+            now = self.clock()
+            match msg:
+                case protocol.Capacity() | protocol.Ack() | protocol.Result():
+                    self.events.received(self, msg)
+                case protocol.Error(message):
+                    raise protocol.ProtocolError(f"worker says: {message}")
+                case _:
+                    # WELCOME and PONG only prove the worker alive (``wait_for`` above is the liveness check);
+                    # leader-to-worker messages coming back are ignored
+                    log.debug("ignoring %s from worker %s", type(msg).__name__, self.worker_id)
+            if now - last_ping >= protocol.HEARTBEAT_INTERVAL:
+                writer.write(protocol.encode(protocol.Ping(ts=time.time())))
+                last_ping = now

@@ -1,0 +1,336 @@
+"""The wire contract: every message survives a round trip, and whatever else arrives is a ProtocolError."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from typing import Any
+
+import msgpack
+import pytest
+
+from common import protocol
+from common.protocol import (
+    Ack,
+    Capacity,
+    Dispatch,
+    Error,
+    Hello,
+    Message,
+    Ping,
+    Pong,
+    ProtocolError,
+    Result,
+    Welcome,
+    decode,
+    encode,
+    read_message,
+)
+from tests.builders import PodBuilder
+
+POD = PodBuilder("a").req(cpu="100m", memory="1Gi").label("app", "x").obj
+
+MESSAGES: list[Message] = [
+    Hello(leader="leader-1", term=7),
+    Welcome(worker="worker-1", term=7),
+    Dispatch(1, POD),
+    Ack(1),
+    Result.bound(1, "default/a", "node-1"),
+    Result.unschedulable(2, "default/a", nodes=3, reasons={"Insufficient cpu": 3}, message="0/3 nodes"),
+    Result.rejected(3, "default/a", "worker cannot place pods now"),
+    Result(4, "default/a", protocol.GONE),
+    Capacity(
+        nodes=2,
+        free_cpu=4000,
+        free_memory=8 << 30,
+        max_cpu=2000,
+        max_memory=4 << 30,
+        pending=5,
+        syncing=0,
+        binds_per_s=12.5,
+        ts=1.5,
+    ),
+    Ping(ts=1.25),
+    Pong(ts=1.25),
+    Error("bye"),
+]
+
+
+def body(message: Message) -> bytes:
+    frame = encode(message)
+    (size,) = struct.unpack(">I", frame[:4])
+    assert size == len(frame) - 4
+    return frame[4:]
+
+
+def raw(message: Message) -> dict[str, Any]:
+    fields: dict[str, Any] = msgpack.unpackb(body(message), raw=False)
+    return fields
+
+
+def pack(fields: Any) -> bytes:
+    packed: bytes = msgpack.packb(fields, use_bin_type=True)
+    return packed
+
+
+@pytest.mark.parametrize("message", MESSAGES, ids=lambda m: type(m).__name__)
+def test_round_trip(message: Message) -> None:
+    assert decode(body(message)) == message
+
+
+@pytest.mark.parametrize("message", MESSAGES, ids=lambda m: type(m).__name__)
+async def test_read_message_reads_one_frame_at_a_time(message: Message) -> None:
+    reader = asyncio.StreamReader()
+    reader.feed_data(encode(message) + encode(Ack(99)))
+    reader.feed_eof()
+    assert await read_message(reader) == message
+    assert await read_message(reader) == Ack(99)
+    with pytest.raises(asyncio.IncompleteReadError):
+        await read_message(reader)
+
+
+def test_numbers_sent_as_integers_decode_as_floats() -> None:
+    fields = raw(Ping(ts=2.0))
+    fields["ts"] = 2
+    message = decode(pack(fields))
+    assert message == Ping(2.0) and isinstance(message, Ping) and isinstance(message.ts, float)
+
+
+@pytest.mark.parametrize("message", MESSAGES, ids=lambda m: type(m).__name__)
+def test_unknown_fields_are_ignored(message: Message) -> None:
+    fields = raw(message)
+    fields["added_by_a_newer_peer"] = {"nested": [1, 2]}
+    assert decode(pack(fields)) == message
+
+
+def test_frames_without_version_are_accepted_except_hello_and_welcome() -> None:
+    fields = raw(Ack(5))
+    del fields["v"]
+    assert decode(pack(fields)) == Ack(5)
+    fields["v"] = 2  # only HELLO and WELCOME carry the version that counts
+    assert decode(pack(fields)) == Ack(5)
+
+
+@pytest.mark.parametrize("message", [Hello("l", 1), Welcome("w", 1)], ids=["hello", "welcome"])
+@pytest.mark.parametrize("version", [0, 2, "1", None, True, 1.5])
+def test_version_mismatch_in_hello_and_welcome(message: Message, version: Any) -> None:
+    fields = raw(message)
+    fields["v"] = version
+    with pytest.raises(ProtocolError, match="version"):
+        decode(pack(fields))
+
+
+@pytest.mark.parametrize("message", [Hello("l", 1), Welcome("w", 1)], ids=["hello", "welcome"])
+def test_hello_and_welcome_without_version(message: Message) -> None:
+    fields = raw(message)
+    del fields["v"]
+    with pytest.raises(ProtocolError):
+        decode(pack(fields))
+
+
+def _missing_field_cases() -> list[Any]:
+    cases = []
+    for message in MESSAGES:
+        for name in raw(message):
+            if name in ("v", "t") and not isinstance(message, Hello | Welcome):
+                continue
+            cases.append(pytest.param(message, name, id=f"{type(message).__name__}-{name}"))
+    return cases
+
+
+@pytest.mark.parametrize(("message", "name"), _missing_field_cases())
+def test_missing_field(message: Message, name: str) -> None:
+    fields = raw(message)
+    del fields[name]
+    with pytest.raises(ProtocolError):
+        decode(pack(fields))
+
+
+WRONG_VALUES: dict[str, list[Any]] = {
+    "int": ["1", 1.5, True, None, [1], {"a": 1}, b"1"],
+    "float": ["1.0", True, None, [1.0], b"x"],
+    "str": [1, 1.5, True, None, ["x"], {"x": 1}, b"x"],
+}
+FIELD_KINDS: dict[str, str] = {
+    "leader": "str",
+    "worker": "str",
+    "term": "int",
+    "id": "int",
+    "key": "str",
+    "node": "str",
+    "nodes": "int",
+    "message": "str",
+    "free_cpu": "int",
+    "free_memory": "int",
+    "max_cpu": "int",
+    "max_memory": "int",
+    "pending": "int",
+    "syncing": "int",
+    "binds_per_s": "float",
+    "ts": "float",
+    "outcome": "str",
+}
+
+
+def _wrong_type_cases() -> list[Any]:
+    cases = []
+    for message in MESSAGES:
+        for name in raw(message):
+            kind = FIELD_KINDS.get(name)
+            if kind is None:
+                continue
+            for i, value in enumerate(WRONG_VALUES[kind]):
+                cases.append(pytest.param(message, name, value, id=f"{type(message).__name__}-{name}-{i}"))
+    return cases
+
+
+@pytest.mark.parametrize(("message", "name", "value"), _wrong_type_cases())
+def test_wrong_field_type(message: Message, name: str, value: Any) -> None:
+    fields = raw(message)
+    fields[name] = value
+    with pytest.raises(ProtocolError):
+        decode(pack(fields))
+
+
+@pytest.mark.parametrize(
+    "reasons",
+    [[], "x", 3, {"Insufficient cpu": "3"}, {"Insufficient cpu": True}, {"a": 1.5}, {1: 2}, {"a": None}],
+)
+def test_bad_result_reasons(reasons: Any) -> None:
+    fields = raw(MESSAGES[5])
+    fields["reasons"] = reasons
+    with pytest.raises(ProtocolError):
+        decode(pack(fields))
+
+
+@pytest.mark.parametrize("outcome", ["placed", "", "BOUND"])
+def test_unknown_result_outcome(outcome: str) -> None:
+    fields = raw(MESSAGES[4])
+    fields["outcome"] = outcome
+    with pytest.raises(ProtocolError, match="outcome"):
+        decode(pack(fields))
+
+
+def _with(path: tuple[str, ...], value: Any) -> dict[str, Any]:
+    pod: dict[str, Any] = msgpack.unpackb(pack(POD), raw=False)
+    cur = pod
+    for key in path[:-1]:
+        cur = cur.setdefault(key, {})
+    cur[path[-1]] = value
+    return pod
+
+
+BAD_PODS: list[Any] = [
+    pytest.param([POD], id="list"),
+    pytest.param("pod", id="string"),
+    pytest.param(None, id="null"),
+    pytest.param({}, id="empty"),
+    pytest.param(_with(("metadata",), "x"), id="metadata-string"),
+    pytest.param(_with(("metadata",), None) | {"metadata": None}, id="metadata-null"),
+    pytest.param(_with(("metadata", "name"), 5), id="name-int"),
+    pytest.param(_with(("metadata", "name"), ""), id="name-empty"),
+    pytest.param(_with(("metadata", "namespace"), ["default"]), id="namespace-list"),
+    pytest.param(_with(("metadata", "uid"), 12), id="uid-int"),
+    pytest.param(_with(("metadata", "labels"), ["a"]), id="labels-list"),
+    pytest.param(_with(("metadata", "labels"), {"a": 1}), id="label-value-int"),
+    pytest.param(_with(("metadata", "annotations"), "x"), id="annotations-string"),
+    pytest.param(_with(("metadata", "deletionTimestamp"), 1), id="deletion-int"),
+    pytest.param(_with(("spec",), [1]), id="spec-list"),
+    pytest.param(_with(("spec", "schedulingGates"), 3), id="gates-int"),
+    pytest.param(_with(("spec", "nodeName"), 3), id="nodename-int"),
+    pytest.param(_with(("spec", "schedulerName"), {"a": 1}), id="schedulername-map"),
+    pytest.param(_with(("status",), "Pending"), id="status-string"),
+    pytest.param(_with(("status", "phase"), 1), id="phase-int"),
+    pytest.param(_with(("spec", "containers"), [{"name": b"bytes"}]), id="nested-bytes"),
+    pytest.param(_with(("spec", "nested"), {"deep": {"er": msgpack.ExtType(5, b"x")}}), id="nested-ext"),
+]
+
+
+@pytest.mark.parametrize("pod", BAD_PODS)
+def test_garbage_pod(pod: Any) -> None:
+    fields = raw(Dispatch(1, POD))
+    fields["pod"] = pod
+    with pytest.raises(ProtocolError):
+        decode(pack(fields))
+
+
+def test_deeply_nested_pod() -> None:
+    deep: dict[str, Any] = {}
+    cur = deep
+    for _ in range(100):
+        cur["x"] = {}
+        cur = cur["x"]
+    fields = raw(Dispatch(1, POD))
+    fields["pod"] = _with(("spec", "deep"), deep)
+    with pytest.raises(ProtocolError):
+        decode(pack(fields))
+
+
+def test_bad_spec_content_is_not_a_protocol_error() -> None:
+    """Bad quantities and the like are the pod's problem, reported by the worker as a parse error."""
+    pod = PodBuilder("a").req(cpu="lots").obj
+    message = decode(body(Dispatch(1, pod)))
+    assert isinstance(message, Dispatch) and message.pod == pod
+
+
+NOT_MESSAGES: list[Any] = [
+    pytest.param(b"", id="empty"),
+    pytest.param(b"\xc1", id="reserved-byte"),
+    pytest.param(b"\x82\xa1t", id="truncated"),
+    pytest.param(b"\xd9\x03\xff\xfe\xfd", id="invalid-utf8"),
+    pytest.param(pack({"t": "ack", "id": 1}) + b"\x00", id="trailing-bytes"),
+    pytest.param(pack([1, 2]), id="array"),
+    pytest.param(pack("ack"), id="string"),
+    pytest.param(pack(7), id="int"),
+    pytest.param(pack(None), id="nil"),
+    pytest.param(pack({1: "ack"}), id="int-key"),
+    pytest.param(pack({"id": 1}), id="no-type"),
+    pytest.param(pack({"t": "launch", "id": 1}), id="unknown-type"),
+    pytest.param(pack({"t": 3, "id": 1}), id="int-type"),
+    pytest.param(pack({"t": ["ack"], "id": 1}), id="list-type"),
+    pytest.param(pack({"t": b"ack", "id": 1}), id="bytes-type"),
+    pytest.param(pack(msgpack.ExtType(1, b"x")), id="ext"),
+    pytest.param(b"\x91" * 100_000 + b"\xc0", id="deep-arrays"),
+]
+
+
+@pytest.mark.parametrize("data", NOT_MESSAGES)
+def test_not_a_message(data: bytes) -> None:
+    with pytest.raises(ProtocolError):
+        decode(data)
+
+
+@pytest.mark.parametrize("data", NOT_MESSAGES)
+async def test_read_message_maps_garbage_to_protocol_error(data: bytes) -> None:
+    reader = asyncio.StreamReader()
+    reader.feed_data(struct.pack(">I", len(data)) + data)
+    reader.feed_eof()
+    with pytest.raises(ProtocolError):
+        await read_message(reader)
+
+
+async def test_oversized_frame_is_refused_before_its_body_arrives() -> None:
+    reader = asyncio.StreamReader()
+    reader.feed_data(struct.pack(">I", protocol.MAX_FRAME + 1))  # no body follows: reading it would hang
+    with pytest.raises(ProtocolError, match="exceeds"):
+        await asyncio.wait_for(read_message(reader), 1.0)
+
+
+def test_oversized_body_is_refused_by_decode() -> None:
+    with pytest.raises(ProtocolError, match="exceeds"):
+        decode(b"\x00" * (protocol.MAX_FRAME + 1))
+
+
+def test_encode_refuses_an_oversized_message() -> None:
+    huge = PodBuilder("a").label("big", "x" * protocol.MAX_FRAME).obj
+    with pytest.raises(ProtocolError, match="exceeds"):
+        encode(Dispatch(1, huge))
+
+
+async def test_truncated_frame_is_end_of_stream() -> None:
+    frame = encode(Ack(1))
+    reader = asyncio.StreamReader()
+    reader.feed_data(frame[:-1])
+    reader.feed_eof()
+    with pytest.raises(asyncio.IncompleteReadError):
+        await read_message(reader)

@@ -1,0 +1,417 @@
+"""The dispatcher's state machine over fake links, a fake clock and a seeded rng: where each pod goes, when
+it is declared unschedulable, and what happens when workers answer, go away or stall."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from common import protocol
+from common.records import PodKey
+from coordinator.dispatch import UNSCHEDULABLE_RETRY
+from tests.builders import PodBuilder
+from tests.unit.dispatch.fakes import GIB, Rig
+
+
+def pod(name: str, cpu: str = "500m", memory: str = "1Gi") -> dict[str, Any]:
+    return PodBuilder(name).req(cpu=cpu, memory=memory).obj
+
+
+def key(name: str) -> PodKey:
+    return PodKey(f"default/{name}")
+
+
+async def test_dispatches_to_a_summarised_worker(rig: Rig) -> None:
+    (w1,) = rig.workers("w1")
+    rig.d.observe(pod("a"))
+    rig.step()
+    assert w1.dispatches() == []  # not connected yet
+    w1.up().summary()
+    rig.rescan()
+    rig.step()
+    [sent] = w1.dispatches()
+    assert sent.pod == pod("a")
+    assert rig.d.table.pods[key("a")].worker == "w1"
+    assert rig.d.statistics()["workers"]["w1"]["in_flight"] == 1
+
+
+async def test_no_verdict_while_a_worker_has_sent_no_summary(rig: Rig) -> None:
+    (w1,) = rig.workers("w1")
+    w1.up()  # connected, no CAPACITY yet: settling
+    rig.d.observe(pod("a"))
+    rig.step()
+    assert w1.dispatches() == [] and rig.reporter.verdicts == []
+
+
+async def test_pod_goes_only_where_it_fits(rig: Rig) -> None:
+    small, large = rig.workers("small", "large")
+    small.up().summary(max_cpu=1000)
+    large.up().summary(max_cpu=8000)
+    for i in range(5):
+        rig.d.observe(pod(f"big-{i}", cpu="2"))
+    rig.step()
+    assert small.dispatches() == [] and len(large.dispatches()) == 5
+
+
+async def test_best_of_two_prefers_the_shorter_queue(rig: Rig) -> None:
+    busy, idle = rig.workers("busy", "idle")
+    busy.up().summary()
+    for i in range(3):
+        rig.d.observe(pod(f"early-{i}"))
+    rig.step()
+    assert len(busy.dispatches()) == 3
+    idle.up().summary()
+    rig.d.observe(pod("late"))
+    rig.step()
+    assert idle.ids_for("late") and not busy.ids_for("late")
+
+
+async def test_a_no_sends_the_pod_to_another_worker_never_back(rig: Rig) -> None:
+    w1, w2 = rig.workers("w1", "w2")
+    w1.up().summary()
+    rig.d.observe(pod("a"))
+    rig.step()
+    [first] = w1.ids_for("a")
+    w2.up().summary()
+    w1.unschedulable(first, nodes=4, reasons={"Insufficient cpu": 4})
+    rig.step()
+    assert len(w2.ids_for("a")) == 1 and w1.ids_for("a") == [first]
+    assert rig.d.table.pods[key("a")].tried == {"w1"}
+    assert rig.reporter.verdicts == []
+
+
+async def test_unschedulable_only_when_every_live_shard_said_no(rig: Rig) -> None:
+    w1, w2 = rig.workers("w1", "w2")
+    w1.up().summary(nodes=2)
+    w2.up().summary(nodes=3)
+    rig.d.observe(pod("a"))
+    rig.step()
+    nodes = {w1: 2, w2: 3}
+    (first,) = w1.dispatches() + w2.dispatches()
+    said_no, other = (w1, w2) if w1.dispatches() else (w2, w1)
+    said_no.unschedulable(first.id, nodes=nodes[said_no], reasons={"Insufficient cpu": 1})
+    rig.step()
+    assert rig.reporter.verdicts == []  # the other shard has not answered yet
+    [second] = other.dispatches()
+    other.unschedulable(second.id, nodes=nodes[other], reasons={"node(s) had untolerated taint": 2})
+    rig.step()
+    assert rig.reporter.verdicts == [
+        (key("a"), "0/5 nodes are available: 1 Insufficient cpu, 2 node(s) had untolerated taint.")
+    ]
+    p = rig.d.table.pods[key("a")]
+    assert p.parked_at == rig.clock.now and p.worker is None
+    assert rig.d.statistics()["parked"] == 1 and rig.d.declared_unschedulable == 1
+
+
+async def test_a_shard_whose_summary_rules_the_pod_out_counts_as_a_no(rig: Rig) -> None:
+    w1, w2 = rig.workers("w1", "w2")
+    w1.up().summary(nodes=2, max_cpu=8000)
+    w2.up().summary(nodes=5, max_cpu=1000)  # cannot fit 2 CPUs on any node
+    rig.d.observe(pod("a", cpu="2"))
+    rig.step()
+    [sent] = w1.dispatches()
+    w1.unschedulable(sent.id, nodes=2, reasons={"Insufficient memory": 2})
+    rig.step()
+    assert rig.reporter.verdicts == [
+        (key("a"), "0/7 nodes are available: 5 Insufficient cpu, 2 Insufficient memory.")
+    ]
+    assert w2.dispatches() == []
+
+
+async def test_no_verdict_while_a_shard_is_syncing(rig: Rig) -> None:
+    w1, w2 = rig.workers("w1", "w2")
+    w1.up().summary(nodes=2)
+    w2.up().summary(nodes=0, max_cpu=0, syncing=3)  # granted nodes, still catching up
+    rig.d.observe(pod("a"))
+    rig.step()
+    [sent] = w1.dispatches()
+    w1.unschedulable(sent.id, nodes=2, reasons={"Insufficient cpu": 2})
+    rig.step()
+    assert rig.reporter.verdicts == []
+    w2.summary(nodes=3, max_cpu=4000)  # caught up: now it can answer
+    rig.rescan()
+    rig.step()
+    assert len(w2.ids_for("a")) == 1 and rig.reporter.verdicts == []
+
+
+async def test_rejections_everywhere_say_no_worker_owns_a_node(rig: Rig) -> None:
+    w1, w2 = rig.workers("w1", "w2")
+    w1.up().summary()
+    w2.up().summary()
+    rig.d.observe(pod("a"))
+    for _ in range(2):
+        rig.step()
+        for w in (w1, w2):
+            for m in w.dispatches():
+                w.rejected(m.id)
+    rig.step()
+    assert rig.reporter.verdicts == [(key("a"), "no worker owns any node")]
+
+
+async def test_no_verdict_without_live_workers(rig: Rig) -> None:
+    rig.d.observe(pod("a"))
+    rig.step()
+    (w1,) = rig.workers("w1")
+    w1.up().summary(nodes=0, max_cpu=0)  # connected, owns nothing
+    rig.rescan()
+    rig.step()
+    assert rig.reporter.verdicts == [] and key("a") in rig.d.table
+
+
+async def test_dead_link_redispatches_its_pods(rig: Rig) -> None:
+    w1, w2 = rig.workers("w1", "w2")
+    w1.up().summary()
+    for name in ("a", "b"):
+        rig.d.observe(pod(name))
+    rig.step()
+    old_ids = [m.id for m in w1.dispatches()]
+    assert len(old_ids) == 2
+    w1.down()
+    assert rig.d.redispatched == 2
+    w2.up().summary()
+    rig.step()
+    assert {m.pod["metadata"]["name"] for m in w2.dispatches()} == {"a", "b"}
+    # the first stream's answers arrive late over a new stream: they are not the current dispatches
+    w1.up().summary()
+    for dispatch_id in old_ids:
+        w1.bound(dispatch_id)
+    assert {key("a"), key("b")} <= set(rig.d.table)
+    assert rig.d.statistics()["workers"]["w2"]["in_flight"] == 2
+
+
+async def test_a_worker_that_leaves_hands_back_its_pods(rig: Rig) -> None:
+    w1, w2 = rig.workers("w1", "w2")
+    w1.up().summary()
+    rig.d.observe(pod("a"))
+    rig.step()
+    [sent] = w1.dispatches()
+    w2.up().summary()
+    rig.d.set_workers({"w2": "w2:7000"})
+    assert w1.stopped and "w1" not in rig.d.workers
+    rig.step()
+    assert len(w2.ids_for("a")) == 1
+    w1.bound(sent.id)  # from the dropped link: ignored
+    assert rig.d.table.pods[key("a")].worker == "w2"
+
+
+async def test_a_moved_worker_gets_a_new_link(rig: Rig) -> None:
+    (w1,) = rig.workers("w1")
+    w1.up().summary()
+    rig.d.observe(pod("a"))
+    rig.step()
+    rig.d.set_workers({"w1": "elsewhere:7000"})
+    new = rig.links["w1"]
+    assert new is not w1 and w1.stopped and new.address == "elsewhere:7000"
+    w1.summary()  # the old link's last frame: ignored
+    assert rig.d.workers["w1"].capacity is None
+    new.up().summary()
+    rig.step()
+    assert len(new.ids_for("a")) == 1
+
+
+async def test_malformed_pods_are_reported_at_once_and_never_dispatched(rig: Rig) -> None:
+    (w1,) = rig.workers("w1")
+    w1.up().summary()
+    rig.d.observe(pod("bad", cpu="lots"))
+    [(reported, message)] = rig.reporter.verdicts
+    assert reported == key("bad") and "invalid pod spec" in message
+    rig.clock.advance(UNSCHEDULABLE_RETRY * 2)
+    assert rig.d.retry_parked() == 0 and rig.d.retry_parked(force=True) == 0
+    rig.rescan()
+    rig.step()
+    assert w1.dispatches() == []
+
+
+async def test_gated_pods_wait_for_their_gates_to_lift(rig: Rig) -> None:
+    (w1,) = rig.workers("w1")
+    w1.up().summary()
+    gated = PodBuilder("a").req(cpu="100m").gate("example.com/quota")
+    rig.d.observe(gated.obj)
+    rig.rescan()
+    rig.step()
+    assert w1.dispatches() == [] and rig.reporter.verdicts == []
+    rig.d.observe(PodBuilder("a").req(cpu="100m").obj)
+    rig.step()
+    assert len(w1.ids_for("a")) == 1
+
+
+def _park(rig: Rig, name: str, **request: str) -> None:
+    """Dispatch ``name`` to the single worker, which says no: the pod is parked."""
+    w1 = rig.links["w1"]
+    rig.d.observe(pod(name, **request))
+    rig.step()
+    w1.unschedulable(w1.ids_for(name)[-1], nodes=4, reasons={"Insufficient cpu": 4})
+    rig.step()
+    assert rig.reporter.keys()[-1] == key(name)
+
+
+async def test_parked_pods_retry_after_the_retry_interval(rig: Rig) -> None:
+    (w1,) = rig.workers("w1")
+    w1.up().summary()
+    _park(rig, "a")
+    rig.clock.advance(UNSCHEDULABLE_RETRY - 1)
+    assert rig.d.retry_parked() == 0
+    rig.step()
+    assert len(w1.ids_for("a")) == 1
+    rig.clock.advance(1)
+    assert rig.d.retry_parked() == 1
+    p = rig.d.table.pods[key("a")]
+    assert p.parked_at is None and p.tried == set() and p.nodes == 0 and p.reasons == {}
+    rig.step()
+    assert len(w1.ids_for("a")) == 2
+
+
+async def test_parked_pods_retry_when_capacity_grows(rig: Rig) -> None:
+    (w1,) = rig.workers("w1")
+    w1.up().summary(max_cpu=4000)
+    _park(rig, "a")
+    w1.summary(max_cpu=4000)  # same: stays parked
+    rig.step()
+    assert len(w1.ids_for("a")) == 1
+    w1.summary(max_cpu=6000)
+    rig.step()
+    assert len(w1.ids_for("a")) == 2
+
+
+async def test_parked_pods_retry_when_a_worker_joins(rig: Rig) -> None:
+    (w1,) = rig.workers("w1")
+    w1.up().summary()
+    _park(rig, "a")
+    _, w2 = rig.workers("w1", "w2")
+    w2.up().summary()
+    rig.step()
+    assert len(w2.ids_for("a")) + len(w1.ids_for("a")) == 2
+
+
+async def test_results_end_the_dispatch_and_duplicates_are_ignored(rig: Rig) -> None:
+    (w1,) = rig.workers("w1")
+    w1.up().summary()
+    for name in ("a", "b", "c"):
+        rig.d.observe(pod(name))
+    rig.step()
+    [a], [b], [c] = w1.ids_for("a"), w1.ids_for("b"), w1.ids_for("c")
+    w1.bound(a)
+    w1.events.received(w1, protocol.Result(b, "default/b", protocol.GONE))
+    assert key("a") not in rig.d.table and key("b") not in rig.d.table
+    assert rig.d.workers["w1"].bound == 1
+    w1.bound(a)  # duplicate
+    w1.unschedulable(a, nodes=9, reasons={"x": 9})  # late, contradicting
+    w1.bound(12345)  # never dispatched
+    assert rig.d.workers["w1"].bound == 1 and rig.reporter.verdicts == []
+    assert rig.d.table.pods[key("c")].worker == "w1"
+    assert rig.d.workers["w1"].in_flight == {c: key("c")}
+
+
+async def test_the_watch_seeing_a_pod_bound_or_deleted_ends_it(rig: Rig) -> None:
+    (w1,) = rig.workers("w1")
+    w1.up().summary()
+    rig.d.observe(pod("a"))
+    rig.d.observe(pod("b"))
+    rig.step()
+    w = rig.d.workers["w1"]
+    assert w.reserved_cpu == 1000
+    bound = pod("a")
+    bound["spec"]["nodeName"] = "node-1"
+    rig.d.observe(bound)
+    rig.d.forget(key("b"))
+    assert len(rig.d.table) == 0 and w.in_flight == {} and w.reserved_cpu == 0
+    assert set(rig.reporter.forgotten) == {key("a"), key("b")}
+    for m in w1.dispatches():
+        w1.bound(m.id)  # late results for pods no longer tracked
+    assert w.bound == 0
+
+
+async def test_summaries_account_for_pods_still_in_flight(rig: Rig) -> None:
+    (w1,) = rig.workers("w1")
+    w1.up().summary()
+    rig.d.observe(pod("a", cpu="1", memory="2Gi"))
+    rig.d.observe(pod("b", cpu="1", memory="2Gi"))
+    rig.step()
+    w = rig.d.workers["w1"]
+    assert (w.reserved_cpu, w.reserved_memory) == (2000, 4 * GIB)
+    w1.bound(w1.ids_for("a")[0])
+    w1.summary()
+    assert (w.reserved_cpu, w.reserved_memory) == (1000, 2 * GIB)
+
+
+async def test_ack_window_bounds_unacknowledged_dispatches(rig: Rig) -> None:
+    (w1,) = rig.workers("w1")
+    w1.up().summary()
+    extra = 5
+    for i in range(protocol.MAX_UNACKED + extra):
+        rig.d.observe(pod(f"p-{i}", cpu="1m", memory="1Ki"))
+    rig.step()
+    sent = w1.dispatches()
+    assert len(sent) == protocol.MAX_UNACKED
+    assert rig.reporter.verdicts == []  # a full window is not a "no"
+    for _ in range(3):  # the idle rescans consider them again; each is still counted once
+        rig.rescan()
+        rig.step()
+    assert rig.d.statistics()["waiting_for_window"] == extra
+    w1.ack(sent[0].id)
+    rig.step()
+    assert len(w1.dispatches()) == protocol.MAX_UNACKED + 1
+    assert rig.d.statistics()["workers"]["w1"]["unacked"] == protocol.MAX_UNACKED
+    w1.ack_all()
+    rig.step()
+    assert len(w1.dispatches()) == protocol.MAX_UNACKED + extra
+    assert rig.d.statistics()["workers"]["w1"]["in_flight"] == protocol.MAX_UNACKED + extra
+
+
+async def test_a_result_frees_the_window_like_an_ack(rig: Rig) -> None:
+    (w1,) = rig.workers("w1")
+    w1.up().summary()
+    for i in range(protocol.MAX_UNACKED + 1):
+        rig.d.observe(pod(f"p-{i}", cpu="1m", memory="1Ki"))
+    rig.step()
+    first = w1.dispatches()[0]
+    w1.rejected(first.id)  # sent instead of an ACK
+    rig.step()
+    assert len(w1.dispatches()) == protocol.MAX_UNACKED + 1
+
+
+async def test_a_full_window_sends_the_burst_to_other_workers(rig: Rig) -> None:
+    w1, w2 = rig.workers("w1", "w2")
+    w1.up().summary()
+    for i in range(protocol.MAX_UNACKED + 10):
+        rig.d.observe(pod(f"p-{i}", cpu="1m", memory="1Ki"))
+    rig.step()
+    assert len(w1.dispatches()) == protocol.MAX_UNACKED
+    w2.up().summary()
+    rig.rescan()
+    rig.step()
+    assert len(w2.dispatches()) == 10
+    w1.down()  # its window and its pods go with the stream; what waited for its window is queued again
+    assert rig.d.statistics()["waiting_for_window"] == 0
+    rig.step()
+    assert rig.d.workers["w1"].unacked == set()
+    # w2 takes what its own window allows; the rest waits for its ACKs
+    assert len(w2.dispatches()) == protocol.MAX_UNACKED
+    assert sum(1 for p in rig.d.table.pods.values() if p.worker is None) == 10
+    w2.ack_all()
+    rig.step()
+    assert len(w2.dispatches()) == protocol.MAX_UNACKED + 10
+
+
+async def test_a_dead_link_clears_the_window(rig: Rig) -> None:
+    (w1,) = rig.workers("w1")
+    w1.up().summary()
+    for i in range(protocol.MAX_UNACKED):
+        rig.d.observe(pod(f"p-{i}", cpu="1m", memory="1Ki"))
+    rig.step()
+    w1.down()
+    w1.up().summary()
+    rig.step()
+    assert len(w1.dispatches()) == 2 * protocol.MAX_UNACKED
+    assert rig.d.redispatched == protocol.MAX_UNACKED
+
+
+async def test_pending_feed_relist_forgets_pods_no_longer_listed(rig: Rig) -> None:
+    feed = rig.d.reflector.handler
+    feed.replace([pod("a"), pod("b")])
+    assert set(rig.d.table) == {key("a"), key("b")}
+    feed.replace([pod("b")])
+    assert set(rig.d.table) == {key("b")}
+    feed.event("DELETED", pod("b"))
+    assert len(rig.d.table) == 0
+    feed.event("ADDED", pod("c"))
+    assert set(rig.d.table) == {key("c")}

@@ -1,0 +1,158 @@
+"""One worker link against an in-process worker stand-in on a local socket: HELLO first, typed messages to
+the owner, and a broken stream (ERROR, garbage, close) reported as link_down before it connects again."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import struct
+from collections.abc import AsyncIterator
+
+import pytest
+
+from common import protocol
+from coordinator.dispatch import links
+from coordinator.dispatch.links import Inbound, Link, Transport
+
+CAPACITY = protocol.Capacity(
+    nodes=1,
+    free_cpu=1000,
+    free_memory=1,
+    max_cpu=1000,
+    max_memory=1,
+    pending=0,
+    syncing=0,
+    binds_per_s=0.0,
+    ts=0.0,
+)
+
+
+class Events:
+    def __init__(self) -> None:
+        self.log: list[str] = []
+        self.messages: list[Inbound] = []
+        self.changed = asyncio.Event()
+
+    def link_up(self, link: Transport) -> None:
+        self.log.append("up")
+        self.changed.set()
+
+    def received(self, link: Transport, message: Inbound) -> None:
+        self.messages.append(message)
+        self.changed.set()
+
+    def link_down(self, link: Transport) -> None:
+        self.log.append("down")
+        self.changed.set()
+
+    async def until(self, predicate: str) -> None:
+        async with asyncio.timeout(5):
+            while predicate not in self.log:
+                self.changed.clear()
+                await self.changed.wait()
+
+
+class WorkerStandIn:
+    """Accepts leader streams; each one is handed to the test as (reader, writer)."""
+
+    def __init__(self) -> None:
+        self.streams: asyncio.Queue[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = asyncio.Queue()
+        self.server: asyncio.Server | None = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await self.streams.put((reader, writer))
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        host, port = self.server.sockets[0].getsockname()[:2]
+        return f"{host}:{port}"
+
+    async def accept(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        async with asyncio.timeout(5):
+            return await self.streams.get()
+
+
+@pytest.fixture
+async def worker() -> AsyncIterator[tuple[WorkerStandIn, str]]:
+    stand_in = WorkerStandIn()
+    address = await stand_in.start()
+    yield stand_in, address
+    assert stand_in.server is not None
+    stand_in.server.close()
+
+
+@pytest.fixture(autouse=True)
+def fast_reconnect(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(links, "CONNECT_RETRY", 0.01)
+
+
+async def test_hello_then_typed_messages_then_reconnect_after_error(
+    worker: tuple[WorkerStandIn, str],
+) -> None:
+    stand_in, address = worker
+    events = Events()
+    link = Link("w1", address, events, leader_id="leader-1", term=9).start()
+    try:
+        reader, writer = await stand_in.accept()
+        assert await protocol.read_message(reader) == protocol.Hello(leader="leader-1", term=9)
+        await events.until("up")
+        assert link.connected
+        writer.write(protocol.encode(protocol.Welcome("w1", 9)))
+        writer.write(protocol.encode(CAPACITY))
+        writer.write(protocol.encode(protocol.Ack(1)))
+        writer.write(protocol.encode(protocol.Result.bound(1, "default/a", "n1")))
+        writer.write(protocol.encode(protocol.Pong(1.0)))
+        await writer.drain()
+        async with asyncio.timeout(5):
+            while len(events.messages) < 3:
+                events.changed.clear()
+                await events.changed.wait()
+        assert events.messages == [CAPACITY, protocol.Ack(1), protocol.Result.bound(1, "default/a", "n1")]
+        link.send(protocol.Dispatch(2, {"metadata": {"name": "b"}}))
+        assert await protocol.read_message(reader) == protocol.Dispatch(2, {"metadata": {"name": "b"}})
+        writer.write(protocol.encode(protocol.Error("fenced")))
+        await writer.drain()
+        await events.until("down")
+        assert not link.connected
+        reader2, writer2 = await stand_in.accept()  # it connects again, with HELLO first
+        assert isinstance(await protocol.read_message(reader2), protocol.Hello)
+        writer.close()
+        writer2.close()
+    finally:
+        link.stop()
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        struct.pack(">I", 3) + b"\xc1\xc1\xc1",
+        struct.pack(">I", protocol.MAX_FRAME + 1),
+        struct.pack(">I", 8) + b"\x81\xa1t\xa4nope",
+    ],
+    ids=["undecodable", "oversized", "unknown-type"],
+)
+async def test_garbage_from_a_worker_breaks_the_stream(
+    worker: tuple[WorkerStandIn, str], garbage: bytes
+) -> None:
+    stand_in, address = worker
+    events = Events()
+    link = Link("w1", address, events, leader_id="leader-1", term=1).start()
+    try:
+        reader, writer = await stand_in.accept()
+        await protocol.read_message(reader)
+        writer.write(garbage)
+        await writer.drain()
+        await events.until("down")
+        assert events.messages == []
+        with contextlib.suppress(ConnectionError):
+            writer.close()
+    finally:
+        link.stop()
+
+
+async def test_send_on_a_link_never_connected_is_dropped() -> None:
+    events = Events()
+    link = Link("w1", "127.0.0.1:1", events, leader_id="l", term=1)
+    link.send(protocol.Ack(1))
+    await link.drain()
+    assert not link.connected and events.log == []
