@@ -14,13 +14,14 @@ from typing import Any
 from common.etcd.keys import KeyFamily, KeyLayout
 from common.etcd.kv import connect, get_prefix
 from common.etcd.schema import LoadReport, RecordError, ShardAssignment, ShardMapMeta, WorkerRecord
-from coordinator.election import current_leader
-from coordinator.sharding import PolicyRecord, PolicyRecordError, policy_key
+from common.wellknown import DEFAULT_ETCD_PREFIX
+from coordinator.leadership.election import current_leader
+from coordinator.nodeshards import PolicyRecord, PolicyRecordError, policy_key
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--etcd-endpoints", default=os.environ.get("AGENT_SCHEDULER_ETCD", "127.0.0.1:2379"))
-    p.add_argument("--etcd-prefix", default="/agent-scheduler")
+    p.add_argument("--etcd-prefix", default=DEFAULT_ETCD_PREFIX)
     p.add_argument("--json", action="store_true")
 
 

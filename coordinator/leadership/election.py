@@ -31,6 +31,7 @@ from etcd3aio import Etcd3Client
 from etcd3aio.kv import KVService
 
 from common.aiotools import cancel_and_wait, wait_first
+from common.backoff import etcd_retry
 from common.etcd.keys import KeyLayout
 from common.etcd.kv import DEFAULT_TIMEOUT, ETCD_FAILURES, describe, get_prefix, kv_service, wait_deleted
 from common.etcd.leases import Clock, LeaseKeeper, LeaseState
@@ -39,7 +40,6 @@ from common.etcd.schema import LeaderRecord, RecordError
 log = logging.getLogger(__name__)
 
 DEFAULT_TTL = 10
-RETRY_DELAY = 1.0
 
 
 @dataclass(eq=False)
@@ -118,20 +118,21 @@ class LeaderElection:
 
     async def run(self) -> None:
         """Campaign until ``resign()`` or cancellation, re-campaigning after every lost term."""
-        failures = 0
+        backoff = etcd_retry()
         while not self._resign.is_set():
+            delay = backoff.initial
             try:
                 await self._campaign()
-                failures = 0
+                backoff.reset()
             except ETCD_FAILURES as e:
-                # Warn once per outage; retries every RETRY_DELAY are routine after that.
-                level = logging.DEBUG if failures else logging.WARNING
+                # Warn once per outage; the retries after that are routine.
+                level = logging.WARNING if backoff.fresh else logging.DEBUG
                 log.log(level, "%s: election round failed: %s", self.record.candidate_id, describe(e))
-                failures += 1
+                delay = backoff.next()
             finally:
                 await self._end_term()
             if not self._resign.is_set():
-                await wait_first(asyncio.sleep(RETRY_DELAY), self._resign.wait())
+                await wait_first(asyncio.sleep(delay), self._resign.wait())
 
     async def _campaign(self) -> None:
         kv = kv_service(self._client)

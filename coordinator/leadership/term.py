@@ -1,11 +1,13 @@
 """What the coordinator does while it leads one term: the shard map, the pod dispatcher, and the link
 between them (the live workers' dispatch addresses, read from etcd membership). The agent node pool is the
 label-selected ``LabelPool``, or, with a sharding ConfigMap configured, the ``PolicyPool`` that
-``coordinator.sharding.ShardingController`` keeps (shard policy and NodeShard handoff).
+``coordinator.nodeshards.ShardingController`` keeps (shard policy and NodeShard handoff); the controller also
+hands the policy's ``rebalance`` settings to this term's ``AssignmentPolicy``.
 
 Everything here runs inside ``run_term`` and is cancelled the moment the term is lost (see
-``coordinator.election.run_as_leader``), so a deposed leader neither writes the map (its writes are
-guarded in etcd anyway) nor dispatches pods.
+``coordinator.leadership.election.run_as_leader``), so a deposed leader neither writes the map (its writes are
+guarded in etcd anyway) nor dispatches pods. Each term starts from fresh state: nothing carries over from an
+earlier term of this process.
 """
 
 from __future__ import annotations
@@ -21,46 +23,43 @@ from common.etcd.mirror import KeyMirror
 from common.etcd.schema import RecordError, WorkerRecord
 from common.kube import KubeClient
 from common.reporting import Reporter
-from coordinator.assignment import AssignmentPolicy
+from common.wellknown import DEFAULT_SCHEDULER_NAME
 from coordinator.dispatch import Dispatcher
-from coordinator.election import LeaderTerm
-from coordinator.pool import LabelPool
-from coordinator.sharding import PolicyPool, ShardingController, ShardingOptions
-from coordinator.shardmap import ShardMapLeader
+from coordinator.leadership.election import LeaderTerm
+from coordinator.nodeshards import ShardingController, ShardingOptions
+from coordinator.workershards.assignment import AssignmentPolicy
+from coordinator.workershards.pools import LabelPool, PolicyPool
+from coordinator.workershards.shardmap import ShardMapLeader
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
 class LeaderOptions:
-    scheduler_name: str = "agent-scheduler"
+    scheduler_name: str = DEFAULT_SCHEDULER_NAME
     node_selector: str = ""
     keys: KeyLayout = field(default_factory=KeyLayout)
     report_qps: float = 50.0
-    policy: AssignmentPolicy | None = None
     sharding: ShardingOptions | None = None  # the shard-policy ConfigMap; None: the label pool only
 
 
-class TermState:
-    """The parts of one term, kept so ``status`` can read their statistics."""
-
-    def __init__(self) -> None:
-        self.shardmap: ShardMapLeader | None = None
-        self.dispatcher: Dispatcher | None = None
-        self.sharding: ShardingController | None = None
-
-
-async def run_term(
-    term: LeaderTerm, etcd: Etcd3Client, client: KubeClient, options: LeaderOptions, state: TermState
-) -> None:
+async def run_term(term: LeaderTerm, etcd: Etcd3Client, client: KubeClient, options: LeaderOptions) -> None:
     log.info("leading: term %d (%s)", term.create_revision, term.record.candidate_id)
     pool = LabelPool(client, options.node_selector) if options.sharding is None else PolicyPool()
-    shardmap = ShardMapLeader(etcd, term, pool, keys=options.keys, policy=options.policy)
+    assignment = AssignmentPolicy()
+    shardmap = ShardMapLeader(etcd, term, pool, keys=options.keys, policy=assignment)
     pool.listeners.append(shardmap.poke)
     sharding = None
     if isinstance(pool, PolicyPool) and options.sharding is not None:
         sharding = ShardingController(
-            client, etcd, term, options.sharding, pool=pool, held=shardmap.nodes_in_use, keys=options.keys
+            client,
+            etcd,
+            term,
+            options.sharding,
+            pool=pool,
+            held=shardmap.nodes_in_use,
+            keys=options.keys,
+            assignment=assignment,
         )
     reporter = Reporter(
         client, component=options.scheduler_name, instance=term.record.candidate_id, qps=options.report_qps
@@ -72,7 +71,6 @@ async def run_term(
         leader_id=term.record.candidate_id,
         term=term.create_revision,
     )
-    state.shardmap, state.dispatcher, state.sharding = shardmap, dispatcher, sharding
 
     def members_changed() -> None:
         workers: dict[str, str] = {}
@@ -105,4 +103,3 @@ async def run_term(
             tg.create_task(dispatcher.run())
     finally:
         dispatcher.close()
-        state.shardmap = state.dispatcher = state.sharding = None

@@ -1,38 +1,40 @@
-"""The shard policy at run time: the sharding ConfigMap watched and hot-reloaded, the agent pool it yields, and the
-NodeShard handoff with Volcano's schedulers. The pure policy (parse, validate, evaluate) is ``coordinator.policy``.
+"""The NodeShard level: which nodes are for this scheduler's agents and which for Volcano's batch schedulers.
+
+The operator writes the sharding ConfigMap (Volcano's ``sharding.yaml`` plus our ``agent-scheduler.yaml``); the
+leader evaluates it, writes one Volcano ``NodeShard`` per scheduler, and hands the agent share to the worker-shard
+level (``coordinator.workershards``) through ``PolicyPool``. This package never decides which worker process owns
+a node; that is the shard map's job. It imports ``coordinator.workershards`` (the pool seam and the assignment's
+balance settings) and is never imported by it.
 
 Public surface:
 
 - ``ShardingOptions`` - ConfigMap name/namespace, the scheduler served, the managed nodes.
-- ``PolicyPool`` - the ``PoolSource`` the shard map reads (``coordinator.shardmap``).
-- ``ShardingController(client, etcd, term, options, pool=..., held=shardmap.nodes_in_use, keys=...)`` - one
-  term's loop; ``run()``, ``ready``, ``statistics()``.
+- ``ShardingController(client, etcd, term, options, pool=..., held=shardmap.nodes_in_use, keys=...,
+  assignment=...)`` - one term's loop; ``run()``, ``ready``.
 - ``PolicyRecord`` / ``policy_key`` - what ``agent-scheduler status`` reads from etcd.
 
-Modules: ``configsource`` (the ConfigMap: judge each version, keep the last good policy, Events), ``usage`` (nodes
-and CPU requests per node from two watches), ``nodeshards`` (NodeShard watch and writes), ``pool``
-(``PolicyPool``), ``controller`` (evaluate -> NodeShard specs -> claim -> offer), ``events`` (Event posting),
-``record`` (the etcd report).
+Modules: ``policy/`` (the pure policy: parse, validate, evaluate), ``configsource`` (the ConfigMap: judge each
+version, keep the last good policy, Events), ``usage`` (CPU requests per node from a pod watch), ``bodies``
+(NodeShard request bodies built and parsed), ``store`` (NodeShard watch and writes), ``controller`` (evaluate ->
+NodeShard specs -> claim -> offer), ``eventsender`` (Event posting off the caller's path), ``published`` (the
+policy record in etcd).
 """
 
 from __future__ import annotations
 
-from coordinator.sharding.configsource import REASON_APPLIED, REASON_INVALID, PolicySource, agent_entry
-from coordinator.sharding.controller import HeldNodes, ShardingController, ShardingOptions, ShardingStats
-from coordinator.sharding.pool import PolicyPool
-from coordinator.sharding.record import PolicyRecord, PolicyRecordError, policy_key
+from coordinator.nodeshards.configsource import REASON_APPLIED, REASON_INVALID, PolicySource, agent_entry
+from coordinator.nodeshards.controller import HeldNodes, ShardingController, ShardingOptions
+from coordinator.nodeshards.published import PolicyRecord, PolicyRecordError, policy_key
 
 __all__ = [
     "REASON_APPLIED",
     "REASON_INVALID",
     "HeldNodes",
-    "PolicyPool",
     "PolicyRecord",
     "PolicyRecordError",
     "PolicySource",
     "ShardingController",
     "ShardingOptions",
-    "ShardingStats",
     "agent_entry",
     "policy_key",
 ]

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, TypedDict
 
+from common.events import parse_rfc3339, rfc3339
 from common.records import NodeName
 
 GROUP = "shard.volcano.sh"
@@ -78,21 +79,6 @@ def status_path(name: str) -> str:
     return f"{COLLECTION_PATH}/{name}/status"
 
 
-def format_time(moment: datetime) -> str:
-    """RFC 3339 in UTC with second precision, as ``metav1.Time`` serialises (``2026-01-15T16:00:00Z``)."""
-    if moment.tzinfo is None:
-        raise ValueError("NodeShard times must be timezone-aware")
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(text: str) -> datetime:
-    """Parse an RFC 3339 timestamp; raise ``ValueError`` if it is malformed or has no offset."""
-    moment = datetime.fromisoformat(text)
-    if moment.tzinfo is None:
-        raise ValueError(f"timestamp {text!r} has no timezone")
-    return moment
-
-
 def _names(nodes: Iterable[str]) -> list[str]:
     return sorted(set(nodes))
 
@@ -136,7 +122,7 @@ def status_patch(
         "nodesInUse": _names(nodes_in_use),
         "nodesToAdd": _names(nodes_to_add),
         "nodesToRemove": _names(nodes_to_remove),
-        "lastUpdateTime": format_time(now),
+        "lastUpdateTime": rfc3339(now),
     }
     return _conditional({"status": status}, resource_version)
 
@@ -173,7 +159,7 @@ def parse_nodeshard(obj: Mapping[str, Any]) -> NodeShard:
         if not isinstance(raw_time, str):
             raise NodeShardFormatError("status.lastUpdateTime: expected a string")
         try:
-            last_update = parse_time(raw_time)
+            last_update = parse_rfc3339(raw_time)
         except ValueError as e:
             raise NodeShardFormatError(f"status.lastUpdateTime: {e}") from e
     return NodeShard(

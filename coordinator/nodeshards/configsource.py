@@ -1,8 +1,8 @@
 """The sharding ConfigMap, watched: every version is validated, and only a valid one replaces the policy in force.
 
 ``PolicySource`` is the watch handler of one ConfigMap (name and namespace from the coordinator's flags). On each
-version it sees (a new ``resourceVersion``) it runs ``coordinator.policy.parse_configmap`` plus the one check that
-depends on who we are - the policy must have an ``agent`` entry this coordinator can serve - and then:
+version it sees (a new ``resourceVersion``) it runs ``coordinator.nodeshards.policy.parse_configmap`` plus the one
+check that depends on who we are - the policy must have an ``agent`` entry this coordinator can serve - and then:
 
 - valid: the new ``EffectivePolicy`` replaces the old one in a single assignment (readers see the old or the new
   policy, never a mix) and listeners are told, if its version differs; a Normal ``ShardingPolicyApplied`` event
@@ -26,7 +26,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from coordinator.policy import (
+from common.events import NORMAL, WARNING, ObjectRef
+from coordinator.nodeshards.eventsender import EventSender
+from coordinator.nodeshards.policy import (
     AGENT_TYPE,
     EffectivePolicy,
     PolicyConfigError,
@@ -34,7 +36,6 @@ from coordinator.policy import (
     default_policy,
     parse_configmap,
 )
-from coordinator.sharding.events import NORMAL, WARNING, EventSender, ObjectRef
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +101,6 @@ class PolicySource:
         self.last_verdict: Verdict | None = None
         self.listeners: list[Callable[[], None]] = []
         self._judged_rv = ""
-        self.accepted = 0
-        self.rejected = 0
 
     @property
     def where(self) -> str:
@@ -148,7 +147,6 @@ class PolicySource:
             policy = parse_configmap(data)
             agent = agent_entry(policy, self._scheduler_name)
         except PolicyConfigError as e:
-            self.rejected += 1
             kept = self.current.version if self.current is not None else "none"
             message = f"rejected (resourceVersion {rv}): {e}; keeping policy {kept}"
             log.warning("sharding ConfigMap %s %s", self.where, message)
@@ -156,7 +154,6 @@ class PolicySource:
             self._emit(ref, WARNING, REASON_INVALID, message)
             self._notify()
             return
-        self.accepted += 1
         changed = self.current is None or policy.version != self.current.version
         self.current, self.agent = policy, agent
         self.origin = f"configmap {self.where}@{rv}"

@@ -1,7 +1,8 @@
 """``ShardingController``: the leader's shard policy loop - evaluate, write NodeShards, hand nodes over safely.
 
-Runs inside one leadership term (``coordinator.leader.run_term``) beside the shard map, and feeds it through
-``PolicyPool``. Each pass of the loop (on a change, and at least every ``RECONCILE_INTERVAL``):
+Runs inside one leadership term (``coordinator.leadership.term.run_term``) beside the shard map, and feeds it
+through ``PolicyPool`` (the nodes) and the ``AssignmentPolicy`` (the ``rebalance`` settings in force). Each pass
+of the loop (on a change, and at least every ``RECONCILE_INTERVAL``):
 
 1. Evaluate, when due: on a new policy, every ``shardSyncPeriod``, and on node changes when
    ``enableNodeEventTrigger`` (at most once per ``MIN_EVENT_INTERVAL``). ``EffectivePolicy.evaluate`` over the
@@ -28,12 +29,15 @@ Invariants:
 - A node leaves the published set only when no worker holds it and no round of the shard map can still grant it.
   Before the shard map's mirror has listed (``held`` unknown), nothing published is withdrawn.
 - With no policy (no ConfigMap seen, and not told to use the default) the pool is the label-selected node set,
-  as ``coordinator.pool.LabelPool`` gives, and no NodeShard is written. Once a policy is in force it stays: an
-  invalid edit or a deleted ConfigMap keeps it (``configsource``).
+  computed as ``coordinator.workershards.pools.LabelPool`` computes it, and no NodeShard is written. Once a
+  policy is in force it stays: an invalid edit or a deleted ConfigMap keeps it (``configsource``).
 - Every API and etcd write is skipped once the term is no longer active.
+- Once a policy is in force, the worker-shard assignment runs on its ``rebalance`` settings; a new policy reaches
+  the assignment in the pass that sees it, so the shard map's next round uses it. Before, the assignment keeps
+  the configuration it was built with (the defaults).
 
-What it does not do: grant nodes to workers (``coordinator.shardmap``), or judge the ConfigMap
-(``coordinator.sharding.configsource``).
+What it does not do: grant nodes to workers (``coordinator.workershards.shardmap``), or judge the ConfigMap
+(``coordinator.nodeshards.configsource``).
 """
 
 from __future__ import annotations
@@ -48,24 +52,27 @@ from etcd3aio import Etcd3Client
 from etcd3aio.kv import KVService
 
 from common.aiotools import wait_first
+from common.backoff import api_retry
 from common.etcd.keys import KeyLayout
 from common.etcd.kv import DEFAULT_TIMEOUT, ETCD_FAILURES, describe, kv_service
 from common.kube import ApiError, KubeClient
 from common.records import NodeName
 from common.watching import Reflector
-from coordinator.election import LeaderTerm
-from coordinator.policy import (
+from common.wellknown import DEFAULT_SCHEDULER_NAME
+from coordinator.leadership.election import LeaderTerm
+from coordinator.nodeshards.configsource import PolicySource
+from coordinator.nodeshards.eventsender import EventSender
+from coordinator.nodeshards.policy import (
     DEFAULT_CONFIGMAP_NAME,
     DEFAULT_CONFIGMAP_NAMESPACE,
-    Assignment,
     EffectivePolicy,
+    ShardEvaluation,
 )
-from coordinator.sharding.configsource import PolicySource
-from coordinator.sharding.events import EventSender
-from coordinator.sharding.nodeshards import NodeShardStore
-from coordinator.sharding.pool import PolicyPool
-from coordinator.sharding.record import PolicyRecord, policy_key
-from coordinator.sharding.usage import BOUND_LIVE_PODS, NodeTable, RequestTable, views, weights
+from coordinator.nodeshards.published import PolicyRecord, policy_key
+from coordinator.nodeshards.store import NodeShardStore
+from coordinator.nodeshards.usage import BOUND_LIVE_PODS, RequestTable, views
+from coordinator.workershards.assignment import AssignmentPolicy
+from coordinator.workershards.pools import NodeTable, PolicyPool, pool_weights
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +82,6 @@ HeldNodes = Callable[[], frozenset[NodeName] | None]
 RECONCILE_INTERVAL = 0.25  # re-check held nodes this often (an in-memory comparison unless something changed)
 MIN_EVENT_INTERVAL = 1.0  # node events trigger at most one evaluation per this many seconds
 DEBOUNCE = 0.05  # let a burst of watch events land before acting
-RETRY_DELAY = 1.0  # after a failed API write
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,26 +93,11 @@ class ShardingOptions:
     use_default: bool = False
     """Apply ``default_policy()`` until the ConfigMap appears (the operator named it explicitly); otherwise
     keep the label-selected pool until then."""
-    scheduler_name: str = "agent-scheduler"
+    scheduler_name: str = DEFAULT_SCHEDULER_NAME
     """Picks the ``agent`` entry of the policy (the only one is used when none has this name)."""
     node_selector: str = ""
     """Label selector of the nodes the coordinator manages (evaluated by the policy, or the label pool)."""
     component: str = "agent-scheduler-coordinator"
-
-
-@dataclass(frozen=True, slots=True)
-class ShardingStats:
-    mode: str
-    policy: str
-    evaluations: int
-    moves: int
-    deferred: int
-    pool: int
-    in_use: int
-    waiting: int
-    accepted: int
-    rejected: int
-    events_sent: int
 
 
 class ShardingController:
@@ -122,6 +113,7 @@ class ShardingController:
         pool: PolicyPool,
         held: HeldNodes,
         keys: KeyLayout,
+        assignment: AssignmentPolicy,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._etcd = etcd
@@ -131,6 +123,7 @@ class ShardingController:
         self._clock = clock
         self.pool = pool
         self._held = held
+        self._assignment_policy = assignment
         self.events = EventSender(client, component=options.component, instance=term.record.candidate_id)
         self.source = PolicySource(
             options.namespace,
@@ -166,15 +159,13 @@ class ShardingController:
         self.ready = asyncio.Event()
         self._wake = asyncio.Event()
         self._evaluated: EffectivePolicy | None = None
-        self._assignment: Assignment | None = None
+        self._evaluation: ShardEvaluation | None = None
         self._owners: Mapping[NodeName, str] = {}
         self._next_eval = 0.0
         self._last_eval = float("-inf")
         self._node_event = False
         self._record = b""
         self._waiting = 0
-        self.evaluations = 0
-        self.moves = 0
 
     # ---- triggers ----
 
@@ -199,15 +190,17 @@ class ShardingController:
             tg.create_task(self._loop(), name="sharding-loop")
 
     async def _loop(self) -> None:
+        backoff = api_retry()
         while True:
             delay = RECONCILE_INTERVAL
             if self._term.active:
                 try:
                     await self._pass()
                     self.ready.set()
+                    backoff.reset()
                 except ApiError as e:
                     log.warning("shard policy pass failed: %s; retrying", e)
-                    delay = RETRY_DELAY
+                    delay = backoff.next()
             await wait_first(self._wake.wait(), asyncio.sleep(delay))
             await asyncio.sleep(DEBOUNCE)
             self._wake.clear()
@@ -215,14 +208,24 @@ class ShardingController:
     async def _pass(self) -> None:
         policy = self.source.current
         agent = self.source.agent
+        self._apply_rebalance(policy)
         if policy is None or agent is None:
-            self.pool.set(weights(self.nodes.nodes, self.nodes.nodes))
+            self.pool.set(pool_weights(self.nodes.nodes, self.nodes.nodes))
         else:
             if self._due(policy):
                 self._evaluate(policy)
             await self._write_specs(policy)  # compares first: writes only what differs (or was lost)
             await self._hand_over(agent.name)
         await self._publish_record()
+
+    def _apply_rebalance(self, policy: EffectivePolicy | None) -> None:
+        """Hand the ``rebalance`` settings in force to the assignment (it keeps its own until a policy is)."""
+        if policy is None:
+            return
+        config = policy.settings.rebalance.assignment_config()
+        if config != self._assignment_policy.config:
+            log.info("worker rebalancing: %s", config.describe())
+            self._assignment_policy.configure(config)
 
     # ---- 1. evaluate ----
 
@@ -241,12 +244,10 @@ class ShardingController:
         else:
             holders = {n: s for n, s in self._owners.items() if s in names}
         result = policy.evaluate(views(self.nodes.nodes, self.requests, holders))
-        self._assignment, self._owners = result, result.owners
+        self._evaluation, self._owners = result, result.owners
         self._evaluated, self._last_eval = policy, now
         self._next_eval = now + policy.sharding.shard_sync_period_seconds
         self._node_event = False
-        self.evaluations += 1
-        self.moves += len(result.moves)
         if result.moves or result.deferred:
             log.info(
                 "shard policy %s: %d nodes move (%s), %d deferred; sizes %s",
@@ -258,20 +259,20 @@ class ShardingController:
             )
 
     async def _write_specs(self, policy: EffectivePolicy) -> None:
-        if self._assignment is None:
+        if self._evaluation is None:
             return
         for scheduler in policy.sharding.schedulers:
             if not self._term.active:
                 return
-            await self.shards.write_spec(scheduler.name, self._assignment.desired.get(scheduler.name, ()))
+            await self.shards.write_spec(scheduler.name, self._evaluation.desired.get(scheduler.name, ()))
 
     # ---- 2 and 3. hand over: claim, then offer ----
 
     def desired(self, name: str) -> frozenset[NodeName]:
         """The latest evaluation's nodes for scheduler ``name``."""
-        if self._assignment is None:
+        if self._evaluation is None:
             return frozenset()
-        return frozenset(self._assignment.desired.get(name, ()))
+        return frozenset(self._evaluation.desired.get(name, ()))
 
     async def _hand_over(self, agent: str) -> None:
         desired = self.desired(agent)
@@ -279,7 +280,7 @@ class ShardingController:
         candidates = (desired & frozenset(self.nodes.nodes)) - others
         self._waiting = len(desired & others)
         if not self.shards.available:
-            self.pool.set(weights(self.nodes.nodes, candidates))  # nobody to tell: no NodeShards here
+            self.pool.set(pool_weights(self.nodes.nodes, candidates))  # nobody to tell: no NodeShards here
             return
         shard = self.shards.shards.get(agent)
         published = shard.nodes_in_use if shard is not None else frozenset()
@@ -303,7 +304,7 @@ class ShardingController:
         if offer - self.pool.nodes():
             # New nodes: confirm after our claim that no other scheduler claimed them meanwhile.
             offer -= await self.shards.confirm_in_use_except(agent)
-        self.pool.set(weights(self.nodes.nodes, offer))
+        self.pool.set(pool_weights(self.nodes.nodes, offer))
 
     # ---- the record for `status` ----
 
@@ -324,8 +325,8 @@ class ShardingController:
                 else ""
             ),
             desired=(
-                {name: len(nodes) for name, nodes in self._assignment.desired.items()}
-                if self._assignment is not None and policy is not None
+                {name: len(nodes) for name, nodes in self._evaluation.desired.items()}
+                if self._evaluation is not None and policy is not None
                 else {}
             ),
             in_use=len(self.shards.shards[agent.name].nodes_in_use)
@@ -333,7 +334,7 @@ class ShardingController:
             else 0,
             pool=len(self.pool()),
             waiting=self._waiting,
-            deferred=len(self._assignment.deferred) if self._assignment is not None else 0,
+            deferred=len(self._evaluation.deferred) if self._evaluation is not None else 0,
             nodeshards=self.shards.available,
         )
         raw = record.encode()
@@ -351,21 +352,3 @@ class ShardingController:
             return
         if resp.succeeded:
             self._record = raw
-
-    def statistics(self) -> ShardingStats:
-        policy = self.source.current
-        agent = self.source.agent
-        shard = self.shards.shards.get(agent.name) if agent is not None else None
-        return ShardingStats(
-            mode="policy" if policy is not None else "label-pool",
-            policy=policy.version if policy is not None else "",
-            evaluations=self.evaluations,
-            moves=self.moves,
-            deferred=len(self._assignment.deferred) if self._assignment is not None else 0,
-            pool=len(self.pool()),
-            in_use=len(shard.nodes_in_use) if shard is not None else 0,
-            waiting=self._waiting,
-            accepted=self.source.accepted,
-            rejected=self.source.rejected,
-            events_sent=self.events.sent,
-        )

@@ -8,8 +8,8 @@ writer of them in this project:
 - ``write_status(name, ...)`` merge-patches the ``/status`` subresource (the scheduler's half; a plain update
   would drop status).
 
-Bodies come from ``common.nodeshard``. Writes skip when the stored object already says the same, and update the
-local copy from the reply, so a write is visible to the next read at once, before its watch event arrives.
+Bodies come from ``coordinator.nodeshards.bodies``. Writes skip when the stored object already says the same, and
+update the local copy from the reply, so a write is visible to the next read at once, before its watch event arrives.
 
 Consistency: decisions use the watch cache, except where another scheduler's concurrent claim matters
 (``confirm_in_use_except``, a quorum read after our own write).
@@ -27,16 +27,16 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from common import nodeshard
+from common.backoff import api_retry
 from common.kube import ApiError, Conflict, KubeClient, NotFound, ServerError, TooManyRequests
-from common.nodeshard import NodeShard, NodeShardFormatError
 from common.records import NodeName
 from common.watching import Reflector
+from coordinator.nodeshards import bodies
+from coordinator.nodeshards.bodies import NodeShard, NodeShardFormatError
 
 log = logging.getLogger(__name__)
 
 PROBE_INTERVAL = 30.0
-RETRY_DELAY = 1.0
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "agent-scheduler"
 
@@ -54,8 +54,7 @@ class NodeShardStore:
         self.synced = asyncio.Event()
         """Set once the store is known: listed, or the CRD found missing."""
         self.listeners: list[Callable[[], None]] = []
-        self.reflector = Reflector(client, nodeshard.COLLECTION_PATH, self, name="nodeshards")
-        self.writes = 0
+        self.reflector = Reflector(client, bodies.COLLECTION_PATH, self, name="nodeshards")
 
     # ---- reading ----
 
@@ -84,7 +83,7 @@ class NodeShardStore:
         before that write: either it saw our claim, or we see its claim here. The store is refreshed with what
         was read (objects the watch already has in a later version are kept).
         """
-        reply = await self._client.get(nodeshard.COLLECTION_PATH)
+        reply = await self._client.get(bodies.COLLECTION_PATH)
         for obj in reply.get("items") or ():
             shard = self._parse(obj)
             old = self.shards.get(shard.name) if shard is not None else None
@@ -98,7 +97,7 @@ class NodeShardStore:
 
     def _parse(self, obj: Mapping[str, Any]) -> NodeShard | None:
         try:
-            return nodeshard.parse_nodeshard(obj)
+            return bodies.parse_nodeshard(obj)
         except NodeShardFormatError as e:
             name = (obj.get("metadata") or {}).get("name")
             log.error("ignoring malformed NodeShard %s: %s", name, e)
@@ -139,13 +138,13 @@ class NodeShardStore:
         if shard is not None and shard.nodes_desired == wanted:
             return False
         if shard is None:
-            body = nodeshard.new_nodeshard(name, wanted, labels={MANAGED_BY_LABEL: MANAGED_BY})
+            body = bodies.new_nodeshard(name, wanted, labels={MANAGED_BY_LABEL: MANAGED_BY})
             try:
-                reply = await self._client.post(nodeshard.COLLECTION_PATH, body)
+                reply = await self._client.post(bodies.COLLECTION_PATH, body)
             except Conflict:
-                reply = await self._client.patch(nodeshard.object_path(name), nodeshard.spec_patch(wanted))
+                reply = await self._client.patch(bodies.object_path(name), bodies.spec_patch(wanted))
         else:
-            reply = await self._client.patch(nodeshard.object_path(name), nodeshard.spec_patch(wanted))
+            reply = await self._client.patch(bodies.object_path(name), bodies.spec_patch(wanted))
         self._apply_reply(reply)
         log.info("NodeShard %s: spec.nodesDesired = %d nodes", name, len(wanted))
         return True
@@ -171,10 +170,10 @@ class NodeShardStore:
         same = (shard.nodes_in_use, shard.nodes_to_add, shard.nodes_to_remove) == (in_use, to_add, to_remove)
         if same and not first:
             return False
-        body = nodeshard.status_patch(
+        body = bodies.status_patch(
             nodes_in_use=in_use, nodes_to_add=to_add, nodes_to_remove=to_remove, now=self._clock()
         )
-        reply = await self._client.patch(nodeshard.status_path(name), body)
+        reply = await self._client.patch(bodies.status_path(name), body)
         self._apply_reply(reply)
         log.info(
             "NodeShard %s: status.nodesInUse = %d nodes (%d to add, %d to remove)",
@@ -186,7 +185,6 @@ class NodeShardStore:
         return True
 
     def _apply_reply(self, reply: Any) -> None:
-        self.writes += 1
         if isinstance(reply, dict):
             shard = self._parse(reply)
             if shard is not None:
@@ -196,13 +194,14 @@ class NodeShardStore:
 
     async def run(self) -> None:
         """Probe for the CRD, then list and watch; until cancelled."""
+        backoff = api_retry()
         while True:
             try:
-                await self._client.get(nodeshard.COLLECTION_PATH, {"limit": "1"})
+                await self._client.get(bodies.COLLECTION_PATH, {"limit": "1"})
                 break
             except (ServerError, TooManyRequests) as e:
                 log.warning("NodeShard probe failed (%s); retrying", e)
-                await asyncio.sleep(RETRY_DELAY)
+                await backoff.sleep()
                 continue
             except NotFound:
                 why = "the NodeShard CRD is not installed (manifests/crds/nodeshards.shard.volcano.sh.yaml)"
@@ -213,6 +212,7 @@ class NodeShardStore:
                     "%s: running without NodeShard interop; probing again every %.0f s", why, PROBE_INTERVAL
                 )
                 self.synced.set()
+            backoff.reset()
             await asyncio.sleep(PROBE_INTERVAL)
         watch = asyncio.create_task(self.reflector.run(), name="nodeshards")
         try:

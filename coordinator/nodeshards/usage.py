@@ -1,9 +1,8 @@
 """What the shard policy needs to know about the cluster: nodes, their allocatable CPU and labels, and the CPU
 requested on each, kept current by two watches.
 
-- ``NodeTable`` (watch of the nodes matching the coordinator's node selector): allocatable CPU and labels. It
-  reports a change only when something the policy reads changed (a node added or deleted, its labels or
-  allocatable CPU), never for the status heartbeats kubelets and kwok write all the time.
+- ``NodeTable`` (``coordinator.workershards.pools``; watch of the nodes matching the coordinator's node selector):
+  allocatable CPU and labels, the same table the label pool keeps.
 - ``RequestTable`` (watch of bound, non-terminal pods, across namespaces): CPU requests summed per node, updated
   incrementally per event from a pod -> (node, millicores) table, so utilisation costs nothing to read.
   The field selector does the filtering: a pod enters the watch when bound and leaves it when it terminates or
@@ -16,61 +15,14 @@ Volcano's sharding controller; no metrics server).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
-from common.records import NodeName, node_from_json, pod_from_json
-from coordinator.policy import NodeView
+from common.records import NodeName, pod_from_json
+from coordinator.nodeshards.policy import NodeView
+from coordinator.workershards.pools import NodeFacts
 
 BOUND_LIVE_PODS = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
-
-
-@dataclass(frozen=True, slots=True)
-class NodeFacts:
-    """The parts of a Node the policy reads."""
-
-    allocatable_milli_cpu: int
-    labels: Mapping[str, str]
-
-    @property
-    def weight(self) -> float:
-        """Share of the pool for the shard map: allocatable cores, at least 1."""
-        return max(1.0, self.allocatable_milli_cpu / 1000.0)
-
-
-class NodeTable:
-    """Watch handler of the managed nodes."""
-
-    def __init__(self) -> None:
-        self.nodes: dict[NodeName, NodeFacts] = {}
-        self.listeners: list[Callable[[], None]] = []
-        self.changes = 0
-
-    @staticmethod
-    def _facts(obj: dict[str, Any]) -> tuple[NodeName, NodeFacts]:
-        rec = node_from_json(obj)
-        return rec.name, NodeFacts(rec.allocatable.milli_cpu, dict(rec.labels))
-
-    def _changed(self) -> None:
-        self.changes += 1
-        for callback in self.listeners:
-            callback()
-
-    def replace(self, objects: list[dict[str, Any]]) -> None:
-        fresh = dict(self._facts(o) for o in objects)
-        if fresh != self.nodes:
-            self.nodes = fresh
-            self._changed()
-
-    def event(self, kind: str, obj: dict[str, Any]) -> None:
-        name, facts = self._facts(obj)
-        if kind == "DELETED":
-            if self.nodes.pop(name, None) is not None:
-                self._changed()
-        elif self.nodes.get(name) != facts:
-            self.nodes[name] = facts
-            self._changed()
 
 
 class RequestTable:
@@ -128,8 +80,3 @@ def views(
         NodeView(name, facts.allocatable_milli_cpu, requests.requested(name), facts.labels, holders.get(name))
         for name, facts in nodes.items()
     ]
-
-
-def weights(nodes: Mapping[NodeName, NodeFacts], names: Iterable[NodeName]) -> dict[NodeName, float]:
-    """Shard-map weights of the named nodes that exist."""
-    return {n: nodes[n].weight for n in names if n in nodes}

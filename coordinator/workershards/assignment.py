@@ -8,12 +8,20 @@ Three layers, each answering one question:
    its share, else to the least filled one. Free nodes cost no handoff, so they are placed for balance
    first and hash affinity second. Rendezvous is why a join or a leave moves few nodes: a node's ranking
    of the other workers does not change when one worker comes or goes.
-3. Rebalancing of held nodes, with hysteresis. Skew is the spread of fill ratios (held / share). Nothing
-   moves until skew exceeds ``skew_threshold``; then nodes move from the most over-full worker to the
-   most under-full one, each move strictly reducing their combined deviation, until skew falls to
-   ``settle_skew``, no move helps, or the round's move budget (``max_moves_per_round`` minus handoffs
-   still in flight) is spent. The rebalancing state carries over between rounds; that is the policy's
-   only state.
+3. Rebalancing of held nodes, with hysteresis. Nothing moves until skew exceeds ``skew_threshold``; then
+   nodes move from the most over-full worker to the most under-full one, each move strictly reducing their
+   combined deviation, until skew falls to ``settle_skew``, no move helps, or the round's move budget
+   (``max_moves_per_round`` minus handoffs still in flight) is spent. The rebalancing state carries over
+   between rounds; that is the policy's only state.
+
+Skew, the one definition (the ConfigMap's ``rebalance`` settings use it too): a worker's *fill* is the capacity
+it holds divided by its share (1.0 = exactly its share, 0 = nothing); skew is the highest fill minus the lowest,
+over the live workers. 0 is perfect balance; with two equal workers, a 55/45 split is skew 0.2; a worker that
+just joined (fill 0) makes skew at least the fill of the fullest one.
+
+The operator sets ``skew_threshold``, ``settle_skew`` and ``max_moves_per_round`` through the sharding
+ConfigMap (``coordinator.nodeshards.policy.agentsettings``); ``configure`` takes a new ``AssignmentConfig``
+between rounds. The load-factor knobs are not exposed.
 
 Nodes held by a live worker stay where they are unless rebalancing moves them (stickiness). Output is
 deterministic for equal inputs, whatever the iteration order of the mappings passed in.
@@ -34,8 +42,8 @@ EPSILON = 1e-9
 
 
 @dataclass(frozen=True, slots=True)
-class PolicyConfig:
-    """Balancing knobs. Defaults suit tens of workers and hundreds to thousands of nodes."""
+class AssignmentConfig:
+    """The assignment's balancing knobs. Defaults suit tens of workers and hundreds to thousands of nodes."""
 
     skew_threshold: float = 0.25  # start rebalancing when max fill - min fill exceeds this
     settle_skew: float = 0.10  # ... and stop once it is back under this (hysteresis band)
@@ -53,6 +61,13 @@ class PolicyConfig:
         if not 0 < self.min_load_factor <= 1 <= self.max_load_factor:
             raise ValueError("want 0 < min_load_factor <= 1 <= max_load_factor")
 
+    def describe(self) -> str:
+        """One line for logs and ``agent-scheduler status``."""
+        return (
+            f"rebalance when skew > {self.skew_threshold:g} until <= {self.settle_skew:g}, "
+            f"at most {self.max_moves_per_round} node moves in flight"
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class WorkerInfo:
@@ -61,7 +76,9 @@ class WorkerInfo:
 
 
 @dataclass(frozen=True, slots=True)
-class Move:
+class WorkerMove:
+    """A held node handed from one worker process to another."""
+
     node: NodeName
     source: WorkerId
     target: WorkerId
@@ -70,7 +87,7 @@ class Move:
 @dataclass(frozen=True, slots=True)
 class Plan:
     target: Mapping[NodeName, WorkerId]  # every pool node, when there is at least one worker
-    moves: tuple[Move, ...]  # held nodes to hand over (the rest of the target is new placements)
+    moves: tuple[WorkerMove, ...]  # held nodes to hand over (the rest of the target is new placements)
     skew: float  # skew of the target
     rebalancing: bool  # still inside a rebalancing episode after this round
 
@@ -83,13 +100,15 @@ def hrw_score(node: NodeName, worker: WorkerId, weight: float = 1.0) -> float:
     return weight / -math.log(u)
 
 
-def pressure(load: LoadReport, config: PolicyConfig) -> float:
+def pressure(load: LoadReport, config: AssignmentConfig) -> float:
     """How hard a worker is pushed, in "busy cores": its CPU use, or its backlog if that is worse."""
     backlog = load.pending_pods / config.pending_soft_limit
     return min(max(load.process_cpu, backlog), 2.0)
 
 
-def effective_weights(workers: Mapping[WorkerId, WorkerInfo], config: PolicyConfig) -> dict[WorkerId, float]:
+def effective_weights(
+    workers: Mapping[WorkerId, WorkerInfo], config: AssignmentConfig
+) -> dict[WorkerId, float]:
     """Capacity weight times load factor. Workers without a report count as average."""
     pressures = {w: pressure(info.load, config) for w, info in workers.items() if info.load is not None}
     mean = sum(pressures.values()) / len(pressures) if pressures else 0.0
@@ -101,7 +120,7 @@ def effective_weights(workers: Mapping[WorkerId, WorkerInfo], config: PolicyConf
 
 
 def skew(held: Mapping[WorkerId, float], share: Mapping[WorkerId, float]) -> float:
-    """Spread of fill ratios (held / share) across workers; 0 is perfect balance."""
+    """Highest fill (held / share) minus lowest, over the workers with a share; 0 is perfect balance."""
     fills = [held.get(w, 0.0) / s for w, s in share.items() if s > 0]
     return max(fills) - min(fills) if fills else 0.0
 
@@ -109,9 +128,18 @@ def skew(held: Mapping[WorkerId, float], share: Mapping[WorkerId, float]) -> flo
 class AssignmentPolicy:
     """Computes targets round after round; remembers only whether a rebalancing episode is under way."""
 
-    def __init__(self, config: PolicyConfig | None = None) -> None:
-        self.config = config or PolicyConfig()
+    def __init__(self, config: AssignmentConfig | None = None) -> None:
+        self._config = config or AssignmentConfig()
         self._rebalancing = False
+
+    @property
+    def config(self) -> AssignmentConfig:
+        return self._config
+
+    def configure(self, config: AssignmentConfig) -> None:
+        """Use ``config`` from the next ``plan`` on. A rebalancing episode under way continues under the new
+        thresholds (it ends at once if skew is already within the new ``settle_skew``)."""
+        self._config = config
 
     @property
     def rebalancing(self) -> bool:
@@ -137,7 +165,7 @@ class AssignmentPolicy:
         if not workers or not nodes:
             self._rebalancing = False
             return Plan({}, (), 0.0, False)
-        cfg = self.config
+        cfg = self._config
         weights = effective_weights(workers, cfg)
         total_weight = sum(weights.values())
         total_capacity = sum(nodes.values())
@@ -168,7 +196,7 @@ class AssignmentPolicy:
             held[owner] += size
             by_worker[owner].add(node)
 
-        moves: list[Move] = []
+        moves: list[WorkerMove] = []
         spread = skew(held, share)
         if not self._rebalancing and spread > cfg.skew_threshold:
             self._rebalancing = True
@@ -198,7 +226,7 @@ class AssignmentPolicy:
         share: Mapping[WorkerId, float],
         by_worker: Mapping[WorkerId, set[NodeName]],
         order: list[WorkerId],
-    ) -> Move | None:
+    ) -> WorkerMove | None:
         """One node from the most over-full to the most under-full worker, the one that reduces their
         combined deviation most; among equals, the one that hashes best to the receiver."""
         source = max(order, key=lambda w: (held[w] - share[w], w))
@@ -217,4 +245,4 @@ class AssignmentPolicy:
         top = max(gains.values())
         # Hash only the equally good candidates: with uniform nodes that is all of them, but only once each.
         best = max((n for n, g in gains.items() if g == top), key=lambda n: (hrw_score(n, target), n))
-        return Move(best, source, target)
+        return WorkerMove(best, source, target)

@@ -1,5 +1,6 @@
 """Handoff rules: how the leader moves the stored shard map toward the policy's target without ever
-letting two workers use one node. Pure functions over records; ``coordinator.shardmap`` does the I/O.
+letting two workers use one node. Pure functions over records; ``coordinator.workershards.shardmap`` does
+the I/O.
 
 A worker *holds* a node when the node is in its assignment's granted or revoking set. The rules:
 
@@ -14,7 +15,7 @@ A worker *holds* a node when the node is in its assignment's granted or revoking
    back as a new incarnation) keeps holding its nodes as revoking until 3a or 3b frees them. Only then
    does the new incarnation get a fresh, empty assignment.
 
-Together with the worker's rules (``common.ownership``), 1-4 give the invariant: at any instant, at most
+Together with the worker's rules (``worker.shard``), 1-4 give the invariant: at any instant, at most
 one worker may use a node. Every function returns new records; epochs are set by the writer.
 """
 
@@ -132,7 +133,3 @@ def changes(
         ):
             out[worker] = new
     return out
-
-
-def in_transit(assignments: Mapping[WorkerId, ShardAssignment | None]) -> int:
-    return sum(len(a.revoking) for a in assignments.values() if a is not None)

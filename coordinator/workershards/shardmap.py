@@ -12,7 +12,7 @@ Invariants:
   backwards, even if the meta key is lost (the next epoch is above every epoch found in etcd): an old
   ack must never satisfy a newer revocation.
 - A node is granted only after its previous holder acknowledged the release or etcd confirmed the
-  holder's lease gone (see ``coordinator.handoff``); a dead worker's nodes therefore move only after
+  holder's lease gone (see ``coordinator.workershards.handoff``); a dead worker's nodes therefore move only after
   its lease has expired.
 - The node pool comes from one seam, ``PoolSource``. An empty pool revokes every node: a pool source
   that cannot tell must keep returning its last good answer, not an empty one.
@@ -29,13 +29,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from etcd3aio import Etcd3Client
 from etcd3aio.kv import KVService
 
 from common.aiotools import cancel_and_wait, wait_first
+from common.backoff import etcd_retry
 from common.etcd.keys import KeyFamily, KeyLayout, WorkerId
 from common.etcd.kv import (
     DEFAULT_TIMEOUT,
@@ -56,44 +57,16 @@ from common.etcd.schema import (
     WorkerRecord,
 )
 from common.records import NodeName
-from coordinator import handoff
-from coordinator.assignment import AssignmentPolicy, Plan, WorkerInfo
-from coordinator.election import LeaderTerm
+from coordinator.leadership.election import LeaderTerm
+from coordinator.workershards import handoff
+from coordinator.workershards.assignment import AssignmentPolicy, WorkerInfo
+from coordinator.workershards.pools import PoolSource
 
 log = logging.getLogger(__name__)
-
-PoolSource = Callable[[], Mapping[NodeName, float]]  # agent-pool node -> capacity weight
 
 DEFAULT_INTERVAL = 1.0  # a round at least this often, to notice pool changes and expired leases
 DEBOUNCE = 0.02  # let a burst of etcd events land before planning
 MAX_TXN_OPS = 128
-RETRY_DELAY = 0.5
-
-
-class StaticPool:
-    """A pool the caller sets by hand (tests, and until the shard-policy ConfigMap decides)."""
-
-    def __init__(self, nodes: Iterable[NodeName] = ()) -> None:
-        self._nodes: dict[NodeName, float] = dict.fromkeys(nodes, 1.0)
-
-    def set(self, nodes: Iterable[NodeName] | Mapping[NodeName, float]) -> None:
-        self._nodes = dict(nodes) if isinstance(nodes, Mapping) else dict.fromkeys(nodes, 1.0)
-
-    def __call__(self) -> Mapping[NodeName, float]:
-        return self._nodes
-
-
-@dataclass(frozen=True, slots=True)
-class ShardMapStats:
-    epoch: int
-    rounds: int
-    writes: int
-    conflicts: int
-    members: int
-    nodes: int
-    in_transit: int
-    skew: float
-    rebalancing: bool
 
 
 @dataclass(slots=True)
@@ -131,10 +104,8 @@ class ShardMapLeader:
         self._poked = asyncio.Event()
         self._dead_leases: set[int] = set()
         self._destinations: dict[NodeName, WorkerId] = {}  # revoking node -> where the plan sends it
-        self._last_plan = Plan({}, (), 0.0, False)
         self._planned: frozenset[NodeName] = frozenset()  # the pool the latest round planned with
         self._epoch = 0
-        self._members = 0
         self._in_transit = 0
         self.rounds = 0
         self.writes = 0
@@ -169,30 +140,24 @@ class ShardMapLeader:
                 continue  # logged by the round that reads it
         return frozenset(nodes)
 
-    def statistics(self) -> ShardMapStats:
-        return ShardMapStats(
-            self._epoch,
-            self.rounds,
-            self.writes,
-            self.conflicts,
-            self._members,
-            len(self._pool()),
-            self._in_transit,
-            self._last_plan.skew,
-            self._last_plan.rebalancing,
-        )
+    @property
+    def in_transit(self) -> int:
+        """Nodes being released after the latest round (revoking, not yet free)."""
+        return self._in_transit
 
     async def run(self) -> None:
         mirror = asyncio.create_task(self._mirror.run(), name="shardmap-mirror")
         try:
             await wait_first(self._mirror.synced.wait(), self._term.lost.wait())
+            backoff = etcd_retry()
             while not self._term.lost.is_set():
                 try:
                     if not await self._round():
                         return  # deposed
+                    backoff.reset()
                 except ETCD_FAILURES as e:
                     log.warning("shard map round failed: %s", describe(e))
-                    await wait_first(asyncio.sleep(RETRY_DELAY), self._term.lost.wait())
+                    await wait_first(asyncio.sleep(backoff.next()), self._term.lost.wait())
                     continue
                 await wait_first(self._poked.wait(), asyncio.sleep(self._interval), self._term.lost.wait())
                 await asyncio.sleep(DEBOUNCE)
@@ -236,14 +201,13 @@ class ShardMapLeader:
         pool = self._pool()
         self._planned = frozenset(pool)
         plan = self._policy.plan(pool, workers, current, pending=pending, in_transit=len(revoking))
-        self._last_plan = plan
         wanted = handoff.apply_targets(settled, members, plan.target, set(pool))
 
         now_revoking = {n for a in wanted.values() if a is not None for n in a.revoking}
         self._destinations = {
             n: (pending.get(n) or plan.target[n]) for n in now_revoking if n in pending or n in plan.target
         }
-        self._members, self._in_transit = len(members), len(now_revoking)
+        self._in_transit = len(now_revoking)
         self._dead_leases &= {a.lease_id for a in snap.assignments.values()}  # forget leases nobody mentions
 
         diff = handoff.changes(snap.assignments, wanted)

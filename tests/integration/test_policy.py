@@ -29,8 +29,8 @@ import yaml
 
 from common.etcd.kv import connect
 from common.kube import KubeClient, NotFound
-from coordinator.policy import PolicyConfigError, parse_configmap
-from coordinator.sharding import REASON_APPLIED, REASON_INVALID
+from coordinator.nodeshards import REASON_APPLIED, REASON_INVALID
+from coordinator.nodeshards.policy import PolicyConfigError, parse_configmap
 from scale.cluster import Cluster
 from tests.integration.policy_rig import (
     ROOT,
@@ -344,8 +344,8 @@ def _invalid_cases(rig: Rig) -> list[tuple[str, dict[str, str], tuple[str, ...]]
         ),
         (
             "invalid own settings",
-            {**policy(rig, agent_max=3), "agent-scheduler.yaml": "lease: {ttlSeconds: 0}\n"},
-            ("agent-scheduler.yaml", "lease.ttlSeconds", "must be >= 1"),
+            {**policy(rig, agent_max=3), "agent-scheduler.yaml": "rebalance: {startSkew: 0}\n"},
+            ("agent-scheduler.yaml", "rebalance.startSkew", "must be > 0"),
         ),
         (
             "no agent entry for this scheduler",
@@ -403,6 +403,18 @@ async def test_invalid_configmaps_are_rejected_with_an_event_and_the_old_policy_
     await rig.put_configmap(policy(rig, agent_max=2))
     await settled(rig, {n[0], n[1]})
     assert (await rig.record())["last_rejected"] == ""
+    before = await rig.record()
+    # Sections that left the ConfigMap (an older manifest) are ignored with a warning, never rejected.
+    legacy = "lease: {ttlSeconds: 15}\ndispatch: {candidatesPerPod: 3}\nrebalance: {skewThreshold: 1.25}\n"
+    version = await rig.put_configmap({**policy(rig, agent_max=2), "agent-scheduler.yaml": legacy})
+
+    async def accepted() -> Any:
+        record = await rig.record()
+        return record["origin"].endswith(f"@{version}") and record
+
+    record = await eventually(accepted, HANG, "the legacy settings accepted")
+    assert record["last_rejected"] == "" and record["version"] == before["version"]
+    assert "warnings: 3" in record["summary"], record["summary"]
 
 
 async def test_deleted_configmap_keeps_the_last_policy(rig: Rig, kube: KubeClient) -> None:

@@ -5,17 +5,23 @@ Public surface (everything else is private to this package):
 - ``parse_configmap(data) -> EffectivePolicy`` - validate a sharding ConfigMap's ``data`` (``sharding.yaml`` in
   Volcano's format, ``agent-scheduler.yaml`` with our settings); raises ``PolicyConfigError``.
 - ``default_policy() -> EffectivePolicy`` - Volcano's defaults, for a cluster without the ConfigMap.
-- ``EffectivePolicy.evaluate(nodes) -> Assignment`` - each scheduler's desired nodes (``NodeView`` in).
+- ``EffectivePolicy.evaluate(nodes) -> ShardEvaluation`` - each scheduler's desired nodes (``NodeView`` in).
 - ``EffectivePolicy.summary()`` / ``.version`` - for ``agent-scheduler status`` and change detection.
 
 Layout: ``fields`` (typed YAML reads), ``durations`` (Go durations), ``plugins`` (one module per Volcano
-policy, a registry), ``sharding`` / ``settings`` (the two ConfigMap keys), ``pipeline`` (filter -> sort ->
+policy, a registry), ``volcano`` / ``agentsettings`` (the two ConfigMap keys), ``pipeline`` (filter -> sort ->
 select), ``evaluate`` (hysteresis and the move budget), ``effective`` (the versioned whole).
 """
 
 from __future__ import annotations
 
-from coordinator.policy.effective import (
+from coordinator.nodeshards.policy.agentsettings import (
+    AgentSchedulerSettings,
+    RebalanceSettings,
+    ShardSettings,
+    parse_settings,
+)
+from coordinator.nodeshards.policy.effective import (
     DEFAULT_CONFIGMAP_NAME,
     DEFAULT_CONFIGMAP_NAMESPACE,
     SETTINGS_KEY,
@@ -24,18 +30,10 @@ from coordinator.policy.effective import (
     default_policy,
     parse_configmap,
 )
-from coordinator.policy.errors import PolicyConfigError
-from coordinator.policy.evaluate import Assignment, Move, evaluate
-from coordinator.policy.nodes import NodeView
-from coordinator.policy.settings import (
-    AgentSchedulerSettings,
-    DispatchSettings,
-    LeaseSettings,
-    RebalanceSettings,
-    ShardSettings,
-    parse_settings,
-)
-from coordinator.policy.sharding import AGENT_TYPE, SchedulerPolicy, ShardingConfig, parse_sharding
+from coordinator.nodeshards.policy.errors import PolicyConfigError
+from coordinator.nodeshards.policy.evaluate import ShardEvaluation, ShardMove, evaluate
+from coordinator.nodeshards.policy.nodes import NodeView
+from coordinator.nodeshards.policy.volcano import AGENT_TYPE, SchedulerPolicy, ShardingConfig, parse_sharding
 
 __all__ = [
     "AGENT_TYPE",
@@ -44,15 +42,13 @@ __all__ = [
     "SETTINGS_KEY",
     "SHARDING_KEY",
     "AgentSchedulerSettings",
-    "Assignment",
-    "DispatchSettings",
     "EffectivePolicy",
-    "LeaseSettings",
-    "Move",
     "NodeView",
     "PolicyConfigError",
     "RebalanceSettings",
     "SchedulerPolicy",
+    "ShardEvaluation",
+    "ShardMove",
     "ShardSettings",
     "ShardingConfig",
     "default_policy",

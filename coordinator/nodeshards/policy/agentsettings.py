@@ -7,19 +7,26 @@ would otherwise silently fall back to a default.
 
 ::
 
-    shards:                        # how nodes move between schedulers (NodeShards)
+    shards:                        # how nodes move between schedulers (NodeShards); applied by ``evaluate``
       bandHysteresis: 0.05
       rankHysteresis: 0.05
       maxMovesPerSync: 50          # null: unbounded
-    rebalance:                     # how nodes move between this scheduler's worker processes
-      skewThreshold: 1.25
-      hysteresis: 0.1
-      maxNodeMovesPerRound: 10
-    lease:
-      ttlSeconds: 15
-    dispatch:
-      capacityReportIntervalSeconds: 1.0
-      candidatesPerPod: 3
+    rebalance:                     # how nodes move between this scheduler's worker processes; applied by
+      startSkew: 0.25              # ``coordinator.workershards.assignment`` from the shard map's next round
+      stopSkew: 0.10
+      maxNodeMovesPerRound: 32
+
+Skew has one definition, the assignment's: a worker's fill is the node capacity it holds divided by its fair
+share (1.0 = exactly its share); skew is the highest fill minus the lowest. The defaults here are the
+assignment's own (``AssignmentConfig``), so a ConfigMap without ``rebalance`` changes nothing.
+
+Settings that are not hot-reloaded any more are *accepted and ignored with a warning* (logged, counted in the
+policy summary that ``agent-scheduler status`` prints, and left out of the policy version): the ``lease`` and
+``dispatch`` sections, and ``rebalance.skewThreshold`` / ``rebalance.hysteresis``. They never took effect (the
+lease TTL is the ``--lease-ttl`` flag of each process, the wire intervals are protocol constants, and the old
+skew keys described a ratio the assignment never used), so ignoring them keeps an installation doing exactly
+what it did, while rejecting them would discard every other edit of the same ConfigMap, ``sharding.yaml``
+included, until an operator noticed.
 """
 
 from __future__ import annotations
@@ -28,8 +35,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from coordinator.policy import fields
-from coordinator.policy.errors import PolicyConfigError
+from coordinator.nodeshards.policy import fields
+from coordinator.nodeshards.policy.errors import PolicyConfigError
+from coordinator.workershards.assignment import AssignmentConfig
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -67,36 +75,35 @@ class ShardSettings:
     ``null`` means unbounded, 0 freezes held nodes. Assigning a node nobody holds is not a move."""
 
 
+_ASSIGNMENT_DEFAULTS = AssignmentConfig()
+
+
 @dataclass(frozen=True, slots=True)
 class RebalanceSettings:
     """When and how fast the coordinator moves nodes between this scheduler's worker processes."""
 
-    skew_threshold: float = field(default=1.25, metadata=_key("skewThreshold", float, lo=1.0, positive=True))
-    """Rebalance when the most loaded worker's load exceeds the least loaded one's by this ratio (> 1)."""
-    hysteresis: float = field(default=0.1, metadata=_key("hysteresis", float, lo=0.0))
-    """Once rebalancing starts, continue until the ratio is at most ``skewThreshold - hysteresis`` (>= 1)."""
-    max_node_moves_per_round: int = field(default=10, metadata=_key("maxNodeMovesPerRound", int, lo=1))
-    """Upper bound on nodes moved between workers in one rebalancing round."""
-
-
-@dataclass(frozen=True, slots=True)
-class LeaseSettings:
-    """Liveness of worker processes."""
-
-    ttl_seconds: int = field(default=15, metadata=_key("ttlSeconds", int, lo=1, hi=3600))
-    """A worker whose lease is not renewed for this many seconds is dead and its nodes are reassigned."""
-
-
-@dataclass(frozen=True, slots=True)
-class DispatchSettings:
-    """How the coordinator hands pods to workers."""
-
-    capacity_report_interval_seconds: float = field(
-        default=1.0, metadata=_key("capacityReportIntervalSeconds", float, lo=0.0, hi=3600.0, positive=True)
+    start_skew: float = field(
+        default=_ASSIGNMENT_DEFAULTS.skew_threshold, metadata=_key("startSkew", float, lo=0.0, positive=True)
     )
-    """How often each worker reports its free capacity to the coordinator, in seconds (> 0)."""
-    candidates_per_pod: int = field(default=3, metadata=_key("candidatesPerPod", int, lo=1, hi=100))
-    """Candidate nodes carried with each scheduling result (Volcano's ``candidateNodeCount``, default 3)."""
+    """Start rebalancing when skew (highest fill minus lowest, see the module docstring) exceeds this (> 0)."""
+    stop_skew: float = field(
+        default=_ASSIGNMENT_DEFAULTS.settle_skew, metadata=_key("stopSkew", float, lo=0.0)
+    )
+    """Once rebalancing, continue until skew is at most this (0 <= stopSkew <= startSkew)."""
+    max_node_moves_per_round: int = field(
+        default=_ASSIGNMENT_DEFAULTS.max_moves_per_round, metadata=_key("maxNodeMovesPerRound", int, lo=1)
+    )
+    """At most this many nodes on their way between workers at once; a round starts new moves only up to this
+    minus those still in flight."""
+
+    def assignment_config(self) -> AssignmentConfig:
+        """The assignment's configuration with these settings (its other knobs at their defaults)."""
+        return dataclasses.replace(
+            _ASSIGNMENT_DEFAULTS,
+            skew_threshold=self.start_skew,
+            settle_skew=self.stop_skew,
+            max_moves_per_round=self.max_node_moves_per_round,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,14 +112,25 @@ class AgentSchedulerSettings:
 
     shards: ShardSettings = field(default_factory=ShardSettings)
     rebalance: RebalanceSettings = field(default_factory=RebalanceSettings)
-    lease: LeaseSettings = field(default_factory=LeaseSettings)
-    dispatch: DispatchSettings = field(default_factory=DispatchSettings)
 
     def to_dict(self) -> dict[str, object]:
         return {name: _section_dict(getattr(self, name)) for name in _SECTIONS}
 
 
-_SECTIONS = ("shards", "rebalance", "lease", "dispatch")
+_SECTIONS = ("shards", "rebalance")
+
+_IGNORED_SECTIONS = {
+    "lease": "the lease TTL is the --lease-ttl flag of each worker and coordinator",
+    "dispatch": "the wire intervals are protocol constants",
+}
+"""Sections accepted and ignored with a warning (see the module docstring), with the reason."""
+_IGNORED_KEYS = {
+    "rebalance": {
+        "skewThreshold": "use startSkew (skew is now the difference of worker fills, not a ratio)",
+        "hysteresis": "use stopSkew",
+    },
+}
+"""Keys accepted and ignored with a warning, per section."""
 
 
 def _section_dict(section: DataclassInstance) -> dict[str, object]:
@@ -135,31 +153,42 @@ def _read_value(m: dict[str, object], f: dataclasses.Field[Any], path: str) -> o
     return value
 
 
-def _read_section(default: _S, raw: object, path: str) -> _S:
+def _read_section(default: _S, raw: object, path: str, warnings: list[str]) -> _S:
     m = {} if raw is None else dict(fields.as_mapping(raw, path))
+    for key, hint in _IGNORED_KEYS.get(path, {}).items():
+        if key in m:
+            del m[key]
+            warnings.append(f"{fields.sub(path, key)}: no longer a setting, ignored; {hint}")
     by_key = {f.metadata["key"]: f for f in dataclasses.fields(default)}
     fields.reject_unknown(m, path, by_key)
     changes = {by_key[k].name: _read_value(m, by_key[k], path) for k in m}
     return dataclasses.replace(default, **changes)
 
 
-def parse_settings(text: str) -> AgentSchedulerSettings:
-    """Parse and validate ``agent-scheduler.yaml``; raises ``PolicyConfigError`` (without ``source``)."""
+def parse_settings(text: str, warnings: list[str] | None = None) -> AgentSchedulerSettings:
+    """Parse and validate ``agent-scheduler.yaml``; append ignored settings to ``warnings``.
+
+    Raises ``PolicyConfigError`` (without ``source``) for anything that must not be applied.
+    """
+    found: list[str] = []
     doc = fields.load_yaml(text)
-    top = {} if doc is None else fields.as_mapping(doc, "")
+    top = dict({} if doc is None else fields.as_mapping(doc, ""))
+    for section, reason in _IGNORED_SECTIONS.items():
+        if section in top:
+            del top[section]
+            found.append(f"{section}: no longer a setting, ignored; {reason}")
     fields.reject_unknown(top, "", _SECTIONS)
     base = AgentSchedulerSettings()
     settings = AgentSchedulerSettings(
-        shards=_read_section(base.shards, top.get("shards"), "shards"),
-        rebalance=_read_section(base.rebalance, top.get("rebalance"), "rebalance"),
-        lease=_read_section(base.lease, top.get("lease"), "lease"),
-        dispatch=_read_section(base.dispatch, top.get("dispatch"), "dispatch"),
+        shards=_read_section(base.shards, top.get("shards"), "shards", found),
+        rebalance=_read_section(base.rebalance, top.get("rebalance"), "rebalance", found),
     )
     rebalance = settings.rebalance
-    if rebalance.skew_threshold - rebalance.hysteresis < 1.0:
+    if rebalance.stop_skew > rebalance.start_skew:
         raise PolicyConfigError(
-            "rebalance.hysteresis",
-            f"must be <= skewThreshold - 1 (got {rebalance.hysteresis:g} with skewThreshold "
-            f"{rebalance.skew_threshold:g})",
+            "rebalance.stopSkew",
+            f"must be <= startSkew (got {rebalance.stop_skew:g} with startSkew {rebalance.start_skew:g})",
         )
+    if warnings is not None:
+        warnings.extend(found)
     return settings

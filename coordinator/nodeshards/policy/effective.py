@@ -19,19 +19,19 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 
-from coordinator.policy.durations import format_seconds
-from coordinator.policy.errors import PolicyConfigError
-from coordinator.policy.evaluate import Assignment, evaluate
-from coordinator.policy.nodes import NodeView
-from coordinator.policy.settings import AgentSchedulerSettings, parse_settings
-from coordinator.policy.sharding import SchedulerPolicy, ShardingConfig, parse_sharding
+from coordinator.nodeshards.policy.agentsettings import AgentSchedulerSettings, parse_settings
+from coordinator.nodeshards.policy.durations import format_seconds
+from coordinator.nodeshards.policy.errors import PolicyConfigError
+from coordinator.nodeshards.policy.evaluate import ShardEvaluation, evaluate
+from coordinator.nodeshards.policy.nodes import NodeView
+from coordinator.nodeshards.policy.volcano import SchedulerPolicy, ShardingConfig, parse_sharding
 
 log = logging.getLogger(__name__)
 
 SHARDING_KEY = "sharding.yaml"
 """ConfigMap data key holding Volcano's sharding configuration."""
 SETTINGS_KEY = "agent-scheduler.yaml"
-"""ConfigMap data key holding this project's settings (``coordinator.policy.settings``)."""
+"""ConfigMap data key holding this project's settings (``coordinator.nodeshards.policy.agentsettings``)."""
 DEFAULT_CONFIGMAP_NAME = "volcano-sharding-configmap"
 DEFAULT_CONFIGMAP_NAMESPACE = "volcano-system"
 SCHEMA_VERSION = 1
@@ -63,7 +63,7 @@ class EffectivePolicy:
     sharding: ShardingConfig
     settings: AgentSchedulerSettings = field(default_factory=AgentSchedulerSettings)
     warnings: tuple[str, ...] = field(default=(), compare=False)
-    """Non-fatal findings (deprecated fields converted, unknown top-level fields ignored)."""
+    """Non-fatal findings (deprecated fields converted or ignored, unknown top-level fields ignored)."""
     version: str = field(init=False, compare=False)
     """Stable hash of the normalised policy (see the module docstring)."""
 
@@ -94,8 +94,8 @@ class EffectivePolicy:
                 return agent
         raise LookupError(f"no scheduler of type agent named {name!r}")
 
-    def evaluate(self, nodes: Iterable[NodeView]) -> Assignment:
-        """Each scheduler's desired nodes for this policy (``coordinator.policy.evaluate``)."""
+    def evaluate(self, nodes: Iterable[NodeView]) -> ShardEvaluation:
+        """Each scheduler's desired nodes for this policy (``coordinator.nodeshards.policy.evaluate``)."""
         return evaluate(self.sharding, self.settings.shards, nodes)
 
     def summary(self) -> str:
@@ -111,16 +111,7 @@ class EffectivePolicy:
             f"  shards: band hysteresis {shards.band_hysteresis:g}, rank hysteresis {shards.rank_hysteresis:g}, "
             f"moves/sync {moves}"
         )
-        lines.append(
-            f"  workers: rebalance at skew > {reb.skew_threshold:g} until <= "
-            f"{reb.skew_threshold - reb.hysteresis:g}, {reb.max_node_moves_per_round} nodes/round; "
-            f"lease ttl {self.settings.lease.ttl_seconds}s"
-        )
-        d = self.settings.dispatch
-        lines.append(
-            f"  dispatch: capacity report every {d.capacity_report_interval_seconds:g}s, "
-            f"{d.candidates_per_pod} candidates/pod"
-        )
+        lines.append(f"  workers: {reb.assignment_config().describe()}")
         if self.warnings:
             lines.append(f"  warnings: {len(self.warnings)} (first: {self.warnings[0]})")
         return "\n".join(lines)
@@ -141,11 +132,13 @@ def parse_configmap(data: Mapping[str, str] | None) -> EffectivePolicy:
         sharding = parse_sharding(text, warnings)
     except PolicyConfigError as e:
         raise e.in_source(SHARDING_KEY) from e
+    settings_warnings: list[str] = []
     try:
-        settings = parse_settings(data.get(SETTINGS_KEY, ""))
+        settings = parse_settings(data.get(SETTINGS_KEY, ""), settings_warnings)
     except PolicyConfigError as e:
         raise e.in_source(SETTINGS_KEY) from e
     findings = [f"{SHARDING_KEY}: {w}" for w in warnings]
+    findings += [f"{SETTINGS_KEY}: {w}" for w in settings_warnings]
     findings += [f"{key}: unknown ConfigMap key ignored" for key in sorted(data) if key not in _KEYS]
     for finding in findings:
         log.warning("sharding ConfigMap: %s", finding)

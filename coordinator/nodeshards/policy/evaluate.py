@@ -29,16 +29,16 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from common.records import NodeName
-from coordinator.policy import pipeline
-from coordinator.policy.nodes import NodeView
-from coordinator.policy.settings import ShardSettings
-from coordinator.policy.sharding import ShardingConfig
+from coordinator.nodeshards.policy import pipeline
+from coordinator.nodeshards.policy.agentsettings import ShardSettings
+from coordinator.nodeshards.policy.nodes import NodeView
+from coordinator.nodeshards.policy.volcano import ShardingConfig
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
-class Move:
+class ShardMove:
     """A held node changing hands; ``target`` ``None`` means no scheduler wants it."""
 
     node: NodeName
@@ -47,16 +47,16 @@ class Move:
 
 
 @dataclass(frozen=True, slots=True)
-class Assignment:
+class ShardEvaluation:
     """The outcome of one evaluation. Read-only mappings; node tuples are sorted by name."""
 
     desired: Mapping[str, tuple[NodeName, ...]]
     """Every configured scheduler -> its ``spec.nodesDesired`` (possibly empty), in config order."""
     unassigned: tuple[NodeName, ...]
     """Nodes no scheduler wants."""
-    moves: tuple[Move, ...]
+    moves: tuple[ShardMove, ...]
     """Held nodes whose owner changes in this result."""
-    deferred: tuple[Move, ...]
+    deferred: tuple[ShardMove, ...]
     """Moves the ideal pass wanted but the move budget held back (target as the ideal pass had it)."""
     shortfall: Mapping[str, int]
     """Schedulers with fewer nodes than their node-limit ``minNodes`` -> how many fewer (informational)."""
@@ -67,32 +67,20 @@ class Assignment:
         """The scheduler that wants ``node``, if any."""
         return self.owners.get(node)
 
-    def statistics(self) -> dict[str, int]:
-        """Counts for metrics and ``status`` (per-scheduler sizes as ``desired/<name>``)."""
-        stats = {
-            "assigned": sum(len(nodes) for nodes in self.desired.values()),
-            "unassigned": len(self.unassigned),
-            "moves": len(self.moves),
-            "deferred": len(self.deferred),
-            "short_schedulers": len(self.shortfall),
-        }
-        stats.update({f"desired/{name}": len(nodes) for name, nodes in self.desired.items()})
-        return stats
-
 
 def _owners(result: Mapping[str, list[NodeView]]) -> dict[NodeName, str]:
     return {node.name: name for name, nodes in result.items() for node in nodes}
 
 
-def _moves(nodes: Iterable[NodeView], owners: Mapping[NodeName, str]) -> list[Move]:
+def _moves(nodes: Iterable[NodeView], owners: Mapping[NodeName, str]) -> list[ShardMove]:
     return [
-        Move(n.name, n.holder, owners.get(n.name))
+        ShardMove(n.name, n.holder, owners.get(n.name))
         for n in nodes
         if n.holder is not None and owners.get(n.name) != n.holder
     ]
 
 
-def evaluate(sharding: ShardingConfig, settings: ShardSettings, nodes: Iterable[NodeView]) -> Assignment:
+def evaluate(sharding: ShardingConfig, settings: ShardSettings, nodes: Iterable[NodeView]) -> ShardEvaluation:
     """Compute every scheduler's desired nodes; see the module docstring for the rules.
 
     Raises ``ValueError`` if two views share a node name.
@@ -108,13 +96,13 @@ def evaluate(sharding: ShardingConfig, settings: ShardSettings, nodes: Iterable[
     damping = pipeline.Damping.of(settings)
     result = pipeline.run(sharding.schedulers, views, damping, {})
     wanted = _moves(views, _owners(result))
-    deferred: list[Move] = []
+    deferred: list[ShardMove] = []
     budget = settings.max_moves_per_sync
     if budget is not None and len(wanted) > budget:
         by_name = {n.name: n for n in views}
         holders = {s.name: s for s in sharding.schedulers}
 
-        def urgency(move: Move) -> tuple[int, str]:
+        def urgency(move: ShardMove) -> tuple[int, str]:
             leaving = not pipeline.wants(holders[move.source], by_name[move.node], damping)
             return (0 if leaving else 1, move.node)
 
@@ -136,7 +124,7 @@ def evaluate(sharding: ShardingConfig, settings: ShardSettings, nodes: Iterable[
         len(deferred),
         len(views) - len(owners),
     )
-    return Assignment(
+    return ShardEvaluation(
         desired=MappingProxyType(
             {name: tuple(sorted(n.name for n in chosen)) for name, chosen in result.items()}
         ),

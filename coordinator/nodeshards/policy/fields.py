@@ -16,7 +16,7 @@ from typing import Any, Final, overload
 
 import yaml
 
-from coordinator.policy.errors import PolicyConfigError
+from coordinator.nodeshards.policy.errors import PolicyConfigError
 
 
 class _Missing:

@@ -18,10 +18,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from common.records import NodeName
-from coordinator.policy.nodes import NodeView
-from coordinator.policy.plugins.allocation_rate import to_percent
-from coordinator.policy.settings import ShardSettings
-from coordinator.policy.sharding import SchedulerPolicy
+from coordinator.nodeshards.policy.agentsettings import ShardSettings
+from coordinator.nodeshards.policy.nodes import NodeView
+from coordinator.nodeshards.policy.plugins.allocation_rate import to_percent
+from coordinator.nodeshards.policy.volcano import SchedulerPolicy
 
 
 @dataclass(frozen=True, slots=True)

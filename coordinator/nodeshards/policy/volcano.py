@@ -28,10 +28,10 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from coordinator.policy import fields
-from coordinator.policy.durations import DurationError, format_seconds, parse_go_duration
-from coordinator.policy.errors import PolicyConfigError
-from coordinator.policy.plugins import (
+from coordinator.nodeshards.policy import fields
+from coordinator.nodeshards.policy.durations import DurationError, format_seconds, parse_go_duration
+from coordinator.nodeshards.policy.errors import PolicyConfigError
+from coordinator.nodeshards.policy.plugins import (
     REGISTRY,
     Filterer,
     Scorer,
@@ -107,7 +107,9 @@ class ShardingConfig:
     shard_sync_period_ns: int = 60 * 1_000_000_000
     """Period of the full reconciliation (``shardSyncPeriod``), in nanoseconds."""
     enable_node_event_trigger: bool = True
-    """Whether node and pod events trigger a reconciliation between periodic syncs."""
+    """Whether node events (a managed node added or deleted, its labels or allocatable CPU changed) trigger an
+    evaluation between periodic syncs. Pod events trigger nothing: the CPU they request is read at the next
+    evaluation."""
 
     @property
     def shard_sync_period_seconds(self) -> float:

@@ -1,16 +1,23 @@
-"""NodeShard bodies (common.nodeshard) and the CRD manifest."""
+"""NodeShard bodies (``coordinator.nodeshards.bodies``) and the CRD manifest."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 import yaml
-from _policy_builders import HERE
 
-from common import nodeshard
-from common.nodeshard import NodeShardFormatError, new_nodeshard, parse_nodeshard, spec_patch, status_patch
+from coordinator.nodeshards import bodies
+from coordinator.nodeshards.bodies import (
+    NodeShardFormatError,
+    new_nodeshard,
+    parse_nodeshard,
+    spec_patch,
+    status_patch,
+)
 
+HERE = Path(__file__).parent
 CRD = HERE.parents[2] / "manifests" / "crds" / "nodeshards.shard.volcano.sh.yaml"
 
 
@@ -22,8 +29,8 @@ def test_new_nodeshard_sorts_and_deduplicates() -> None:
         "metadata": {"name": "agent-scheduler", "labels": {"app": "agent-scheduler"}},
         "spec": {"nodesDesired": ["n1", "n2"]},
     }
-    assert nodeshard.object_path("volcano") == "/apis/shard.volcano.sh/v1alpha1/nodeshards/volcano"
-    assert nodeshard.status_path("volcano") == "/apis/shard.volcano.sh/v1alpha1/nodeshards/volcano/status"
+    assert bodies.object_path("volcano") == "/apis/shard.volcano.sh/v1alpha1/nodeshards/volcano"
+    assert bodies.status_path("volcano") == "/apis/shard.volcano.sh/v1alpha1/nodeshards/volcano/status"
 
 
 def test_spec_patch_is_a_merge_patch_optionally_conditional() -> None:
@@ -109,7 +116,7 @@ def test_crd_manifest_matches_volcanos_nodeshard() -> None:
     crd = yaml.safe_load(CRD.read_text(encoding="utf-8"))
     assert crd["metadata"]["name"] == "nodeshards.shard.volcano.sh"
     spec = crd["spec"]
-    assert spec["group"] == nodeshard.GROUP and spec["scope"] == "Cluster"
+    assert spec["group"] == bodies.GROUP and spec["scope"] == "Cluster"
     assert spec["names"] == {
         "kind": "NodeShard",
         "listKind": "NodeShardList",

@@ -1,218 +1,21 @@
-"""The shard policy at run time, without a cluster: ConfigMap judging, the usage tables, the NodeShard store, and
-the controller's claim -> confirm -> offer handoff against fake API objects."""
+"""``ShardingController`` and ``NodeShardStore`` against a fake API server: the claim -> confirm -> offer
+handoff, spec writes, and the rebalance settings handed to the worker-shard assignment."""
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
 
-import pytest
-
 from common.etcd.keys import KeyLayout
-from common.nodeshard import COLLECTION_PATH, object_path, status_path
 from common.records import NodeName
-from coordinator.policy import PolicyConfigError, default_policy, parse_configmap
-from coordinator.sharding import (
-    REASON_APPLIED,
-    REASON_INVALID,
-    PolicyPool,
-    PolicyRecord,
-    PolicyRecordError,
-    PolicySource,
-    ShardingController,
-    ShardingOptions,
-    agent_entry,
-)
-from coordinator.sharding.nodeshards import NodeShardStore
-from coordinator.sharding.usage import NodeTable, RequestTable, views
-
-SHARDING = """\
-schedulerConfigs:
-  - name: agent
-    type: agent
-    policies:
-      - {name: warmup, weight: 5}
-      - {name: node-limit, arguments: {maxNodes: %d}}
-  - name: batch
-    type: volcano
-    policies:
-      - {name: node-limit, arguments: {maxNodes: 100}}
-shardSyncPeriod: "2s"
-"""
-
-
-def ns(*names: str) -> frozenset[NodeName]:
-    return frozenset(NodeName(n) for n in names)
-
-
-def configmap(data: dict[str, str] | None, rv: str, name: str = "cm") -> dict[str, Any]:
-    return {"metadata": {"name": name, "namespace": "ns", "resourceVersion": rv, "uid": "u1"}, "data": data}
-
-
-@dataclass
-class Emitted:
-    events: list[tuple[str, str, str]] = field(default_factory=list)
-
-    def emit(self, ref: Any, type_: str, reason: str, message: str) -> None:
-        self.events.append((type_, reason, message))
-
-
-def source(*, use_default: bool = False, scheduler: str = "agent") -> tuple[PolicySource, Emitted, list[int]]:
-    emitted, calls = Emitted(), []
-    src = PolicySource("ns", "cm", scheduler_name=scheduler, use_default=use_default, events=emitted)  # type: ignore[arg-type]
-    src.listeners.append(lambda: calls.append(1))
-    return src, emitted, calls
-
-
-# ---- PolicySource ----
-
-
-def test_valid_configmap_is_applied_with_a_normal_event() -> None:
-    src, emitted, calls = source()
-    assert src.current is None  # no flag: no policy until a ConfigMap is seen
-    src.replace([configmap({"sharding.yaml": SHARDING % 3}, "10")])
-    assert src.current == parse_configmap({"sharding.yaml": SHARDING % 3})
-    assert src.agent is not None and src.agent.name == "agent"
-    assert src.origin == "configmap ns/cm@10" and src.present
-    assert [e[:2] for e in emitted.events] == [("Normal", REASON_APPLIED)]
-    assert calls
-
-
-def test_invalid_configmap_keeps_the_policy_and_warns_with_the_field() -> None:
-    src, emitted, _ = source()
-    src.event("ADDED", configmap({"sharding.yaml": SHARDING % 3}, "10"))
-    good = src.current
-    src.event("MODIFIED", configmap({"sharding.yaml": SHARDING % -1}, "11"))
-    assert src.current is good
-    kind, reason, message = emitted.events[-1]
-    assert (kind, reason) == ("Warning", REASON_INVALID)
-    assert "resourceVersion 11" in message
-    assert "schedulerConfigs[0].policies[1].arguments.maxNodes" in message and "must be > 0" in message
-    assert good is not None and f"keeping policy {good.version}" in message
-    assert src.last_verdict is not None and not src.last_verdict.accepted
-
-
-def test_a_version_is_judged_once() -> None:
-    src, emitted, _ = source()
-    bad = configmap({"sharding.yaml": "x: ["}, "12")
-    src.event("ADDED", bad)
-    src.replace([bad])  # a relist replays it
-    assert len(emitted.events) == 1
-
-
-def test_unchanged_policy_in_a_new_version_emits_nothing() -> None:
-    src, emitted, _ = source()
-    src.event("ADDED", configmap({"sharding.yaml": SHARDING % 3}, "10"))
-    src.event("MODIFIED", configmap({"sharding.yaml": "# a comment\n" + SHARDING % 3}, "13"))
-    assert len(emitted.events) == 1
-    assert src.origin == "configmap ns/cm@13"
-
-
-def test_deletion_keeps_the_last_policy() -> None:
-    src, _, calls = source()
-    src.event("ADDED", configmap({"sharding.yaml": SHARDING % 3}, "10"))
-    good = src.current
-    src.event("DELETED", configmap({"sharding.yaml": SHARDING % 3}, "14"))
-    assert src.current is good and not src.present
-    src.replace([])  # a relist without it
-    assert src.current is good
-    assert len(calls) >= 2
-
-
-def test_other_configmaps_are_ignored() -> None:
-    src, emitted, _ = source()
-    src.event("ADDED", configmap({"sharding.yaml": "x: ["}, "10", name="other"))
-    assert emitted.events == [] and not src.present
-
-
-def test_explicit_flag_starts_from_volcano_defaults() -> None:
-    src, _, _ = source(use_default=True, scheduler="whatever")
-    assert src.current is default_policy()
-    assert src.agent is not None and src.agent.name == "agent-scheduler"  # the only agent entry
-    assert src.origin == "built-in default"
-
-
-def test_agent_entry_by_name_or_only_one() -> None:
-    two = parse_configmap(two_data())
-    assert agent_entry(two, "b").name == "b"
-    with pytest.raises(PolicyConfigError, match="none named 'c'"):
-        agent_entry(two, "c")
-    src, emitted, _ = source(scheduler="c")
-    src.event("ADDED", configmap(two_data(), "20"))
-    assert src.current is None and emitted.events[-1][1] == REASON_INVALID
-
-
-def two_data() -> dict[str, str]:
-    return {
-        "sharding.yaml": "schedulerConfigs:\n- {name: a, type: agent, policies: [{name: warmup}]}\n"
-        "- {name: b, type: agent, policies: [{name: warmup}]}\n"
-    }
-
-
-# ---- usage tables ----
-
-
-def node_obj(
-    name: str, cpu: str, labels: dict[str, str] | None = None, heartbeat: str = "t0"
-) -> dict[str, Any]:
-    return {
-        "metadata": {"name": name, "labels": labels or {}, "resourceVersion": heartbeat},
-        "status": {
-            "allocatable": {"cpu": cpu, "memory": "1Gi", "pods": "110"},
-            "conditions": [{"type": "Ready", "status": "True", "lastHeartbeatTime": heartbeat}],
-        },
-    }
-
-
-def pod_obj(uid: str, node: str, cpu: str, phase: str = "Running") -> dict[str, Any]:
-    return {
-        "metadata": {"name": uid, "namespace": "x", "uid": uid},
-        "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {"requests": {"cpu": cpu}}}]},
-        "status": {"phase": phase},
-    }
-
-
-def test_node_table_reports_only_changes_the_policy_reads() -> None:
-    table, calls = NodeTable(), []
-    table.listeners.append(lambda: calls.append(1))
-    table.replace([node_obj("n1", "4")])
-    assert table.nodes[NodeName("n1")].allocatable_milli_cpu == 4000 and len(calls) == 1
-    table.event("MODIFIED", node_obj("n1", "4", heartbeat="t1"))  # a heartbeat
-    assert len(calls) == 1
-    table.event("MODIFIED", node_obj("n1", "4", {"warm": "true"}))
-    table.event("DELETED", node_obj("n1", "4"))
-    assert len(calls) == 3 and not table.nodes
-
-
-def test_request_table_sums_live_bound_pods_per_node() -> None:
-    table = RequestTable()
-    table.replace([pod_obj("a", "n1", "500m"), pod_obj("b", "n1", "1")])
-    assert table.requested(NodeName("n1")) == 1500
-    table.event("MODIFIED", pod_obj("a", "n1", "500m", phase="Succeeded"))
-    assert table.requested(NodeName("n1")) == 1000
-    table.event("DELETED", pod_obj("b", "n1", "1"))
-    assert table.requested(NodeName("n1")) == 0 and len(table) == 0
-    table.event("ADDED", pod_obj("c", "n2", "250m"))
-    nodes = NodeTable()
-    nodes.replace([node_obj("n2", "1")])
-    (view,) = views(nodes.nodes, table, {NodeName("n2"): "agent"})
-    assert view.util_pct == 25 and view.holder == "agent"
-
-
-# ---- PolicyRecord ----
-
-
-def test_policy_record_round_trip() -> None:
-    rec = PolicyRecord(mode="policy", version="abc", desired={"agent": 2})
-    assert PolicyRecord.decode(rec.encode()) == rec
-    with pytest.raises(PolicyRecordError):
-        PolicyRecord.decode(b"[1]")
-
-
-# ---- the handoff, against a fake API server ----
+from coordinator.nodeshards import ShardingController, ShardingOptions
+from coordinator.nodeshards.bodies import COLLECTION_PATH, object_path, status_path
+from coordinator.nodeshards.store import NodeShardStore
+from coordinator.workershards.assignment import AssignmentConfig, AssignmentPolicy
+from coordinator.workershards.pools import PolicyPool
+from tests.unit.nodeshards.helpers import SHARDING, configmap, node_obj, ns
 
 
 class FakeApi:
@@ -256,7 +59,7 @@ class FakeApi:
         self._bump(self.objects[name])
 
 
-def controller(api: FakeApi, held: Any) -> ShardingController:
+def controller(api: FakeApi, held: Any, assignment: AssignmentPolicy | None = None) -> ShardingController:
     term = SimpleNamespace(active=True, record=SimpleNamespace(candidate_id="c"), lost=asyncio.Event())
     ctl = ShardingController(
         api,  # type: ignore[arg-type]
@@ -266,6 +69,7 @@ def controller(api: FakeApi, held: Any) -> ShardingController:
         pool=PolicyPool(),
         held=held,
         keys=KeyLayout("/t"),
+        assignment=assignment or AssignmentPolicy(),
     )
     ctl.shards.available = True
     ctl.nodes.replace(
@@ -278,6 +82,7 @@ def controller(api: FakeApi, held: Any) -> ShardingController:
 async def one_pass(ctl: ShardingController) -> None:
     policy, agent = ctl.source.current, ctl.source.agent
     assert policy is not None and agent is not None
+    ctl._apply_rebalance(policy)
     if ctl._due(policy):
         ctl._evaluate(policy)
     await ctl._write_specs(policy)
@@ -379,3 +184,22 @@ def test_nodeshard_store_holders_follow_config_order() -> None:
     )
     assert store.holders(["b", "a"]) == {NodeName("y"): "b", NodeName("x"): "a"}
     assert store.in_use_except("a") == ns("y") and store.in_use_except("b") == frozenset()
+
+
+async def test_the_rebalance_settings_in_force_drive_the_worker_assignment() -> None:
+    assignment = AssignmentPolicy()
+    ctl = controller(FakeApi(), frozenset, assignment)
+    await one_pass(ctl)
+    assert assignment.config == AssignmentConfig()  # no rebalance section: the assignment's defaults
+    rebalance = "rebalance: {startSkew: 0.5, stopSkew: 0.2, maxNodeMovesPerRound: 4}\n"
+    ctl.source.event(
+        "MODIFIED", configmap({"sharding.yaml": SHARDING % 3, "agent-scheduler.yaml": rebalance}, "2")
+    )
+    await one_pass(ctl)
+    assert assignment.config == AssignmentConfig(skew_threshold=0.5, settle_skew=0.2, max_moves_per_round=4)
+    # An invalid edit changes nothing: the last good policy, and its settings, stay in force.
+    ctl.source.event(
+        "MODIFIED", configmap({"sharding.yaml": SHARDING % 3, "agent-scheduler.yaml": "rebalance: 1"}, "3")
+    )
+    await one_pass(ctl)
+    assert assignment.config.skew_threshold == 0.5

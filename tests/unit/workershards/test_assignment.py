@@ -11,10 +11,10 @@ import pytest
 from common.etcd.keys import WorkerId
 from common.etcd.schema import LoadReport
 from common.records import NodeName
-from coordinator.assignment import (
+from coordinator.workershards.assignment import (
+    AssignmentConfig,
     AssignmentPolicy,
     Plan,
-    PolicyConfig,
     WorkerInfo,
     effective_weights,
     hrw_score,
@@ -93,7 +93,7 @@ def test_determinism_independent_of_mapping_order() -> None:
 
 def test_join_moves_about_one_share_and_only_to_the_newcomer() -> None:
     pool = nodes(600)
-    policy = AssignmentPolicy(PolicyConfig(max_moves_per_round=1000))
+    policy = AssignmentPolicy(AssignmentConfig(max_moves_per_round=1000))
     before, _, _ = settle(policy, pool, workers("a", "b", "c", "d", "e"), {})
     after, moved, _ = settle(policy, pool, workers("a", "b", "c", "d", "e", "f"), before)
     changed = [n for n in pool if before[n] != after[n]]
@@ -137,7 +137,7 @@ def test_node_weights_count_capacity_not_nodes() -> None:
 def test_moves_per_round_are_bounded_and_in_transit_uses_the_budget() -> None:
     pool = nodes(400)
     old = {n: WorkerId("a") for n in pool}
-    policy = AssignmentPolicy(PolicyConfig(max_moves_per_round=10))
+    policy = AssignmentPolicy(AssignmentConfig(max_moves_per_round=10))
     plan = policy.plan(pool, workers("a", "b"), old)
     assert len(plan.moves) == 10
     assert plan.rebalancing
@@ -149,7 +149,7 @@ def test_moves_per_round_are_bounded_and_in_transit_uses_the_budget() -> None:
 
 def test_rebalancing_carries_over_rounds_until_settled() -> None:
     pool = nodes(200)
-    policy = AssignmentPolicy(PolicyConfig(max_moves_per_round=5))
+    policy = AssignmentPolicy(AssignmentConfig(max_moves_per_round=5))
     state = {n: WorkerId("a") for n in pool}
     _, moved, plans = settle(policy, pool, workers("a", "b"), state)
     assert all(len(p.moves) <= 5 for p in plans)
@@ -174,6 +174,21 @@ def test_hysteresis_no_moves_below_threshold() -> None:
     assert counts[WorkerId("a")] <= 55
     assert len(plan.moves) == 58 - counts[WorkerId("a")]
     assert plan.skew <= 0.10
+
+
+def test_a_new_configuration_applies_from_the_next_plan() -> None:
+    pool = nodes(100)
+    live = workers("a", "b")
+    # 58/42: skew 0.32, over the default start (0.25) but not over 0.4.
+    state = {n: WorkerId("a") if i < 58 else WorkerId("b") for i, n in enumerate(sorted(pool))}
+    policy = AssignmentPolicy()
+    policy.configure(AssignmentConfig(skew_threshold=0.4, settle_skew=0.3))
+    plan = policy.plan(pool, live, state)
+    assert plan.moves == () and not plan.rebalancing
+    policy.configure(AssignmentConfig(skew_threshold=0.3, settle_skew=0.0, max_moves_per_round=2))
+    plan = policy.plan(pool, live, state)
+    assert len(plan.moves) == 2 and plan.rebalancing  # started, and bounded by the new budget
+    assert policy.config.max_moves_per_round == 2
 
 
 def test_indivisible_imbalance_does_not_churn() -> None:
@@ -206,7 +221,7 @@ def test_load_shifts_nodes_away_from_a_hot_worker_only_past_the_threshold() -> N
 
 
 def test_pending_backlog_counts_as_pressure() -> None:
-    config = PolicyConfig()
+    config = AssignmentConfig()
     live = {
         WorkerId("a"): WorkerInfo(1.0, LoadReport(pending_pods=1000)),
         WorkerId("b"): WorkerInfo(1.0, LoadReport(pending_pods=0)),
@@ -221,7 +236,9 @@ def test_pending_nodes_stay_with_their_receiver() -> None:
     live = workers("a", "b")
     state = {n: WorkerId("a") for n in list(pool)[:5]}
     pending = {n: WorkerId("a") for n in list(pool)[5:]}
-    plan = AssignmentPolicy(PolicyConfig(max_moves_per_round=100)).plan(pool, live, state, pending=pending)
+    plan = AssignmentPolicy(AssignmentConfig(max_moves_per_round=100)).plan(
+        pool, live, state, pending=pending
+    )
     assert all(plan.target[n] == WorkerId("a") for n in pending)
     assert all(m.node not in pending for m in plan.moves)
 

@@ -1,6 +1,6 @@
 """The registry of shard-policy plugins: policy name -> argument parser.
 
-The parser in ``coordinator.policy.sharding`` looks names up here and nowhere else; adding a policy means one
+The parser in ``coordinator.nodeshards.policy.volcano`` looks names up here and nowhere else; adding a policy means one
 module implementing the interfaces of ``base`` and one line below. The names are Volcano's.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
-from coordinator.policy.plugins import allocation_rate, node_limit, warmup
-from coordinator.policy.plugins.base import Filterer, Scorer, Selector, ShardPlugin
+from coordinator.nodeshards.policy.plugins import allocation_rate, node_limit, warmup
+from coordinator.nodeshards.policy.plugins.base import Filterer, Scorer, Selector, ShardPlugin
 
 PluginParser = Callable[[Mapping[str, object], str, list[str]], ShardPlugin]
 """``parse(arguments, path_of_arguments, warnings) -> plugin``; raises ``PolicyConfigError``."""

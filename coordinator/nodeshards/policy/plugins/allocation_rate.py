@@ -19,9 +19,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import ROUND_HALF_UP, Decimal
 
-from coordinator.policy import fields
-from coordinator.policy.errors import PolicyConfigError
-from coordinator.policy.nodes import NodeView
+from coordinator.nodeshards.policy import fields
+from coordinator.nodeshards.policy.errors import PolicyConfigError
+from coordinator.nodeshards.policy.nodes import NodeView
 
 NAME = "allocation-rate"
 MIN_KEY = "minCPUUtil"

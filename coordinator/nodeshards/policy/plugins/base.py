@@ -1,7 +1,7 @@
 """The extension points of the shard policy: one small interface per phase, as in kube-scheduler.
 
 A configured policy (``allocation-rate``, ``warmup``, ``node-limit``) is a ``ShardPlugin`` that also implements
-any of the phase interfaces below; the pipeline (``coordinator.policy.pipeline``) discovers which with
+any of the phase interfaces below; the pipeline (``coordinator.nodeshards.policy.pipeline``) discovers which with
 ``isinstance`` once per scheduler and never names a concrete plugin.
 
 Phases, per scheduler, in Volcano's order:
@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from coordinator.policy.nodes import NodeView
+from coordinator.nodeshards.policy.nodes import NodeView
 
 
 class ShardPlugin(Protocol):

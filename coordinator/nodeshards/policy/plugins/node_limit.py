@@ -1,7 +1,7 @@
 """``node-limit``: truncate the ranked list to ``maxNodes`` (a selector only).
 
 ``minNodes`` is informational, as in Volcano: the policy cannot create nodes, so a shorter result is reported
-(``Assignment.shortfall``) but never padded. ``maxNodes`` absent means no upper bound; unlike Volcano, where
+(``ShardEvaluation.shortfall``) but never padded. ``maxNodes`` absent means no upper bound; unlike Volcano, where
 ``maxNodes <= 0`` also means "unbounded", an explicit zero or negative value is rejected here, because
 ``maxNodes: 0`` reads as "no nodes" and silently meaning the opposite is a trap.
 """
@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from coordinator.policy import fields
-from coordinator.policy.errors import PolicyConfigError
-from coordinator.policy.nodes import NodeView
+from coordinator.nodeshards.policy import fields
+from coordinator.nodeshards.policy.errors import PolicyConfigError
+from coordinator.nodeshards.policy.nodes import NodeView
 
 NAME = "node-limit"
 MIN_KEY = "minNodes"

@@ -13,15 +13,16 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from coordinator.policy import fields
-from coordinator.policy.errors import PolicyConfigError
-from coordinator.policy.nodes import NodeView
+from common.wellknown import WARM_LABEL, WARM_LABEL_VALUE
+from coordinator.nodeshards.policy import fields
+from coordinator.nodeshards.policy.errors import PolicyConfigError
+from coordinator.nodeshards.policy.nodes import NodeView
 
 NAME = "warmup"
 LABEL_KEY = "warmupLabel"
 VALUE_KEY = "warmupLabelValue"
-DEFAULT_LABEL = "node.volcano.sh/warmup"
-DEFAULT_VALUE = "true"
+DEFAULT_LABEL = WARM_LABEL
+DEFAULT_VALUE = WARM_LABEL_VALUE
 
 _NAME_PART = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 _LABEL_NAME = re.compile(rf"^{_NAME_PART}$")

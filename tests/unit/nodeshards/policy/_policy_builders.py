@@ -8,7 +8,7 @@ from typing import Any
 import yaml
 
 from common.records import NodeName
-from coordinator.policy import (
+from coordinator.nodeshards.policy import (
     AgentSchedulerSettings,
     EffectivePolicy,
     NodeView,

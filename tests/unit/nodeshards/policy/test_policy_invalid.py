@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 import yaml
-from _policy_builders import band, limit, scheduler, warmup
 
-from coordinator.policy import SETTINGS_KEY, SHARDING_KEY, PolicyConfigError, parse_configmap
+from coordinator.nodeshards.policy import SETTINGS_KEY, SHARDING_KEY, PolicyConfigError, parse_configmap
+from tests.unit.nodeshards.policy._policy_builders import band, limit, scheduler, warmup
 
 BASE: dict[str, Any] = {
     "schedulerConfigs": [
@@ -293,7 +293,7 @@ SETTINGS_CASES = [
     ("settings-yaml-syntax", "shards: {bandHysteresis: 0.1\n", "", "invalid YAML"),
     ("settings-not-mapping", "[1, 2]\n", "", "must be a mapping"),
     ("settings-unknown-section", "dispach: {candidatesPerPod: 2}\n", "dispach", "unknown field"),
-    ("settings-section-not-mapping", "lease: 15\n", "lease", "must be a mapping"),
+    ("settings-section-not-mapping", "rebalance: 15\n", "rebalance", "must be a mapping"),
     ("settings-unknown-key", "shards: {maxMoves: 3}\n", "shards.maxMoves", "unknown field"),
     (
         "band-hysteresis-too-wide",
@@ -303,13 +303,15 @@ SETTINGS_CASES = [
     ),
     ("rank-hysteresis-negative", "shards: {rankHysteresis: -1}\n", "shards.rankHysteresis", "must be >= 0"),
     ("moves-negative", "shards: {maxMovesPerSync: -1}\n", "shards.maxMovesPerSync", "must be >= 0"),
-    ("skew-not-above-one", "rebalance: {skewThreshold: 1.0}\n", "rebalance.skewThreshold", "must be > 1"),
+    ("start-skew-zero", "rebalance: {startSkew: 0}\n", "rebalance.startSkew", "must be > 0"),
+    ("stop-skew-negative", "rebalance: {stopSkew: -0.1}\n", "rebalance.stopSkew", "must be >= 0"),
     (
-        "rebalance-hysteresis-too-big",
-        "rebalance: {skewThreshold: 1.2, hysteresis: 0.5}\n",
-        "rebalance.hysteresis",
-        "must be <= skewThreshold - 1",
+        "stop-skew-above-start",
+        "rebalance: {startSkew: 0.2, stopSkew: 0.3}\n",
+        "rebalance.stopSkew",
+        "must be <= startSkew",
     ),
+    ("start-skew-string", "rebalance: {startSkew: high}\n", "rebalance.startSkew", "must be a number"),
     (
         "moves-per-round-zero",
         "rebalance: {maxNodeMovesPerRound: 0}\n",
@@ -321,20 +323,6 @@ SETTINGS_CASES = [
         "rebalance: {maxNodeMovesPerRound: null}\n",
         "rebalance.maxNodeMovesPerRound",
         "must be an integer, got null",
-    ),
-    ("lease-ttl-zero", "lease: {ttlSeconds: 0}\n", "lease.ttlSeconds", "must be >= 1"),
-    ("lease-ttl-string", "lease: {ttlSeconds: 15s}\n", "lease.ttlSeconds", "must be an integer, got string"),
-    (
-        "report-interval-zero",
-        "dispatch: {capacityReportIntervalSeconds: 0}\n",
-        "dispatch.capacityReportIntervalSeconds",
-        "must be > 0",
-    ),
-    (
-        "candidates-string",
-        "dispatch: {candidatesPerPod: '3'}\n",
-        "dispatch.candidatesPerPod",
-        "must be an integer",
     ),
 ]
 

@@ -6,18 +6,20 @@ import logging
 
 import pytest
 import yaml
-from _policy_builders import HERE, configmap_data
 
-from coordinator.policy import (
+from coordinator.nodeshards.policy import (
     SETTINGS_KEY,
     SHARDING_KEY,
     AgentSchedulerSettings,
     EffectivePolicy,
+    RebalanceSettings,
     default_policy,
     parse_configmap,
     parse_settings,
 )
-from coordinator.policy.durations import DurationError, parse_go_duration
+from coordinator.nodeshards.policy.durations import DurationError, parse_go_duration
+from coordinator.workershards.assignment import AssignmentConfig
+from tests.unit.nodeshards.policy._policy_builders import HERE, configmap_data
 
 
 def test_volcano_user_guide_configmap_is_accepted_verbatim(caplog: pytest.LogCaptureFixture) -> None:
@@ -74,7 +76,7 @@ def test_volcano_policy_readme_example_is_accepted_without_warnings() -> None:
 
 def test_project_configmap_manifest_parses_cleanly() -> None:
     doc = yaml.safe_load(
-        (HERE.parents[2] / "manifests" / "configmap-sharding.yaml").read_text(encoding="utf-8")
+        (HERE.parents[3] / "manifests" / "configmap-sharding.yaml").read_text(encoding="utf-8")
     )
     policy = parse_configmap(doc["data"])
     assert policy.warnings == ()
@@ -142,7 +144,10 @@ def test_summary_is_compact_and_names_everything() -> None:
         in summary
     )
     assert "2. volcano [volcano]: util 0.00-0.69 x1, nodes 1..100" in summary
-    assert "moves/sync 50" in summary and "3 candidates/pod" in summary and "warnings: " in summary
+    assert "moves/sync 50" in summary and "warnings: " in summary
+    # Only what acts: the rebalancing the assignment runs on; no lease TTL or wire intervals (process settings).
+    assert "  workers: rebalance when skew > 0.25 until <= 0.1, at most 32 node moves in flight" in summary
+    assert "lease" not in summary and "dispatch" not in summary and "candidates" not in summary
     assert len(summary.splitlines()) <= 8
 
 
@@ -159,27 +164,57 @@ def test_default_policy_is_volcanos_flag_defaults() -> None:
 
 def test_settings_defaults_and_overrides() -> None:
     assert parse_settings("") == AgentSchedulerSettings()
-    assert parse_settings("shards: null\nlease: {}\n") == AgentSchedulerSettings()
+    assert parse_settings("shards: null\nrebalance: {}\n") == AgentSchedulerSettings()
     settings = parse_settings(
         """
 shards: {bandHysteresis: 0.1, rankHysteresis: 0, maxMovesPerSync: null}
-rebalance: {skewThreshold: 2, hysteresis: 0.5, maxNodeMovesPerRound: 3}
-lease: {ttlSeconds: 30}
-dispatch: {capacityReportIntervalSeconds: 0.25, candidatesPerPod: 5}
+rebalance: {startSkew: 0.5, stopSkew: 0.2, maxNodeMovesPerRound: 3}
 """
     )
     assert settings.shards.band_hysteresis == 0.1
     assert settings.shards.max_moves_per_sync is None
-    assert settings.rebalance.skew_threshold == 2.0
+    assert settings.rebalance.start_skew == 0.5
+    assert settings.rebalance.stop_skew == 0.2
     assert settings.rebalance.max_node_moves_per_round == 3
-    assert settings.lease.ttl_seconds == 30
-    assert settings.dispatch.capacity_report_interval_seconds == 0.25
-    assert settings.dispatch.candidates_per_pod == 5
+    assert settings.to_dict()["rebalance"] == {"startSkew": 0.5, "stopSkew": 0.2, "maxNodeMovesPerRound": 3}
     assert settings.to_dict()["shards"] == {
         "bandHysteresis": 0.1,
         "rankHysteresis": 0.0,
         "maxMovesPerSync": None,
     }
+
+
+def test_settings_that_left_the_configmap_are_ignored_with_a_warning() -> None:
+    text = (HERE / "volcano_policy_readme_sharding.yaml").read_text(encoding="utf-8")
+    plain = parse_configmap({SHARDING_KEY: text, SETTINGS_KEY: "rebalance: {maxNodeMovesPerRound: 10}\n"})
+    old = parse_configmap(
+        {
+            SHARDING_KEY: text,
+            SETTINGS_KEY: """
+rebalance: {skewThreshold: 1.25, hysteresis: 0.1, maxNodeMovesPerRound: 10}
+lease: {ttlSeconds: 0}
+dispatch: 15
+""",
+        }
+    )
+    assert old.settings == plain.settings and old.version == plain.version
+    assert old.warnings == (
+        "agent-scheduler.yaml: lease: no longer a setting, ignored; "
+        "the lease TTL is the --lease-ttl flag of each worker and coordinator",
+        "agent-scheduler.yaml: dispatch: no longer a setting, ignored; the wire intervals are protocol constants",
+        "agent-scheduler.yaml: rebalance.skewThreshold: no longer a setting, ignored; "
+        "use startSkew (skew is now the difference of worker fills, not a ratio)",
+        "agent-scheduler.yaml: rebalance.hysteresis: no longer a setting, ignored; use stopSkew",
+    )
+    assert "warnings: 4" in old.summary()
+
+
+def test_rebalance_settings_are_the_assignments_configuration() -> None:
+    assert RebalanceSettings().assignment_config() == AssignmentConfig()  # one set of defaults
+    config = parse_settings("rebalance: {startSkew: 0.4, stopSkew: 0, maxNodeMovesPerRound: 5}").rebalance
+    assert config.assignment_config() == AssignmentConfig(
+        skew_threshold=0.4, settle_skew=0.0, max_moves_per_round=5
+    )
 
 
 @pytest.mark.parametrize(
