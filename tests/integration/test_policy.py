@@ -47,7 +47,7 @@ from tests.integration.support import all_bound, create_pods, wait_for
 
 pytestmark = pytest.mark.integration
 
-FIXTURES = ROOT / "tests" / "unit" / "policy"
+FIXTURES = ROOT / "tests" / "unit" / "nodeshards" / "policy"
 HANG = 60.0  # a guard against hanging, never a speed requirement
 
 
