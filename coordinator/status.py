@@ -105,6 +105,8 @@ def _render_policy(p: dict[str, Any] | None) -> list[str]:
     present = "present" if p["configmap_present"] else "absent"
     head = f"shard policy: {p['mode']} (configmap {p['configmap']} {present}; from {p['origin']})"
     lines = [head]
+    if p["mode"] != "policy" and p.get("rebalance"):
+        lines.append(f"  workers: {p['rebalance']}")  # in policy mode the summary says it
     if p["mode"] == "policy":
         lines += p["summary"].splitlines()
         sizes = ", ".join(f"{name} {n}" for name, n in p["desired"].items())

@@ -336,6 +336,7 @@ class ShardingController:
             waiting=self._waiting,
             deferred=len(self._evaluation.deferred) if self._evaluation is not None else 0,
             nodeshards=self.shards.available,
+            rebalance=self._assignment_policy.config.describe(),
         )
         raw = record.encode()
         if raw == self._record or not self._term.active:

@@ -52,6 +52,8 @@ class PolicyRecord:
     """Moves held back by the move budget at the latest evaluation."""
     nodeshards: bool = False
     """Whether the NodeShard CRD is installed (interop on)."""
+    rebalance: str = ""
+    """The worker-shard assignment's rebalancing in force (``AssignmentConfig.describe``)."""
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()

@@ -17,7 +17,7 @@ Three layers, each answering one question:
 Skew, the one definition (the ConfigMap's ``rebalance`` settings use it too): a worker's *fill* is the capacity
 it holds divided by its share (1.0 = exactly its share, 0 = nothing); skew is the highest fill minus the lowest,
 over the live workers. 0 is perfect balance; with two equal workers, a 55/45 split is skew 0.2; a worker that
-just joined (fill 0) makes skew at least the fill of the fullest one.
+just joined (fill 0) makes skew the fill of the fullest one.
 
 The operator sets ``skew_threshold``, ``settle_skew`` and ``max_moves_per_round`` through the sharding
 ConfigMap (``coordinator.nodeshards.policy.agentsettings``); ``configure`` takes a new ``AssignmentConfig``

@@ -120,13 +120,13 @@ class AgentSchedulerSettings:
 _SECTIONS = ("shards", "rebalance")
 
 _IGNORED_SECTIONS = {
-    "lease": "the lease TTL is the --lease-ttl flag of each worker and coordinator",
+    "lease": "lease TTLs are process flags (--lease-ttl of each worker and coordinator)",
     "dispatch": "the wire intervals are protocol constants",
 }
 """Sections accepted and ignored with a warning (see the module docstring), with the reason."""
 _IGNORED_KEYS = {
     "rebalance": {
-        "skewThreshold": "use startSkew (skew is now the difference of worker fills, not a ratio)",
+        "skewThreshold": "use startSkew (skew is the difference of worker fills, not a ratio)",
         "hysteresis": "use stopSkew",
     },
 }

@@ -200,10 +200,10 @@ dispatch: 15
     assert old.settings == plain.settings and old.version == plain.version
     assert old.warnings == (
         "agent-scheduler.yaml: lease: no longer a setting, ignored; "
-        "the lease TTL is the --lease-ttl flag of each worker and coordinator",
+        "lease TTLs are process flags (--lease-ttl of each worker and coordinator)",
         "agent-scheduler.yaml: dispatch: no longer a setting, ignored; the wire intervals are protocol constants",
         "agent-scheduler.yaml: rebalance.skewThreshold: no longer a setting, ignored; "
-        "use startSkew (skew is now the difference of worker fills, not a ratio)",
+        "use startSkew (skew is the difference of worker fills, not a ratio)",
         "agent-scheduler.yaml: rebalance.hysteresis: no longer a setting, ignored; use stopSkew",
     )
     assert "warnings: 4" in old.summary()
