@@ -21,10 +21,11 @@ from common.etcd.keys import KeyLayout
 from common.etcd.kv import connect
 from common.etcd.schema import LeaderRecord
 from common.kube import KubeClient, load_credentials
-from coordinator.election import LeaderElection, run_as_leader
-from coordinator.leader import LeaderOptions, TermState, run_term
-from coordinator.policy import DEFAULT_CONFIGMAP_NAME, DEFAULT_CONFIGMAP_NAMESPACE
-from coordinator.sharding import ShardingOptions
+from common.wellknown import DEFAULT_ETCD_PREFIX, DEFAULT_SCHEDULER_NAME
+from coordinator.leadership.election import LeaderElection, run_as_leader
+from coordinator.leadership.term import LeaderOptions, run_term
+from coordinator.nodeshards import ShardingOptions
+from coordinator.nodeshards.policy import DEFAULT_CONFIGMAP_NAME, DEFAULT_CONFIGMAP_NAMESPACE
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +33,9 @@ log = logging.getLogger(__name__)
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"), help="default: in-cluster")
     p.add_argument("--etcd-endpoints", default=os.environ.get("AGENT_SCHEDULER_ETCD", "127.0.0.1:2379"))
-    p.add_argument("--etcd-prefix", default="/agent-scheduler")
+    p.add_argument("--etcd-prefix", default=DEFAULT_ETCD_PREFIX)
     p.add_argument("--lease-ttl", type=int, default=10, help="seconds; a dead leader is replaced within it")
-    p.add_argument("--scheduler-name", default="agent-scheduler")
+    p.add_argument("--scheduler-name", default=DEFAULT_SCHEDULER_NAME)
     p.add_argument("--agent-node-selector", default="", help="label selector of the agent node pool")
     p.add_argument(
         "--policy-configmap",
@@ -68,7 +69,6 @@ async def _main(args: argparse.Namespace) -> int:
     keys = KeyLayout(args.etcd_prefix)
     etcd = await connect([e.strip() for e in args.etcd_endpoints.split(",") if e.strip()])
     creds = load_credentials(args.kubeconfig)
-    state = TermState()
     async with KubeClient(creds, qps=args.kube_api_qps, burst=args.kube_api_burst) as client:
         host, _, port = args.metrics_address.rpartition(":")
         runner = await metrics.serve(host or "127.0.0.1", int(port or 0), lambda: True)
@@ -95,7 +95,7 @@ async def _main(args: argparse.Namespace) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         work = asyncio.create_task(
-            run_as_leader(election, lambda term: run_term(term, etcd, client, options, state))
+            run_as_leader(election, lambda term: run_term(term, etcd, client, options))
         )
         stopper = asyncio.create_task(stop.wait())
         done, _ = await asyncio.wait({work, stopper}, return_when=asyncio.FIRST_COMPLETED)

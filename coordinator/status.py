@@ -14,13 +14,14 @@ from typing import Any
 from common.etcd.keys import KeyFamily, KeyLayout
 from common.etcd.kv import connect, get_prefix
 from common.etcd.schema import LoadReport, RecordError, ShardAssignment, ShardMapMeta, WorkerRecord
-from coordinator.election import current_leader
-from coordinator.sharding import PolicyRecord, PolicyRecordError, policy_key
+from common.wellknown import DEFAULT_ETCD_PREFIX
+from coordinator.leadership.election import current_leader
+from coordinator.nodeshards import PolicyRecord, PolicyRecordError, policy_key
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--etcd-endpoints", default=os.environ.get("AGENT_SCHEDULER_ETCD", "127.0.0.1:2379"))
-    p.add_argument("--etcd-prefix", default="/agent-scheduler")
+    p.add_argument("--etcd-prefix", default=DEFAULT_ETCD_PREFIX)
     p.add_argument("--json", action="store_true")
 
 
@@ -104,6 +105,8 @@ def _render_policy(p: dict[str, Any] | None) -> list[str]:
     present = "present" if p["configmap_present"] else "absent"
     head = f"shard policy: {p['mode']} (configmap {p['configmap']} {present}; from {p['origin']})"
     lines = [head]
+    if p["mode"] != "policy" and p.get("rebalance"):
+        lines.append(f"  workers: {p['rebalance']}")  # in policy mode the summary says it
     if p["mode"] == "policy":
         lines += p["summary"].splitlines()
         sizes = ", ".join(f"{name} {n}" for name, n in p["desired"].items())

@@ -1,8 +1,9 @@
 """``agent-scheduler bench simulate``: the real shard assignment and the real engine at sizes beyond this machine.
 
-No API server, no etcd, no processes: the coordinator's ``AssignmentPolicy`` (``coordinator.assignment``) plans
-node ownership for N workers over the deterministic node fleet, and each simulated worker runs the worker's own
-``Engine`` (``worker.scheduler.build_engine``) over a ``Cache`` that holds only its shard. Time is simulated:
+No API server, no etcd, no processes: the coordinator's ``AssignmentPolicy``
+(``coordinator.workershards.assignment``) plans node ownership for N workers over the deterministic node fleet,
+and each simulated worker runs the worker's own ``Engine`` (``worker.scheduler.build_engine``) over a ``Cache``
+that holds only its shard. Time is simulated:
 policy rounds count as rounds (the shard map plans at least once a second, so one round ≈ one second), and
 engine decisions are timed on the CPU they take here (each worker is its own process with its own core).
 
@@ -36,14 +37,14 @@ from typing import Any
 
 from common.etcd.keys import WorkerId
 from common.records import NodeName, NodeRecord, PodKey, PodRecord, node_from_json, pod_from_json
-from coordinator.assignment import AssignmentPolicy, PolicyConfig, WorkerInfo, skew
+from coordinator.workershards.assignment import AssignmentConfig, AssignmentPolicy, WorkerInfo, skew
 from scale.cluster.nodes import make_node
 from scale.workload import agent_pod
 from worker.cache import Cache
 from worker.scheduler import build_engine
 from worker.settings import WorkerSettings
 
-ROUND_SECONDS = 1.0  # coordinator.shardmap plans at least this often; one simulated round
+ROUND_SECONDS = 1.0  # coordinator.workershards.shardmap plans at least this often; one simulated round
 
 
 @dataclass(slots=True)
@@ -214,7 +215,7 @@ def simulate_join(
     pool: Mapping[NodeName, float],
     initial: Mapping[NodeName, WorkerId],
     workers: list[WorkerId],
-    config: PolicyConfig,
+    config: AssignmentConfig,
     *,
     max_rounds: int,
 ) -> Rebalance:
@@ -254,7 +255,7 @@ def simulate_leave(
     pool: Mapping[NodeName, float],
     initial: Mapping[NodeName, WorkerId],
     workers: list[WorkerId],
-    config: PolicyConfig,
+    config: AssignmentConfig,
     *,
     max_rounds: int,
 ) -> Rebalance:
@@ -371,11 +372,11 @@ def run(
     sample: int,
     sample_workers: int,
     max_rounds: int,
-    config: PolicyConfig | None = None,
+    config: AssignmentConfig | None = None,
     seed: int = 0,
     progress: bool = False,
 ) -> list[SimResult]:
-    cfg = config or PolicyConfig()
+    cfg = config or AssignmentConfig()
 
     def say(text: str) -> None:
         if progress:
@@ -413,7 +414,7 @@ def render(results: Sequence[SimResult], *, max_moves: int) -> str:
         return "no results"
     r0 = results[0]
     lines = [
-        f"Simulation: {r0.nodes:,} nodes, {r0.pods:,} pods; real coordinator.assignment policy (max {max_moves} moves "
+        f"Simulation: {r0.nodes:,} nodes, {r0.pods:,} pods; real coordinator.workershards.assignment policy (max {max_moves} moves "
         f"per round, one round ≈ {ROUND_SECONDS:.0f}s) and real worker engine.",
         f"Engine sampling: {r0.engine.sampled_workers} workers per configuration simulated; of each worker's stream "
         f"the last {r0.engine.timed_per_worker:,} pods are decided and timed, the rest packed in bulk.",
@@ -456,9 +457,9 @@ def main(args: argparse.Namespace) -> int:
     if not counts or min(counts) < 2:
         print("--workers: give worker counts of at least 2 (a leave needs somebody to take the nodes)")
         return 2
-    config = PolicyConfig()
+    config = AssignmentConfig()
     if args.max_moves_per_round is not None:
-        config = PolicyConfig(max_moves_per_round=args.max_moves_per_round)
+        config = AssignmentConfig(max_moves_per_round=args.max_moves_per_round)
     results = run(
         nodes=args.nodes,
         pods=args.pods,

@@ -26,12 +26,12 @@ from typing import Any
 import yaml
 from etcd3aio import Etcd3Client
 
-from common import nodeshard
 from common.etcd.keys import KeyFamily, KeyLayout
 from common.etcd.kv import DEFAULT_TIMEOUT, EVENT_DELETE, get_prefix, kv_service, watch
 from common.etcd.schema import ShardAssignment
 from common.kube import Conflict, Gone, KubeClient, NotFound, TooManyRequests
-from common.nodeshard import NodeShard, parse_nodeshard
+from coordinator.nodeshards import bodies
+from coordinator.nodeshards.bodies import NodeShard, parse_nodeshard
 from coordinator.status import collect
 from scale.cluster import Cluster
 from tests.integration.support import SchedulerProcess
@@ -73,7 +73,7 @@ async def ensure_crd(kube: KubeClient) -> None:
 
 async def _served(kube: KubeClient) -> bool:
     try:
-        await kube.get(nodeshard.COLLECTION_PATH)
+        await kube.get(bodies.COLLECTION_PATH)
     except (NotFound, TooManyRequests):  # 429 "storage is (re)initializing" right after the CRD is created
         return False
     return True
@@ -81,14 +81,14 @@ async def _served(kube: KubeClient) -> bool:
 
 async def get_shard(kube: KubeClient, name: str) -> NodeShard | None:
     try:
-        return parse_nodeshard(await kube.get(nodeshard.object_path(name)))
+        return parse_nodeshard(await kube.get(bodies.object_path(name)))
     except NotFound:
         return None
 
 
 async def delete_shard(kube: KubeClient, name: str) -> None:
     with contextlib.suppress(NotFound):
-        await kube.delete(nodeshard.object_path(name))
+        await kube.delete(bodies.object_path(name))
 
 
 def rv(obj: dict[str, Any]) -> int:
@@ -338,13 +338,13 @@ class BatchStandIn:
     async def _publish(
         self, in_use: frozenset[str], desired: frozenset[str], agent_use: frozenset[str]
     ) -> None:
-        body = nodeshard.status_patch(
+        body = bodies.status_patch(
             nodes_in_use=in_use,
             nodes_to_add=desired & agent_use,
             nodes_to_remove=in_use - desired,
             now=datetime.now(UTC),
         )
-        await self.kube.patch(nodeshard.status_path(self.name), body)
+        await self.kube.patch(bodies.status_path(self.name), body)
         self.published = in_use
 
     async def run(self) -> None:
@@ -431,7 +431,7 @@ class Recorder:
         self.last_rv["etcd"] = revision
         self._tasks.append(asyncio.create_task(self._follow_etcd(revision + 1)))
         for stream, path in (
-            ("shards", nodeshard.COLLECTION_PATH),
+            ("shards", bodies.COLLECTION_PATH),
             ("pods", f"/api/v1/namespaces/{self.namespace}/pods"),
         ):
             listed = await self.kube.get(path)
@@ -501,7 +501,7 @@ class Recorder:
             small_pod("fence", scheduler="no-such-scheduler", kind="fence"),
         )
         shard = await rig.kube.patch(
-            nodeshard.object_path(agent_shard), {"metadata": {"labels": {"e2e-fence": str(time.time_ns())}}}
+            bodies.object_path(agent_shard), {"metadata": {"labels": {"e2e-fence": str(time.time_ns())}}}
         )
         put = await kv_service(self.etcd).put(self.keys.root + "e2e-fence", b"x", timeout=DEFAULT_TIMEOUT)
         want = {"pods": rv(pod), "shards": rv(shard), "etcd": int(put.header.revision)}

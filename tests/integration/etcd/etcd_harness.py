@@ -16,8 +16,9 @@ from common.etcd.kv import connect
 from common.etcd.schema import LeaderRecord, WorkerRecord
 from common.ownership import OwnershipChange, ReleaseHook, ShardMembership
 from common.records import NodeName
-from coordinator.election import LeaderElection, LeaderTerm, run_as_leader
-from coordinator.shardmap import ShardMapLeader, StaticPool
+from coordinator.leadership.election import LeaderElection, LeaderTerm, run_as_leader
+from coordinator.workershards.shardmap import ShardMapLeader
+from tests.integration.etcd.static_pool import StaticPool
 
 TTL = 2
 

@@ -13,7 +13,7 @@ from common.aiotools import cancel_and_wait
 from common.etcd.keys import KeyLayout
 from common.etcd.kv import connect, lease_service
 from common.etcd.schema import LeaderRecord
-from coordinator.election import LeaderElection, LeaderTerm, current_leader, run_as_leader
+from coordinator.leadership.election import LeaderElection, LeaderTerm, current_leader, run_as_leader
 from tests.integration.etcd.etcd_harness import TTL, eventually
 
 pytestmark = pytest.mark.integration

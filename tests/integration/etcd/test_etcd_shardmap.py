@@ -16,9 +16,10 @@ from common.etcd.kv import get_key, lease_service
 from common.etcd.schema import ShardAssignment, ShardMapMeta
 from common.ownership import ReleaseHook
 from common.records import NodeName
-from coordinator.election import LeaderTerm
-from coordinator.shardmap import ShardMapLeader, StaticPool
+from coordinator.leadership.election import LeaderTerm
+from coordinator.workershards.shardmap import ShardMapLeader
 from tests.integration.etcd.etcd_harness import TTL, ShardCluster, eventually, node_names
+from tests.integration.etcd.static_pool import StaticPool
 
 pytestmark = pytest.mark.integration
 
@@ -202,7 +203,7 @@ async def test_pool_changes_grant_new_nodes_and_release_removed_ones(shard_clust
     await eventually(lambda: w1.owned() == frozenset(node_names(8)[2:]), SETTLE, "removed nodes released")
     assert frozenset().union(*released) == frozenset(node_names(2))
     # Once acknowledged, the removed nodes are held by nobody (not left in the revoking set).
-    await eventually(lambda: leader.maps[-1].statistics().in_transit == 0, SETTLE, "handoffs finished")
+    await eventually(lambda: leader.maps[-1].in_transit == 0, SETTLE, "handoffs finished")
 
 
 async def test_restarted_worker_waits_for_its_previous_incarnation_to_expire(

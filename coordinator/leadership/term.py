@@ -1,0 +1,105 @@
+"""What the coordinator does while it leads one term: the shard map, the pod dispatcher, and the link
+between them (the live workers' dispatch addresses, read from etcd membership). The agent node pool is the
+label-selected ``LabelPool``, or, with a sharding ConfigMap configured, the ``PolicyPool`` that
+``coordinator.nodeshards.ShardingController`` keeps (shard policy and NodeShard handoff); the controller also
+hands the policy's ``rebalance`` settings to this term's ``AssignmentPolicy``.
+
+Everything here runs inside ``run_term`` and is cancelled the moment the term is lost (see
+``coordinator.leadership.election.run_as_leader``), so a deposed leader neither writes the map (its writes are
+guarded in etcd anyway) nor dispatches pods. Each term starts from fresh state: nothing carries over from an
+earlier term of this process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+from etcd3aio import Etcd3Client
+
+from common.etcd.keys import KeyFamily, KeyLayout
+from common.etcd.mirror import KeyMirror
+from common.etcd.schema import RecordError, WorkerRecord
+from common.kube import KubeClient
+from common.reporting import Reporter
+from common.wellknown import DEFAULT_SCHEDULER_NAME
+from coordinator.dispatch import Dispatcher
+from coordinator.leadership.election import LeaderTerm
+from coordinator.nodeshards import ShardingController, ShardingOptions
+from coordinator.workershards.assignment import AssignmentPolicy
+from coordinator.workershards.pools import LabelPool, PolicyPool
+from coordinator.workershards.shardmap import ShardMapLeader
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class LeaderOptions:
+    scheduler_name: str = DEFAULT_SCHEDULER_NAME
+    node_selector: str = ""
+    keys: KeyLayout = field(default_factory=KeyLayout)
+    report_qps: float = 50.0
+    sharding: ShardingOptions | None = None  # the shard-policy ConfigMap; None: the label pool only
+
+
+async def run_term(term: LeaderTerm, etcd: Etcd3Client, client: KubeClient, options: LeaderOptions) -> None:
+    log.info("leading: term %d (%s)", term.create_revision, term.record.candidate_id)
+    pool = LabelPool(client, options.node_selector) if options.sharding is None else PolicyPool()
+    assignment = AssignmentPolicy()
+    shardmap = ShardMapLeader(etcd, term, pool, keys=options.keys, policy=assignment)
+    pool.listeners.append(shardmap.poke)
+    sharding = None
+    if isinstance(pool, PolicyPool) and options.sharding is not None:
+        sharding = ShardingController(
+            client,
+            etcd,
+            term,
+            options.sharding,
+            pool=pool,
+            held=shardmap.nodes_in_use,
+            keys=options.keys,
+            assignment=assignment,
+        )
+    reporter = Reporter(
+        client, component=options.scheduler_name, instance=term.record.candidate_id, qps=options.report_qps
+    )
+    dispatcher = Dispatcher(
+        client,
+        reporter,
+        scheduler_name=options.scheduler_name,
+        leader_id=term.record.candidate_id,
+        term=term.create_revision,
+    )
+
+    def members_changed() -> None:
+        workers: dict[str, str] = {}
+        for key, kv in members.items.items():
+            parsed = options.keys.parse(key)
+            if parsed is None or parsed[0] != KeyFamily.MEMBER:
+                continue
+            try:
+                rec = WorkerRecord.decode(kv.value)
+            except RecordError as e:
+                log.warning("ignoring malformed membership record %s: %s", key, e)
+                continue
+            workers[rec.worker_id] = rec.address
+        dispatcher.set_workers(workers)
+
+    members = KeyMirror(
+        etcd, options.keys.members_prefix, prefix=True, on_change=members_changed, name="members"
+    )
+    try:
+        async with asyncio.TaskGroup() as tg:
+            if sharding is not None:
+                tg.create_task(sharding.run())
+                await sharding.ready.wait()  # an unset pool would revoke everything
+            elif isinstance(pool, LabelPool):
+                tg.create_task(pool.run())
+                await pool.reflector.synced.wait()  # an unlisted pool would revoke everything
+            tg.create_task(shardmap.run())
+            tg.create_task(members.run())
+            tg.create_task(reporter.run())
+            tg.create_task(dispatcher.run())
+    finally:
+        dispatcher.close()

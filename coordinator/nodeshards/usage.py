@@ -1,0 +1,82 @@
+"""What the shard policy needs to know about the cluster: nodes, their allocatable CPU and labels, and the CPU
+requested on each, kept current by two watches.
+
+- ``NodeTable`` (``coordinator.workershards.pools``; watch of the nodes matching the coordinator's node selector):
+  allocatable CPU and labels, the same table the label pool keeps.
+- ``RequestTable`` (watch of bound, non-terminal pods, across namespaces): CPU requests summed per node, updated
+  incrementally per event from a pod -> (node, millicores) table, so utilisation costs nothing to read.
+  The field selector does the filtering: a pod enters the watch when bound and leaves it when it terminates or
+  is deleted.
+
+``views`` builds the ``NodeView`` list the policy evaluates (utilisation = requests / allocatable, as in
+Volcano's sharding controller; no metrics server).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
+from typing import Any
+
+from common.records import NodeName, pod_from_json
+from coordinator.nodeshards.policy import NodeView
+from coordinator.workershards.pools import NodeFacts
+
+BOUND_LIVE_PODS = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+
+
+class RequestTable:
+    """Watch handler of bound, live pods: CPU requests per node."""
+
+    def __init__(self) -> None:
+        self._pods: dict[str, tuple[NodeName, int]] = {}
+        self._per_node: dict[NodeName, int] = defaultdict(int)
+
+    def requested(self, node: NodeName) -> int:
+        """Millicores requested by the live pods bound to ``node``."""
+        return self._per_node.get(node, 0)
+
+    def __len__(self) -> int:
+        return len(self._pods)
+
+    @staticmethod
+    def _entry(obj: dict[str, Any]) -> tuple[str, tuple[NodeName, int] | None]:
+        meta = obj.get("metadata") or {}
+        key = str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")
+        rec = pod_from_json(obj)
+        if not rec.node_name or rec.terminal:
+            return key, None
+        return key, (NodeName(rec.node_name), rec.requests.milli_cpu)
+
+    def _remove(self, key: str) -> None:
+        old = self._pods.pop(key, None)
+        if old is not None:
+            node, milli = old
+            left = self._per_node[node] - milli
+            if left:
+                self._per_node[node] = left
+            else:
+                del self._per_node[node]
+
+    def replace(self, objects: list[dict[str, Any]]) -> None:
+        self._pods.clear()
+        self._per_node.clear()
+        for obj in objects:
+            self.event("ADDED", obj)
+
+    def event(self, kind: str, obj: dict[str, Any]) -> None:
+        key, entry = self._entry(obj)
+        self._remove(key)
+        if kind != "DELETED" and entry is not None:
+            self._pods[key] = entry
+            self._per_node[entry[0]] += entry[1]
+
+
+def views(
+    nodes: Mapping[NodeName, NodeFacts], requests: RequestTable, holders: Mapping[NodeName, str]
+) -> list[NodeView]:
+    """One ``NodeView`` per node; ``holders`` maps a node to the scheduler whose NodeShard lists it now."""
+    return [
+        NodeView(name, facts.allocatable_milli_cpu, requests.requested(name), facts.labels, holders.get(name))
+        for name, facts in nodes.items()
+    ]

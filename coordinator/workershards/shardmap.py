@@ -1,0 +1,305 @@
+"""The leader's shard map driver: reads membership, loads and acks from etcd, decides with the policy,
+and writes assignments through guarded transactions.
+
+One round: mirror snapshot -> ask etcd about suspicious leases -> ``handoff.settle`` -> policy plan ->
+``handoff.apply_targets`` -> one transaction with the changed assignments and the bumped epoch.
+
+Invariants:
+- Every write is a transaction guarded by (a) this term's election key still having its create revision
+  (a deposed leader's writes fail in etcd) and (b) the shardmap meta key still having the mod revision we
+  read (every leader write bumps it, so a round planned on a stale copy fails instead of overwriting).
+- The epoch increases by one with every write; changed assignments carry the new epoch. It never goes
+  backwards, even if the meta key is lost (the next epoch is above every epoch found in etcd): an old
+  ack must never satisfy a newer revocation.
+- A node is granted only after its previous holder acknowledged the release or etcd confirmed the
+  holder's lease gone (see ``coordinator.workershards.handoff``); a dead worker's nodes therefore move only after
+  its lease has expired.
+- The node pool comes from one seam, ``PoolSource``. An empty pool revokes every node: a pool source
+  that cannot tell must keep returning its last good answer, not an empty one.
+
+Limits:
+- A malformed assignment (only corruption or a newer schema could produce one) is treated as holding
+  nothing, on both sides; its worker owns nothing while it is unreadable.
+- etcd caps a transaction at 128 operations by default; a round touching more workers writes the
+  releases first and leaves the rest to the next round, so a grant never precedes the release it needs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+
+from etcd3aio import Etcd3Client
+from etcd3aio.kv import KVService
+
+from common.aiotools import cancel_and_wait, wait_first
+from common.backoff import etcd_retry
+from common.etcd.keys import KeyFamily, KeyLayout, WorkerId
+from common.etcd.kv import (
+    DEFAULT_TIMEOUT,
+    ETCD_FAILURES,
+    KeyValue,
+    compare_mod_revision,
+    describe,
+    kv_service,
+    lease_remaining,
+)
+from common.etcd.mirror import KeyMirror
+from common.etcd.schema import (
+    LoadReport,
+    RecordError,
+    ReleaseAck,
+    ShardAssignment,
+    ShardMapMeta,
+    WorkerRecord,
+)
+from common.records import NodeName
+from coordinator.leadership.election import LeaderTerm
+from coordinator.workershards import handoff
+from coordinator.workershards.assignment import AssignmentPolicy, WorkerInfo
+from coordinator.workershards.pools import PoolSource
+
+log = logging.getLogger(__name__)
+
+DEFAULT_INTERVAL = 1.0  # a round at least this often, to notice pool changes and expired leases
+DEBOUNCE = 0.02  # let a burst of etcd events land before planning
+MAX_TXN_OPS = 128
+
+
+@dataclass(slots=True)
+class _Snapshot:
+    members: dict[WorkerId, tuple[WorkerRecord, int]]
+    loads: dict[WorkerId, LoadReport]
+    acks: dict[WorkerId, ReleaseAck]
+    assignments: dict[WorkerId, ShardAssignment]
+    meta: ShardMapMeta | None
+    meta_kv: KeyValue | None
+
+
+class ShardMapLeader:
+    """Drives the shard map for one leadership term; ``run()`` returns when the term ends."""
+
+    def __init__(
+        self,
+        client: Etcd3Client,
+        term: LeaderTerm,
+        pool: PoolSource,
+        *,
+        keys: KeyLayout | None = None,
+        policy: AssignmentPolicy | None = None,
+        interval: float = DEFAULT_INTERVAL,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._client = client
+        self._term = term
+        self._pool = pool
+        self._keys = keys or KeyLayout()
+        self._policy = policy or AssignmentPolicy()
+        self._interval = interval
+        self._wall_clock = wall_clock
+        self._mirror = KeyMirror(client, self._keys.root, prefix=True, on_change=self.poke, name="shardmap")
+        self._poked = asyncio.Event()
+        self._dead_leases: set[int] = set()
+        self._destinations: dict[NodeName, WorkerId] = {}  # revoking node -> where the plan sends it
+        self._planned: frozenset[NodeName] = frozenset()  # the pool the latest round planned with
+        self._epoch = 0
+        self._in_transit = 0
+        self.rounds = 0
+        self.writes = 0
+        self.conflicts = 0
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def poke(self) -> None:
+        """Ask for a round soon (pool changed, or etcd changed: the mirror calls this)."""
+        self._poked.set()
+
+    def nodes_in_use(self) -> frozenset[NodeName] | None:
+        """Nodes a worker may be using or may be granted before the next round (read-only; for NodeShard
+        ``status.nodesInUse``): every node held - granted or revoking - in the mirrored map, plus the pool the
+        latest round planned with. ``None`` until the mirror has listed.
+
+        A node removed from the pool stays in this set until a round that no longer saw it has read the pool,
+        which happens only after the previous round's write (a grant of that node, say) is in the mirror.
+        """
+        if not self._mirror.synced.is_set():
+            return None
+        nodes = set(self._planned)
+        for key, kv in list(self._mirror.items.items()):
+            parsed = self._keys.parse(key)
+            if parsed is None or parsed[0] is not KeyFamily.ASSIGNMENT:
+                continue
+            try:
+                nodes |= ShardAssignment.decode(kv.value).held
+            except RecordError:
+                continue  # logged by the round that reads it
+        return frozenset(nodes)
+
+    @property
+    def in_transit(self) -> int:
+        """Nodes being released after the latest round (revoking, not yet free)."""
+        return self._in_transit
+
+    async def run(self) -> None:
+        mirror = asyncio.create_task(self._mirror.run(), name="shardmap-mirror")
+        try:
+            await wait_first(self._mirror.synced.wait(), self._term.lost.wait())
+            backoff = etcd_retry()
+            while not self._term.lost.is_set():
+                try:
+                    if not await self._round():
+                        return  # deposed
+                    backoff.reset()
+                except ETCD_FAILURES as e:
+                    log.warning("shard map round failed: %s", describe(e))
+                    await wait_first(asyncio.sleep(backoff.next()), self._term.lost.wait())
+                    continue
+                await wait_first(self._poked.wait(), asyncio.sleep(self._interval), self._term.lost.wait())
+                await asyncio.sleep(DEBOUNCE)
+                self._poked.clear()
+        finally:
+            await cancel_and_wait(mirror)
+
+    # ---- one round ----
+
+    async def _round(self) -> bool:
+        """Plan and write once. False when we turned out to be deposed."""
+        self.rounds += 1
+        snap = self._snapshot()
+        # Epochs must never go backwards, or an old ack could satisfy a new revocation: take the highest
+        # epoch anywhere, in case the meta key was lost or is unreadable.
+        self._epoch = max(
+            [snap.meta.epoch if snap.meta else 0]
+            + [a.epoch for a in snap.assignments.values()]
+            + [a.epoch for a in snap.acks.values()]
+        )
+        members = {w: lease for w, (_, lease) in snap.members.items() if lease not in self._dead_leases}
+        observed = handoff.Observed(snap.assignments, members, snap.acks, self._dead_leases)
+        for lease in sorted(handoff.suspect_leases(observed)):
+            if await lease_remaining(self._client, lease) < 0:
+                log.info("lease %x confirmed gone; its holder's nodes are free", lease)
+                self._dead_leases.add(lease)
+        settled = handoff.settle(observed)
+
+        current = {
+            n: w
+            for w, a in settled.items()
+            if a is not None and members.get(w) == a.lease_id
+            for n in a.granted
+        }
+        revoking = {n for a in settled.values() if a is not None for n in a.revoking}
+        pending = {n: w for n, w in self._destinations.items() if n in revoking and w in members}
+        workers = {
+            w: WorkerInfo(rec.capacity.weight, snap.loads.get(w)) for w, (rec, _) in snap.members.items()
+        }
+        workers = {w: info for w, info in workers.items() if w in members}
+        pool = self._pool()
+        self._planned = frozenset(pool)
+        plan = self._policy.plan(pool, workers, current, pending=pending, in_transit=len(revoking))
+        wanted = handoff.apply_targets(settled, members, plan.target, set(pool))
+
+        now_revoking = {n for a in wanted.values() if a is not None for n in a.revoking}
+        self._destinations = {
+            n: (pending.get(n) or plan.target[n]) for n in now_revoking if n in pending or n in plan.target
+        }
+        self._in_transit = len(now_revoking)
+        self._dead_leases &= {a.lease_id for a in snap.assignments.values()}  # forget leases nobody mentions
+
+        diff = handoff.changes(snap.assignments, wanted)
+        if not diff:
+            return True
+        return await self._write(diff, snap)
+
+    def _snapshot(self) -> _Snapshot:
+        snap = _Snapshot({}, {}, {}, {}, None, None)
+        for key, kv in list(self._mirror.items.items()):
+            parsed = self._keys.parse(key)
+            if parsed is None:
+                continue
+            family, name = parsed
+            if family is KeyFamily.SHARDMAP:
+                snap.meta_kv = kv  # kept even if unreadable: our next write must compare against it
+            try:
+                if family is KeyFamily.MEMBER:
+                    record = WorkerRecord.decode(kv.value)
+                    snap.members[_owner(name, record.worker_id)] = (record, kv.lease)
+                elif family is KeyFamily.LOAD:
+                    snap.loads[WorkerId(name)] = LoadReport.decode(kv.value)
+                elif family is KeyFamily.ACK:
+                    ack = ReleaseAck.decode(kv.value)
+                    snap.acks[_owner(name, ack.worker_id)] = ack
+                elif family is KeyFamily.ASSIGNMENT:
+                    assignment = ShardAssignment.decode(kv.value)
+                    snap.assignments[_owner(name, assignment.worker_id)] = assignment
+                elif family is KeyFamily.SHARDMAP:
+                    snap.meta = ShardMapMeta.decode(kv.value)
+            except RecordError as e:
+                # Only our own writes land under assign/, so this is corruption or a newer schema. The
+                # worker fails closed on it (owns nothing) and our next write for that worker replaces it.
+                log.error("ignoring malformed %s at %s: %s", family.value, key, e)
+        return snap
+
+    async def _write(self, diff: Mapping[WorkerId, ShardAssignment | None], snap: _Snapshot) -> bool:
+        if not self._term.active:
+            return True  # fenced or ending: write nothing; the election ends the term or it recovers
+        epoch = self._epoch + 1
+        # Releases first (no new grants), so a truncated round never grants what it has not freed.
+        order = sorted(diff, key=lambda w: (_grants_more(snap.assignments.get(w), diff[w]), w))
+        if len(order) > MAX_TXN_OPS - 1:
+            log.warning(
+                "round touches %d workers; writing %d now, the rest next round", len(order), MAX_TXN_OPS - 1
+            )
+            order = order[: MAX_TXN_OPS - 1]
+            self.poke()
+        ops = []
+        for worker in order:
+            new = diff[worker]
+            key = self._keys.assignment(worker)
+            if new is None:
+                ops.append(KVService.txn_op_delete(key))
+            else:
+                ops.append(KVService.txn_op_put(key, replace(new, epoch=epoch).encode()))
+        meta = ShardMapMeta(epoch, self._term.record.candidate_id, self._wall_clock())
+        ops.append(KVService.txn_op_put(self._keys.shardmap, meta.encode()))
+        if snap.meta_kv is None:
+            fresh = KVService.txn_compare_create_revision(self._keys.shardmap, 0)
+        else:
+            fresh = compare_mod_revision(self._keys.shardmap, snap.meta_kv.mod_revision)
+        resp = await kv_service(self._client).txn(
+            [self._term.guard(), fresh], ops, [KVService.txn_op_get(self._term.key)], timeout=DEFAULT_TIMEOUT
+        )
+        if resp.succeeded:
+            self.writes += 1
+            self._epoch = epoch
+            log.info("shard map epoch %d: %d assignments written", epoch, len(order))
+            # Plan the next round on a copy that includes this write, or its compare would fail.
+            await wait_first(
+                self._mirror.wait_revision(int(resp.header.revision)), asyncio.sleep(DEFAULT_TIMEOUT)
+            )
+            return True
+        ours = resp.responses[0].response_range.kvs
+        if not ours or int(ours[0].create_revision) != self._term.create_revision:
+            log.warning("shard map write refused: no longer leader")
+            return False
+        self.conflicts += 1
+        log.info("shard map changed under us (epoch %d); replanning", self._epoch)
+        self.poke()
+        return True
+
+
+def _owner(name: str, recorded: WorkerId) -> WorkerId:
+    """The worker a record belongs to: the key's, which must agree with the record's own field."""
+    if name != recorded:
+        raise RecordError(f"record for worker {recorded!r} stored under the key of {name!r}")
+    return recorded
+
+
+def _grants_more(old: ShardAssignment | None, new: ShardAssignment | None) -> bool:
+    if new is None:
+        return False
+    return bool(new.granted - (old.granted if old is not None else frozenset()))

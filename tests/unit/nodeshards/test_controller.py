@@ -1,0 +1,205 @@
+"""``ShardingController`` and ``NodeShardStore`` against a fake API server: the claim -> confirm -> offer
+handoff, spec writes, and the rebalance settings handed to the worker-shard assignment."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from types import SimpleNamespace
+from typing import Any
+
+from common.etcd.keys import KeyLayout
+from common.records import NodeName
+from coordinator.nodeshards import ShardingController, ShardingOptions
+from coordinator.nodeshards.bodies import COLLECTION_PATH, object_path, status_path
+from coordinator.nodeshards.store import NodeShardStore
+from coordinator.workershards.assignment import AssignmentConfig, AssignmentPolicy
+from coordinator.workershards.pools import PolicyPool
+from tests.unit.nodeshards.helpers import SHARDING, configmap, node_obj, ns
+
+
+class FakeApi:
+    """Enough of ``KubeClient`` for ``NodeShardStore``: NodeShards in a dict, every write logged."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.log: list[tuple[str, str, Any]] = []
+        self.rv = 100
+        self.on_write: Any = None
+
+    def _bump(self, obj: dict[str, Any]) -> dict[str, Any]:
+        self.rv += 1
+        obj["metadata"]["resourceVersion"] = str(self.rv)
+        return obj
+
+    async def post(self, path: str, body: Any, params: Any = None) -> Any:
+        self.log.append(("POST", path, body))
+        obj = self._bump({**body, "metadata": dict(body["metadata"])})
+        self.objects[obj["metadata"]["name"]] = obj
+        return obj
+
+    async def patch(self, path: str, body: Any, *, kind: str = "merge") -> Any:
+        self.log.append(("PATCH", path, body))
+        name = path.removeprefix(COLLECTION_PATH + "/").removesuffix("/status")
+        obj = self.objects[name]
+        for key in ("spec", "status"):
+            if key in body:
+                obj[key] = {**(obj.get(key) or {}), **body[key]}
+        if self.on_write is not None:
+            self.on_write(path, body)
+        return self._bump(obj)
+
+    async def get(self, path: str, params: Any = None) -> Any:
+        assert path == COLLECTION_PATH
+        self.log.append(("GET", path, None))
+        return {"items": list(self.objects.values()), "metadata": {"resourceVersion": str(self.rv)}}
+
+    def set_in_use(self, name: str, nodes: list[str]) -> None:
+        self.objects[name].setdefault("status", {})["nodesInUse"] = nodes
+        self._bump(self.objects[name])
+
+
+def controller(api: FakeApi, held: Any, assignment: AssignmentPolicy | None = None) -> ShardingController:
+    term = SimpleNamespace(active=True, record=SimpleNamespace(candidate_id="c"), lost=asyncio.Event())
+    ctl = ShardingController(
+        api,  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        term,  # type: ignore[arg-type]
+        ShardingOptions(configmap="cm", namespace="ns", scheduler_name="agent"),
+        pool=PolicyPool(),
+        held=held,
+        keys=KeyLayout("/t"),
+        assignment=assignment or AssignmentPolicy(),
+    )
+    ctl.shards.available = True
+    ctl.nodes.replace(
+        [node_obj(f"n{i}", "8", {"node.volcano.sh/warmup": "true"} if i < 2 else None) for i in range(5)]
+    )
+    ctl.source.event("ADDED", configmap({"sharding.yaml": SHARDING % 3}, "1"))
+    return ctl
+
+
+async def one_pass(ctl: ShardingController) -> None:
+    policy, agent = ctl.source.current, ctl.source.agent
+    assert policy is not None and agent is not None
+    ctl._apply_rebalance(policy)
+    if ctl._due(policy):
+        ctl._evaluate(policy)
+    await ctl._write_specs(policy)
+    await ctl._hand_over(agent.name)
+
+
+async def test_claim_is_published_before_any_node_is_offered() -> None:
+    api = FakeApi()
+    held: frozenset[NodeName] = frozenset()
+    ctl = controller(api, lambda: held)
+    offered_when_claimed: list[frozenset[NodeName]] = []
+    api.on_write = lambda path, body: (
+        offered_when_claimed.append(ctl.pool.nodes()) if path.endswith("/status") else None
+    )
+    await one_pass(ctl)
+    assert ctl.desired("agent") == ns("n0", "n1", "n2")
+    assert ctl.pool.nodes() == ns("n0", "n1", "n2")
+    assert offered_when_claimed == [frozenset()]  # the pool was empty while the claim was written
+    assert api.objects["agent"]["status"]["nodesInUse"] == ["n0", "n1", "n2"]
+    methods = [(m, p) for m, p, _ in api.log]
+    assert methods.index(("GET", COLLECTION_PATH)) > methods.index(("PATCH", status_path("agent")))
+
+
+async def test_nodes_another_shard_uses_wait_and_released_nodes_stay_published_until_free() -> None:
+    api = FakeApi()
+    held: set[NodeName] = set()
+    ctl = controller(api, lambda: frozenset(held))
+    await one_pass(ctl)  # creates both shards
+    api.set_in_use("batch", ["n2"])  # the batch side still uses n2
+    ctl.shards.replace(list(api.objects.values()))
+    await one_pass(ctl)
+    assert ctl.pool.nodes() == ns("n0", "n1")
+    assert api.objects["agent"]["status"]["nodesToAdd"] == ["n2"]
+    held.update(ns("n0", "n1"))  # workers hold what they were granted
+    # maxNodes 3 -> 1: n1 leaves the pool at once, but stays published while a worker holds it
+    ctl.source.event("MODIFIED", configmap({"sharding.yaml": SHARDING % 1}, "2"))
+    await one_pass(ctl)
+    assert ctl.pool.nodes() == ns("n0")
+    assert api.objects["agent"]["status"]["nodesInUse"] == ["n0", "n1"]
+    assert api.objects["agent"]["status"]["nodesToRemove"] == ["n1"]
+    held.discard(NodeName("n1"))  # released
+    await one_pass(ctl)
+    assert api.objects["agent"]["status"]["nodesInUse"] == ["n0"]
+
+
+async def test_a_claim_racing_ours_is_caught_by_the_confirming_read() -> None:
+    api = FakeApi()
+    ctl = controller(api, frozenset)
+    await one_pass(ctl)
+    ctl.pool.set({})
+    # the batch side claims n0 just as we publish our claim: our watch cache has not seen it
+    api.on_write = lambda path, body: (
+        api.set_in_use("batch", ["n0"]) if path == status_path("agent") else None
+    )
+    api.objects["agent"]["status"]["nodesInUse"] = []
+    ctl.shards.replace(list(api.objects.values()))
+    await one_pass(ctl)
+    assert NodeName("n0") not in ctl.pool.nodes()
+    assert ctl.pool.nodes() == ns("n1", "n2")
+
+
+async def test_before_the_shard_map_has_listed_nothing_published_is_withdrawn() -> None:
+    api = FakeApi()
+    ctl = controller(api, lambda: None)
+    await one_pass(ctl)
+    api.set_in_use("agent", ["n0", "n1", "n2", "n4"])  # a previous term's claim, n4 perhaps still held
+    ctl.shards.replace(list(api.objects.values()))
+    await one_pass(ctl)
+    assert api.objects["agent"]["status"]["nodesInUse"] == ["n0", "n1", "n2", "n4"]
+    assert ctl.pool.nodes() == ns("n0", "n1", "n2")
+
+
+async def test_spec_written_for_every_scheduler_and_only_when_changed() -> None:
+    api = FakeApi()
+    ctl = controller(api, frozenset)
+    await one_pass(ctl)
+    assert api.objects["batch"]["spec"]["nodesDesired"] == ["n3", "n4"]
+    writes = len(api.log)
+    await ctl._write_specs(ctl.source.current)  # type: ignore[arg-type]
+    assert len(api.log) == writes
+    assert sorted(b["metadata"]["name"] for m, _, b in api.log if m == "POST") == ["agent", "batch"]
+    ctl.source.event("MODIFIED", configmap({"sharding.yaml": SHARDING % 2}, "2"))
+    await one_pass(ctl)
+    assert ("PATCH", object_path("agent")) in [(m, p) for m, p, _ in api.log]
+
+
+def test_nodeshard_store_holders_follow_config_order() -> None:
+    store = NodeShardStore(None)  # type: ignore[arg-type]
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    store.replace(
+        [
+            {"metadata": {"name": "a", "resourceVersion": "1"}, "spec": {"nodesDesired": ["x", "y"]}},
+            {
+                "metadata": {"name": "b", "resourceVersion": "2"},
+                "spec": {"nodesDesired": ["y"]},
+                "status": {"nodesInUse": ["y"], "lastUpdateTime": now},
+            },
+        ]
+    )
+    assert store.holders(["b", "a"]) == {NodeName("y"): "b", NodeName("x"): "a"}
+    assert store.in_use_except("a") == ns("y") and store.in_use_except("b") == frozenset()
+
+
+async def test_the_rebalance_settings_in_force_drive_the_worker_assignment() -> None:
+    assignment = AssignmentPolicy()
+    ctl = controller(FakeApi(), frozenset, assignment)
+    await one_pass(ctl)
+    assert assignment.config == AssignmentConfig()  # no rebalance section: the assignment's defaults
+    rebalance = "rebalance: {startSkew: 0.5, stopSkew: 0.2, maxNodeMovesPerRound: 4}\n"
+    ctl.source.event(
+        "MODIFIED", configmap({"sharding.yaml": SHARDING % 3, "agent-scheduler.yaml": rebalance}, "2")
+    )
+    await one_pass(ctl)
+    assert assignment.config == AssignmentConfig(skew_threshold=0.5, settle_skew=0.2, max_moves_per_round=4)
+    # An invalid edit changes nothing: the last good policy, and its settings, stay in force.
+    ctl.source.event(
+        "MODIFIED", configmap({"sharding.yaml": SHARDING % 3, "agent-scheduler.yaml": "rebalance: 1"}, "3")
+    )
+    await one_pass(ctl)
+    assert assignment.config.skew_threshold == 0.5
