@@ -10,18 +10,39 @@ Invariants:
   limit (it can take nothing, and would otherwise be walked past by every pod); the cache calls ``update`` after every
   change of a node's requested resources and ``remove`` when the node leaves the owned set.
 - ``_keys`` is the sorted list of non-empty bucket numbers.
+- ``summary()`` describes exactly the indexed nodes: ``_free`` holds each one's free CPU and memory as of its
+  last ``update``, the totals are their sums, and the largest free memory is the top live entry of a lazy
+  max-heap (an entry is live while it matches ``_free``; stale ones are dropped when they reach the top, and
+  the heap is rebuilt when stale entries outnumber live ones). The largest free CPU is in the highest bucket.
+  So the summary costs O(1) amortised plus one bucket, instead of a walk over every node.
 """
 
 from __future__ import annotations
 
 import bisect
+import heapq
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from worker.nodeinfo import NodeInfo
 
 # Narrow buckets: nearly-full nodes (a few millicores free) must not share a bucket with nodes that can
 # still take a typical 100m pod, or every pod would walk past all of them.
 BUCKET_MILLI = 10
+HEAP_SLACK = 64  # stale heap entries tolerated beyond the live ones before a rebuild
+
+
+@dataclass(frozen=True, slots=True)
+class CapacitySummary:
+    """Free capacity over the indexed nodes: totals, and the largest amounts free on one node (a pod larger
+    than ``max_*`` cannot fit). Free amounts may be negative on an overcommitted node; the maxima are at
+    least 0."""
+
+    nodes: int = 0
+    free_cpu: int = 0
+    free_memory: int = 0
+    max_cpu: int = 0
+    max_memory: int = 0
 
 
 class CapacityIndex:
@@ -30,6 +51,10 @@ class CapacityIndex:
         self._bucket_of: dict[str, int] = {}
         self._buckets: dict[int, dict[str, NodeInfo]] = {}
         self._keys: list[int] = []
+        self._free: dict[str, tuple[int, int]] = {}  # name -> (free millicores, free bytes)
+        self._free_cpu = 0
+        self._free_memory = 0
+        self._memory_heap: list[tuple[int, str]] = []  # (-free bytes, name), lazily deleted
 
     def __len__(self) -> int:
         return len(self._bucket_of)
@@ -46,7 +71,9 @@ class CapacityIndex:
             # A node at its pod limit can take nothing; leaving it in would make every pod walk past it.
             self.remove(name)
             return
-        bucket = max(0, info.free_milli_cpu()) // BUCKET_MILLI
+        cpu, memory = info.free_milli_cpu(), info.free_memory()
+        self._set_free(name, cpu, memory)
+        bucket = max(0, cpu) // BUCKET_MILLI
         old = self._bucket_of.get(name)
         if old == bucket:
             return
@@ -63,6 +90,43 @@ class CapacityIndex:
         old = self._bucket_of.pop(name, None)
         if old is not None:
             self._drop(name, old)
+        free = self._free.pop(name, None)
+        if free is not None:
+            self._free_cpu -= free[0]
+            self._free_memory -= free[1]
+
+    def _set_free(self, name: str, cpu: int, memory: int) -> None:
+        old = self._free.get(name)
+        if old == (cpu, memory):
+            return
+        if old is not None:
+            self._free_cpu -= old[0]
+            self._free_memory -= old[1]
+        self._free[name] = (cpu, memory)
+        self._free_cpu += cpu
+        self._free_memory += memory
+        if old is None or old[1] != memory:
+            heapq.heappush(self._memory_heap, (-memory, name))
+            if len(self._memory_heap) > 2 * len(self._free) + HEAP_SLACK:
+                self._memory_heap = [(-m, n) for n, (_, m) in self._free.items()]
+                heapq.heapify(self._memory_heap)
+
+    def summary(self) -> CapacitySummary:
+        """Free capacity over the indexed nodes (see the module docstring for the cost)."""
+        heap = self._memory_heap
+        while heap:
+            memory, name = -heap[0][0], heap[0][1]
+            free = self._free.get(name)
+            if free is not None and free[1] == memory:
+                break
+            heapq.heappop(heap)
+        max_memory = -heap[0][0] if heap else 0
+        max_cpu = 0
+        if self._keys:
+            max_cpu = max(self._free[name][0] for name in self._buckets[self._keys[-1]])
+        return CapacitySummary(
+            len(self._free), self._free_cpu, self._free_memory, max(0, max_cpu), max(0, max_memory)
+        )
 
     def _drop(self, name: str, bucket: int) -> None:
         members = self._buckets[bucket]

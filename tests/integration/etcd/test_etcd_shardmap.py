@@ -14,11 +14,11 @@ import pytest
 
 from common.etcd.kv import get_key, lease_service
 from common.etcd.schema import ShardAssignment, ShardMapMeta
-from common.ownership import ReleaseHook
 from common.records import NodeName
 from coordinator.election import LeaderTerm
 from coordinator.shardmap import ShardMapLeader, StaticPool
 from tests.integration.etcd.etcd_harness import TTL, ShardCluster, eventually, node_names
+from worker.shard import ReleaseHook
 
 pytestmark = pytest.mark.integration
 
