@@ -80,6 +80,22 @@ def _dispatch(msg: dict[str, Any]) -> tuple[int, PodRecord]:
     return int(msg["id"]), pod_from_json(msg["pod"])
 
 
+def _welcome(worker_id: str, term: int) -> bytes:
+    return protocol.encode(protocol.WELCOME, worker=worker_id, term=term)
+
+
+def _ack(dispatch_id: int) -> bytes:
+    return protocol.encode(protocol.ACK, id=dispatch_id)
+
+
+def _pong(ping: dict[str, Any]) -> bytes:
+    return protocol.encode(protocol.PONG, ts=ping.get("ts", 0))
+
+
+def _error(message: str) -> bytes:
+    return protocol.encode(protocol.ERROR, message=message)
+
+
 def _capacity(summary: dict[str, Any]) -> bytes:
     return protocol.encode(protocol.CAPACITY, **summary)
 
@@ -195,13 +211,11 @@ class Intake:
         try:
             term, leader = _hello_term(await protocol.read_message(reader))
             if not self.results.connect(term, writer):
-                writer.write(
-                    protocol.encode(protocol.ERROR, message=f"term {term} is older than {self.results.term}")
-                )
+                writer.write(_error(f"term {term} is older than {self.results.term}"))
                 await writer.drain()
                 return
             log.info("leader %s (term %d) connected from %s", leader, term, peer)
-            writer.write(protocol.encode(protocol.WELCOME, worker=self.worker_id, term=term))
+            writer.write(_welcome(self.worker_id, term))
             reporter = asyncio.create_task(self._report_capacity(writer))
             try:
                 while True:
@@ -216,7 +230,7 @@ class Intake:
         except protocol.ProtocolError as e:
             log.warning("protocol error from %s: %s", peer, e)
             with contextlib.suppress(ConnectionError):
-                writer.write(protocol.encode(protocol.ERROR, message=str(e)))
+                writer.write(_error(str(e)))
         finally:
             self.results.disconnect(writer)
             writer.close()
@@ -233,9 +247,9 @@ class Intake:
                 return
             self.results.expect(dispatch_id, pod.key)
             self.sched.submit(pod)
-            writer.write(protocol.encode(protocol.ACK, id=dispatch_id))
+            writer.write(_ack(dispatch_id))
         elif kind == protocol.PING:
-            writer.write(protocol.encode(protocol.PONG, ts=msg.get("ts", 0)))
+            writer.write(_pong(msg))
         else:
             log.debug("ignoring %s message", kind)
 
