@@ -5,8 +5,9 @@ and takes every pending pod of ``--scheduler-name`` from its own watch; no coord
 
 Coordinated (the default, ``worker.coordinated``): the worker registers in etcd under its lease
 (``worker.shard``), places pods only on the nodes the leader granted it and only while its lease is healthy
-(fencing), and takes pods from the leader's dispatch stream (``worker.intake``). SIGTERM drains: no new decisions, revoked nodes wait for
-their bindings, the release is acknowledged, the lease is given back, exit 0.
+(fencing), and takes pods from the leader's dispatch stream (``worker.intake``). SIGTERM drains: no new
+decisions, revoked nodes wait for their bindings, the release is acknowledged, the lease is given back,
+exit 0.
 """
 
 from __future__ import annotations

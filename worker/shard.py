@@ -252,27 +252,32 @@ class ShardState:
         self._syncing.update(nodes)  # counted: a node granted again while catching up waits for both
         task = asyncio.create_task(self._catch_up_all(nodes, time.monotonic()), name=f"acquire-{self.epoch}")
         self._acquiring.add(task)
-        task.add_done_callback(self._acquiring.discard)
+        task.add_done_callback(self._acquired)
+
+    def _acquired(self, task: asyncio.Task[None]) -> None:
+        self._acquiring.discard(task)
+        if not task.cancelled() and (error := task.exception()) is not None:
+            log.error("worker %s: catch-up failed; its nodes stay unusable", self.name, exc_info=error)
 
     async def _catch_up_all(self, nodes: frozenset[NodeName], granted_at: float) -> None:
+        """Wait until the cache holds the pods bound to ``nodes``, then let them be used. If this is
+        cancelled (the shard stops), they stay syncing: never usable without the catch-up."""
         pods = self._pods
         assert pods is not None
-        try:
-            await pods.wait_synced()
-            if not pods.listed_since(granted_at):
-                sem = asyncio.Semaphore(CATCH_UP_CONCURRENCY)
+        await pods.wait_synced()
+        if not pods.listed_since(granted_at):
+            sem = asyncio.Semaphore(CATCH_UP_CONCURRENCY)
 
-                async def one(node: NodeName) -> None:
-                    async with sem:
-                        await self._catch_up(pods, node)
+            async def one(node: NodeName) -> None:
+                async with sem:
+                    await self._catch_up(pods, node)
 
-                await asyncio.gather(*(one(n) for n in nodes))
-        finally:
-            self._syncing.subtract(nodes)
-            for node in nodes:
-                if self._syncing[node] <= 0:
-                    del self._syncing[node]
-            self.publish()
+            await asyncio.gather(*(one(n) for n in nodes))
+        self._syncing.subtract(nodes)
+        for node in nodes:
+            if self._syncing[node] <= 0:
+                del self._syncing[node]
+        self.publish()
 
     async def _catch_up(self, pods: PodWatch, node: NodeName) -> None:
         backoff = api_retry()

@@ -233,3 +233,13 @@ async def test_drop_all_publishes_the_loss_without_release_hooks() -> None:
     await rig.state.stop()
     rig.state.drop_all()
     assert rig.published() == frozenset() and not rig.released and not rig.acks
+
+
+async def test_a_stopped_catch_up_never_makes_its_nodes_usable() -> None:
+    rig = Rig()
+    watch = FakePodWatch(bound={"a": ([], 5)})
+    rig.state.start(pods=watch, on_release=None)
+    rig.state.assign(nodes("a"), 1, ack_lease=0)
+    await settle()
+    await rig.state.stop()
+    assert not rig.usable("a") and rig.state.syncing() == 1 and not rig.changes
