@@ -60,6 +60,13 @@ class CoordinatedOptions:
     audit_log: str = ""
 
 
+def _listen(host: str, port: int) -> socket.socket:
+    """A bound, listening TCP socket for ``host`` (IPv4 or IPv6, as the name resolves; "" is every IPv4
+    interface) and ``port`` (0: any free port)."""
+    family = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+    return socket.create_server((host, port), family=family)
+
+
 class CoordinatedWorker:
     """One worker process under a coordinator (see the module docstring for the wiring)."""
 
@@ -68,7 +75,7 @@ class CoordinatedWorker:
     ) -> None:
         self.settings = settings
         self.worker_id = worker_id(settings.worker_id)
-        self.listener = socket.create_server((options.listen_host, options.listen_port))
+        self.listener = _listen(options.listen_host, options.listen_port)
         port = int(self.listener.getsockname()[1])
         record = WorkerRecord(
             worker_id=self.worker_id,
