@@ -7,8 +7,9 @@ kept-alive connections. Outcomes:
   with its TTL running; the watch shows where the pod really is, or the assumption expires.
 - 404 Not Found (the pod was deleted): forget the assumption, capacity returns.
 - 429 / 5xx / timeout: retry with backoff (``RETRY_BACKOFF`` doubling), at most ``retries`` times; then
-  forget and hand the pod back for another scheduling attempt.
-- anything else (400/422/403): forget and report the pod unschedulable with the API's message.
+  forget and ``requeue`` the pod in this worker's queue for another scheduling attempt.
+- anything else (400/422/403): forget, and tell the outcome receiver it was ``rejected`` (API's message).
+A success is told to the outcome receiver (``worker.outcomes``) as ``bound``, with the audit times.
 
 Invariant: every path that does not end in a confirmed binding gives the capacity back (forget or expiry).
 ``in_flight(node)`` counts bindings under way per node, so a node release can wait for them (``drain``).
@@ -26,6 +27,7 @@ from common import metrics
 from common.kube import ApiError, Conflict, KubeClient, NotFound, ServerError, TooManyRequests
 from common.records import NodeName, PodRecord
 from worker.cache import Cache
+from worker.outcomes import Outcomes
 
 log = logging.getLogger(__name__)
 
@@ -47,24 +49,22 @@ class Binder:
         self,
         client: KubeClient,
         cache: Cache,
+        outcomes: Outcomes,
         *,
+        requeue: Callable[[PodRecord], None],
         concurrency: int = 64,
         retries: int = DEFAULT_RETRIES,
         clock: Callable[[], float] = time.monotonic,
-        on_bound: Callable[[PodRecord, NodeName], None] = lambda _p, _n: None,
-        on_requeue: Callable[[PodRecord], None] = lambda _p: None,
-        on_rejected: Callable[[PodRecord, str], None] = lambda _p, _m: None,
-        audit: Callable[[str, str, float, float], None] | None = None,
+        retry_backoff: float = RETRY_BACKOFF,
     ) -> None:
         self.client = client
         self.cache = cache
+        self.outcomes = outcomes
+        self.requeue = requeue
         self.concurrency = concurrency
         self.retries = retries
         self.clock = clock
-        self.on_bound = on_bound
-        self.on_requeue = on_requeue
-        self.on_rejected = on_rejected
-        self.audit = audit
+        self.retry_backoff = retry_backoff
         self._queue: asyncio.Queue[BindRequest] = asyncio.Queue()
         self._in_flight: dict[NodeName, int] = {}
         self._idle = asyncio.Condition()
@@ -108,7 +108,7 @@ class Binder:
 
     async def _bind(self, req: BindRequest) -> None:
         pod, node = req.pod, req.node
-        backoff = RETRY_BACKOFF
+        backoff = self.retry_backoff
         for attempt in range(self.retries + 1):
             start = self.clock()
             try:
@@ -147,17 +147,15 @@ class Binder:
                 metrics.bind_results.labels("failed").inc()
                 log.warning("bind rejected: %s", e, extra={"pod": pod.key, "node": node})
                 self.cache.forget(pod.key)
-                self.on_rejected(pod, f"binding rejected: {e.message}")
+                self.outcomes.rejected(pod, f"binding rejected: {e.message}")
                 return
             now = self.clock()
             metrics.binding_duration.labels("bound").observe(now - start)
             metrics.bind_results.labels("bound").inc()
             metrics.pod_sli_duration.labels(str(min(req.attempts, 16))).observe(now - req.queued_at)
             self.cache.finish_binding(pod.key, now)
-            if self.audit is not None:
-                self.audit(pod.key, node, req.assumed_at, time.time())
             self.bound += 1
-            self.on_bound(pod, node)
+            self.outcomes.bound(pod, node, assumed_at=req.assumed_at, bound_at=time.time())
             return
         self.cache.forget(pod.key)
-        self.on_requeue(pod)
+        self.requeue(pod)

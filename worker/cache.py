@@ -11,13 +11,15 @@ Invariants:
 - A pod is accounted on at most one node, ``pod_node`` says which; ``NodeInfo.requested`` always equals the
   sum over the pods accounted there. No pod is assumed twice.
 - Every exit from Assumed other than confirmation (forget, expire) gives the capacity back.
-- The capacity index holds exactly the nodes that are owned (``owns``) and known (a real Node object); its
-  bucket for a node is updated after every change to that node's pods.
+- The capacity index holds exactly the nodes that are usable (``worker.shard``: the cache asks the shard, and
+  re-indexes on the shard's change stream) and known (a real Node object), and not at their pod limit; its
+  bucket and free amounts for a node are updated after every change to that node's pods or record, so the
+  capacity summary (``CapacityIndex.summary``) is always current without a scan.
 - Pods of every scheduler are accounted (they use capacity too); terminal pods are not.
 - ``static_version`` of a NodeInfo changes only when a filter-relevant part of the node record changes, so the
   engine's per-signature static filter verdicts stay valid across capacity changes.
 
-The cache does no I/O and knows nothing of the API; ``worker.informers`` feeds it.
+The cache does no I/O and knows nothing of the API; ``worker.feeds`` feeds it from the watches.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 from common.records import NodeName, NodeRecord, PodKey, PodRecord, Resources
 from worker.index import CapacityIndex
 from worker.nodeinfo import NodeInfo
+from worker.shard import ShardChange, ShardView, WholeCluster
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +65,14 @@ class Cache:
     def __init__(
         self,
         *,
-        owns: Callable[[NodeName], bool] | None = None,
+        shard: ShardView | None = None,
         ascending: bool = True,
         session_label: str = "",
         assume_ttl: float = DEFAULT_ASSUME_TTL,
     ) -> None:
-        self.owns: Callable[[NodeName], bool] = owns or (lambda _name: True)
+        self.shard: ShardView = shard or WholeCluster()
+        # Asked for every candidate node of every decision: the shard's bound method, no extra frame.
+        self.usable: Callable[[NodeName], bool] = self.shard.usable
         self.index = CapacityIndex(ascending=ascending)
         self.session_label = session_label
         self.assume_ttl = assume_ttl
@@ -83,6 +88,7 @@ class Cache:
         # Bumped on any change that could make an unschedulable pod schedulable or change a failure reason.
         self.generation = 0
         self.expired = 0
+        self.shard.subscribe(self._shard_changed)
 
     # ----- nodes -----------------------------------------------------------------------------------------
 
@@ -152,9 +158,9 @@ class Cache:
         infos.sort(key=NodeInfo.free_milli_cpu, reverse=not self.index.ascending)
         return infos
 
-    def ownership_changed(self, names: set[NodeName] | frozenset[NodeName] | None = None) -> None:
-        """Re-evaluate ``owns`` for these nodes (all when None) and fix the index."""
-        for name in names if names is not None else list(self.nodes):
+    def _shard_changed(self, change: ShardChange) -> None:
+        """Nodes became usable or stopped being usable: fix their place in the index."""
+        for name in change.added | change.removed:
             info = self.nodes.get(name)
             if info is not None:
                 self._reindex(info)
@@ -162,7 +168,7 @@ class Cache:
 
     def _reindex(self, info: NodeInfo) -> None:
         name = info.node.name
-        if name in self.known and self.owns(name):
+        if name in self.known and self.usable(name):
             self.index.update(info)
         else:
             self.index.remove(name)

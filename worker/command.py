@@ -3,10 +3,11 @@
 Standalone (``--standalone``): the worker owns every node (optionally those matching ``--node-selector``)
 and takes every pending pod of ``--scheduler-name`` from its own watch; no coordinator, no etcd.
 
-Coordinated (the default): the worker registers in etcd under its lease (``common.ownership``), places pods
-only on the nodes the leader granted it and only while its lease is healthy (fencing), and takes pods from
-the leader's dispatch stream (``worker.intake``). SIGTERM drains: no new decisions, revoked nodes wait for
-their bindings, the release is acknowledged, the lease is given back, exit 0.
+Coordinated (the default, ``worker.coordinated``): the worker registers in etcd under its lease
+(``worker.shard``), places pods only on the nodes the leader granted it and only while its lease is healthy
+(fencing), and takes pods from the leader's dispatch stream (``worker.intake``). SIGTERM drains: no new
+decisions, revoked nodes wait for their bindings, the release is acknowledged, the lease is given back,
+exit 0.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ import socket
 
 from common import metrics
 from common.kube import KubeClient, load_credentials
+from worker.outcomes import PodReports, new_reporter
 from worker.scheduler import Scheduler
 from worker.settings import WorkerSettings
+from worker.shard import WholeCluster
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +87,10 @@ async def run_standalone(settings: WorkerSettings) -> int:
     async with KubeClient(
         creds, qps=settings.api.qps, burst=settings.api.burst, max_connections=settings.api.max_connections
     ) as client:
-        sched = Scheduler(client, settings)
+        reporter = new_reporter(client, settings)
+        sched = Scheduler(
+            client, settings, shard=WholeCluster(), outcomes=PodReports(reporter), reporter=reporter
+        )
         runner = await metrics.serve(settings.metrics_host, settings.metrics_port, sched.ready)
         log.info("worker %s standalone; metrics on %s", settings.worker_id, metrics.addresses(runner))
         stop = asyncio.Event()

@@ -1,14 +1,20 @@
-"""A worker under a coordinator: etcd membership and fencing around the same ``Scheduler`` as standalone.
+"""A worker under a coordinator: the same ``Scheduler`` as standalone, with an etcd ``Shard`` and the leader
+as its outcome receiver.
 
-Wiring, and why each piece is there:
-- ``Scheduler(owns=membership.owns, watch_pending=False)``: the cache still watches every node and pod (all
-  pods use capacity), but only the leader's dispatch feeds the queue, and only granted nodes are candidates.
-- released nodes leave the index at once; granted nodes join it only after the cache has caught up with
-  the pods already bound there (``Scheduler.acquire``); a lease health change (fencing) re-indexes too, and
-  while fenced ``owns`` is False for every node, so no decision can pick one.
-- the release hook waits for the bindings in flight to the released nodes before ``common.ownership`` writes
-  the acknowledgement: the new owner cannot see a node that still has our bindings on their way.
-- load reports (pending pods, free capacity, binds/s, process CPU) go to etcd for the leader's balancing.
+``CoordinatedWorker`` builds, in this order, each piece from the ones before it:
+1. the dispatch listener socket, bound first because its address goes into the membership record;
+2. the ``Shard`` (``worker.shard``): registration under the lease, the assignment, fencing, acks, catch-up;
+3. ``LeaderResults`` (``worker.intake``): the outcome receiver, RESULTs to the leader, Scheduled events and
+   the optional audit trail;
+4. ``Scheduler(shard=..., outcomes=..., watch_pending=False)``: the cache still watches every node and pod
+   (all pods use capacity), but only the leader's dispatch feeds the queue, and only usable nodes of the
+   shard are candidates;
+5. the ``Intake`` server on the listener.
+``run`` then starts the scheduler and the shard; the shard is given the scheduler's pod watch (granted
+nodes become usable after the cache caught up with them) and the binder's ``drain`` as its release hook
+(the acknowledgement waits for the bindings in flight to the released nodes).
+
+Load reports (pending pods, free capacity, binds/s, process CPU) go to etcd for the leader's balancing.
 """
 
 from __future__ import annotations
@@ -16,22 +22,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 import time
 from dataclasses import dataclass
 
 import psutil
+from etcd3aio import Etcd3Client
 
 from common import metrics
 from common.etcd.keys import KeyLayout, worker_id
 from common.etcd.kv import connect
 from common.etcd.schema import LoadReport, WorkerCapacity, WorkerRecord
 from common.kube import KubeClient, load_credentials
-from common.ownership import OwnershipChange, ShardMembership
-from common.records import NodeName
+from common.wellknown import DEFAULT_ETCD_PREFIX
 from worker.audit import AuditLog
-from worker.intake import Intake
+from worker.intake import Intake, LeaderResults
+from worker.outcomes import new_reporter
 from worker.scheduler import Scheduler
 from worker.settings import WorkerSettings
+from worker.shard import Shard
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +51,7 @@ DRAIN_TIMEOUT = 60.0
 @dataclass(slots=True)
 class CoordinatedOptions:
     etcd_endpoints: list[str]
-    etcd_prefix: str = "/agent-scheduler"
+    etcd_prefix: str = DEFAULT_ETCD_PREFIX
     lease_ttl: int = 10
     listen_host: str = "127.0.0.1"
     listen_port: int = 0
@@ -51,122 +60,128 @@ class CoordinatedOptions:
     audit_log: str = ""
 
 
-async def _report_load(membership: ShardMembership, sched: Scheduler, intake: Intake) -> None:
-    proc = psutil.Process()
-    proc.cpu_percent(None)
-    while True:
-        await asyncio.sleep(LOAD_REPORT_PERIOD)
-        cap = intake.capacity()
-        report = LoadReport(
-            pending_pods=int(cap["pending"]),
-            free_milli_cpu=max(0, int(cap["free_cpu"])),
-            free_memory=max(0, int(cap["free_memory"])),
-            binds_per_second=float(cap["binds_per_s"]),
-            process_cpu=proc.cpu_percent(None) / 100.0,
-            reported_at=time.time(),
-        )
-        await membership.report_load(report)
-        metrics.owned_nodes.set(len(membership.owned()))
+def _listen(host: str, port: int) -> socket.socket:
+    """A bound, listening TCP socket for ``host`` (IPv4 or IPv6, as the name resolves; "" is every IPv4
+    interface) and ``port`` (0: any free port)."""
+    family = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+    return socket.create_server((host, port), family=family)
 
 
-async def run_coordinated(settings: WorkerSettings, options: CoordinatedOptions) -> int:
-    wid = worker_id(settings.worker_id)
-    creds = load_credentials(settings.api.kubeconfig)
-    etcd = await connect(options.etcd_endpoints)
-    async with KubeClient(
-        creds, qps=settings.api.qps, burst=settings.api.burst, max_connections=settings.api.max_connections
-    ) as client:
-        membership: ShardMembership | None = None
+class CoordinatedWorker:
+    """One worker process under a coordinator (see the module docstring for the wiring)."""
 
-        def owns(node: NodeName) -> bool:
-            return membership is not None and membership.owns(node) and sched.usable(node)
-
-        sched = Scheduler(client, settings, owns=owns, watch_pending=False)
-        draining = False
-        intake = Intake(
-            sched,
-            worker_id=wid,
-            can_place=lambda: not draining and membership is not None and membership.healthy,
-        )
-        host, port = await intake.start(options.listen_host, options.listen_port)
-
-        async def on_release(nodes: frozenset[NodeName]) -> None:
-            sched.ownership_changed(nodes)  # already not owned: take them out of the index first
-            await sched.binder.drain(nodes)
-
+    def __init__(
+        self, settings: WorkerSettings, options: CoordinatedOptions, client: KubeClient, etcd: Etcd3Client
+    ) -> None:
+        self.settings = settings
+        self.worker_id = worker_id(settings.worker_id)
+        self.listener = _listen(options.listen_host, options.listen_port)
+        port = int(self.listener.getsockname()[1])
         record = WorkerRecord(
-            worker_id=wid,
+            worker_id=self.worker_id,
             address=f"{options.advertise_host}:{port}",
             capacity=WorkerCapacity(weight=options.weight),
             started_at=time.time(),
         )
-        membership = ShardMembership(
-            etcd, record, keys=KeyLayout(options.etcd_prefix), ttl=options.lease_ttl, on_release=on_release
-        )
-
-        acquiring: set[asyncio.Task[None]] = set()
-
-        def changed(change: OwnershipChange) -> None:
-            if change.removed:
-                sched.ownership_changed(set(change.removed))
-            if change.added:
-                task = asyncio.create_task(sched.acquire(change.added), name=f"acquire-{change.epoch}")
-                acquiring.add(task)
-                task.add_done_callback(acquiring.discard)
-            log.info("shard epoch %d: +%d -%d nodes", change.epoch, len(change.added), len(change.removed))
-
-        audit = (
-            AuditLog(options.audit_log, worker=wid, epoch=lambda: membership.epoch if membership else 0)
+        self.shard = Shard(etcd, record, keys=KeyLayout(options.etcd_prefix), ttl=options.lease_ttl)
+        self.audit = (
+            AuditLog(options.audit_log, worker=self.worker_id, epoch=self._epoch)
             if options.audit_log
             else None
         )
-        if audit is not None:
-            sched.binder.audit = audit.bound
-        membership.subscribe(changed)
-        membership.keeper.add_listener(lambda healthy: sched.ownership_changed())
-        runner = await metrics.serve(
-            settings.metrics_host, settings.metrics_port, lambda: sched.ready() and owns_any()
+        reporter = new_reporter(client, settings)
+        self.results = LeaderResults(reporter, audit=self.audit)
+        self.sched = Scheduler(
+            client, settings, shard=self.shard, outcomes=self.results, reporter=reporter, watch_pending=False
+        )
+        self.draining = False
+        self.intake = Intake(
+            self.sched, self.results, worker_id=self.worker_id, shard=self.shard, can_place=self.can_place
         )
 
-        def owns_any() -> bool:
-            return membership is not None and membership.healthy
+    def _epoch(self) -> int:
+        return self.shard.epoch
 
+    def can_place(self) -> bool:
+        """May the leader dispatch to us? Not while fenced or draining."""
+        return not self.draining and self.shard.healthy
+
+    def ready(self) -> bool:
+        return self.sched.ready() and self.shard.healthy
+
+    async def run(self) -> int:
+        """Run until SIGTERM/SIGINT, then drain: no new decisions, every node given back once its bindings
+        are done, the lease revoked."""
+        await self.intake.start(self.listener)
+        host, port = self.listener.getsockname()[:2]
+        runner = await metrics.serve(self.settings.metrics_host, self.settings.metrics_port, self.ready)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        sched_task = asyncio.create_task(sched.run(), name="scheduler")
-        await membership.start()
+        sched_task = asyncio.create_task(self.sched.run(), name="scheduler")
+        await self.shard.start(pods=self.sched.watches, on_release=self.sched.binder.drain)
         log.info(
             "worker %s registered (lease %x), dispatch on %s:%d, metrics on %s",
-            wid,
-            membership.lease_id,
+            self.worker_id,
+            self.shard.lease_id,
             host,
             port,
             metrics.addresses(runner),
         )
-        load_task = asyncio.create_task(_report_load(membership, sched, intake), name="load")
+        load_task = asyncio.create_task(self._report_load(), name="load")
         stopper = asyncio.create_task(stop.wait())
         done, _ = await asyncio.wait({sched_task, stopper}, return_when=asyncio.FIRST_COMPLETED)
         if sched_task in done:
             sched_task.result()
-        # Graceful drain: stop deciding, give every node back once its bindings are done, then leave.
-        draining = True
-        sched.pause()
+        self.draining = True
+        self.sched.pause()
         try:
             async with asyncio.timeout(DRAIN_TIMEOUT):
-                await membership.drain()
-                await sched.binder.drain()
+                await self.shard.drain()
+                await self.sched.binder.drain()
         except TimeoutError:
             log.warning("drain did not finish in %.0fs; closing (the lease expires by itself)", DRAIN_TIMEOUT)
-            await membership.close()
-        for task in (load_task, sched_task):
+            await self.shard.close()
+        for task in (load_task, sched_task, stopper):
             task.cancel()
-        await asyncio.gather(load_task, sched_task, return_exceptions=True)
-        await intake.close()
+        await asyncio.gather(load_task, sched_task, stopper, return_exceptions=True)
+        await self.intake.close()
         await runner.cleanup()
-        if audit is not None:
-            audit.close()
-        log.info("worker %s stopped: %s", wid, sched.statistics())
-    await etcd.close()
-    return 0
+        if self.audit is not None:
+            self.audit.close()
+        log.info("worker %s stopped: %s", self.worker_id, self.sched.statistics())
+        return 0
+
+    async def _report_load(self) -> None:
+        proc = psutil.Process()
+        proc.cpu_percent(None)
+        while True:
+            await asyncio.sleep(LOAD_REPORT_PERIOD)
+            cap = self.intake.capacity()
+            report = LoadReport(
+                pending_pods=cap.pending,
+                free_milli_cpu=max(0, cap.free_cpu),
+                free_memory=max(0, cap.free_memory),
+                binds_per_second=cap.binds_per_s,
+                process_cpu=proc.cpu_percent(None) / 100.0,
+                reported_at=time.time(),
+            )
+            await self.shard.report_load(report)
+            metrics.owned_nodes.set(len(self.shard.owned()))
+
+
+async def run_coordinated(settings: WorkerSettings, options: CoordinatedOptions) -> int:
+    """Connect to the API server and etcd, run one ``CoordinatedWorker`` until it stops; its exit code."""
+    creds = load_credentials(settings.api.kubeconfig)
+    etcd = await connect(options.etcd_endpoints)
+    try:
+        async with KubeClient(
+            creds,
+            qps=settings.api.qps,
+            burst=settings.api.burst,
+            max_connections=settings.api.max_connections,
+        ) as client:
+            return await CoordinatedWorker(settings, options, client, etcd).run()
+    finally:
+        await etcd.close()

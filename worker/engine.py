@@ -96,7 +96,7 @@ class Engine:
         memo = self._static.get(pod.signature)
         if memo is None:
             memo = self._static[pod.signature] = {}
-        owns = self.cache.owns
+        usable = self.cache.usable
         dynamic = self.dynamic_filters
         want = self.feasible_nodes
         feasible: list[NodeInfo] = []
@@ -124,7 +124,7 @@ class Engine:
                 if f.filter(pod, info) is not None:
                     ok = False
                     break
-            if not ok or not owns(info.node.name):
+            if not ok or not usable(info.node.name):
                 continue
             feasible.append(info)
             if len(feasible) >= want:
@@ -162,7 +162,7 @@ class Engine:
         owned = [
             info
             for name, info in self.cache.nodes.items()
-            if name in self.cache.known and self.cache.owns(name)
+            if name in self.cache.known and self.cache.usable(name)
         ]
         cached = self._explained.get(shape)
         if cached is not None and cached[0] == self.cache.generation and cached[1] == len(owned):

@@ -54,6 +54,9 @@ class NodeInfo:
     def free_milli_cpu(self) -> int:
         return self.node.allocatable.milli_cpu - self.requested.milli_cpu
 
+    def free_memory(self) -> int:
+        return self.node.allocatable.memory - self.requested.memory
+
     def add_pod(self, pod: PodRecord) -> None:
         self.pods[pod.key] = pod
         self.requested.add(pod.requests)

@@ -147,8 +147,7 @@ class SchedulingQueue:
             self._pods.pop(key, None)
             return
         if scheduled:
-            self._where.pop(key, None)
-            self._pods.pop(key, None)
+            self.leave(qp)
             return
         qp.last_message = message
         if isinstance(update, PodRecord):
@@ -162,6 +161,14 @@ class SchedulingQueue:
             self._place(qp, "backoff")
         else:
             self._place(qp, "unschedulable")
+
+    def leave(self, qp: QueuedPod) -> None:
+        """Finish an attempt whose pod leaves the queue: assumed on a node, or handed back to whoever
+        dispatched it. An update that arrived while it was in flight is dropped with it."""
+        key = qp.pod.key
+        self._updated_in_flight.pop(key, None)
+        self._where.pop(key, None)
+        self._pods.pop(key, None)
 
     def requeue(self, pod: PodRecord) -> None:
         """A pod whose assumed binding failed transiently: back through backoffQ."""

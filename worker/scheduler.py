@@ -1,14 +1,16 @@
-"""One worker's scheduler: watches feed the cache and queue; a loop pops pods, decides, assumes and hands the
-binding to the binder. Everything runs in one asyncio thread, so there is no lock anywhere, and no lock is
-shared with any other worker process.
+"""One worker's scheduler: watches (``worker.feeds``) feed the cache and queue; a loop pops pods, decides,
+assumes and hands the binding to the binder. Everything runs in one asyncio thread, so there is no lock
+anywhere, and no lock is shared with any other worker process.
 
-Seams (so the coordinator can drive a worker without this module knowing about it):
-- ``owns(node)``: which nodes this worker may place on right now (standalone: all; under a coordinator: its
-  shard, fenced by its lease). Checked on every decision; ``ownership_changed`` re-indexes.
-- intake: in standalone mode the pod watch admits every pending pod of our scheduler name; otherwise pods
-  arrive through ``submit`` and only the cache is fed by the watch.
-- ``on_unschedulable``: what to do with a pod no owned node can take (standalone: report it on the pod;
-  under a coordinator: hand it back so another shard can try).
+Seams, all given to the constructor (so the coordinator can drive a worker without this module knowing it):
+- ``shard`` (``worker.shard.ShardView``): which nodes this worker may place on right now (standalone: all;
+  under a coordinator: its shard, fenced by its lease). The cache asks it and re-indexes on its changes;
+  the queue's unschedulable pods retry on them.
+- ``outcomes`` (``worker.outcomes.Outcomes``): who is told that a pod was bound, is unschedulable, or had
+  its binding rejected (standalone: the pod itself; under a coordinator: the leader).
+- ``watch_pending``: in standalone mode the pod watch admits every pending pod of our scheduler name, and an
+  unschedulable pod stays in this worker's queue to retry; otherwise pods arrive through ``submit`` and an
+  unschedulable one leaves the queue, handed back to the leader with the verdict.
 
 Invariants: a pod is assumed at most once (the cache refuses a second assume); a pod already placed or
 assumed is never scheduled again; every failed binding returns its capacity (see ``worker.binder``).
@@ -24,21 +26,21 @@ from typing import Any
 
 from common import metrics
 from common.kube import KubeClient
-from common.records import NodeName, PodKey, PodRecord, node_from_json, pod_from_json
+from common.records import PodKey, PodRecord
 from common.reporting import Reporter
-from common.watching import Reflector
 from worker.binder import Binder
 from worker.cache import Cache
 from worker.engine import Decision, Engine
+from worker.feeds import Watches
 from worker.framework import Code
+from worker.outcomes import Outcomes
 from worker.plugins import default_profile, default_registry
 from worker.queue import QueuedPod, SchedulingQueue
 from worker.settings import WorkerSettings
+from worker.shard import ShardChange, ShardView
 
 log = logging.getLogger(__name__)
 
-CATCH_UP_TIMEOUT = 5.0  # seconds a newly granted node waits for the pod watch before a direct read is used
-CATCH_UP_CONCURRENCY = 16
 YIELD_EVERY = 64  # decisions between yields to the event loop, so watches and binds keep flowing
 HOUSEKEEPING_PERIOD = 0.05
 EXPIRY_PERIOD = 1.0
@@ -61,172 +63,67 @@ def build_engine(settings: WorkerSettings, cache: Cache) -> Engine:
     return Engine(cache, filters, scores, feasible_nodes=s.feasible_nodes, session_label=s.session_label)
 
 
-class _NodeFeed:
-    def __init__(self, sched: Scheduler) -> None:
-        self.sched = sched
-
-    def replace(self, objects: list[dict[str, Any]]) -> None:
-        self.sched.cache.replace_nodes([node_from_json(o) for o in objects])
-        self.sched.queue.move_all()
-
-    def event(self, kind: str, obj: dict[str, Any]) -> None:
-        record = node_from_json(obj)
-        if kind == "DELETED":
-            self.sched.cache.remove_node(record.name)
-        elif self.sched.cache.upsert_node(record):
-            self.sched.queue.move_all()
-
-
-class _PodFeed:
-    def __init__(self, sched: Scheduler) -> None:
-        self.sched = sched
-
-    def replace(self, objects: list[dict[str, Any]]) -> None:
-        pods = [pod_from_json(o) for o in objects]
-        self.sched.cache.replace_pods([p for p in pods if p.node_name and not p.terminal])
-        for p in pods:
-            self.sched.admit(p)
-
-    def event(self, kind: str, obj: dict[str, Any]) -> None:
-        pod = pod_from_json(obj)
-        s = self.sched
-        if kind == "DELETED" or pod.terminal:
-            s.queue.delete(pod.key)
-            s.reporter.forget(pod.key)
-            if s.cache.remove_pod(pod.key):
-                s.queue.move_all()
-            return
-        if s.cache.upsert_pod(pod):
-            s.queue.move_all()
-        s.admit(pod)
-
-
 class Scheduler:
+    """One worker's scheduling cycle over its cache, queue, binder and watches (see the module docstring)."""
+
     def __init__(
         self,
         client: KubeClient,
         settings: WorkerSettings,
         *,
-        owns: Callable[[NodeName], bool] | None = None,
+        shard: ShardView,
+        outcomes: Outcomes,
+        reporter: Reporter,
         watch_pending: bool = True,
-        on_unschedulable: Callable[[PodRecord, Decision], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client = client
         self.settings = settings
         self.clock = clock
+        self.shard = shard
+        self.outcomes = outcomes
+        self.reporter = reporter
         self.watch_pending = watch_pending
         s = settings.scheduling
         self.cache = Cache(
-            owns=owns,
+            shard=shard,
             ascending=s.strategy != "LeastAllocated",
             session_label=s.session_label,
             assume_ttl=settings.binding.assume_ttl,
         )
         self.queue = SchedulingQueue(clock)
+        # After the cache (subscribers are called in order): re-indexed first, then the waiting pods retry.
+        shard.subscribe(self._shard_changed)
         self.engine = build_engine(settings, self.cache)
-        self.reporter = Reporter(
-            client,
-            component=s.scheduler_name,
-            instance=settings.worker_id,
-            qps=settings.reporting.qps,
-            scheduled_events=settings.reporting.scheduled_events,
-        )
         self.binder = Binder(
             client,
             self.cache,
+            outcomes,
+            requeue=self.queue.requeue,
             concurrency=settings.binding.concurrency,
             retries=settings.binding.retries,
             clock=clock,
-            on_bound=self.reporter.scheduled,
-            on_requeue=self.queue.requeue,
-            on_rejected=self.reporter.unschedulable,
         )
-        self.on_unschedulable = on_unschedulable or (
-            lambda pod, d: self.reporter.unschedulable(pod, d.message)
-        )
-        params = {"fieldSelector": "status.phase!=Succeeded,status.phase!=Failed"}
-        self.pod_reflector = Reflector(client, "/api/v1/pods", _PodFeed(self), params=params, name="pods")
-        node_params = {"labelSelector": s.node_selector} if s.node_selector else {}
-        self.node_reflector = Reflector(
-            client, "/api/v1/nodes", _NodeFeed(self), params=node_params, name="nodes"
+        self.watches = Watches(
+            client,
+            self.cache,
+            self.queue,
+            reporter,
+            scheduler_name=s.scheduler_name,
+            node_selector=s.node_selector,
+            watch_pending=watch_pending,
         )
         self.decisions = 0
         self.unschedulable = 0
         self.paused = False
-        self.syncing: set[NodeName] = set()
 
-    # ----- intake ----------------------------------------------------------------------------------------
-
-    def is_ours(self, pod: PodRecord) -> bool:
-        return pod.scheduler_name == self.settings.scheduling.scheduler_name
-
-    def admit(self, pod: PodRecord) -> None:
-        """A pod from the watch: queue it if it is ours and waiting; drop it from the queue once placed."""
-        if not self.is_ours(pod):
-            return
-        if pod.node_name or pod.deleting:
-            self.queue.delete(pod.key)
-            return
-        if self.watch_pending and not self.cache.is_assumed(pod.key):
-            self.queue.add(pod)
+    def _shard_changed(self, change: ShardChange) -> None:
+        self.queue.move_all()
 
     def submit(self, pod: PodRecord) -> None:
         """A pod handed to this worker from outside (the coordinator's dispatch)."""
         if not pod.node_name and not self.cache.is_assumed(pod.key) and pod.key not in self.cache.pod_node:
             self.queue.add(pod)
-
-    def ownership_changed(self, nodes: set[NodeName] | frozenset[NodeName] | None = None) -> None:
-        self.cache.ownership_changed(nodes)
-        self.queue.move_all()
-
-    def usable(self, node: NodeName) -> bool:
-        """Granted nodes are usable only once the cache has caught up with them (see ``acquire``)."""
-        return node not in self.syncing
-
-    async def acquire(self, nodes: frozenset[NodeName]) -> None:
-        """Make newly granted nodes usable once this worker's cache holds every pod already bound there.
-
-        The previous owner released a node only after its bindings completed, but our pod watch may not have
-        delivered those bindings yet; placing before it has would overcommit the node. So a node granted at
-        time g becomes usable when the cache reflects a consistent read made after g: either a (re)list that
-        started after g, or, per node, a consistent LIST of the pods bound to it whose newest revision the
-        watch has reached. If the watch lags more than ``CATCH_UP_TIMEOUT``, the listed pods are applied
-        directly (a pod deleted meanwhile may then count until the next relist: conservative, never over).
-        """
-        granted_at = time.monotonic()
-        self.syncing |= nodes
-        try:
-            await self.pod_reflector.synced.wait()
-            if self.pod_reflector.list_started_at < granted_at:
-                sem = asyncio.Semaphore(CATCH_UP_CONCURRENCY)
-
-                async def one(node: NodeName) -> None:
-                    async with sem:
-                        await self._catch_up(node)
-
-                await asyncio.gather(*(one(n) for n in nodes))
-        finally:
-            self.syncing -= nodes
-            self.ownership_changed(nodes)
-
-    async def _catch_up(self, node: NodeName) -> None:
-        reply = await self.client.get("/api/v1/pods", {"fieldSelector": f"spec.nodeName={node}"})
-        items = reply.get("items") or []
-        # resourceVersions are etcd revisions in every API server we know; compared as integers here only.
-        target = max((int(i["metadata"]["resourceVersion"]) for i in items), default=0)
-        deadline = time.monotonic() + CATCH_UP_TIMEOUT
-        while int(self.pod_reflector.resource_version or 0) < target:
-            if time.monotonic() >= deadline:
-                log.warning(
-                    "pod watch lags behind a granted node; applying a direct read", extra={"node": node}
-                )
-                for obj in items:
-                    pod = pod_from_json(obj)
-                    if not pod.terminal and pod.key not in self.cache.pod_node:
-                        self.cache.upsert_pod(pod)
-                return
-            await asyncio.sleep(0.01)
 
     # ----- the loop --------------------------------------------------------------------------------------
 
@@ -255,8 +152,13 @@ class Scheduler:
         metrics.attempt_duration.labels(result, "agent").observe(elapsed)
         self.unschedulable += 1
         log.debug("unschedulable: %s", decision.message, extra={"pod": key})
-        self.queue.done(qp, scheduled=False, retry=decision.code == Code.ERROR, message=decision.message)
-        self.on_unschedulable(pod, decision)
+        if self.watch_pending:
+            self.queue.done(qp, scheduled=False, retry=decision.code == Code.ERROR, message=decision.message)
+        else:
+            # The pod came from the leader: it goes back there with the verdict, and the leader may place it
+            # on another shard (or dispatch it here again); retrying it here as well would race that.
+            self.queue.leave(qp)
+        self.outcomes.unschedulable(pod, decision)
         return decision
 
     def pause(self) -> None:
@@ -293,15 +195,15 @@ class Scheduler:
                 self.queue.flush_unschedulable()
 
     def ready(self) -> bool:
-        return self.pod_reflector.synced.is_set() and self.node_reflector.synced.is_set()
+        return self.watches.synced()
 
     async def run(self) -> None:
         """Run until cancelled. Pods are only scheduled once both caches have synced."""
         async with asyncio.TaskGroup() as tg:
-            tg.create_task(self.node_reflector.run())
-            await self.node_reflector.synced.wait()
-            tg.create_task(self.pod_reflector.run())
-            await self.pod_reflector.synced.wait()
+            tg.create_task(self.watches.nodes.run())
+            await self.watches.nodes.synced.wait()
+            tg.create_task(self.watches.pods.run())
+            await self.watches.pods.synced.wait()
             log.info("caches synced: %s", self.cache.statistics())
             tg.create_task(self.binder.run())
             tg.create_task(self.reporter.run())

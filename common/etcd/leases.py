@@ -77,7 +77,6 @@ class LeaseKeeper:
         self._last_ok = float("-inf")  # send time of the last successful grant/refresh
         self._task: asyncio.Task[None] | None = None
         self._deadline: asyncio.TimerHandle | None = None
-        self._healthy_event = asyncio.Event()
         self._unhealthy_event = asyncio.Event()
         self._unhealthy_event.set()
         self._lost_event = asyncio.Event()
@@ -118,9 +117,6 @@ class LeaseKeeper:
         """Call ``callback(healthy)`` on every health change; returns a function that unsubscribes."""
         self._listeners.append(callback)
         return lambda: self._listeners.remove(callback)
-
-    async def wait_healthy(self) -> None:
-        await self._healthy_event.wait()
 
     async def wait_unhealthy(self) -> None:
         """Return as soon as ``healthy`` turns False (immediately if it is False)."""
@@ -242,10 +238,8 @@ class LeaseKeeper:
         self._was_healthy = healthy
         if healthy:
             self._unhealthy_event.clear()
-            self._healthy_event.set()
             log.info("%s: lease %x healthy", self.name, self._lease_id)
         else:
-            self._healthy_event.clear()
             self._unhealthy_event.set()
             log.warning("%s: lease %x unusable (%s): fenced", self.name, self._lease_id, self._state.value)
         for callback in list(self._listeners):

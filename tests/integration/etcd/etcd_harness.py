@@ -14,11 +14,11 @@ from common.aiotools import cancel_and_wait
 from common.etcd.keys import KeyLayout, WorkerId
 from common.etcd.kv import connect
 from common.etcd.schema import LeaderRecord, WorkerRecord
-from common.ownership import OwnershipChange, ReleaseHook, ShardMembership
 from common.records import NodeName
 from coordinator.leadership.election import LeaderElection, LeaderTerm, run_as_leader
 from coordinator.workershards.shardmap import ShardMapLeader
 from tests.integration.etcd.static_pool import StaticPool
+from worker.shard import ReleaseHook, Shard, ShardChange
 
 TTL = 2
 
@@ -39,14 +39,14 @@ def node_names(n: int) -> list[NodeName]:
 
 @dataclass
 class OwnershipLog:
-    """Granted-set changes of all workers, in the order they happened, plus periodic ``owns()`` samples."""
+    """Usable-set changes of all workers, in the order they happened, plus periodic ``owns()`` samples."""
 
     events: list[tuple[float, WorkerId, str, frozenset[NodeName]]] = field(default_factory=list)
     owners: dict[NodeName, set[WorkerId]] = field(default_factory=dict)
     violations: list[str] = field(default_factory=list)
     samples: int = 0
 
-    def record(self, worker: WorkerId, change: OwnershipChange) -> None:
+    def record(self, worker: WorkerId, change: ShardChange) -> None:
         now = time.monotonic()
         if change.removed:
             self.events.append((now, worker, "removed", change.removed))
@@ -58,9 +58,9 @@ class OwnershipLog:
             holders = self.owners.setdefault(node, set())
             holders.add(worker)
             if len(holders) > 1:
-                self.violations.append(f"{node} granted to {sorted(holders)} at once")
+                self.violations.append(f"{node} usable on {sorted(holders)} at once")
 
-    def sample(self, workers: Iterable[ShardMembership], nodes: Iterable[NodeName]) -> None:
+    def sample(self, workers: Iterable[Shard], nodes: Iterable[NodeName]) -> None:
         self.samples += 1
         members = list(workers)
         for node in nodes:
@@ -69,7 +69,7 @@ class OwnershipLog:
                 self.violations.append(f"owns({node}) True on {owning} at once")
 
     def first(self, worker: WorkerId, kind: str, node: NodeName, after: float = 0.0) -> float | None:
-        """When ``worker``'s granted set first gained (``added``) or lost (``removed``) ``node``."""
+        """When ``worker``'s usable set first gained (``added``) or lost (``removed``) ``node``."""
         return next(
             (t for t, w, k, ns in self.events if w == worker and k == kind and node in ns and t >= after),
             None,
@@ -96,7 +96,7 @@ class ShardCluster:
         self.pool = StaticPool(nodes)
         self.log = OwnershipLog()
         self.leaders: dict[str, Leader] = {}
-        self.workers: dict[str, ShardMembership] = {}
+        self.workers: dict[str, Shard] = {}
         self._clients: list[Etcd3Client] = []
         self._sampler: asyncio.Task[None] | None = None
 
@@ -119,12 +119,13 @@ class ShardCluster:
         self.leaders[name] = leader
         return leader
 
-    async def start_worker(self, name: str, *, on_release: ReleaseHook | None = None) -> ShardMembership:
+    async def start_worker(self, name: str, *, on_release: ReleaseHook | None = None) -> Shard:
+        """A worker's shard without a scheduler: granted nodes are usable at once (no cache to catch up)."""
         client = await self.client()
         record = WorkerRecord(WorkerId(name), "127.0.0.1:9000", started_at=time.time())
-        member = ShardMembership(client, record, keys=self.keys, ttl=self.ttl, on_release=on_release)
+        member = Shard(client, record, keys=self.keys, ttl=self.ttl)
         member.subscribe(lambda change: self.log.record(member.worker_id, change))
-        await member.start()
+        await member.start(on_release=on_release)
         self.workers[name] = member
         if self._sampler is None:
             self._sampler = asyncio.create_task(self._sample())

@@ -14,12 +14,12 @@ import pytest
 
 from common.etcd.kv import get_key, lease_service
 from common.etcd.schema import ShardAssignment, ShardMapMeta
-from common.ownership import ReleaseHook
 from common.records import NodeName
 from coordinator.leadership.election import LeaderTerm
 from coordinator.workershards.shardmap import ShardMapLeader
 from tests.integration.etcd.etcd_harness import TTL, ShardCluster, eventually, node_names
 from tests.integration.etcd.static_pool import StaticPool
+from worker.shard import ReleaseHook
 
 pytestmark = pytest.mark.integration
 

@@ -1,12 +1,41 @@
-"""Engine construction for unit tests: the default profile over an in-memory cache."""
+"""Engine construction for unit tests: the default profile over an in-memory cache, and a shard fake."""
 
 from __future__ import annotations
+
+from collections.abc import Callable, Iterable
 
 from common.records import NodeName, NodeRecord, PodRecord
 from worker.cache import Cache
 from worker.engine import Engine
 from worker.scheduler import build_engine
 from worker.settings import WorkerSettings
+from worker.shard import Listener, ShardChange
+
+
+class FixedShard:
+    """A ``ShardView`` whose usable set a test sets directly; ``set`` publishes the difference."""
+
+    def __init__(self, nodes: Iterable[str] = ()) -> None:
+        self.nodes = frozenset(NodeName(n) for n in nodes)
+        self.listeners: list[Listener] = []
+        self.syncing_nodes = 0
+
+    def usable(self, node: NodeName) -> bool:
+        return node in self.nodes
+
+    def subscribe(self, callback: Listener) -> Callable[[], None]:
+        self.listeners.append(callback)
+        return lambda: self.listeners.remove(callback)
+
+    def syncing(self) -> int:
+        return self.syncing_nodes
+
+    def set(self, nodes: Iterable[str]) -> None:
+        new = frozenset(NodeName(n) for n in nodes)
+        change = ShardChange(new - self.nodes, self.nodes - new, 0)
+        self.nodes = new
+        for callback in list(self.listeners):
+            callback(change)
 
 
 def engine_over(
@@ -14,8 +43,8 @@ def engine_over(
 ) -> Engine:
     settings = WorkerSettings()
     settings.scheduling.feasible_nodes = feasible_nodes
-    owns = (lambda n: n in owned) if owned is not None else None
-    cache = Cache(owns=owns, session_label=settings.scheduling.session_label)
+    shard = FixedShard(owned) if owned is not None else None
+    cache = Cache(shard=shard, session_label=settings.scheduling.session_label)
     for n in nodes:
         cache.upsert_node(n)
     return build_engine(settings, cache)

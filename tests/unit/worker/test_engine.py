@@ -4,7 +4,7 @@ import random
 
 from common.records import NodeName
 from tests.builders import make_node, make_pod
-from tests.unit.worker.helpers import engine_over, place
+from tests.unit.worker.helpers import FixedShard, engine_over, place
 
 
 def test_binpacks_onto_the_fullest_node_that_fits() -> None:
@@ -34,15 +34,13 @@ def test_only_owned_nodes_are_used_and_counted() -> None:
 
 
 def test_ownership_change_reindexes() -> None:
-    owned = {"a"}
-    eng = engine_over([make_node("a").record(), make_node("b").record()])
-    eng.cache.owns = lambda n: n in owned
-    eng.cache.ownership_changed()
+    eng = engine_over([make_node("a").record(), make_node("b").record()], owned={"a"})
+    shard = eng.cache.shard
+    assert isinstance(shard, FixedShard)
     assert eng.schedule(make_pod("p").record()).node == "a"
-    owned.clear()
-    owned.add("b")
-    eng.cache.ownership_changed()
+    shard.set({"b"})
     assert eng.schedule(make_pod("p").record()).node == "b"
+    assert "a" not in eng.cache.index and "b" in eng.cache.index
 
 
 def test_session_pods_follow_their_session() -> None:

@@ -1,0 +1,245 @@
+"""The worker shard's in-memory rules (``ShardState``): grants, catch-up, revocations, acks, fencing.
+
+The etcd parts (registration, the assignment mirror, the lease) are covered by ``tests/integration/etcd``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+
+import pytest
+
+from common.records import NodeName, PodRecord
+from tests.builders import make_pod
+from worker import shard as shard_module
+from worker.shard import ShardChange, ShardState, WholeCluster
+
+LEASE = 0x51
+
+
+def nodes(*names: str) -> frozenset[NodeName]:
+    return frozenset(NodeName(n) for n in names)
+
+
+class FakePodWatch:
+    """The pod watch as the catch-up sees it; a test moves its revision and relist time by hand."""
+
+    def __init__(self, *, bound: dict[str, tuple[list[PodRecord], int]] | None = None) -> None:
+        self.synced = asyncio.Event()
+        self.synced.set()
+        self.list_started_at = -1.0
+        self.rev = 0
+        self.bound = bound or {}
+        self.listed: list[str] = []
+        self.applied: list[PodRecord] = []
+        self.fail_lists = 0
+
+    async def wait_synced(self) -> None:
+        await self.synced.wait()
+
+    def listed_since(self, moment: float) -> bool:
+        return self.list_started_at >= moment
+
+    def revision(self) -> int:
+        return self.rev
+
+    async def list_bound(self, node: NodeName) -> tuple[list[PodRecord], int]:
+        self.listed.append(node)
+        if self.fail_lists:
+            self.fail_lists -= 1
+            raise ConnectionError("API server unreachable")
+        return self.bound.get(node, ([], 0))
+
+    def apply_direct(self, pods: list[PodRecord]) -> None:
+        self.applied.extend(pods)
+
+
+class Rig:
+    def __init__(self) -> None:
+        self.healthy = True
+        self.acks: list[tuple[int, int, frozenset[NodeName]]] = []
+        self.changes: list[ShardChange] = []
+        self.released: list[frozenset[NodeName]] = []
+        self.state = ShardState(name="w1", healthy=lambda: self.healthy, ack=self.ack)
+        self.state.subscribe(self.changes.append)
+        self.gate: asyncio.Event | None = None
+
+    async def ack(self, lease: int, epoch: int, released: frozenset[NodeName]) -> None:
+        self.acks.append((lease, epoch, released))
+
+    async def on_release(self, released: frozenset[NodeName]) -> None:
+        self.released.append(released)
+        if self.gate is not None:
+            await self.gate.wait()
+
+    def usable(self, names: Iterable[str]) -> set[str]:
+        return {n for n in names if self.state.usable(NodeName(n))}
+
+    def published(self) -> frozenset[NodeName]:
+        current: set[NodeName] = set()
+        for change in self.changes:
+            assert not change.added & current, "added a node that was already published"
+            assert change.removed <= current, "removed a node that was not published"
+            current |= change.added
+            current -= change.removed
+        return frozenset(current)
+
+
+async def settle() -> None:
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+def test_whole_cluster_uses_every_node_and_never_changes() -> None:
+    whole = WholeCluster()
+    assert whole.usable(NodeName("any")) and whole.syncing() == 0
+    whole.subscribe(lambda change: pytest.fail("the whole cluster never changes"))()
+
+
+async def test_grant_without_a_cache_is_usable_at_once() -> None:
+    rig = Rig()
+    rig.state.start(pods=None, on_release=None)
+    rig.state.assign(nodes("a", "b"), 1, ack_lease=0)
+    assert rig.usable("abc") == {"a", "b"}
+    assert rig.changes == [ShardChange(nodes("a", "b"), frozenset(), 1)]
+    await rig.state.stop()
+
+
+async def test_granted_node_is_unusable_until_the_watch_caught_up() -> None:
+    rig = Rig()
+    watch = FakePodWatch(bound={"a": ([make_pod("x").on("a").record()], 42)})
+    watch.rev = 40
+    rig.state.start(pods=watch, on_release=None)
+    rig.state.assign(nodes("a", "b"), 1, ack_lease=0)
+    await settle()
+    assert rig.state.owns(NodeName("a")) and not rig.state.usable(NodeName("a"))
+    # One grant becomes usable as a whole: b, with nothing to wait for, waits for a.
+    assert rig.state.syncing() == 2 and rig.published() == frozenset() and not rig.usable("b")
+    assert sorted(watch.listed) == ["a", "b"]
+    watch.rev = 42
+    await asyncio.sleep(shard_module.CATCH_UP_POLL * 3)
+    assert rig.usable("ab") == {"a", "b"} and rig.state.syncing() == 0
+    assert rig.published() == nodes("a", "b") and not watch.applied
+    await rig.state.stop()
+
+
+async def test_relist_after_the_grant_needs_no_per_node_read() -> None:
+    rig = Rig()
+    watch = FakePodWatch()
+    watch.synced.clear()
+    rig.state.start(pods=watch, on_release=None)
+    rig.state.assign(nodes("a"), 1, ack_lease=0)
+    await settle()
+    assert not rig.usable("a")  # the pod watch has not listed yet
+    watch.list_started_at = float("inf")
+    watch.synced.set()
+    await settle()
+    assert rig.usable("a") == {"a"} and not watch.listed
+
+
+async def test_a_lagging_watch_gets_the_direct_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shard_module, "CATCH_UP_TIMEOUT", 0.05)
+    pod = make_pod("x").on("a").record()
+    rig = Rig()
+    watch = FakePodWatch(bound={"a": ([pod], 99)})
+    rig.state.start(pods=watch, on_release=None)
+    rig.state.assign(nodes("a"), 1, ack_lease=0)
+    await asyncio.sleep(0.2)
+    assert watch.applied == [pod] and rig.usable("a") == {"a"}
+    await rig.state.stop()
+
+
+async def test_a_failed_read_keeps_the_node_unusable_and_is_retried() -> None:
+    rig = Rig()
+    watch = FakePodWatch()
+    watch.fail_lists = 1
+    rig.state.start(pods=watch, on_release=None)
+    rig.state.assign(nodes("a"), 1, ack_lease=0)
+    await settle()
+    assert not rig.usable("a") and watch.listed == ["a"]
+    await asyncio.sleep(0.5)  # the first API retry delay is 0.2 s
+    assert rig.usable("a") == {"a"} and watch.listed == ["a", "a"]
+    await rig.state.stop()
+
+
+async def test_node_revoked_while_catching_up_is_never_published() -> None:
+    rig = Rig()
+    watch = FakePodWatch(bound={"a": ([], 5)})
+    rig.state.start(pods=watch, on_release=None)
+    rig.state.assign(nodes("a"), 1, ack_lease=0)
+    await settle()
+    rig.state.assign(frozenset(), 2, ack_lease=LEASE)
+    watch.rev = 5
+    await asyncio.sleep(shard_module.CATCH_UP_POLL * 3)
+    assert not rig.usable("a") and rig.published() == frozenset() and not rig.changes
+    assert rig.acks == [(LEASE, 2, nodes("a"))]
+    await rig.state.stop()
+
+
+async def test_revoked_node_stops_being_usable_before_the_release_and_acks_after_it() -> None:
+    rig = Rig()
+    rig.gate = asyncio.Event()
+    rig.state.start(pods=None, on_release=rig.on_release)
+    rig.state.assign(nodes("a", "b"), 1, ack_lease=0)
+    rig.state.assign(nodes("b"), 2, ack_lease=LEASE)
+    # Synchronously, before the release hook ran: a is gone from the usable set and from subscribers' view.
+    assert rig.usable("ab") == {"b"} and rig.published() == nodes("b") and not rig.released
+    await settle()
+    assert rig.released == [nodes("a")] and not rig.acks  # bindings in flight: no ack yet
+    rig.gate.set()
+    await rig.state.releases_done()
+    assert rig.acks == [(LEASE, 2, nodes("a"))]
+    await rig.state.stop()
+
+
+async def test_acks_follow_epoch_order_and_survive_a_failing_hook() -> None:
+    rig = Rig()
+
+    async def failing(released: frozenset[NodeName]) -> None:
+        rig.released.append(released)
+        raise RuntimeError("hook broke")
+
+    rig.state.start(pods=None, on_release=failing)
+    rig.state.assign(nodes("a", "b", "c"), 1, ack_lease=0)
+    rig.state.assign(nodes("b", "c"), 2, ack_lease=LEASE)
+    rig.state.assign(nodes("c"), 3, ack_lease=LEASE)
+    await rig.state.releases_done()
+    assert rig.released == [nodes("a"), nodes("b")]
+    assert [(epoch, released) for _, epoch, released in rig.acks] == [(2, nodes("a")), (3, nodes("b"))]
+    assert rig.state.releases == 2
+    await rig.state.stop()
+
+
+async def test_fenced_means_nothing_usable_and_the_stream_says_so() -> None:
+    rig = Rig()
+    rig.state.start(pods=None, on_release=None)
+    rig.state.assign(nodes("a", "b"), 1, ack_lease=0)
+    rig.healthy = False  # the lease keeper's health rule, read live
+    assert not rig.usable("ab") and rig.state.owned() == frozenset()
+    rig.state.publish()  # the keeper's health listener
+    assert rig.changes[-1] == ShardChange(frozenset(), nodes("a", "b"), 1) and rig.published() == frozenset()
+    rig.healthy = True
+    rig.state.publish()
+    assert rig.usable("ab") == {"a", "b"} and rig.published() == nodes("a", "b")
+    assert not rig.released  # fencing releases nothing: the assignment still stands
+    await rig.state.stop()
+
+
+async def test_drop_all_publishes_the_loss_without_release_hooks() -> None:
+    rig = Rig()
+    rig.state.start(pods=None, on_release=rig.on_release)
+    rig.state.assign(nodes("a"), 1, ack_lease=0)
+    await rig.state.stop()
+    rig.state.drop_all()
+    assert rig.published() == frozenset() and not rig.released and not rig.acks
+
+
+async def test_a_stopped_catch_up_never_makes_its_nodes_usable() -> None:
+    rig = Rig()
+    watch = FakePodWatch(bound={"a": ([], 5)})
+    rig.state.start(pods=watch, on_release=None)
+    rig.state.assign(nodes("a"), 1, ack_lease=0)
+    await settle()
+    await rig.state.stop()
+    assert not rig.usable("a") and rig.state.syncing() == 1 and not rig.changes

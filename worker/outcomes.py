@@ -1,0 +1,65 @@
+"""Who is told what happened to a pod this worker tried to place: the ``Outcomes`` seam.
+
+The scheduler and its binder are constructed with one ``Outcomes`` object and tell it every final outcome:
+- ``bound``: the API server accepted the binding (with the assume and bind times, for the audit trail);
+- ``unschedulable``: no usable node can take the pod (the decision carries kube-scheduler's reasons);
+- ``rejected``: the binding failed permanently (400/403/422: the API server refused it), capacity returned.
+
+Transient outcomes are not reported: a binding that failed with 429/5xx/timeouts goes back to this worker's
+queue (``worker.binder``), and a binding the pod's deletion made moot (404) is simply forgotten.
+
+Implementations: ``PodReports`` (standalone: the user learns it from the pod's condition and events) and
+``worker.intake.LeaderResults`` (under a coordinator: the leader gets a RESULT, users still get Scheduled
+events).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from common.kube import KubeClient
+from common.records import NodeName, PodRecord
+from common.reporting import Reporter
+from worker.engine import Decision
+from worker.settings import WorkerSettings
+
+
+class Outcomes(Protocol):
+    def bound(self, pod: PodRecord, node: NodeName, *, assumed_at: float, bound_at: float) -> None:
+        """The binding succeeded. Times are wall-clock seconds (assumption made, binding answered)."""
+        ...
+
+    def unschedulable(self, pod: PodRecord, decision: Decision) -> None:
+        """No usable node fits the pod (``decision`` says why)."""
+        ...
+
+    def rejected(self, pod: PodRecord, message: str) -> None:
+        """The binding failed permanently; the assumption is already forgotten."""
+        ...
+
+
+class PodReports:
+    """Standalone outcomes: report on the pod itself (PodScheduled condition, Scheduled/FailedScheduling)."""
+
+    def __init__(self, reporter: Reporter) -> None:
+        self.reporter = reporter
+
+    def bound(self, pod: PodRecord, node: NodeName, *, assumed_at: float, bound_at: float) -> None:
+        self.reporter.scheduled(pod, node)
+
+    def unschedulable(self, pod: PodRecord, decision: Decision) -> None:
+        self.reporter.unschedulable(pod, decision.message)
+
+    def rejected(self, pod: PodRecord, message: str) -> None:
+        self.reporter.unschedulable(pod, message)
+
+
+def new_reporter(client: KubeClient, settings: WorkerSettings) -> Reporter:
+    """The worker's reporter, as its settings ask (shared by the scheduler and its outcome receiver)."""
+    return Reporter(
+        client,
+        component=settings.scheduling.scheduler_name,
+        instance=settings.worker_id,
+        qps=settings.reporting.qps,
+        scheduled_events=settings.reporting.scheduled_events,
+    )
