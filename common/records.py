@@ -1,7 +1,8 @@
 """Compact pod and node records parsed from the API server's raw JSON.
 
 Typed client models are too slow for the scheduling path (the kubernetes client's pydantic models take
-about four times as long as ``json.loads`` to deserialise a list of pods), so watches hand raw dicts to ``pod_from_json`` / ``node_from_json``, which keep only what scheduling needs.
+about four times as long as ``json.loads`` to deserialise a list of pods), so watches hand raw dicts to
+``pod_from_json`` / ``node_from_json``, which keep only what scheduling needs.
 
 Invariants:
 - Parsing never raises for bad content. A pod whose spec cannot be understood (malformed quantity, unknown
