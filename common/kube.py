@@ -9,6 +9,11 @@ Invariants:
 - A client-side token bucket (``qps``/``burst``) bounds request rate, like client-go's rate limiter.
 - Watches yield ``(event_type, object)`` pairs; a 410 Gone (initial or mid-stream) raises ``Gone`` so that the
   caller relists (see ``common.watching``).
+- A watch reads events of up to ``MAX_WATCH_EVENT`` bytes (one JSON line each) with memory bounded by that
+  size. A longer event raises ``EventTooLarge`` without being buffered whole: the caller cannot know what it
+  said, so it relists (a list is read whole and has no such bound). A line that is not a JSON watch event is a
+  broken stream (``ServerError``), like a dropped connection. Nothing else escapes: every failure of a request
+  or a watch is one of the ``ApiError`` classes.
 """
 
 from __future__ import annotations
@@ -23,9 +28,16 @@ from typing import Any
 
 import aiohttp
 import orjson
+from aiohttp.http_exceptions import HttpProcessingError
 from kubernetes import client, config  # used for credential loading only, never on the hot path
 
 log = logging.getLogger(__name__)
+
+# The largest watch event read. The API server refuses request bodies over 3 MiB (its MaxRequestBodyBytes) and
+# etcd values over its --max-request-bytes (1.5 MiB by default, raised by some clusters to a few MiB), so
+# no stored object reaches this; the JSON of an event adds its envelope and escaping to the object's size,
+# hence the margin. aiohttp's own line limit (twice its 64 KiB read buffer) is far below real objects.
+MAX_WATCH_EVENT = 16 * 1024 * 1024
 
 
 class ApiError(Exception):
@@ -60,6 +72,15 @@ class ServerError(ApiError):
 
 class Invalid(ApiError):
     """400/422: the request body is wrong; retrying will not help."""
+
+
+class EventTooLarge(ApiError):
+    """A watch event longer than ``MAX_WATCH_EVENT``: skipped unread, so the watcher must relist."""
+
+
+# Failures of the transport below HTTP status codes: aiohttp raises ``HttpProcessingError`` (e.g. a header
+# line too long) outside its ``ClientError`` hierarchy.
+_TRANSPORT_ERRORS = (aiohttp.ClientError, HttpProcessingError, TimeoutError)
 
 
 def _error_for(status: int, body: bytes) -> ApiError:
@@ -215,9 +236,12 @@ class KubeClient:
                 raw = await resp.read()
                 if resp.status >= 300:
                     raise _error_for(resp.status, raw)
-        except (aiohttp.ClientError, TimeoutError) as e:
+        except _TRANSPORT_ERRORS as e:
             raise ServerError(0, f"{method} {path}: {type(e).__name__}: {e}") from e
-        return orjson.loads(raw) if raw else None
+        try:
+            return orjson.loads(raw) if raw else None
+        except orjson.JSONDecodeError as e:
+            raise ServerError(resp.status, f"{method} {path}: the reply is not JSON: {e}") from e
 
     async def get(self, path: str, params: dict[str, str] | None = None) -> Any:
         return await self.request("GET", path, params=params)
@@ -274,14 +298,50 @@ class KubeClient:
             ) as resp:
                 if resp.status >= 300:
                     raise _error_for(resp.status, await resp.read())
-                async for line in resp.content:
-                    if not line.strip():
-                        continue
-                    event = orjson.loads(line)
-                    kind, obj = event.get("type", ""), event.get("object") or {}
-                    if kind == "ERROR":
-                        code = int(obj.get("code") or 500)
-                        raise _error_for(code, orjson.dumps(obj))
-                    yield kind, obj
-        except (aiohttp.ClientError, TimeoutError) as e:
+                async for line in _lines(resp.content, MAX_WATCH_EVENT, path):
+                    if line.strip():
+                        yield _event(line, path)
+        except _TRANSPORT_ERRORS as e:
             raise ServerError(0, f"watch {path}: {type(e).__name__}: {e}") from e
+
+
+async def _lines(content: aiohttp.StreamReader, limit: int, path: str) -> AsyncIterator[bytes]:
+    """The newline-separated lines of a stream, each of at most ``limit`` bytes. Linear in the bytes read (a
+    long line is joined once, not re-copied per chunk); a longer line raises ``EventTooLarge`` once ``limit``
+    bytes of it are buffered."""
+    buf = bytearray()
+    async for chunk in content.iter_any():
+        start = 0
+        while (end := chunk.find(b"\n", start)) >= 0:
+            if len(buf) + end - start > limit:
+                raise EventTooLarge(0, f"watch {path}: an event of more than {limit} bytes")
+            if buf:
+                buf += memoryview(chunk)[start:end]
+                line = bytes(buf)
+                buf.clear()
+            else:
+                line = chunk[start:end]
+            yield line
+            start = end + 1
+        buf += memoryview(chunk)[start:]
+        if len(buf) > limit:
+            raise EventTooLarge(0, f"watch {path}: an event of more than {limit} bytes")
+    if buf:
+        yield bytes(buf)
+
+
+def _event(line: bytes, path: str) -> tuple[str, dict[str, Any]]:
+    """One watch event, or the error the API server put in the stream. A line that is not a watch event
+    means the stream is broken: ``ServerError``, so the watcher reconnects from its last version."""
+    try:
+        event = orjson.loads(line)
+    except orjson.JSONDecodeError as e:
+        raise ServerError(0, f"watch {path}: an event that is not JSON: {e}") from e
+    obj = event.get("object") if isinstance(event, dict) else None
+    kind = event.get("type") if isinstance(event, dict) else None
+    if not isinstance(kind, str) or not isinstance(obj, dict):
+        raise ServerError(0, f"watch {path}: a line that is not a watch event: {line[:200]!r}")
+    if kind == "ERROR":
+        code = obj.get("code")
+        raise _error_for(code if isinstance(code, int) and 100 <= code <= 599 else 500, orjson.dumps(obj))
+    return kind, obj

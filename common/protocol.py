@@ -35,6 +35,12 @@ Worker -> leader
 Either way
     ERROR     {message}                        then the sender closes the stream
 
+Encoding: ``encode`` raises ``ProtocolError`` and nothing else for a message it cannot write (an integer
+beyond msgpack's 64 bits, a pod holding a value msgpack has no type for, nesting too deep, a frame over
+``MAX_FRAME``). CAPACITY is the exception, as a summary: its integer fields are sums over a shard's nodes that
+can exceed 64 bits even though each node's amount fits int64 (``common.quantity``), so they saturate at int64
+rather than fail; "more than any pod can ask" is all the leader needs to read from them.
+
 Decoding: ``decode`` (and ``read_message``, which frames it) returns one of the message classes or raises
 ``ProtocolError``, and nothing else, whatever the bytes: undecodable msgpack, a body that is not a map, an
 unknown ``t``, a missing field or one of the wrong type (a bool is not an int, an int is not a string), an
@@ -222,11 +228,26 @@ def _fields(message: Message) -> tuple[str, dict[str, Any]]:
             return ERROR, {"message": text}
 
 
+_INT64_MIN: Final = -(2**63)
+_INT64_MAX: Final = 2**63 - 1
+
+
+def _saturated(value: Any) -> Any:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return min(max(value, _INT64_MIN), _INT64_MAX)
+    return value
+
+
 def encode(message: Message) -> bytes:
-    """One frame (length header and body) for ``message``. Raises ``ProtocolError`` if it exceeds
-    ``MAX_FRAME``."""
+    """One frame (length header and body) for ``message``. Raises ``ProtocolError`` if it cannot be encoded
+    or exceeds ``MAX_FRAME`` (see "Encoding" above)."""
     kind, fields = _fields(message)
-    body: bytes = msgpack.packb({"v": VERSION, "t": kind, **fields}, use_bin_type=True)
+    if kind == CAPACITY:
+        fields = {name: _saturated(value) for name, value in fields.items()}
+    try:
+        body: bytes = msgpack.packb({"v": VERSION, "t": kind, **fields}, use_bin_type=True)
+    except (OverflowError, ValueError, TypeError, RecursionError) as e:
+        raise ProtocolError(f"{kind} message cannot be encoded: {type(e).__name__}: {e}") from e
     if len(body) > MAX_FRAME:
         raise ProtocolError(f"{kind} message of {len(body)} bytes exceeds {MAX_FRAME}")
     return _HEADER.pack(len(body)) + body

@@ -5,9 +5,16 @@ about four times as long as ``json.loads`` to deserialise a list of pods), so wa
 ``pod_from_json`` / ``node_from_json``, which keep only what scheduling needs.
 
 Invariants:
-- Parsing never raises for bad content. A pod whose spec cannot be understood (malformed quantity, unknown
-  affinity operator, ...) gets ``parse_error`` set and is reported unschedulable with that reason; a node with
-  missing or malformed allocatable is treated as having no capacity (``allocatable_error`` says why).
+- Parsing never raises for bad content, whatever it is (malformed, huge or overflowing quantities, wrong types,
+  absurd sizes), and costs time linear in the object's size. A pod whose spec cannot be understood (malformed
+  or out-of-range quantity, unknown affinity operator, ...) gets ``parse_error`` set, naming the field, and is
+  reported unschedulable with that reason; a node with missing or malformed allocatable is treated as having
+  no capacity (``allocatable_error`` says why). Quantities must fit int64 (``common.quantity``).
+- A pod's placement rules are bounded (``MAX_TOLERATIONS``, ``MAX_SELECTOR_TERMS``, ``MAX_REQUIREMENTS``,
+  ``MAX_VALUES``, ``MAX_HOST_PORTS``); a pod beyond one is a parse error naming the field and the limit. The
+  filters run these rules against every node of a shard in one synchronous step, so the limits bound what one
+  pod can cost the event loop (which also keeps the worker's lease alive). kube-apiserver sets no such limits;
+  these are far above real pods (a handful of tolerations and terms) and above what controllers generate.
 - Records are immutable after parsing (the cache replaces them, it never edits them), so they can be shared
   between the cache, the queue and the engine without copies.
 - ``Resources`` values are integers: CPU in millicores, everything else in whole units.
@@ -34,6 +41,16 @@ GPU = "nvidia.com/gpu"
 # a node does not look empty when it runs many request-less pods.
 DEFAULT_MILLI_CPU_FOR_SCORING = 100
 DEFAULT_MEMORY_FOR_SCORING = 200 * 1024 * 1024
+
+# Limits on one pod's placement rules: see the module docstring. Tolerations are matched through an index
+# (``TolerationIndex``) and In/NotIn values through sets, so neither count multiplies the per-node cost; the
+# affinity requirements are evaluated per node, so their total is the tighter bound.
+MAX_TOLERATIONS = 1000
+MAX_SELECTOR_TERMS = 100  # required nodeSelectorTerms, and preferred terms, each
+# matchExpressions plus matchFields over all required terms, and over all preferred terms
+MAX_REQUIREMENTS = 128
+MAX_VALUES = 10_000  # values over all of the pod's requirements
+MAX_HOST_PORTS = 256  # host ports over all containers
 
 NODE_SELECTOR_OPERATORS = frozenset({"In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"})
 TAINT_EFFECTS = frozenset({"NoSchedule", "PreferNoSchedule", "NoExecute"})
@@ -91,28 +108,34 @@ class Resources:
         return self.scalar.get(name, 0)
 
 
-def resources_from_list(raw: Any) -> Resources:
-    """Parse a ResourceList (``{"cpu": "100m", ...}``). Raises QuantityError on a malformed value."""
+def resources_from_list(raw: Any, where: str = "") -> Resources:
+    """Parse a ResourceList (``{"cpu": "100m", ...}``). Raises QuantityError on a malformed or out-of-range
+    value, naming the field (``where`` is the list's path, e.g. ``spec.containers[0].resources.requests``)."""
     res = Resources()
     if not raw:
         return res
+    prefix = f"{where}: " if where else ""
     if not isinstance(raw, dict):
-        raise QuantityError(f"resource list must be a mapping, got {type(raw).__name__}")
+        raise QuantityError(f"{prefix}resource list must be a mapping, got {type(raw).__name__}")
     for name, value in raw.items():
-        if name == CPU:
-            res.milli_cpu = parse_milli(value)
-        elif name == MEMORY:
-            res.memory = parse_units(value)
-        elif name == EPHEMERAL_STORAGE:
-            res.ephemeral_storage = parse_units(value)
-        elif name == PODS:
-            res.pods = parse_units(value)
-        else:
-            amount = parse_units(value)
-            if amount:
-                res.scalar[str(name)] = amount
+        field_name = f"{where}.{name}" if where else str(name)
+        try:
+            if name == CPU:
+                res.milli_cpu = parse_milli(value)
+            elif name == MEMORY:
+                res.memory = parse_units(value)
+            elif name == EPHEMERAL_STORAGE:
+                res.ephemeral_storage = parse_units(value)
+            elif name == PODS:
+                res.pods = parse_units(value)
+            else:
+                amount = parse_units(value)
+                if amount:
+                    res.scalar[str(name)] = amount
+        except QuantityError as e:
+            raise QuantityError(f"{field_name}: {e}") from None
         if res.get(str(name)) < 0:
-            raise QuantityError(f"negative quantity for {name}: {value!r}")
+            raise QuantityError(f"{field_name}: negative quantity {value!r}")
     return res
 
 
@@ -140,18 +163,53 @@ class Toleration:
         return self.operator == "Exists" or self.value == taint.value
 
 
+class TolerationIndex:
+    """A pod's tolerations arranged so that ``tolerates(taint)`` costs the same for 1 or 1,000 tolerations:
+    the answer of ``any(t.tolerates(taint) for t in tolerations)`` from three set lookups."""
+
+    __slots__ = ("_equal", "_exists", "_wildcard")
+
+    def __init__(self, tolerations: tuple[Toleration, ...]) -> None:
+        self._wildcard: set[str] = set()  # effects tolerated for every key ("" = every effect)
+        self._exists: set[tuple[str, str]] = set()  # (key, effect) tolerated with any value
+        self._equal: set[tuple[str, str, str]] = set()  # (key, value, effect)
+        for t in tolerations:
+            if t.operator == "Exists":
+                if t.key == "":
+                    self._wildcard.add(t.effect)
+                else:
+                    self._exists.add((t.key, t.effect))
+            else:
+                self._equal.add((t.key, t.value, t.effect))
+
+    def tolerates(self, taint: Taint) -> bool:
+        for effect in ("", taint.effect):
+            if (
+                effect in self._wildcard
+                or (taint.key, effect) in self._exists
+                or (taint.key, taint.value, effect) in self._equal
+            ):
+                return True
+        return False
+
+
 @dataclass(frozen=True, slots=True)
 class Requirement:
     key: str
     operator: str
     values: tuple[str, ...]
+    # The values as a set, so In/NotIn cost one lookup however many values there are.
+    value_set: frozenset[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "value_set", frozenset(self.values))
 
     def matches(self, labels: dict[str, str]) -> bool:
         op = self.operator
         if op == "In":
-            return labels.get(self.key) in self.values
+            return labels.get(self.key) in self.value_set
         if op == "NotIn":
-            return labels.get(self.key) not in self.values
+            return labels.get(self.key) not in self.value_set
         if op == "Exists":
             return self.key in labels
         if op == "DoesNotExist":
@@ -164,7 +222,7 @@ class Requirement:
         return left > right if op == "Gt" else left < right
 
 
-_INT64 = re.compile(r"[+-]?[0-9]+")
+_INT64 = re.compile(r"[+-]?[0-9]+", re.ASCII)
 
 
 def _int64(text: str) -> int | None:
@@ -172,6 +230,8 @@ def _int64(text: str) -> int | None:
     Stricter than ``int()``: no underscores ("1_0" is a valid label value), no spaces, no non-ASCII digits."""
     if not _INT64.fullmatch(text):
         return None
+    if len(text.lstrip("+-").lstrip("0")) > 19:
+        return None  # out of range, and never converted (int() refuses over 4,300 digits)
     value = int(text)
     return value if -(2**63) <= value < 2**63 else None
 
@@ -290,7 +350,41 @@ def _term(raw: Any, where: str) -> SelectorTerm:
     return SelectorTerm(_requirements(raw.get("matchExpressions"), where + ".matchExpressions"), fields)
 
 
-def _required_terms(raw: Any) -> tuple[SelectorTerm, ...]:
+def _sized(raw: Any, where: str, limit: int, what: str) -> list[Any]:
+    """``raw`` as a list (None is empty) of at most ``limit`` items; else a ValueError naming the field."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise ValueError(f"{where} must be a list, got {type(raw).__name__}")
+    if len(raw) > limit:
+        raise ValueError(f"{where}: {len(raw)} {what} exceed this scheduler's limit of {limit}")
+    return raw
+
+
+def _check_requirements(terms: list[Any], where: str) -> int:
+    """Refuse ``terms`` (raw selector terms) whose requirements together exceed ``MAX_REQUIREMENTS``; return
+    how many values they carry. Malformed parts are left for ``_term`` to report."""
+    count = values = 0
+    for term in terms:
+        if not isinstance(term, dict):
+            continue
+        for part in ("matchExpressions", "matchFields"):
+            reqs = term.get(part)
+            if isinstance(reqs, list):
+                count += len(reqs)
+                values += sum(
+                    len(r["values"])
+                    for r in reqs
+                    if isinstance(r, dict) and isinstance(r.get("values"), list)
+                )
+    if count > MAX_REQUIREMENTS:
+        raise ValueError(
+            f"{where}: {count} match expressions and fields exceed this scheduler's limit of {MAX_REQUIREMENTS}"
+        )
+    return values
+
+
+def _required_terms(raw: Any, where: str) -> tuple[SelectorTerm, ...]:
     """The required terms as kube-scheduler reads them: a term that does not parse (the API server accepts
     ``Gt`` with a value like "abc") matches no node, but the other terms still count. Only when no term
     parses is the pod itself invalid (it then fits no node either way)."""
@@ -298,7 +392,7 @@ def _required_terms(raw: Any) -> tuple[SelectorTerm, ...]:
     error: ValueError | None = None
     for i, t in enumerate(raw):
         try:
-            terms.append(_term(t, f"requiredDuringScheduling.nodeSelectorTerms[{i}]"))
+            terms.append(_term(t, f"{where}[{i}]"))
         except ValueError as e:
             error = error or e
     if error is not None and not terms:
@@ -311,9 +405,11 @@ def _apply_pod_level(total: Resources, raw: Any) -> None:
     if not raw:
         return
     if not isinstance(raw, dict):
-        raise QuantityError(f"resource list must be a mapping, got {type(raw).__name__}")
+        raise QuantityError(
+            f"spec.resources.requests: resource list must be a mapping, got {type(raw).__name__}"
+        )
     chosen = {k: v for k, v in raw.items() if k in (CPU, MEMORY) or str(k).startswith("hugepages-")}
-    level = resources_from_list(chosen)
+    level = resources_from_list(chosen, "spec.resources.requests")
     if CPU in chosen:
         total.milli_cpu = level.milli_cpu
     if MEMORY in chosen:
@@ -325,18 +421,24 @@ def _apply_pod_level(total: Resources, raw: Any) -> None:
                 total.scalar[name] = level.scalar[name]
 
 
+def _requests(container: Any, where: str) -> Resources:
+    return resources_from_list(
+        (container.get("resources") or {}).get("requests"), where + ".resources.requests"
+    )
+
+
 def _effective_requests(spec: dict[str, Any]) -> Resources:
     """Requests as kube-scheduler counts them: app containers summed, restartable (sidecar) init containers
     added to them, other init containers as the max of each with the sidecars started before it, plus the
     pod overhead. Pod-level requests (``spec.resources``) replace that sum for the resources they name (cpu,
     memory, hugepages). Every pod also takes one pod slot."""
     total = Resources()
-    for c in spec.get("containers") or ():
-        total.add(resources_from_list((c.get("resources") or {}).get("requests")))
+    for i, c in enumerate(spec.get("containers") or ()):
+        total.add(_requests(c, f"spec.containers[{i}]"))
     sidecars = Resources()
     init_peak = Resources()
-    for c in spec.get("initContainers") or ():
-        req = resources_from_list((c.get("resources") or {}).get("requests"))
+    for i, c in enumerate(spec.get("initContainers") or ()):
+        req = _requests(c, f"spec.initContainers[{i}]")
         if c.get("restartPolicy") == "Always":
             total.add(req)
             sidecars.add(req)
@@ -347,7 +449,7 @@ def _effective_requests(spec: dict[str, Any]) -> Resources:
             init_peak.max_with(with_sidecars)
     total.max_with(init_peak)
     _apply_pod_level(total, (spec.get("resources") or {}).get("requests"))
-    total.add(resources_from_list(spec.get("overhead")))
+    total.add(resources_from_list(spec.get("overhead"), "spec.overhead"))
     total.pods = 1
     return total
 
@@ -363,6 +465,10 @@ def _empty_pod_fields() -> dict[str, Any]:
     }
 
 
+_REQUIRED = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms"
+_PREFERRED = "spec.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution"
+
+
 def _placement_fields(spec: dict[str, Any]) -> dict[str, Any]:
     requests = _effective_requests(spec)
     ports: list[HostPort] = []
@@ -373,30 +479,56 @@ def _placement_fields(spec: dict[str, Any]) -> dict[str, Any]:
         for p in c.get("ports") or ():
             hp = p.get("hostPort")
             if hp:
-                ports.append(HostPort(p.get("protocol") or "TCP", int(hp), p.get("hostIP") or ""))
+                if len(ports) == MAX_HOST_PORTS:
+                    raise ValueError(
+                        f"spec.containers[*].ports: more than {MAX_HOST_PORTS} host ports exceed this scheduler's limit"
+                    )
+                port = int(hp)
+                if not 0 < port < 65536:
+                    raise ValueError(f"spec.containers[*].ports: host port {port} is not in 1..65535")
+                ports.append(HostPort(str(p.get("protocol") or "TCP"), port, str(p.get("hostIP") or "")))
     selector = spec.get("nodeSelector") or {}
     if not isinstance(selector, dict):
         raise ValueError("spec.nodeSelector must be a mapping")
     node_affinity = ((spec.get("affinity") or {}).get("nodeAffinity")) or {}
     required_raw = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
-    required: tuple[SelectorTerm, ...] | None = None
+    preferred_raw = _sized(
+        node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution"),
+        _PREFERRED,
+        MAX_SELECTOR_TERMS,
+        "terms",
+    )
+    values = _check_requirements(
+        [p.get("preference") for p in preferred_raw if isinstance(p, dict)], _PREFERRED
+    )
+    terms_raw: list[Any] = []
     if required_raw is not None:
-        required = _required_terms(required_raw.get("nodeSelectorTerms") or ())
+        terms_raw = _sized(required_raw.get("nodeSelectorTerms"), _REQUIRED, MAX_SELECTOR_TERMS, "terms")
+        values += _check_requirements(terms_raw, _REQUIRED)
+    if values > MAX_VALUES:
+        raise ValueError(
+            f"spec.affinity.nodeAffinity: {values} values exceed this scheduler's limit of {MAX_VALUES}"
+        )
+    required = _required_terms(terms_raw, _REQUIRED) if required_raw is not None else None
     preferred: list[tuple[int, SelectorTerm]] = []
-    for i, p in enumerate(node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution") or ()):
+    for i, p in enumerate(preferred_raw):
         weight = int(p.get("weight", 0))
         if not 1 <= weight <= 100:
-            raise ValueError(f"preferredDuringScheduling[{i}]: weight {weight} not in 1..100")
-        preferred.append((weight, _term(p.get("preference") or {}, f"preferredDuringScheduling[{i}]")))
+            raise ValueError(f"{_PREFERRED}[{i}]: weight {weight} not in 1..100")
+        preferred.append((weight, _term(p.get("preference") or {}, f"{_PREFERRED}[{i}].preference")))
     tolerations: list[Toleration] = []
-    for t in spec.get("tolerations") or ():
+    for t in _sized(spec.get("tolerations"), "spec.tolerations", MAX_TOLERATIONS, "tolerations"):
         op = t.get("operator") or "Equal"
         if op not in ("Equal", "Exists"):
-            raise ValueError(f"toleration for key {t.get('key')!r}: invalid operator {op!r}")
+            raise ValueError(
+                f"spec.tolerations: toleration for key {t.get('key')!r}: invalid operator {op!r}"
+            )
         effect = t.get("effect") or ""
         if effect and effect not in TAINT_EFFECTS:
-            raise ValueError(f"toleration for key {t.get('key')!r}: invalid effect {effect!r}")
-        tolerations.append(Toleration(t.get("key") or "", op, t.get("value") or "", effect))
+            raise ValueError(
+                f"spec.tolerations: toleration for key {t.get('key')!r}: invalid effect {effect!r}"
+            )
+        tolerations.append(Toleration(str(t.get("key") or ""), op, str(t.get("value") or ""), effect))
     return {
         "requests": requests,
         "host_ports": tuple(ports),
@@ -417,7 +549,8 @@ def pod_from_json(obj: dict[str, Any]) -> PodRecord:
     error: str | None = None
     try:
         fields = _placement_fields(spec)
-    except (QuantityError, ValueError, TypeError, AttributeError) as e:
+    except (ValueError, TypeError, AttributeError, ArithmeticError, RecursionError) as e:
+        # ValueError includes QuantityError; ArithmeticError an overflowing number (int() of an infinite float)
         error = f"invalid pod spec: {e}"
         fields = _empty_pod_fields()
     gates = tuple(g.get("name", "") for g in spec.get("schedulingGates") or () if isinstance(g, dict))
@@ -464,8 +597,8 @@ def node_from_json(obj: dict[str, Any]) -> NodeRecord:
     try:
         if not raw_alloc:
             raise QuantityError("node reports no allocatable resources")
-        allocatable = resources_from_list(raw_alloc)
-    except QuantityError as e:
+        allocatable = resources_from_list(raw_alloc, "status.allocatable")
+    except (ValueError, TypeError, ArithmeticError) as e:  # ValueError includes QuantityError
         error = str(e)
         allocatable = Resources()
     taints = tuple(

@@ -13,6 +13,10 @@ Invariants:
   began, so a caller can tell whether the cache reflects a consistent read made after some moment.
 - ``resource_version`` only grows while one stream lasts (the API server delivers events in etcd revision
   order), which lets a caller wait until the cache has seen a given object revision.
+- Nothing a watch or a handler raises ends ``run`` (only cancellation does). An event too large to read
+  (``EventTooLarge``, counted in ``oversized``) and a handler that raises (counted in ``handler_errors``) are
+  logged and followed by a relist after the backoff delay: the list carries the object the event was about,
+  and ``replace`` rebuilds the handler's set, so nothing is lost and a repeating cause does not spin.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import time
 from typing import Any, Protocol
 
 from common.backoff import api_retry
-from common.kube import ApiError, Gone, KubeClient
+from common.kube import ApiError, EventTooLarge, Gone, KubeClient
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +64,8 @@ class Reflector:
         self.relists = 0
         self.reconnects = 0
         self.events = 0
+        self.oversized = 0
+        self.handler_errors = 0
         self.list_started_at = -1.0  # monotonic start of the latest (re)list that completed
 
     async def list_all(self) -> tuple[list[dict[str, Any]], str]:
@@ -108,8 +114,30 @@ class Reflector:
             except Gone:
                 log.info("%s: resourceVersion %s too old, relisting", self.name, self.resource_version)
                 need_list = True
+            except EventTooLarge as e:
+                self.oversized += 1
+                need_list = True
+                delay = backoff.next()
+                log.warning(
+                    "%s: %s after resourceVersion %s; relisting in %.1fs",
+                    self.name,
+                    e,
+                    self.resource_version,
+                    delay,
+                )
+                await asyncio.sleep(delay)
             except ApiError as e:
                 self.reconnects += 1
                 delay = backoff.next()
                 log.warning("%s: watch failed (%s), retrying in %.1fs", self.name, e, delay)
+                await asyncio.sleep(delay)
+            except Exception:
+                # A handler that cannot take an object must not stop this kind's cache for good: relist, so it
+                # is rebuilt from a consistent read, after a delay, so a failure that repeats does not spin.
+                self.handler_errors += 1
+                need_list = True
+                delay = backoff.next()
+                log.exception(
+                    "%s: handling the list or an event failed; relisting in %.1fs", self.name, delay
+                )
                 await asyncio.sleep(delay)

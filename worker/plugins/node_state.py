@@ -8,6 +8,7 @@ from typing import Any
 from common.records import PodRecord, Taint
 from worker.framework import Status
 from worker.nodeinfo import NodeInfo
+from worker.plugins.taints import tolerated
 
 # A cordoned node is as if tainted with this (no value); a pod tolerating that taint may still go there.
 _UNSCHEDULABLE_TAINT = Taint("node.kubernetes.io/unschedulable", "", "NoSchedule")
@@ -25,7 +26,7 @@ class NodeUnschedulable:
     def filter(self, pod: PodRecord, node: NodeInfo) -> Status | None:
         if not node.node.unschedulable:
             return None
-        if any(t.tolerates(_UNSCHEDULABLE_TAINT) for t in pod.tolerations):
+        if tolerated(_UNSCHEDULABLE_TAINT, pod.tolerations):
             return None
         return _CORDONED
 

@@ -1,18 +1,46 @@
 """TaintToleration: the filter (NoSchedule and NoExecute taints must be tolerated) and the score
-(fewer untolerated PreferNoSchedule taints is better), as kube-scheduler defines them."""
+(fewer untolerated PreferNoSchedule taints is better), as kube-scheduler defines them.
+
+A pod's tolerations are looked up through a ``TolerationIndex``, built once per pod (``index_of`` keeps the
+last one: a decision asks about one pod for every node in turn), so a taint costs the same however many
+tolerations the pod has."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from common.records import PodRecord, Taint, Toleration
+from common.records import PodRecord, Taint, Toleration, TolerationIndex
 from worker.framework import Status
 from worker.nodeinfo import NodeInfo
 
 
+class _LastIndex:
+    """The index of the tolerations asked about last. The tuple is kept referenced, so its identity cannot be
+    taken by another tuple while it is compared."""
+
+    __slots__ = ("index", "tolerations")
+
+    def __init__(self) -> None:
+        self.tolerations: tuple[Toleration, ...] = ()
+        self.index = TolerationIndex(())
+
+    def of(self, tolerations: tuple[Toleration, ...]) -> TolerationIndex:
+        if self.tolerations is not tolerations:
+            self.tolerations, self.index = tolerations, TolerationIndex(tolerations)
+        return self.index
+
+
+_last = _LastIndex()
+
+
+def index_of(tolerations: tuple[Toleration, ...]) -> TolerationIndex:
+    """The index of ``tolerations``, rebuilt only when another pod's tolerations are asked about."""
+    return _last.of(tolerations)
+
+
 def tolerated(taint: Taint, tolerations: tuple[Toleration, ...]) -> bool:
-    return any(t.tolerates(taint) for t in tolerations)
+    return index_of(tolerations).tolerates(taint)
 
 
 class TaintFilter:

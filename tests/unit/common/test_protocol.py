@@ -334,3 +334,55 @@ async def test_truncated_frame_is_end_of_stream() -> None:
     reader.feed_eof()
     with pytest.raises(asyncio.IncompleteReadError):
         await read_message(reader)
+
+
+# ----- encoding what msgpack cannot hold -----------------------------------------------------------------
+
+
+def _deep(levels: int) -> dict[str, Any]:
+    top: dict[str, Any] = {}
+    node = top
+    for _ in range(levels):
+        node["a"] = {}
+        node = node["a"]
+    return top
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        pytest.param(Ack(2**64), id="id-beyond-uint64"),
+        pytest.param(Ack(-(2**63) - 1), id="id-below-int64"),
+        pytest.param(Hello(leader="l", term=2**70), id="term-beyond-uint64"),
+        pytest.param(
+            Dispatch(1, {"metadata": {"name": "a"}, "spec": {"n": 10**5000}}), id="pod-int-5000-digits"
+        ),
+        pytest.param(Dispatch(1, {"metadata": {"name": "a"}, "spec": {"o": object()}}), id="pod-object"),
+        pytest.param(Dispatch(1, _deep(100_000)), id="pod-nested-100000-deep"),
+        pytest.param(Result.unschedulable(1, "k", nodes=2**64, reasons={}, message=""), id="result-nodes"),
+        pytest.param(
+            Result.unschedulable(1, "k", nodes=1, reasons={"r": 2**64}, message=""), id="result-reason"
+        ),
+    ],
+)
+def test_what_msgpack_cannot_hold_is_a_protocol_error_when_encoding(message: Message) -> None:
+    with pytest.raises(ProtocolError, match="cannot be encoded"):
+        encode(message)
+
+
+def test_capacity_sums_beyond_64_bits_saturate_at_int64() -> None:
+    # A shard of nodes each at the int64 edge (common.quantity allows it) sums beyond msgpack's range.
+    huge = 3 * (2**63 - 1)
+    frame = encode(Capacity(3, huge, huge, 2**63 - 1, 2**63 - 1, 0, 0, 0.0, 1.0))
+    decoded = decode(frame[4:])
+    assert isinstance(decoded, Capacity)
+    assert decoded.free_cpu == decoded.free_memory == 2**63 - 1
+    negative = decode(encode(Capacity(1, -huge, 0, 0, 0, 0, 0, 0.0, 1.0))[4:])
+    assert isinstance(negative, Capacity) and negative.free_cpu == -(2**63)
+
+
+def test_a_result_without_id_is_refused_as_any_missing_field() -> None:
+    fields = raw(Result.bound(1, "default/a", "node-1"))
+    del fields["id"]
+    with pytest.raises(ProtocolError, match="'id'"):
+        decode(pack(fields))

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from common.kube import Gone, ServerError, TooManyRequests
+from common.kube import EventTooLarge, Gone, ServerError, TooManyRequests
 from common.watching import LIST_PAGE_SIZE, Reflector
 from tests.unit.common.fakes import FakeKube, cancel, record_sleeps
 
@@ -127,3 +127,62 @@ async def test_bookmarks_advance_the_version_without_events() -> None:
     assert handler.events == [] and reflector.events == 0
     assert reflector.resource_version == "90"
     assert kube.watch_versions == ["5", "90"], "a stream that ends is watched again from the bookmark"
+
+
+async def test_an_event_too_large_to_read_relists_after_a_backoff_so_the_object_is_not_lost(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    kube = FakeKube(
+        pages=[_page(["a"], "5"), _page(["a", "big"], "9")],
+        streams=[
+            [("ADDED", _obj("b", "6")), EventTooLarge(0, "an event of more than 16777216 bytes")],
+            [("ADDED", _obj("c", "10"))],
+        ],
+    )
+    slept = record_sleeps(monkeypatch)
+    handler = Handler()
+    reflector = Reflector(kube.client(), PATH, handler)
+
+    await _run_until_idle(reflector, kube)
+
+    assert reflector.oversized == 1 and reflector.relists == 2 and reflector.reconnects == 0
+    assert sorted(handler.objects) == ["a", "big", "c"], "the list brought the object the big event was about"
+    assert kube.watch_versions == ["5", "9", "10"], "the watch resumes after the list, past the big event"
+    assert slept == [0.2]
+
+
+class FailingHandler(Handler):
+    """Raises on the objects named in ``bad``, once each, as a handler with a bug for some input would."""
+
+    def __init__(self, bad: set[str]) -> None:
+        super().__init__()
+        self.bad = bad
+
+    def event(self, kind: str, obj: dict[str, Any]) -> None:
+        name = obj["metadata"]["name"]
+        if name in self.bad:
+            self.bad.discard(name)
+            raise KeyError(name)
+        super().event(kind, obj)
+
+
+async def test_a_handler_that_raises_does_not_stop_the_reflector_it_relists(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    kube = FakeKube(
+        pages=[_page(["a"], "5"), _page(["a", "poison"], "8")],
+        streams=[
+            [("ADDED", _obj("poison", "6")), ("ADDED", _obj("not-read", "7"))],
+            [("ADDED", _obj("d", "9"))],
+        ],
+    )
+    slept = record_sleeps(monkeypatch)
+    handler = FailingHandler({"poison"})
+    reflector = Reflector(kube.client(), PATH, handler)
+
+    await _run_until_idle(reflector, kube)
+
+    assert reflector.handler_errors == 1 and reflector.relists == 2
+    assert sorted(handler.objects) == ["a", "d", "poison"], "rebuilt from the list"
+    assert kube.watch_versions == ["5", "8", "9"]
+    assert slept == [0.2]

@@ -1,0 +1,166 @@
+"""The watch stream as the API server writes it, over real HTTP from an in-process server: events far larger
+than aiohttp's own line limit are read, an event over ``MAX_WATCH_EVENT`` raises ``EventTooLarge`` without
+being buffered whole, and a line that is not a watch event is a broken stream (``ServerError``)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import orjson
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from common import kube
+from common.kube import Credentials, EventTooLarge, Gone, KubeClient, ServerError
+
+PATH = "/api/v1/pods"
+Writer = Callable[[web.StreamResponse], Awaitable[None]]
+
+
+def _event(kind: str, name: str, **extra: Any) -> bytes:
+    obj = {"metadata": {"name": name, "resourceVersion": "7", **extra}}
+    return orjson.dumps({"type": kind, "object": obj}) + b"\n"
+
+
+@contextlib.asynccontextmanager
+async def _serve(write: Writer) -> AsyncIterator[KubeClient]:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()
+        resp.content_type = "application/json"
+        await resp.prepare(request)
+        await write(resp)
+        return resp
+
+    app = web.Application()
+    app.router.add_get(PATH, handler)
+    server = TestServer(app)
+    await server.start_server()
+    client = KubeClient(Credentials(server=str(server.make_url("")).rstrip("/")))
+    try:
+        yield client
+    finally:
+        await client.close()
+        await server.close()
+
+
+async def _events(write: Writer) -> list[tuple[str, dict[str, Any]]]:
+    async with _serve(write) as client:
+        return [e async for e in client.watch(PATH, resource_version="1")]
+
+
+async def test_events_far_above_aiohttps_line_limit_are_read() -> None:
+    big = "x" * (600 * 1024)  # a 600 KiB annotation: over aiohttp's 128 KiB default, under the API's limit
+
+    async def write(resp: web.StreamResponse) -> None:
+        await resp.write(_event("ADDED", "small"))
+        line = _event("ADDED", "big", annotations={"a": big})
+        for i in range(0, len(line), 7000):  # in pieces, as TCP delivers it
+            await resp.write(line[i : i + 7000])
+        await resp.write(_event("MODIFIED", "small") + _event("DELETED", "small"))
+
+    events = await _events(write)
+    assert [(k, o["metadata"]["name"]) for k, o in events] == [
+        ("ADDED", "small"),
+        ("ADDED", "big"),
+        ("MODIFIED", "small"),
+        ("DELETED", "small"),
+    ]
+    assert events[1][1]["metadata"]["annotations"]["a"] == big
+
+
+async def test_an_event_above_the_limit_raises_event_too_large(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kube, "MAX_WATCH_EVENT", 64 * 1024)
+    seen: list[str] = []
+
+    async def write(resp: web.StreamResponse) -> None:
+        await resp.write(_event("ADDED", "before"))
+        await resp.write(_event("ADDED", "huge", annotations={"a": "y" * (200 * 1024)}))
+        await resp.write(_event("ADDED", "after"))
+
+    async with _serve(write) as client:
+        with pytest.raises(EventTooLarge) as e:
+            async for _, obj in client.watch(PATH, resource_version="1"):
+                seen.append(obj["metadata"]["name"])
+        assert str(64 * 1024) in str(e.value)
+    assert seen == ["before"], "the events before the oversized one were delivered; none after"
+
+
+LINE = _event("ADDED", "n" * 40)
+
+
+@pytest.mark.parametrize("limit", [len(LINE) - 2, len(LINE) - 1, len(LINE)])
+async def test_the_limit_counts_the_line_without_its_newline(
+    monkeypatch: pytest.MonkeyPatch, limit: int
+) -> None:
+    monkeypatch.setattr(kube, "MAX_WATCH_EVENT", limit)
+
+    async def write(resp: web.StreamResponse) -> None:
+        for byte in range(len(LINE)):  # one byte at a time: the line ends in its own chunk
+            await resp.write(LINE[byte : byte + 1])
+
+    if limit >= len(LINE) - 1:
+        assert len(await _events(write)) == 1
+    else:
+        with pytest.raises(EventTooLarge):
+            await _events(write)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        pytest.param(b"not json\n", id="not-json"),
+        pytest.param(b"[1, 2]\n", id="a-list"),
+        pytest.param(b'{"type": "ADDED"}\n', id="no-object"),
+        pytest.param(b'{"type": "ADDED", "object": [1]}\n', id="object-not-a-map"),
+        pytest.param(b'{"type": 5, "object": {}}\n', id="type-not-a-string"),
+        pytest.param(b'{"type": "ADDED", "object": {"n": 1e999}}\n', id="infinite-number"),
+        pytest.param(b'{"type": "ADDED", "object": {"n": 1}\n', id="truncated"),
+    ],
+)
+async def test_a_line_that_is_not_a_watch_event_is_a_broken_stream(line: bytes) -> None:
+    async def write(resp: web.StreamResponse) -> None:
+        await resp.write(line)
+
+    with pytest.raises(ServerError):
+        await _events(write)
+
+
+@pytest.mark.parametrize(
+    ("code", "cls"), [(410, Gone), ("410", ServerError), (None, ServerError), (99999, ServerError)]
+)
+async def test_error_events_map_their_code_and_a_bad_code_is_a_server_error(
+    code: Any, cls: type[Exception]
+) -> None:
+    async def write(resp: web.StreamResponse) -> None:
+        status = {"kind": "Status", "code": code, "reason": "Expired", "message": "too old"}
+        await resp.write(orjson.dumps({"type": "ERROR", "object": status}) + b"\n")
+
+    with pytest.raises(cls):
+        await _events(write)
+
+
+async def test_blank_lines_are_skipped_and_a_last_line_without_newline_is_read() -> None:
+    async def write(resp: web.StreamResponse) -> None:
+        await resp.write(b"\n\r\n" + _event("ADDED", "a") + b"\n" + _event("ADDED", "b")[:-1])
+
+    assert [o["metadata"]["name"] for _, o in await _events(write)] == ["a", "b"]
+
+
+async def test_a_reply_that_is_not_json_is_a_server_error() -> None:
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response(body=b"<html>proxy error</html>", content_type="text/html")
+
+    app = web.Application()
+    app.router.add_get(PATH, handler)
+    server = TestServer(app)
+    await server.start_server()
+    client = KubeClient(Credentials(server=str(server.make_url("")).rstrip("/")))
+    try:
+        with pytest.raises(ServerError, match="not JSON"):
+            await client.get(PATH)
+    finally:
+        await client.close()
+        await server.close()
