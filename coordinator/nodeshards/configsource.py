@@ -8,13 +8,17 @@ check that depends on who we are - the policy must have an ``agent`` entry this 
   policy, never a mix) and listeners are told, if its version differs; a Normal ``ShardingPolicyApplied`` event
   records it on the ConfigMap;
 - invalid: a log line and a Warning ``InvalidShardingPolicy`` event on the ConfigMap, both naming the data key,
-  the field path and the reason; the previous policy stays in force (Volcano's behaviour);
+  the field path and the reason; the previous policy stays in force (Volcano's behaviour). The text is written by
+  whoever may edit the ConfigMap, so the parser bounds its size, depth and literals and refuses YAML aliases
+  (``coordinator.nodeshards.policy.safeyaml``), and every message is short; should the parser still raise
+  anything other than ``PolicyConfigError``, that too is a rejection (its type in the event, the traceback in a
+  debug log), never an exception out of the watch handler;
 - deleted: the previous policy stays in force, and a log line says so.
 
 Before any ConfigMap was seen: the built-in ``default_policy()`` when the operator named the ConfigMap explicitly
 (``use_default``), else no policy at all (``current`` is ``None``: the caller keeps its label pool).
 
-Invariants: ``current`` only ever holds a policy that passed validation; a version that was already judged is not
+Invariants: ``current`` only ever holds a policy that passed validation; judging never raises; a version that was already judged is not
 judged again (a relist replays the same object), so one bad edit yields one event.
 """
 
@@ -41,6 +45,8 @@ log = logging.getLogger(__name__)
 
 REASON_INVALID = "InvalidShardingPolicy"
 REASON_APPLIED = "ShardingPolicyApplied"
+_SHOWN = 200
+"""At most this much of an unexpected exception's text goes into an event."""
 
 
 def agent_entry(policy: EffectivePolicy, scheduler_name: str) -> SchedulerPolicy:
@@ -147,12 +153,11 @@ class PolicySource:
             policy = parse_configmap(data)
             agent = agent_entry(policy, self._scheduler_name)
         except PolicyConfigError as e:
-            kept = self.current.version if self.current is not None else "none"
-            message = f"rejected (resourceVersion {rv}): {e}; keeping policy {kept}"
-            log.warning("sharding ConfigMap %s %s", self.where, message)
-            self.last_verdict = Verdict(rv, False, str(e), self._clock())
-            self._emit(ref, WARNING, REASON_INVALID, message)
-            self._notify()
+            self._reject(ref, rv, str(e))
+            return
+        except Exception as e:  # the text is untrusted: a parser bug must not end the leader
+            log.debug("sharding ConfigMap %s: validation failed unexpectedly", self.where, exc_info=True)
+            self._reject(ref, rv, f"could not be validated ({type(e).__name__}: {str(e)[:_SHOWN]})")
             return
         changed = self.current is None or policy.version != self.current.version
         self.current, self.agent = policy, agent
@@ -174,6 +179,14 @@ class PolicySource:
                 rv,
                 policy.version,
             )
+        self._notify()
+
+    def _reject(self, ref: ObjectRef, rv: str, reason: str) -> None:
+        kept = self.current.version if self.current is not None else "none"
+        message = f"rejected (resourceVersion {rv}): {reason}; keeping policy {kept}"
+        log.warning("sharding ConfigMap %s %s", self.where, message)
+        self.last_verdict = Verdict(rv, False, reason, self._clock())
+        self._emit(ref, WARNING, REASON_INVALID, message)
         self._notify()
 
     def _emit(self, ref: ObjectRef, type_: str, reason: str, message: str) -> None:

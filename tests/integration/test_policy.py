@@ -6,7 +6,8 @@ from the API server (NodeShards, Events, pods) and from etcd (``agent-scheduler 
 
 Covered: Volcano's own example ConfigMaps are accepted and NodeShards appear; the built-in default and the label
 pool without a ConfigMap; an edit (ConfigMap or node label) moves nodes within one sync, measured; many kinds of
-invalid ConfigMap are each rejected with a Warning event naming the problem while the old policy stays; a deleted
+invalid ConfigMap (hostile ones too: an alias bomb, 20,000-deep nesting, a 5,000-digit integer) are each rejected
+with a short Warning event naming the problem while the old policy stays and the coordinator lives on; a deleted
 ConfigMap keeps the last policy; and under agent load, with a batch-scheduler stand-in speaking the NodeShard
 protocol and the policy moving nodes, no pod is ever bound on a node outside its scheduler's published share.
 
@@ -277,6 +278,16 @@ async def test_policy_edit_moves_nodes_within_one_sync(rig: Rig, record_property
     assert record["desired"] == {rig.scheduler_name: 5, rig.batch_name: 3}
 
 
+_ALIAS_BOMB_KEY = "".join(
+    [
+        f"l0: &l0 [{', '.join(['lol'] * 9)}]\n",
+        *(f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]\n" for i in range(1, 9)),
+        "? *l8\n: x\n",
+    ]
+)
+"""A few hundred bytes whose key, expanded and shown with ``repr``, would exhaust memory."""
+
+
 def _invalid_cases(rig: Rig) -> list[tuple[str, dict[str, str], tuple[str, ...]]]:
     """(kind, ConfigMap data, fragments the Warning event must contain)."""
     good = policy(rig, agent_max=3)["sharding.yaml"]
@@ -352,6 +363,26 @@ def _invalid_cases(rig: Rig) -> list[tuple[str, dict[str, str], tuple[str, ...]]
             ("agent-scheduler.yaml", "rebalance.startSkew", "must be > 0"),
         ),
         (
+            "YAML alias bomb as a mapping key",
+            {"sharding.yaml": good + _ALIAS_BOMB_KEY},
+            ("sharding.yaml", "not allowed in the policy"),
+        ),
+        (
+            "20,000-deep nesting (block)",
+            {"sharding.yaml": good + "extra:\n  " + "- " * 20_000 + "x\n"},
+            ("sharding.yaml", "nested deeper than 32 levels"),
+        ),
+        (
+            "20,000-deep nesting (flow)",
+            {"sharding.yaml": good + "extra: " + "[" * 20_000 + "]" * 20_000 + "\n"},
+            ("sharding.yaml", "nest"),
+        ),
+        (
+            "5,000-digit integer",
+            edit("maxNodes: 3", "maxNodes: " + "9" * 5000),
+            ("sharding.yaml", "longer than 1024"),
+        ),
+        (
             "no agent entry for this scheduler",
             {
                 "sharding.yaml": good.replace(f"name: {agent}", "name: other-a", 1).replace(
@@ -401,7 +432,11 @@ async def test_invalid_configmaps_are_rejected_with_an_event_and_the_old_policy_
         assert record["version"] == good, kind
         agent = await rig.shard(rig.scheduler_name)
         assert agent is not None and agent.nodes_desired == {n[0], n[1], n[2]}, kind
+        assert len(event["message"]) < 1024, (kind, len(event["message"]))
+        assert rig.procs["coordinator"].alive(), (kind, rig.procs["coordinator"].tail())
     log = rig.procs["coordinator"].log_path.read_text()
+    rejections = [line for line in log.splitlines() if " rejected (resourceVersion " in line]
+    assert rejections and max(map(len, rejections)) < 2048  # no value is ever printed whole
     assert log.count(f"sharding ConfigMap {rig.namespace}/{rig.configmap} rejected") == len(cases)
     # and a valid edit is applied again
     await rig.put_configmap(policy(rig, agent_max=2))

@@ -8,7 +8,8 @@ Public surface (everything else is private to this package):
 - ``EffectivePolicy.evaluate(nodes) -> ShardEvaluation`` - each scheduler's desired nodes (``NodeView`` in).
 - ``EffectivePolicy.summary()`` / ``.version`` - for ``agent-scheduler status`` and change detection.
 
-Layout: ``fields`` (typed YAML reads), ``durations`` (Go durations), ``plugins`` (one module per Volcano
+Layout: ``safeyaml`` (the ConfigMap's text read within limits: size, depth, no aliases, bounded literals and
+messages), ``fields`` (typed YAML reads), ``durations`` (Go durations), ``plugins`` (one module per Volcano
 policy, a registry), ``volcano`` / ``agentsettings`` (the two ConfigMap keys), ``pipeline`` (filter -> sort ->
 select), ``evaluate`` (hysteresis and the move budget), ``effective`` (the versioned whole).
 """

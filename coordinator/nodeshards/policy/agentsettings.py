@@ -35,7 +35,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from coordinator.nodeshards.policy import fields
+from coordinator.nodeshards.policy import fields, safeyaml
 from coordinator.nodeshards.policy.errors import PolicyConfigError
 from coordinator.workershards.assignment import AssignmentConfig
 
@@ -171,7 +171,7 @@ def parse_settings(text: str, warnings: list[str] | None = None) -> AgentSchedul
     Raises ``PolicyConfigError`` (without ``source``) for anything that must not be applied.
     """
     found: list[str] = []
-    doc = fields.load_yaml(text)
+    doc = safeyaml.load_yaml(text)
     top = dict({} if doc is None else fields.as_mapping(doc, ""))
     for section, reason in _IGNORED_SECTIONS.items():
         if section in top:

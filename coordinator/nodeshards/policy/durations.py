@@ -3,7 +3,9 @@
 Volcano's ``shardSyncPeriod`` is decoded with Go's ``time.ParseDuration``; this module accepts exactly that
 grammar: an optional sign, then one or more ``<decimal><unit>`` groups with units ``ns``, ``us``/``µs``/``μs``,
 ``ms``, ``s``, ``m``, ``h``; the bare string ``"0"`` is the only unit-less value. Results are exact (fractions
-are computed with ``Fraction`` and truncated toward zero, as Go does) and bounded to Go's int64 range.
+are computed with ``Fraction`` and truncated toward zero, as Go does) and bounded to Go's int64 range. Text
+longer than ``MAX_CHARS`` is refused before it is read (Go has no such limit, but no sensible duration needs it,
+and it keeps ``Fraction`` away from Python's 4,300-digit limit on converting integers).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ _UNIT_NS = {
 }
 _GROUP = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|\u00b5s|\u03bcs|ms|s|m|h)")
 _INT64_MAX = 2**63 - 1
+MAX_CHARS = 64
 
 
 class DurationError(ValueError):
@@ -31,6 +34,8 @@ class DurationError(ValueError):
 
 def parse_go_duration(text: str) -> int:
     """Return ``text`` as nanoseconds; raise ``DurationError`` when Go's ``time.ParseDuration`` would fail."""
+    if len(text) > MAX_CHARS:
+        raise DurationError(f"duration of {len(text)} characters is too long (at most {MAX_CHARS})")
     body = text
     negative = body[:1] == "-"
     if body[:1] in "+-" and body:

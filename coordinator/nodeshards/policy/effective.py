@@ -24,6 +24,7 @@ from coordinator.nodeshards.policy.durations import format_seconds
 from coordinator.nodeshards.policy.errors import PolicyConfigError
 from coordinator.nodeshards.policy.evaluate import ShardEvaluation, evaluate
 from coordinator.nodeshards.policy.nodes import NodeView
+from coordinator.nodeshards.policy.safeyaml import MAX_SHOWN, check_data
 from coordinator.nodeshards.policy.volcano import SchedulerPolicy, ShardingConfig, parse_sharding
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,8 @@ SETTINGS_KEY = "agent-scheduler.yaml"
 """ConfigMap data key holding this project's settings (``coordinator.nodeshards.policy.agentsettings``)."""
 DEFAULT_CONFIGMAP_NAME = "volcano-sharding-configmap"
 DEFAULT_CONFIGMAP_NAMESPACE = "volcano-system"
+MAX_LOGGED_FINDINGS = 20
+"""At most this many warnings of one ConfigMap are logged (all are kept on the policy)."""
 SCHEMA_VERSION = 1
 """Bumped when the meaning of the normalised form changes, so versions never collide across releases."""
 
@@ -121,9 +124,11 @@ def parse_configmap(data: Mapping[str, str] | None) -> EffectivePolicy:
     """Parse and validate a sharding ConfigMap's ``data``; warnings are logged and kept on the result.
 
     ``sharding.yaml`` is required; ``agent-scheduler.yaml`` is optional (all defaults). Other keys are ignored
-    with a warning. Raises ``PolicyConfigError`` whose ``source`` names the offending key.
+    with a warning. Sizes are capped before any YAML is read (``safeyaml.check_data``). Raises
+    ``PolicyConfigError`` whose ``source`` names the offending key.
     """
     data = data or {}
+    check_data(data, _KEYS)
     warnings: list[str] = []
     text = data.get(SHARDING_KEY)
     if text is None:
@@ -139,9 +144,13 @@ def parse_configmap(data: Mapping[str, str] | None) -> EffectivePolicy:
         raise e.in_source(SETTINGS_KEY) from e
     findings = [f"{SHARDING_KEY}: {w}" for w in warnings]
     findings += [f"{SETTINGS_KEY}: {w}" for w in settings_warnings]
-    findings += [f"{key}: unknown ConfigMap key ignored" for key in sorted(data) if key not in _KEYS]
-    for finding in findings:
+    findings += [
+        f"{key[:MAX_SHOWN]}: unknown ConfigMap key ignored" for key in sorted(data) if key not in _KEYS
+    ]
+    for finding in findings[:MAX_LOGGED_FINDINGS]:
         log.warning("sharding ConfigMap: %s", finding)
+    if len(findings) > MAX_LOGGED_FINDINGS:
+        log.warning("sharding ConfigMap: %d more warnings not logged", len(findings) - MAX_LOGGED_FINDINGS)
     return EffectivePolicy(sharding, settings, tuple(findings))
 
 

@@ -3,18 +3,17 @@
 The parsers in ``sharding`` and ``settings`` never index raw YAML themselves: they call these helpers, which
 check the type, build the dotted path (``schedulerConfigs[0].policies[1].weight``) and say what was expected.
 
-YAML is loaded with a strict safe loader: duplicate keys in one mapping are rejected (PyYAML would silently keep
-the last one, so a repeated ``maxCPUUtil`` would change a band without a trace), and keys must be strings.
+YAML is loaded by ``safeyaml.load_yaml``, a strict safe loader with limits on size, depth and
+literals and no aliases: duplicate keys in one mapping are rejected (PyYAML would silently keep the last one, so a
+repeated ``maxCPUUtil`` would change a band without a trace), and keys must be strings.
 Booleans are never accepted where numbers are expected, although YAML and Python treat them as integers.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Hashable, Mapping
-from typing import Any, Final, overload
-
-import yaml
+from collections.abc import Collection, Mapping
+from typing import Final, overload
 
 from coordinator.nodeshards.policy.errors import PolicyConfigError
 
@@ -25,39 +24,6 @@ class _Missing:
 
 
 MISSING: Final = _Missing()
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """Safe loader that rejects duplicate and non-string mapping keys."""
-
-
-def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Hashable, Any]:
-    loader.flatten_mapping(node)
-    seen: set[object] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=True)
-        where = f"line {key_node.start_mark.line + 1}, column {key_node.start_mark.column + 1}"
-        if not isinstance(key, str):
-            raise PolicyConfigError("", f"{where}: mapping key {key!r} is not a string")
-        if key in seen:
-            raise PolicyConfigError("", f"{where}: duplicate key {key!r}")
-        seen.add(key)
-    return loader.construct_mapping(node, deep=True)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
-def load_yaml(text: str) -> object:
-    """Parse one YAML document; syntax errors become ``PolicyConfigError`` with the position in the reason."""
-    try:
-        return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: no arbitrary objects
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-        raise PolicyConfigError("", f"invalid YAML: {where}{e.problem or e}") from e
-    except yaml.YAMLError as e:
-        raise PolicyConfigError("", f"invalid YAML: {e}") from e
 
 
 def sub(path: str, key: str) -> str:

@@ -28,7 +28,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from coordinator.nodeshards.policy import fields
+from coordinator.nodeshards.policy import fields, safeyaml
 from coordinator.nodeshards.policy.durations import DurationError, format_seconds, parse_go_duration
 from coordinator.nodeshards.policy.errors import PolicyConfigError
 from coordinator.nodeshards.policy.plugins import (
@@ -138,7 +138,7 @@ def _parse_policy(raw: object, path: str, warnings: list[str]) -> PolicyEntry:
     parser = REGISTRY.get(name)
     if parser is None:
         raise PolicyConfigError(
-            fields.sub(path, "name"), f"unknown policy {name!r} (known: {', '.join(REGISTRY)})"
+            fields.sub(path, "name"), f"unknown policy {safeyaml.shown(name)} (known: {', '.join(REGISTRY)})"
         )
     weight = fields.get_int(m, "weight", path, 1)
     if weight < 0:
@@ -196,7 +196,8 @@ def _parse_scheduler(raw: object, path: str, warnings: list[str]) -> SchedulerPo
     name = fields.get_str(m, "name", path)
     if len(name) > 253 or not _DNS_SUBDOMAIN.match(name):
         raise PolicyConfigError(
-            fields.sub(path, "name"), f"{name!r} is not a valid NodeShard name (lowercase DNS subdomain)"
+            fields.sub(path, "name"),
+            f"{safeyaml.shown(name)} is not a valid NodeShard name (lowercase DNS subdomain)",
         )
     kind = fields.get_str(m, "type", path)
     if not kind:
@@ -224,9 +225,9 @@ def parse_sharding(text: str, warnings: list[str]) -> ShardingConfig:
 
     Raises ``PolicyConfigError`` (without ``source``) for anything that must not be applied.
     """
-    doc = fields.as_mapping(fields.load_yaml(text), "")
+    doc = fields.as_mapping(safeyaml.load_yaml(text), "")
     for key in fields.unknown_keys(doc, _TOP_KEYS):
-        warnings.append(f"{key}: unknown top-level field ignored")
+        warnings.append(f"{key[: safeyaml.MAX_SHOWN]}: unknown top-level field ignored")
     if "schedulerConfigs" not in doc:
         raise PolicyConfigError("schedulerConfigs", "required field is missing")
     entries = fields.as_list(doc["schedulerConfigs"], "schedulerConfigs")
@@ -252,6 +253,6 @@ def parse_sharding(text: str, warnings: list[str]) -> ShardingConfig:
     except DurationError as e:
         raise PolicyConfigError("shardSyncPeriod", str(e)) from e
     if period <= 0:
-        raise PolicyConfigError("shardSyncPeriod", f"must be > 0, got {period_text!r}")
+        raise PolicyConfigError("shardSyncPeriod", f"must be > 0, got {safeyaml.shown(period_text)}")
     trigger = fields.get_bool(doc, "enableNodeEventTrigger", "", True)
     return ShardingConfig(tuple(schedulers), period, trigger)

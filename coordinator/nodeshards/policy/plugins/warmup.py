@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from common.wellknown import WARM_LABEL, WARM_LABEL_VALUE
-from coordinator.nodeshards.policy import fields
+from coordinator.nodeshards.policy import fields, safeyaml
 from coordinator.nodeshards.policy.errors import PolicyConfigError
 from coordinator.nodeshards.policy.nodes import NodeView
 
@@ -71,8 +71,12 @@ def parse(args: Mapping[str, object], path: str, warnings: list[str]) -> Warmup:
     fields.reject_unknown(args, path, (LABEL_KEY, VALUE_KEY))
     label = fields.get_str(args, LABEL_KEY, path, DEFAULT_LABEL)
     if not valid_label_key(label):
-        raise PolicyConfigError(fields.sub(path, LABEL_KEY), f"not a valid label key: {label!r}")
+        raise PolicyConfigError(
+            fields.sub(path, LABEL_KEY), f"not a valid label key: {safeyaml.shown(label)}"
+        )
     value = fields.get_str(args, VALUE_KEY, path, DEFAULT_VALUE)
     if not valid_label_value(value):
-        raise PolicyConfigError(fields.sub(path, VALUE_KEY), f"not a valid label value: {value!r}")
+        raise PolicyConfigError(
+            fields.sub(path, VALUE_KEY), f"not a valid label value: {safeyaml.shown(value)}"
+        )
     return Warmup(label, value)
