@@ -16,8 +16,9 @@ Invariants:
   every live worker with nodes has said no (or its summary rules the pod out) and no connected worker is
   still settling (including a worker that is not placing pods: fenced or draining); it is retried when a
   worker's capacity grows, the set of workers changes, or ``UNSCHEDULABLE_RETRY`` passes. A RESULT rejected
-  is never a no: the pod is dispatched again after a backoff (``pending``), so workers fenced through an etcd
-  outage cause no Unschedulable verdict.
+  is never a no, nor is an unschedulable answer over zero nodes (a worker that saw no usable node): the pod
+  is dispatched again after a backoff (``pending``), so workers fenced through an etcd outage cause no
+  Unschedulable verdict.
 - A worker with ``protocol.MAX_UNACKED`` dispatches awaiting ACK is not chosen; pods that only it could take
   wait (they are not "no" answers) and are queued again as soon as an ACK frees its window.
 - Malformed pods are reported unschedulable at once with their parse error; they are never dispatched.
@@ -293,7 +294,9 @@ class Dispatcher:
             self.table.pods.pop(key, None)
         elif result.outcome == protocol.GONE:
             self.table.pods.pop(key, None)
-        elif result.outcome == protocol.REJECTED:
+        elif result.outcome == protocol.REJECTED or result.nodes == 0:
+            # "Try later", never "no": the worker cannot place pods now, its binding was refused, or it
+            # considered no node at all (fenced or still catching up when it decided)
             self.rejected += 1
             p.rejected(self.clock())
             self.table.enqueue(key)

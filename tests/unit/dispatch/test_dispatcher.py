@@ -510,3 +510,19 @@ async def test_pending_feed_relist_forgets_pods_no_longer_listed(rig: Rig) -> No
     assert len(rig.d.table) == 0
     feed.event("ADDED", pod("c"))
     assert set(rig.d.table) == {key("c")}
+
+
+async def test_an_answer_over_no_nodes_is_try_later(rig: Rig) -> None:
+    """A worker fenced with pods in its queue decides them over no usable node: that is not a no."""
+    w1, w2 = rig.workers("w1", "w2")
+    w1.up().summary()
+    w2.up().summary()
+    rig.d.observe(pod("a"))
+    for _ in range(4):
+        rig.step()
+        for w in (w1, w2):
+            for m in w.dispatches()[-1:]:
+                w.unschedulable(m.id, nodes=0, reasons={})
+        rig.clock.advance(REJECT_BACKOFF_MAX)
+        rig.rescan()
+    assert rig.reporter.verdicts == [] and rig.d.table.pods[key("a")].tried == set()
