@@ -149,7 +149,7 @@ class CoordinatedWorker:
     async def run(self) -> int:
         """Run until SIGTERM/SIGINT, then drain: no new decisions, every node given back once its bindings
         are done, the lease revoked."""
-        election_task = asyncio.create_task(self.election.run(), name="election-mirror")
+        election_task = asyncio.create_task(self._follow_election(), name="election-mirror")
         await self.intake.start(self.listener)
         host, port = self.listener.getsockname()[:2]
         runner = await metrics.serve(self.settings.metrics_host, self.settings.metrics_port, self.ready)
@@ -190,6 +190,15 @@ class CoordinatedWorker:
             self.audit.close()
         log.info("worker %s stopped: %s", self.worker_id, self.sched.statistics())
         return 0
+
+    async def _follow_election(self) -> None:
+        """Keep the election mirror running: without it no new leader would ever be accepted."""
+        while True:
+            try:
+                await self.election.run()
+            except Exception:
+                log.exception("election mirror failed; restarting it")
+                await asyncio.sleep(1.0)
 
     async def _report_load(self) -> None:
         proc = psutil.Process()

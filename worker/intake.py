@@ -13,7 +13,8 @@ Invariants:
 - Only the elected leader's stream: a HELLO is accepted only if its MAC verifies and its ``term`` equals the
   create revision of the lowest key under the election prefix (``elected_term`` over the worker's mirror of
   it; a mirror that lags is waited for up to ``TERM_WAIT``). The stream replaces the current one only after
-  the leader's first session frame verified, so a replayed HELLO changes nothing. Results for pods
+  the leader's first session frame verified, so a replayed HELLO changes nothing. A stream whose term etcd
+  no longer elects (another key is now the lowest) is closed within ``protocol.CAPACITY_INTERVAL``. Results for pods
   dispatched over an older stream go to the current one (the leader that now owns dispatch).
 - Bounded before authentication: at most ``MAX_HANDSHAKES`` connections may be in their handshake at once
   (more are closed at once, unread), the handshake must finish within ``protocol.HELLO_TIMEOUT``, and its
@@ -373,6 +374,15 @@ class Intake:
 
     async def _report_capacity(self, stream: LeaderStream) -> None:
         while not stream.writer.is_closing():
+            elected = self.elected()
+            if elected is not None and elected != stream.term:
+                log.warning(
+                    "leader of term %d is no longer elected (term %d is); closing its stream",
+                    stream.term,
+                    elected,
+                )
+                stream.writer.close()
+                return
             stream.send(self.capacity())
             await stream.drain()
             await asyncio.sleep(protocol.CAPACITY_INTERVAL)

@@ -439,3 +439,19 @@ async def test_results_carry_the_uid_and_only_answer_for_the_dispatched_pod(work
     result = await leader.next(protocol.Result)
     assert (result.id, result.uid, result.outcome) == (6, "uid-new", protocol.BOUND)
     await leader.close()
+
+
+async def test_a_stream_whose_term_is_no_longer_elected_is_closed(worker: Worker) -> None:
+    leader = await Leader.connect(worker, term=1)
+    worker.elected[0] = None  # the mirror lost sight of the election: keep the stream
+    await asyncio.sleep(3 * protocol.CAPACITY_INTERVAL)
+    leader.send(protocol.Ping(ts=1))
+    assert (await leader.next(protocol.Pong)).ts == 1
+    worker.elected[0] = 2  # another leader's key is now the lowest
+    assert await leader.closed()
+    for _ in range(int(TIMEOUT / 0.01)):  # the worker's side of the close follows ours
+        if worker.results.stream is None:
+            break
+        await asyncio.sleep(0.01)
+    assert worker.results.stream is None
+    await leader.close()
