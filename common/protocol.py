@@ -33,7 +33,7 @@ the side that reads it closes the stream (the leader connects again).
 Terms: HELLO's ``term`` is the create revision of the leader's election key. The worker accepts the stream
 only if it equals the lowest create revision under the election prefix in its mirror of etcd, i.e. the
 leader etcd elects now (not "the highest term seen", which would lock out a real leader after etcd is
-restored or replaced, its revisions restarting low).
+restored or replaced, its revisions restarting low), and it closes a stream whose term etcd no longer elects.
 
 Version: ``VERSION`` travels in HELLO and WELCOME (field ``v``); a peer whose HELLO or WELCOME names another
 version is refused. A peer of another framing fails the MAC check of its first frame.

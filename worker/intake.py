@@ -232,6 +232,7 @@ class Intake:
         self.refused_connections = 0  # closed at once: too many handshakes under way
         self.failed_handshakes = 0  # unauthenticated, malformed, wrong term, or too slow
         self.foreign_pods = 0  # DISPATCHes of another scheduler's pods, refused
+        self._last_failure_log = float("-inf")
 
     async def start(self, listener: socket.socket) -> None:
         """Serve on an already bound socket (its address is in the worker's membership record)."""
@@ -280,11 +281,17 @@ class Intake:
             writer.close()
 
     def _failed(self, stream: LeaderStream | None, fmt: str, *args: object) -> None:
-        if stream is None:
-            self.failed_handshakes += 1
-            log.info(fmt, *args)  # anyone can cause these: not a warning each
-        else:
+        if stream is not None:
             log.warning(fmt, *args)
+            return
+        # Anyone who reaches the port can cause these: at most one line a second, the rest at debug level.
+        self.failed_handshakes += 1
+        now = time.monotonic()
+        if now - self._last_failure_log >= 1.0:
+            self._last_failure_log = now
+            log.info(fmt + " (%d refused so far)", *args, self.failed_handshakes)
+        else:
+            log.debug(fmt, *args)
 
     async def _handshake(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
