@@ -14,8 +14,8 @@ Invariants:
   create revision of the lowest key under the election prefix (``elected_term`` over the worker's mirror of
   it; a mirror that lags is waited for up to ``TERM_WAIT``). The stream replaces the current one only after
   the leader's first session frame verified, so a replayed HELLO changes nothing. A stream whose term etcd
-  no longer elects (another key is now the lowest) is closed within ``protocol.CAPACITY_INTERVAL``. Results for pods
-  dispatched over an older stream go to the current one (the leader that now owns dispatch).
+  no longer elects (another key is now the lowest) is closed within ``protocol.CAPACITY_INTERVAL``. Results
+  for pods dispatched over an older stream go to the current one (the leader that now owns dispatch).
 - Bounded before authentication: at most ``MAX_HANDSHAKES`` connections may be in their handshake at once
   (more are closed at once, unread), the handshake must finish within ``protocol.HELLO_TIMEOUT``, and its
   frames are capped at ``protocol.MAX_HANDSHAKE_FRAME``; nothing unauthenticated is decoded. The capacity
@@ -30,7 +30,8 @@ Invariants:
 - While the worker cannot place pods (fenced, draining), DISPATCH is answered with RESULT ``rejected`` at
   once, so the leader tries later or elsewhere without waiting.
 
-The message encode/decode calls are kept in the few small functions marked "wire" below.
+What goes on the wire (RESULT construction, DISPATCH decoding, sealed writes) is kept in the few small
+functions and the ``LeaderStream`` marked "wire" below.
 """
 
 from __future__ import annotations

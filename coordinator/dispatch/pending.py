@@ -9,18 +9,19 @@ A pod in the table is in exactly one of these states:
 - parked: declared unschedulable at ``parked_at``; retried after ``UNSCHEDULABLE_RETRY``, or at once when a
   worker's capacity grows or the set of workers changes. Malformed pods are parked for good.
 
-``tried`` holds the workers that said no (RESULT unschedulable over at least one node) since the pod was last
-parked; an unschedulable answer adds its node count and reasons to the pod's tally. A RESULT rejected is never
-a no: it means "try later" (the worker is fenced or draining, or the binding was refused, which
-kube-scheduler also retries with backoff), and so does an unschedulable answer over zero nodes (the worker saw
-no usable node when it decided: fenced, or catching up); so the pod waits ``not_before`` (``REJECT_BACKOFF`` doubling per rejection up to
-``REJECT_BACKOFF_MAX``) and is then dispatched again. A pod is one object: its entry is replaced when a pod of
-the same name with another uid appears.
+``tried`` holds the workers that said no (RESULT unschedulable over at least one node) since the pod was
+last parked; an unschedulable answer adds its node count and reasons to the pod's tally. A RESULT rejected is
+never a no: it means "try later" (the worker is fenced or draining, or the binding was refused, which
+kube-scheduler also retries with backoff), and so does an unschedulable answer over zero nodes (the worker
+saw no usable node when it decided: fenced, or catching up). Such a pod waits until ``not_before``
+(``REJECT_BACKOFF`` doubling per rejection up to ``REJECT_BACKOFF_MAX``) and is then dispatched again. A pod
+is one object: its entry is replaced when a pod of the same name with another uid appears.
 
 Verdict (``verdict``): a pod is unschedulable only when every live worker with nodes has said no or its
 summary rules the pod out, and no connected worker that has not said no is still settling (no summary yet on
-its stream, or granted nodes it is still catching up on). The message sums the answers kube-style ("0/40
-nodes are available: ..."); a worker ruled out by its summary counts its nodes as "Insufficient cpu".
+its stream, granted nodes it is still catching up on, or not placing pods for now). The message sums the
+answers kube-style ("0/40 nodes are available: ..."); a worker ruled out by its summary counts its nodes as
+"Insufficient cpu".
 """
 
 from __future__ import annotations

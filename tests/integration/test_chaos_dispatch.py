@@ -141,8 +141,8 @@ async def hostile_round(host: str, port: int) -> dict[str, int]:
     )
     for kind, data in answers.items():
         assert data == b"", f"{kind}: the worker answered {len(data)} bytes to an unauthenticated peer"
-    # Under the right secret (an insider, or a stolen key) a forged term is still refused, since etcd elects the
-    # leader: an authenticated ERROR, or (while idle connections fill the handshake cap) an unanswered close.
+    # Under the right secret (an insider, or a stolen key) a forged term is still refused, since etcd elects
+    # the leader: an authenticated ERROR, or a silent close while idle connections fill the handshake cap.
     frame, nonce = hello(SECRET, forged)
     refusal = await answer_then_close(host, port, frame)
     if refusal:
@@ -233,7 +233,7 @@ async def test_hostile_peers_during_a_burst(
     )
 
 
-# ----- etcd outage --------------------------------------------------------------------------------------------
+# ----- etcd outage ----------------------------------------------------------------------------------------
 
 
 def _unscheduled(pods: list[dict[str, Any]]) -> set[str]:
@@ -288,7 +288,7 @@ async def test_etcd_outage_of_20s_reports_no_pod_unschedulable(
     )
 
 
-# ----- etcd replaced by an empty one ----------------------------------------------------------------------------
+# ----- etcd replaced by an empty one ----------------------------------------------------------------------
 
 
 async def election_term(d: Deployment) -> int | None:
