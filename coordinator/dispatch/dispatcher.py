@@ -354,8 +354,7 @@ class Dispatcher:
                 n += 1
                 if n % YIELD_EVERY == 0:
                     await asyncio.sleep(0)
-            for w in list(self.workers.values()):
-                await w.link.drain()
+            await asyncio.gather(*(w.link.drain() for w in list(self.workers.values())))
             if ready and n == pending:
                 await asyncio.sleep(0.01)
 

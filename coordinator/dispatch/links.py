@@ -9,6 +9,10 @@ connected the link sends PING every ``HEARTBEAT_INTERVAL`` (checked as frames ar
 every ``CAPACITY_INTERVAL`` keeps them coming, and its PONG keeps an idle stream alive). Every frame it writes
 is sealed by the stream's ``protocol.Session``.
 
+Backpressure: ``drain`` waits for the write buffer to flush, but at most ``DRAIN_WAIT``, so a worker that has
+stopped reading (paused, partitioned) slows the dispatch loop by at most that per pass until its stream is
+declared dead; a dead stream is aborted, its unsent buffer discarded (its pods are re-dispatched).
+
 A link knows nothing of pods. It tells its ``LinkEvents`` (given at construction) three things, always with
 itself as the first argument so the owner can tell a current link from one it has already replaced:
 ``link_up`` once the worker has welcomed the stream, ``received`` for every CAPACITY, ACK and RESULT,
@@ -30,6 +34,7 @@ from common.keyring import Keys, NoSecret
 log = logging.getLogger(__name__)
 
 CONNECT_RETRY = 0.5
+DRAIN_WAIT = 0.25  # longest a drain waits for one worker to read
 
 Inbound = protocol.Capacity | protocol.Ack | protocol.Result
 
@@ -48,7 +53,7 @@ class Transport(Protocol):
         follows, or has already been told)."""
 
     async def drain(self) -> None:
-        """Wait until the stream's write buffer is flushed (never raises for a broken stream)."""
+        """Wait until the stream's write buffer is flushed, or a bounded while (never raises)."""
 
     def stop(self) -> None:
         """Close the stream for good (the worker left, or the term ended)."""
@@ -107,8 +112,9 @@ class Link:
 
     async def drain(self) -> None:
         if self._writer is not None and not self._writer.is_closing():
-            with contextlib.suppress(ConnectionError):
-                await self._writer.drain()
+            with contextlib.suppress(ConnectionError, TimeoutError):
+                async with asyncio.timeout(DRAIN_WAIT):
+                    await self._writer.drain()
 
     async def _run(self) -> None:
         host, _, port = self.address.rpartition(":")
@@ -131,7 +137,7 @@ class Link:
             except (asyncio.IncompleteReadError, ConnectionError, protocol.ProtocolError, TimeoutError) as e:
                 log.warning("stream to worker %s broke: %s", self.worker_id, e)
             finally:
-                writer.close()
+                writer.transport.abort()  # not close(): that would wait to flush to a worker that may not read
                 self._writer, self._session = None, None
                 if up:
                     self.events.link_down(self)

@@ -220,3 +220,28 @@ async def test_send_on_a_link_never_connected_is_dropped() -> None:
     link.send(protocol.Ack(1))
     await link.drain()
     assert not link.connected and events.log == []
+
+
+async def test_a_worker_that_stops_reading_bounds_drain_and_is_dropped(
+    worker: tuple[WorkerStandIn, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(protocol, "DEAD_AFTER", 0.5)
+    stand_in, address = worker
+    events = Events()
+    link = Link("w1", address, events, leader_id="l", term=1).start()
+    try:
+        reader, writer = await stand_in.accept()
+        await welcome(reader, writer)
+        await events.until("up")
+        big = {"metadata": {"name": "p", "annotations": {"pad": "x" * 200_000}}}
+        for i in range(64):  # ~12 MiB the worker never reads: far beyond the socket buffers
+            link.send(protocol.Dispatch(i, big))
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        await link.drain()
+        assert loop.time() - t0 < 10 * links.DRAIN_WAIT  # bounded, not until the worker reads
+        await events.until("down")  # nothing came back for DEAD_AFTER: the stream is aborted
+        assert not link.connected
+        writer.close()
+    finally:
+        link.stop()
