@@ -1,76 +1,114 @@
 """The dispatch wire protocol between the coordinator leader and worker processes: the one contract both
-roles speak, one frozen dataclass per message.
+roles speak, one frozen dataclass per message, and the authenticated framing that carries them.
 
 Transport: one TCP stream per worker. The worker listens (its address is in its etcd membership record); the
-leader connects. A new leader simply connects again; a worker accepts one leader stream at a time and drops
-an older one when a newer leader (higher ``term``) says HELLO.
+leader connects. A new leader simply connects again; a worker keeps one leader stream at a time, and only the
+stream of the leader etcd currently elects (see "Terms" below).
 
-Framing: each message is a 4-byte big-endian unsigned length, then that many bytes of one msgpack map. The
-length is checked against ``MAX_FRAME`` before the body is read, so an oversized frame is refused without
-buffering it. Every map carries ``t``, the message type (one of the constants below), and its fields.
+Framing: each frame is a 4-byte big-endian unsigned length, then a 32-byte MAC, then the body: one msgpack
+map. The length covers MAC and body and is checked before either is read: against ``MAX_HANDSHAKE_FRAME``
+(a few KiB) for HELLO and the answer to it, which arrive before the peer is authenticated, and against
+``MAX_FRAME`` afterwards. The MAC is verified before the body is decoded, so bytes from a peer that does
+not hold the secret are never unpacked. Every map carries ``t``, the message type, and its fields.
+
+Authentication (shared secret, HMAC-SHA256): both roles read the same secret from a file
+(``common.keyring``); with none configured the key is empty (integrity only: the worker then refuses to
+listen beyond loopback unless told ``--insecure-dispatch``). A stream opens with a handshake:
+1. leader -> worker  HELLO {v, leader, term, nonce}, MAC = HMAC(K, "hello" | body); ``nonce`` is 16 fresh
+   random bytes. The worker tries its current key, then the previous one while the rotation grace lasts;
+   the key that verifies is the stream's key K.
+2. worker -> leader  WELCOME {v, worker, term, nonce} (the worker's fresh nonce) or ERROR, with
+   MAC = HMAC(K, "reply" | hello nonce | body): the answer is bound to this HELLO.
+3. Both derive the session key S = HMAC(K, "session" | hello nonce | welcome nonce). Every later frame in
+   either direction carries MAC = HMAC(S, direction | seq | body), where direction is "L" (leader to worker)
+   or "W" and ``seq`` counts that direction's frames from 0 (8 bytes, big-endian; not sent, each side
+   counts). A replayed, reordered, dropped, reflected or tampered frame therefore fails its MAC, and frames
+   from another stream (other nonces) never verify.
+4. The worker treats the stream as the leader's only after the leader's first session frame (the leader
+   sends PING at once) verified: a replayed HELLO gets a WELCOME but can never follow it, and the stream
+   currently in use is not touched. The handshake must complete within ``HELLO_TIMEOUT``.
+Any frame that fails its MAC, is malformed or oversized, or names another version raises ``ProtocolError``;
+the side that reads it closes the stream (the leader connects again).
+
+Terms: HELLO's ``term`` is the create revision of the leader's election key. The worker accepts the stream
+only if it equals the lowest create revision under the election prefix in its mirror of etcd, i.e. the
+leader etcd elects now (not "the highest term seen", which would lock out a real leader after etcd is
+restored or replaced, its revisions restarting low), and it closes a stream whose term etcd no longer elects.
 
 Version: ``VERSION`` travels in HELLO and WELCOME (field ``v``); a peer whose HELLO or WELCOME names another
-version is refused (the worker answers ERROR and closes; the leader drops the stream). ``encode`` also writes
-``v`` into every other frame because peers of the first protocol release check it per frame; ``decode``
-reads it only in HELLO and WELCOME.
+version is refused. A peer of another framing fails the MAC check of its first frame.
 
 Leader -> worker
-    HELLO     {v, leader, term}                first frame; ``term`` is the leader's election revision
+    HELLO     {v, leader, term, nonce}         first frame
     DISPATCH  {id, pod}                        place this pod (the API object as the leader saw it)
-    PING      {ts}                             heartbeat, every ``HEARTBEAT_INTERVAL``
+    PING      {ts}                             heartbeat, every ``HEARTBEAT_INTERVAL`` (and once at once)
 Worker -> leader
-    WELCOME   {v, worker, term}                answer to HELLO
+    WELCOME   {v, worker, term, nonce}         answer to HELLO
     ACK       {id}                             the pod is in the worker's queue (not yet placed)
-    RESULT    {id, key, outcome, node, nodes, reasons, message}
+    RESULT    {id, key, uid, outcome, node, nodes, reasons, message}
               outcome: "bound" (node set), "unschedulable" (no owned node fits; ``nodes`` is how many
               nodes were considered, ``reasons`` maps kube-scheduler reasons to node counts), "gone" (the pod
-              was deleted), "rejected" (the worker cannot take pods now, e.g. fenced or draining; sent
-              instead of ACK)
-    CAPACITY  {nodes, free_cpu, free_memory, max_cpu, max_memory, pending, syncing, binds_per_s, ts}
+              was deleted), "rejected" (try later: the worker cannot take pods now, e.g. fenced or draining,
+              sent instead of ACK; or the binding was refused; or the pod is not for this scheduler). ``uid``
+              is the pod's uid as the worker saw it, so a pod recreated under the same name is not answered
+              for by its predecessor's result.
+    CAPACITY  {nodes, free_cpu, free_memory, max_cpu, max_memory, pending, syncing, binds_per_s, ts,
+               placing}
               a compact summary of the worker's shard, every ``CAPACITY_INTERVAL``: totals of free
               millicores/bytes over usable owned nodes, and the largest free amounts on one node (a pod
               larger than ``max_*`` cannot fit this shard); ``syncing`` counts granted nodes not usable
-              yet (the worker's cache is catching up with them)
+              yet (the worker's cache is catching up with them); ``placing`` is false while the worker cannot
+              take pods (fenced, draining: ``nodes`` is then 0, but its shard is not known to be empty)
     PONG      {ts}                             answer to PING
 Either way
     ERROR     {message}                        then the sender closes the stream
 
-Encoding: ``encode`` raises ``ProtocolError`` and nothing else for a message it cannot write (an integer
+Encoding: ``pack`` (and ``encode``, ``Session.seal``) raise ``ProtocolError`` and nothing else for a message it cannot write (an integer
 beyond msgpack's 64 bits, a pod holding a value msgpack has no type for, nesting too deep, a frame over
 ``MAX_FRAME``). CAPACITY is the exception, as a summary: its integer fields are sums over a shard's nodes that
 can exceed 64 bits even though each node's amount fits int64 (``common.quantity``), so they saturate at int64
 rather than fail; "more than any pod can ask" is all the leader needs to read from them.
 
-Decoding: ``decode`` (and ``read_message``, which frames it) returns one of the message classes or raises
-``ProtocolError``, and nothing else, whatever the bytes: undecodable msgpack, a body that is not a map, an
-unknown ``t``, a missing field or one of the wrong type (a bool is not an int, an int is not a string), an
-unknown RESULT outcome, or a DISPATCH ``pod`` that is not a JSON object with a named ``metadata`` map and
-well-shaped ``metadata``/``spec``/``status`` maps. Fields a message does not declare are ignored, so a newer
-peer may add fields and still talk to an older one; removing or retyping a field needs a new ``VERSION``.
+Decoding: ``decode`` returns one of the message classes or raises ``ProtocolError``, and nothing else,
+whatever the bytes: undecodable msgpack, a body that is not a map, an unknown ``t``, a missing field or one
+of the wrong type (a bool is not an int, an int is not a string), an unknown RESULT outcome, or a DISPATCH
+``pod`` that is not a JSON object with a named ``metadata`` map and well-shaped ``metadata``/``spec``/
+``status`` maps. Fields a message does not declare are ignored, so a newer peer may add fields and still
+talk to an older one; removing or retyping a field needs a new ``VERSION``. ``encode``/``decode`` and
+``read_message`` are the codec under the MAC (unsealed frames); streams use ``Session`` and the handshake
+functions.
 
 Flow control (ACK): the leader keeps at most ``MAX_UNACKED`` dispatches per worker stream that the worker has
 not yet acknowledged with ACK (or answered with RESULT); a worker whose window is full is not chosen until an
-ACK frees a slot. This bounds what a slow or stalled worker can have buffered in its socket and lets the
-others take the burst.
+ACK frees a slot. Writers that can pile up wait for ``drain()``: the worker stops reading a leader that does
+not read its answers.
 
 Acks and duplicates: the leader keeps every dispatched pod until a RESULT (or the pod is seen bound by its
-own watch). If the stream breaks, or no frame arrives for ``DEAD_AFTER``, the leader re-dispatches that
-worker's pods elsewhere. A pod dispatched twice is harmless: the API server refuses the second binding with
-409 and the worker's cache confirms the first. A RESULT whose id the leader no longer tracks is ignored.
+own watch). If the stream breaks, no frame arrives for ``DEAD_AFTER``, or no RESULT arrives within the
+leader's dispatch timeout, the leader dispatches the pod again. A pod dispatched twice is harmless: the API
+server refuses the second binding with 409 and the worker's cache confirms the first. A RESULT whose id (or
+uid) the leader no longer tracks is ignored.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
+import secrets
 import struct
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 import msgpack
 
-VERSION: Final = 1
+VERSION: Final = 2
 MAX_FRAME: Final = 16 * 1024 * 1024
+MAX_HANDSHAKE_FRAME: Final = 4096  # HELLO and its answer: read before the peer is authenticated
+MAC_SIZE: Final = 32  # HMAC-SHA256
+NONCE_SIZE: Final = 16
+HELLO_TIMEOUT: Final = 5.0  # connect to first verified session frame
 HEARTBEAT_INTERVAL: Final = 1.0
 CAPACITY_INTERVAL: Final = 0.1
 DEAD_AFTER: Final = 5.0
@@ -97,8 +135,8 @@ _HEADER = struct.Struct(">I")
 
 
 class ProtocolError(Exception):
-    """Raised for a malformed frame, an oversized frame, or a peer speaking another protocol version. The
-    stream it came from is closed."""
+    """Raised for a malformed, oversized or unauthenticated frame, or a peer speaking another protocol
+    version. The stream it came from is closed."""
 
 
 # ----- messages ------------------------------------------------------------------------------------------
@@ -108,6 +146,7 @@ class ProtocolError(Exception):
 class Hello:
     leader: str
     term: int
+    nonce: bytes  # NONCE_SIZE fresh random bytes (``new_nonce``)
     version: int = VERSION
 
 
@@ -115,6 +154,7 @@ class Hello:
 class Welcome:
     worker: str
     term: int
+    nonce: bytes  # NONCE_SIZE fresh random bytes (``new_nonce``)
     version: int = VERSION
 
 
@@ -138,20 +178,30 @@ class Result:
     nodes: int = 0
     reasons: Mapping[str, int] = field(default_factory=dict)
     message: str = ""
+    uid: str = ""  # the pod's uid as the worker saw it ("" if it had none)
 
     @classmethod
-    def bound(cls, dispatch_id: int, key: str, node: str) -> Result:
-        return cls(dispatch_id, key, BOUND, node=node)
+    def bound(cls, dispatch_id: int, key: str, node: str, *, uid: str = "") -> Result:
+        return cls(dispatch_id, key, BOUND, node=node, uid=uid)
 
     @classmethod
     def unschedulable(
-        cls, dispatch_id: int, key: str, *, nodes: int, reasons: Mapping[str, int], message: str
+        cls,
+        dispatch_id: int,
+        key: str,
+        *,
+        nodes: int,
+        reasons: Mapping[str, int],
+        message: str,
+        uid: str = "",
     ) -> Result:
-        return cls(dispatch_id, key, UNSCHEDULABLE, nodes=nodes, reasons=dict(reasons), message=message)
+        return cls(
+            dispatch_id, key, UNSCHEDULABLE, nodes=nodes, reasons=dict(reasons), message=message, uid=uid
+        )
 
     @classmethod
-    def rejected(cls, dispatch_id: int, key: str, message: str) -> Result:
-        return cls(dispatch_id, key, REJECTED, message=message)
+    def rejected(cls, dispatch_id: int, key: str, message: str, *, uid: str = "") -> Result:
+        return cls(dispatch_id, key, REJECTED, message=message, uid=uid)
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +215,7 @@ class Capacity:
     syncing: int
     binds_per_s: float
     ts: float
+    placing: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,18 +241,19 @@ Message = Hello | Welcome | Dispatch | Ack | Result | Capacity | Ping | Pong | E
 
 def _fields(message: Message) -> tuple[str, dict[str, Any]]:
     match message:
-        case Hello(leader, term, version):
-            return HELLO, {"v": version, "leader": leader, "term": term}
-        case Welcome(worker, term, version):
-            return WELCOME, {"v": version, "worker": worker, "term": term}
+        case Hello(leader, term, nonce, version):
+            return HELLO, {"v": version, "leader": leader, "term": term, "nonce": nonce}
+        case Welcome(worker, term, nonce, version):
+            return WELCOME, {"v": version, "worker": worker, "term": term, "nonce": nonce}
         case Dispatch(dispatch_id, pod):
             return DISPATCH, {"id": dispatch_id, "pod": pod}
         case Ack(dispatch_id):
             return ACK, {"id": dispatch_id}
-        case Result(dispatch_id, key, outcome, node, nodes, reasons, text):
+        case Result(dispatch_id, key, outcome, node, nodes, reasons, text, uid):
             return RESULT, {
                 "id": dispatch_id,
                 "key": key,
+                "uid": uid,
                 "outcome": outcome,
                 "node": node,
                 "nodes": nodes,
@@ -219,6 +271,7 @@ def _fields(message: Message) -> tuple[str, dict[str, Any]]:
                 "syncing": message.syncing,
                 "binds_per_s": message.binds_per_s,
                 "ts": message.ts,
+                "placing": message.placing,
             }
         case Ping(ts):
             return PING, {"ts": ts}
@@ -238,9 +291,9 @@ def _saturated(value: Any) -> Any:
     return value
 
 
-def encode(message: Message) -> bytes:
-    """One frame (length header and body) for ``message``. Raises ``ProtocolError`` if it cannot be encoded
-    or exceeds ``MAX_FRAME`` (see "Encoding" above)."""
+def pack(message: Message) -> bytes:
+    """The body for ``message`` (no header, no MAC). Raises ``ProtocolError`` if it cannot be encoded or a
+    frame would exceed ``MAX_FRAME`` (see "Encoding" above)."""
     kind, fields = _fields(message)
     if kind == CAPACITY:
         fields = {name: _saturated(value) for name, value in fields.items()}
@@ -248,8 +301,15 @@ def encode(message: Message) -> bytes:
         body: bytes = msgpack.packb({"v": VERSION, "t": kind, **fields}, use_bin_type=True)
     except (OverflowError, ValueError, TypeError, RecursionError) as e:
         raise ProtocolError(f"{kind} message cannot be encoded: {type(e).__name__}: {e}") from e
-    if len(body) > MAX_FRAME:
+    if len(body) + MAC_SIZE > MAX_FRAME:
         raise ProtocolError(f"{kind} message of {len(body)} bytes exceeds {MAX_FRAME}")
+    return body
+
+
+def encode(message: Message) -> bytes:
+    """One unsealed frame (length header and body, no MAC): the codec under the MAC, for tests and tools.
+    Streams send ``Session.seal`` frames. Raises ``ProtocolError`` if it exceeds ``MAX_FRAME``."""
+    body = pack(message)
     return _HEADER.pack(len(body)) + body
 
 
@@ -277,10 +337,24 @@ def _float(m: Mapping[str, Any], name: str) -> float:
     return float(value)
 
 
+def _bool(m: Mapping[str, Any], name: str) -> bool:
+    value = _get(m, name)
+    if not isinstance(value, bool):
+        raise ProtocolError(f"{m['t']}.{name} is not a boolean: {value!r}")
+    return value
+
+
 def _str(m: Mapping[str, Any], name: str) -> str:
     value = _get(m, name)
     if not isinstance(value, str):
         raise ProtocolError(f"{m['t']}.{name} is not a string: {value!r}")
+    return value
+
+
+def _bytes(m: Mapping[str, Any], name: str, size: int) -> bytes:
+    value = _get(m, name)
+    if not isinstance(value, bytes) or len(value) != size:
+        raise ProtocolError(f"{m['t']}.{name} is not {size} bytes")
     return value
 
 
@@ -368,8 +442,10 @@ def _pod(m: Mapping[str, Any]) -> dict[str, Any]:
 
 
 _DECODERS: dict[str, Callable[[Mapping[str, Any]], Message]] = {
-    HELLO: lambda m: Hello(_str(m, "leader"), _int(m, "term"), _version(m)),
-    WELCOME: lambda m: Welcome(_str(m, "worker"), _int(m, "term"), _version(m)),
+    HELLO: lambda m: Hello(_str(m, "leader"), _int(m, "term"), _bytes(m, "nonce", NONCE_SIZE), _version(m)),
+    WELCOME: lambda m: Welcome(
+        _str(m, "worker"), _int(m, "term"), _bytes(m, "nonce", NONCE_SIZE), _version(m)
+    ),
     DISPATCH: lambda m: Dispatch(_int(m, "id"), _pod(m)),
     ACK: lambda m: Ack(_int(m, "id")),
     RESULT: lambda m: Result(
@@ -380,6 +456,7 @@ _DECODERS: dict[str, Callable[[Mapping[str, Any]], Message]] = {
         nodes=_int(m, "nodes"),
         reasons=_reasons(m),
         message=_str(m, "message"),
+        uid=_str(m, "uid"),
     ),
     CAPACITY: lambda m: Capacity(
         nodes=_int(m, "nodes"),
@@ -391,6 +468,7 @@ _DECODERS: dict[str, Callable[[Mapping[str, Any]], Message]] = {
         syncing=_int(m, "syncing"),
         binds_per_s=_float(m, "binds_per_s"),
         ts=_float(m, "ts"),
+        placing=_bool(m, "placing"),
     ),
     PING: lambda m: Ping(_float(m, "ts")),
     PONG: lambda m: Pong(_float(m, "ts")),
@@ -424,3 +502,112 @@ async def read_message(reader: asyncio.StreamReader) -> Message:
     if size > MAX_FRAME:
         raise ProtocolError(f"frame of {size} bytes exceeds {MAX_FRAME}")
     return decode(await reader.readexactly(size))
+
+
+# ----- sealed frames: the handshake and the session -------------------------------------------------------
+
+_HELLO_CONTEXT: Final = b"hello"
+_REPLY_CONTEXT: Final = b"reply"
+_SESSION_CONTEXT: Final = b"session"
+LEADER_TO_WORKER: Final = b"L"
+WORKER_TO_LEADER: Final = b"W"
+
+
+def _mac(key: bytes, *parts: bytes) -> bytes:
+    h = hmac.new(key, digestmod=hashlib.sha256)
+    for part in parts:
+        h.update(part)
+    return h.digest()
+
+
+def _frame(mac: bytes, body: bytes) -> bytes:
+    return _HEADER.pack(MAC_SIZE + len(body)) + mac + body
+
+
+async def read_frame(reader: asyncio.StreamReader, limit: int = MAX_FRAME) -> tuple[bytes, bytes]:
+    """One sealed frame's (MAC, body), unverified. The length is checked against ``limit`` before anything
+    else is read. Raises ``asyncio.IncompleteReadError`` at end of stream, ``ProtocolError`` if oversized or
+    too short to hold a MAC."""
+    (size,) = _HEADER.unpack(await reader.readexactly(_HEADER.size))
+    if size > limit:
+        raise ProtocolError(f"frame of {size} bytes exceeds {limit}")
+    if size < MAC_SIZE:
+        raise ProtocolError(f"frame of {size} bytes has no MAC")
+    data = await reader.readexactly(size)
+    return data[:MAC_SIZE], data[MAC_SIZE:]
+
+
+def new_nonce() -> bytes:
+    return secrets.token_bytes(NONCE_SIZE)
+
+
+def seal_hello(key: bytes, hello: Hello) -> bytes:
+    """The leader's first frame, under the stream's key."""
+    body = pack(hello)
+    return _frame(_mac(key, _HELLO_CONTEXT, body), body)
+
+
+async def read_hello(reader: asyncio.StreamReader, keys: Sequence[bytes]) -> tuple[Hello, bytes]:
+    """The worker reads the first frame: a HELLO under one of ``keys`` (current first). Returns it and the
+    key that verified it. ``ProtocolError`` for anything else, including a frame no key verifies (its body is
+    then not decoded)."""
+    mac, body = await read_frame(reader, MAX_HANDSHAKE_FRAME)
+    for key in keys:
+        if hmac.compare_digest(mac, _mac(key, _HELLO_CONTEXT, body)):
+            hello = decode(body)
+            if not isinstance(hello, Hello):
+                raise ProtocolError(f"expected hello, got {type(hello).__name__}")
+            return hello, key
+    raise ProtocolError("hello not authenticated")
+
+
+def seal_reply(key: bytes, hello_nonce: bytes, reply: Welcome | Error) -> bytes:
+    """The worker's answer to a HELLO (WELCOME or ERROR), bound to that HELLO's nonce."""
+    body = pack(reply)
+    return _frame(_mac(key, _REPLY_CONTEXT, hello_nonce, body), body)
+
+
+async def read_reply(reader: asyncio.StreamReader, key: bytes, hello_nonce: bytes) -> Welcome:
+    """The leader reads the answer to its HELLO. An ERROR answer, or any frame that is not a WELCOME bound to
+    this HELLO under ``key``, raises ``ProtocolError``."""
+    mac, body = await read_frame(reader, MAX_HANDSHAKE_FRAME)
+    if not hmac.compare_digest(mac, _mac(key, _REPLY_CONTEXT, hello_nonce, body)):
+        raise ProtocolError("answer to hello not authenticated")
+    reply = decode(body)
+    if isinstance(reply, Error):
+        raise ProtocolError(f"worker refused: {reply.message}")
+    if not isinstance(reply, Welcome):
+        raise ProtocolError(f"expected welcome, got {type(reply).__name__}")
+    return reply
+
+
+class Session:
+    """One side of one authenticated stream after the handshake: seals what it sends and opens what it
+    reads, each direction with its own frame counter bound into the MAC (see "Authentication" above).
+    ``seal`` must be followed by writing the frame before anything else is sealed for the same stream."""
+
+    def __init__(self, key: bytes, *, hello_nonce: bytes, welcome_nonce: bytes, leader: bool) -> None:
+        self._key = _mac(key, _SESSION_CONTEXT, hello_nonce, welcome_nonce)
+        self._out = LEADER_TO_WORKER if leader else WORKER_TO_LEADER
+        self._in = WORKER_TO_LEADER if leader else LEADER_TO_WORKER
+        self._sent = 0
+        self._read = 0
+
+    def seal(self, message: Message) -> bytes:
+        body = pack(message)
+        mac = _mac(self._key, self._out, self._sent.to_bytes(8, "big"), body)
+        self._sent += 1
+        return _frame(mac, body)
+
+    def open(self, mac: bytes, body: bytes) -> Message:
+        expected = _mac(self._key, self._in, self._read.to_bytes(8, "big"), body)
+        if not hmac.compare_digest(mac, expected):
+            raise ProtocolError(f"frame {self._read} not authenticated")
+        self._read += 1
+        return decode(body)
+
+    async def read(self, reader: asyncio.StreamReader) -> Message:
+        """Read, verify and decode the next frame (``read_frame``'s errors, ``ProtocolError`` for a bad MAC
+        or a malformed body)."""
+        mac, body = await read_frame(reader)
+        return self.open(mac, body)

@@ -4,6 +4,7 @@ etcd), the others stand by and take over within the lease TTL when the leader di
 Flags pick the API server (``--kubeconfig``), etcd (``--etcd-endpoints``, ``--etcd-prefix``), the lease TTL,
 the scheduler name whose pods are dispatched, and the agent node pool (``--agent-node-selector``), which the
 shard-policy ConfigMap (``--policy-configmap``, ``--policy-namespace``) narrows when it exists.
+``--dispatch-secret-file`` is the dispatch channel's shared secret (the workers must have the same).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from common import metrics
 from common.etcd.keys import KeyLayout
 from common.etcd.kv import connect
 from common.etcd.schema import LeaderRecord
+from common.keyring import load_keys
 from common.kube import KubeClient, load_credentials
 from common.wellknown import DEFAULT_ETCD_PREFIX, DEFAULT_SCHEDULER_NAME
 from coordinator.leadership.election import LeaderElection, run_as_leader
@@ -49,6 +51,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report-qps", type=float, default=50.0, help="unschedulable reports per second")
     p.add_argument("--metrics-address", default="127.0.0.1:0", help="host:port of /metrics, /healthz")
     p.add_argument("--id", default="", help="candidate identity (default hostname-pid)")
+    p.add_argument(
+        "--dispatch-secret-file",
+        default=os.environ.get("AGENT_SCHEDULER_DISPATCH_SECRET_FILE", ""),
+        help="shared secret of the dispatch channel (the workers' too); re-read when it changes",
+    )
 
 
 def sharding_options(args: argparse.Namespace) -> ShardingOptions | None:
@@ -86,6 +93,7 @@ async def _main(args: argparse.Namespace) -> int:
             keys=keys,
             report_qps=args.report_qps,
             sharding=sharding_options(args),
+            dispatch_keys=load_keys(args.dispatch_secret_file),
         )
         log.info(
             "coordinator %s campaigning (etcd %s, prefix %s)", candidate, args.etcd_endpoints, keys.prefix

@@ -57,6 +57,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--weight", type=float, default=1.0, help="relative share of the pool this worker carries")
     p.add_argument("--audit-log", default="", help="append one JSON line per binding to this file")
+    p.add_argument(
+        "--dispatch-secret-file",
+        default=os.environ.get("AGENT_SCHEDULER_DISPATCH_SECRET_FILE", ""),
+        help="shared secret of the dispatch channel (the coordinator's too); re-read when it changes",
+    )
+    p.add_argument(
+        "--insecure-dispatch",
+        action="store_true",
+        help="allow a dispatch listener beyond loopback without --dispatch-secret-file",
+    )
 
 
 def settings_from(args: argparse.Namespace) -> WorkerSettings:
@@ -131,5 +141,7 @@ def run(args: argparse.Namespace) -> int:
         advertise_host=args.advertise_host or host or "127.0.0.1",
         weight=args.weight,
         audit_log=args.audit_log,
+        dispatch_secret_file=args.dispatch_secret_file,
+        insecure_dispatch=args.insecure_dispatch,
     )
     return asyncio.run(run_coordinated(settings, options))

@@ -9,7 +9,9 @@ as its outcome receiver.
 4. ``Scheduler(shard=..., outcomes=..., watch_pending=False)``: the cache still watches every node and pod
    (all pods use capacity), but only the leader's dispatch feeds the queue, and only usable nodes of the
    shard are candidates;
-5. the ``Intake`` server on the listener.
+5. the ``Intake`` server on the listener, with the dispatch keys (``common.keyring``; without a secret only
+   a loopback listener is allowed, unless ``insecure_dispatch``) and a mirror of the election prefix, whose
+   lowest key names the only leader whose stream it accepts.
 ``run`` then starts the scheduler and the shard; the shard is given the scheduler's pod watch (granted
 nodes become usable after the cache caught up with them) and the binder's ``drain`` as its release hook
 (the acknowledgement waits for the bindings in flight to the released nodes).
@@ -20,6 +22,7 @@ Load reports (pending pods, free capacity, binds/s, process CPU) go to etcd for 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import signal
 import socket
@@ -32,11 +35,13 @@ from etcd3aio import Etcd3Client
 from common import metrics
 from common.etcd.keys import KeyLayout, worker_id
 from common.etcd.kv import connect
+from common.etcd.mirror import KeyMirror
 from common.etcd.schema import LoadReport, WorkerCapacity, WorkerRecord
+from common.keyring import Keys, NoSecret, load_keys
 from common.kube import KubeClient, load_credentials
 from common.wellknown import DEFAULT_ETCD_PREFIX
 from worker.audit import AuditLog
-from worker.intake import Intake, LeaderResults
+from worker.intake import Intake, LeaderResults, elected_term
 from worker.outcomes import new_reporter
 from worker.scheduler import Scheduler
 from worker.settings import WorkerSettings
@@ -58,6 +63,28 @@ class CoordinatedOptions:
     advertise_host: str = "127.0.0.1"
     weight: float = 1.0
     audit_log: str = ""
+    dispatch_secret_file: str = ""  # the dispatch channel's shared secret; empty: none (see _dispatch_keys)
+    insecure_dispatch: bool = False  # allow no secret on a non-loopback listener
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        infos = socket.getaddrinfo(host or None, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(info[4][0]).is_loopback for info in infos)
+
+
+def _dispatch_keys(options: CoordinatedOptions) -> Keys:
+    """The dispatch keys. Without a secret anyone who reaches the port could pose as the leader, so that is
+    refused on a listener beyond loopback unless ``insecure_dispatch`` says otherwise."""
+    keys = load_keys(options.dispatch_secret_file)
+    if isinstance(keys, NoSecret) and not options.insecure_dispatch and not _is_loopback(options.listen_host):
+        raise SystemExit(
+            f"refusing to listen on {options.listen_host!r} without --dispatch-secret-file "
+            "(give --insecure-dispatch to allow it)"
+        )
+    return keys
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -75,6 +102,7 @@ class CoordinatedWorker:
     ) -> None:
         self.settings = settings
         self.worker_id = worker_id(settings.worker_id)
+        keys = _dispatch_keys(options)
         self.listener = _listen(options.listen_host, options.listen_port)
         port = int(self.listener.getsockname()[1])
         record = WorkerRecord(
@@ -83,7 +111,9 @@ class CoordinatedWorker:
             capacity=WorkerCapacity(weight=options.weight),
             started_at=time.time(),
         )
-        self.shard = Shard(etcd, record, keys=KeyLayout(options.etcd_prefix), ttl=options.lease_ttl)
+        layout = KeyLayout(options.etcd_prefix)
+        self.shard = Shard(etcd, record, keys=layout, ttl=options.lease_ttl)
+        self.election = KeyMirror(etcd, layout.election_prefix, prefix=True, name="election")
         self.audit = (
             AuditLog(options.audit_log, worker=self.worker_id, epoch=self._epoch)
             if options.audit_log
@@ -96,7 +126,14 @@ class CoordinatedWorker:
         )
         self.draining = False
         self.intake = Intake(
-            self.sched, self.results, worker_id=self.worker_id, shard=self.shard, can_place=self.can_place
+            self.sched,
+            self.results,
+            worker_id=self.worker_id,
+            shard=self.shard,
+            keys=keys,
+            elected=lambda: elected_term(self.election.items),
+            scheduler_name=settings.scheduling.scheduler_name,
+            can_place=self.can_place,
         )
 
     def _epoch(self) -> int:
@@ -112,6 +149,7 @@ class CoordinatedWorker:
     async def run(self) -> int:
         """Run until SIGTERM/SIGINT, then drain: no new decisions, every node given back once its bindings
         are done, the lease revoked."""
+        election_task = asyncio.create_task(self._follow_election(), name="election-mirror")
         await self.intake.start(self.listener)
         host, port = self.listener.getsockname()[:2]
         runner = await metrics.serve(self.settings.metrics_host, self.settings.metrics_port, self.ready)
@@ -143,15 +181,24 @@ class CoordinatedWorker:
         except TimeoutError:
             log.warning("drain did not finish in %.0fs; closing (the lease expires by itself)", DRAIN_TIMEOUT)
             await self.shard.close()
-        for task in (load_task, sched_task, stopper):
+        for task in (load_task, sched_task, stopper, election_task):
             task.cancel()
-        await asyncio.gather(load_task, sched_task, stopper, return_exceptions=True)
+        await asyncio.gather(load_task, sched_task, stopper, election_task, return_exceptions=True)
         await self.intake.close()
         await runner.cleanup()
         if self.audit is not None:
             self.audit.close()
         log.info("worker %s stopped: %s", self.worker_id, self.sched.statistics())
         return 0
+
+    async def _follow_election(self) -> None:
+        """Keep the election mirror running: without it no new leader would ever be accepted."""
+        while True:
+            try:
+                await self.election.run()
+            except Exception:
+                log.exception("election mirror failed; restarting it")
+                await asyncio.sleep(1.0)
 
     async def _report_load(self) -> None:
         proc = psutil.Process()

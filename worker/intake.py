@@ -5,21 +5,33 @@ Two objects:
 - ``LeaderResults``: the current leader stream and the dispatch ids of the pods it sent. It is the
   scheduler's outcome receiver (``worker.outcomes.Outcomes``) under a coordinator: bound, unschedulable and
   rejected pods are answered with one RESULT each; bound pods still get their Scheduled event and audit line.
-- ``Intake``: the server. It accepts one leader stream at a time, puts dispatched pods into the scheduler's
-  queue, answers heartbeats, and sends the capacity summary (kept current by the cache's index, read in O(1)).
+- ``Intake``: the server. It authenticates each connection (the protocol's handshake under the shared
+  secret), accepts only the leader etcd currently elects, puts dispatched pods into the scheduler's queue,
+  answers heartbeats, and sends the capacity summary (kept current by the cache's index, read in O(1)).
 
 Invariants:
-- One leader stream at a time: a HELLO with a higher or equal ``term`` replaces the current stream; a lower
-  one is refused. Results for pods dispatched over an older stream go to the current one (the leader that
-  now owns dispatch).
+- Only the elected leader's stream: a HELLO is accepted only if its MAC verifies and its ``term`` equals the
+  create revision of the lowest key under the election prefix (``elected_term`` over the worker's mirror of
+  it; a mirror that lags is waited for up to ``TERM_WAIT``). The stream replaces the current one only after
+  the leader's first session frame verified, so a replayed HELLO changes nothing. A stream whose term etcd
+  no longer elects (another key is now the lowest) is closed within ``protocol.CAPACITY_INTERVAL``. Results
+  for pods dispatched over an older stream go to the current one (the leader that now owns dispatch).
+- Bounded before authentication: at most ``MAX_HANDSHAKES`` connections may be in their handshake at once
+  (more are closed at once, unread), the handshake must finish within ``protocol.HELLO_TIMEOUT``, and its
+  frames are capped at ``protocol.MAX_HANDSHAKE_FRAME``; nothing unauthenticated is decoded. The capacity
+  sender and the read loop wait for ``drain()`` once the write buffer passes ``WRITE_HIGH_WATER``: a leader
+  that does not read is not read either, and one that stays stuck for ``protocol.DEAD_AFTER`` is dropped.
 - Every DISPATCH is answered by ACK and later exactly one RESULT per dispatch id, unless the stream
   breaks first (the leader then re-dispatches; duplicates are harmless, see the protocol). A pod whose
   binding failed transiently stays in this worker's queue (``worker.binder``) and is answered when bound.
+  Results carry the pod's uid, and a result is sent only for the pod (same uid) that was dispatched.
+- A pod whose ``spec.schedulerName`` is not ours is answered RESULT ``rejected`` and never queued.
 - An unschedulable pod is answered and leaves this worker's queue: the leader decides where it goes next.
 - While the worker cannot place pods (fenced, draining), DISPATCH is answered with RESULT ``rejected`` at
-  once, so the leader tries another worker without waiting.
+  once, so the leader tries later or elsewhere without waiting.
 
-The message encode/decode calls are kept in the few small functions marked "wire" below.
+What goes on the wire (RESULT construction, DISPATCH decoding, sealed writes) is kept in the few small
+functions and the ``LeaderStream`` marked "wire" below.
 """
 
 from __future__ import annotations
@@ -29,9 +41,11 @@ import contextlib
 import logging
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from common import protocol
+from common.etcd.kv import KeyValue
+from common.keyring import Keys
 from common.records import NodeName, PodKey, PodRecord, pod_from_json
 from common.reporting import Reporter
 from worker.audit import AuditLog
@@ -42,56 +56,65 @@ from worker.shard import ShardView
 log = logging.getLogger(__name__)
 
 BIND_RATE_WINDOW = 5.0  # seconds over which ``binds_per_s`` is averaged
+MAX_HANDSHAKES = 16  # connections in their handshake at once; more are closed unread
+TERM_WAIT = 1.0  # how long a HELLO waits for our election mirror to name its term
+TERM_POLL = 0.05
+WRITE_HIGH_WATER = 1 << 20  # bytes buffered towards the leader before we wait for it to read
 
 # ----- wire: every message this side encodes or decodes -------------------------------------------------
 
 
 def _result(
     dispatch_id: int,
-    key: PodKey,
+    pod: PodRecord,
     outcome: protocol.Outcome,
     *,
     node: str = "",
     nodes: int = 0,
     reasons: dict[str, int] | None = None,
     message: str = "",
-) -> bytes:
-    return protocol.encode(
-        protocol.Result(
-            dispatch_id, key, outcome, node=node, nodes=nodes, reasons=reasons or {}, message=message
-        )
+) -> protocol.Result:
+    return protocol.Result(
+        dispatch_id,
+        pod.key,
+        outcome,
+        node=node,
+        nodes=nodes,
+        reasons=reasons or {},
+        message=message,
+        uid=pod.uid,
     )
-
-
-def _hello_term(hello: protocol.Message) -> tuple[int, str]:
-    """The term and leader name of a HELLO; ProtocolError for any other first frame."""
-    if not isinstance(hello, protocol.Hello):
-        raise protocol.ProtocolError(f"expected hello, got {type(hello).__name__}")
-    return hello.term, hello.leader
 
 
 def _dispatch(msg: protocol.Dispatch) -> tuple[int, PodRecord]:
     return msg.id, pod_from_json(msg.pod)
 
 
-def _welcome(worker_id: str, term: int) -> bytes:
-    return protocol.encode(protocol.Welcome(worker=worker_id, term=term))
+def elected_term(election: Mapping[str, KeyValue]) -> int | None:
+    """The term of the leader etcd elects now: the lowest create revision among the election keys."""
+    return min((kv.create_revision for kv in election.values()), default=None)
 
 
-def _ack(dispatch_id: int) -> bytes:
-    return protocol.encode(protocol.Ack(dispatch_id))
+class LeaderStream:
+    """One authenticated leader stream: every frame written to it is sealed by its session, in order."""
 
+    def __init__(self, writer: asyncio.StreamWriter, session: protocol.Session, term: int) -> None:
+        self.writer = writer
+        self.session = session
+        self.term = term
 
-def _pong(ping: protocol.Ping) -> bytes:
-    return protocol.encode(protocol.Pong(ping.ts))
+    def send(self, message: protocol.Message) -> None:
+        if not self.writer.is_closing():
+            self.writer.write(self.session.seal(message))
 
+    def buffered(self) -> int:
+        transport = self.writer.transport
+        return transport.get_write_buffer_size() if transport is not None else 0
 
-def _error(message: str) -> bytes:
-    return protocol.encode(protocol.Error(message))
-
-
-def _capacity(summary: protocol.Capacity) -> bytes:
-    return protocol.encode(summary)
+    async def drain(self) -> None:
+        """Wait for the buffer to flush; ``TimeoutError`` if the leader has not read for ``DEAD_AFTER``."""
+        async with asyncio.timeout(protocol.DEAD_AFTER):
+            await self.writer.drain()
 
 
 # ----- outcomes under a coordinator ---------------------------------------------------------------------
@@ -103,30 +126,38 @@ class LeaderResults:
     def __init__(self, reporter: Reporter, *, audit: AuditLog | None = None) -> None:
         self.reporter = reporter
         self.audit = audit
-        self.writer: asyncio.StreamWriter | None = None
-        self.term = -1
-        self.pending: dict[PodKey, int] = {}  # pod -> dispatch id of its latest DISPATCH
+        self.stream: LeaderStream | None = None
+        self.pending: dict[PodKey, tuple[int, str]] = {}  # pod -> (dispatch id, uid) of its latest DISPATCH
         self._bound_times: list[float] = []
 
-    def connect(self, term: int, writer: asyncio.StreamWriter) -> bool:
-        """A leader said HELLO: take its stream unless its term is older than the current one."""
-        if term < self.term:
-            return False
-        if self.writer is not None and self.writer is not writer:
-            self.writer.close()
-        self.term, self.writer = term, writer
-        return True
+    @property
+    def term(self) -> int:
+        return self.stream.term if self.stream is not None else -1
 
-    def disconnect(self, writer: asyncio.StreamWriter) -> None:
-        if self.writer is writer:
-            self.writer = None
+    def connect(self, stream: LeaderStream) -> None:
+        """The elected leader's stream is authenticated: it replaces the current one."""
+        if self.stream is not None and self.stream is not stream:
+            self.stream.writer.close()
+        self.stream = stream
 
-    def expect(self, dispatch_id: int, key: PodKey) -> None:
-        self.pending[key] = dispatch_id
+    def disconnect(self, stream: LeaderStream) -> None:
+        if self.stream is stream:
+            self.stream = None
 
-    def send(self, data: bytes) -> None:
-        if self.writer is not None and not self.writer.is_closing():
-            self.writer.write(data)
+    def expect(self, dispatch_id: int, pod: PodRecord) -> None:
+        self.pending[pod.key] = (dispatch_id, pod.uid)
+
+    def send(self, message: protocol.Message) -> None:
+        if self.stream is not None:
+            self.stream.send(message)
+
+    def _owed(self, pod: PodRecord) -> int | None:
+        """The dispatch id owed a RESULT for this very pod (same uid), taken out of ``pending``."""
+        entry = self.pending.get(pod.key)
+        if entry is None or (entry[1] and pod.uid and entry[1] != pod.uid):
+            return None  # not dispatched, or dispatched as another pod of the same name
+        del self.pending[pod.key]
+        return entry[0]
 
     def binds_per_second(self) -> float:
         now = time.monotonic()
@@ -140,18 +171,18 @@ class LeaderResults:
         if self.audit is not None:
             self.audit.bound(pod.key, node, assumed_at, bound_at)
         self._bound_times.append(time.monotonic())
-        dispatch_id = self.pending.pop(pod.key, None)
+        dispatch_id = self._owed(pod)
         if dispatch_id is not None:
-            self.send(_result(dispatch_id, pod.key, protocol.BOUND, node=node))
+            self.send(_result(dispatch_id, pod, protocol.BOUND, node=node))
 
     def unschedulable(self, pod: PodRecord, decision: Decision) -> None:
         # Not reported on the pod: the leader may place it on another shard, and reports it when none can.
-        dispatch_id = self.pending.pop(pod.key, None)
+        dispatch_id = self._owed(pod)
         if dispatch_id is not None:
             self.send(
                 _result(
                     dispatch_id,
-                    pod.key,
+                    pod,
                     protocol.UNSCHEDULABLE,
                     nodes=decision.nodes,
                     reasons=dict(decision.reasons),
@@ -161,12 +192,16 @@ class LeaderResults:
 
     def rejected(self, pod: PodRecord, message: str) -> None:
         self.reporter.unschedulable(pod, message)
-        dispatch_id = self.pending.pop(pod.key, None)
+        dispatch_id = self._owed(pod)
         if dispatch_id is not None:
-            self.send(_result(dispatch_id, pod.key, protocol.REJECTED, message=message))
+            self.send(_result(dispatch_id, pod, protocol.REJECTED, message=message))
 
 
 # ----- the server ---------------------------------------------------------------------------------------
+
+
+class _Refused(Exception):
+    """An authenticated HELLO that is not the elected leader's (answered with ERROR, then closed)."""
 
 
 class Intake:
@@ -177,15 +212,28 @@ class Intake:
         *,
         worker_id: str,
         shard: ShardView,
+        keys: Keys,
+        elected: Callable[[], int | None],
+        scheduler_name: str,
         can_place: Callable[[], bool] = lambda: True,
+        max_handshakes: int = MAX_HANDSHAKES,
     ) -> None:
         self.sched = sched
         self.results = results
         self.worker_id = worker_id
         self.shard = shard
+        self.keys = keys
+        self.elected = elected
+        self.scheduler_name = scheduler_name
         self.can_place = can_place
+        self.max_handshakes = max_handshakes
         self._server: asyncio.Server | None = None
+        self._handshaking: set[asyncio.StreamWriter] = set()
         self.received = 0
+        self.refused_connections = 0  # closed at once: too many handshakes under way
+        self.failed_handshakes = 0  # unauthenticated, malformed, wrong term, or too slow
+        self.foreign_pods = 0  # DISPATCHes of another scheduler's pods, refused
+        self._last_failure_log = float("-inf")
 
     async def start(self, listener: socket.socket) -> None:
         """Serve on an already bound socket (its address is in the worker's membership record)."""
@@ -194,55 +242,123 @@ class Intake:
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
-        if self.results.writer is not None:
-            self.results.writer.close()
+        if self.results.stream is not None:
+            self.results.stream.writer.close()
+        for writer in list(self._handshaking):
+            writer.close()
         if self._server is not None:
             await self._server.wait_closed()
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """One leader connection, from HELLO until it closes or a newer leader replaces it."""
+        """One connection: the handshake, then (for the elected leader) its stream until it closes or a
+        newer stream replaces it."""
+        if len(self._handshaking) >= self.max_handshakes:
+            self.refused_connections += 1
+            writer.transport.abort()
+            return
         peer = writer.get_extra_info("peername")
+        stream: LeaderStream | None = None
+        self._handshaking.add(writer)
         try:
-            term, leader = _hello_term(await protocol.read_message(reader))
-            if not self.results.connect(term, writer):
-                writer.write(_error(f"term {term} is older than {self.results.term}"))
-                await writer.drain()
-                return
-            log.info("leader %s (term %d) connected from %s", leader, term, peer)
-            writer.write(_welcome(self.worker_id, term))
-            reporter = asyncio.create_task(self._report_capacity(writer))
             try:
-                while True:
-                    msg = await protocol.read_message(reader)
-                    self.handle(msg, writer)
+                async with asyncio.timeout(protocol.HELLO_TIMEOUT):
+                    stream, leader, first = await self._handshake(reader, writer)
             finally:
-                reporter.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await reporter
+                self._handshaking.discard(writer)
+            self.results.connect(stream)
+            log.info("leader %s (term %d) connected from %s", leader, stream.term, peer)
+            await self._follow(reader, stream, first)
         except (asyncio.IncompleteReadError, ConnectionError):
-            log.info("leader stream from %s closed", peer)
+            log.info("stream from %s closed", peer)
+        except TimeoutError:
+            self._failed(stream, "stream from %s timed out (handshake or a leader not reading)", peer)
+        except _Refused as e:
+            self._failed(stream, "refused leader stream from %s: %s", peer, e)
         except protocol.ProtocolError as e:
-            log.warning("protocol error from %s: %s", peer, e)
-            with contextlib.suppress(ConnectionError):
-                writer.write(_error(str(e)))
+            self._failed(stream, "protocol error from %s: %s", peer, e)
         finally:
-            self.results.disconnect(writer)
+            if stream is not None:
+                self.results.disconnect(stream)
             writer.close()
 
-    def handle(self, msg: protocol.Message, writer: asyncio.StreamWriter) -> None:
+    def _failed(self, stream: LeaderStream | None, fmt: str, *args: object) -> None:
+        if stream is not None:
+            log.warning(fmt, *args)
+            return
+        # Anyone who reaches the port can cause these: at most one line a second, the rest at debug level.
+        self.failed_handshakes += 1
+        now = time.monotonic()
+        if now - self._last_failure_log >= 1.0:
+            self._last_failure_log = now
+            log.info(fmt + " (%d refused so far)", *args, self.failed_handshakes)
+        else:
+            log.debug(fmt, *args)
+
+    async def _handshake(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> tuple[LeaderStream, str, protocol.Message]:
+        """HELLO under one of our keys and with the elected term, our WELCOME, and the leader's first session
+        frame (its proof that it holds the key and saw our nonce)."""
+        hello, key = await protocol.read_hello(reader, self.keys.keys())
+        if not await self._is_elected(hello.term):
+            message = f"term {hello.term} is not the elected leader's ({self.elected()})"
+            writer.write(protocol.seal_reply(key, hello.nonce, protocol.Error(message)))
+            await writer.drain()
+            raise _Refused(message)
+        nonce = protocol.new_nonce()
+        writer.write(
+            protocol.seal_reply(key, hello.nonce, protocol.Welcome(self.worker_id, hello.term, nonce))
+        )
+        await writer.drain()
+        session = protocol.Session(key, hello_nonce=hello.nonce, welcome_nonce=nonce, leader=False)
+        first = await session.read(reader)
+        return LeaderStream(writer, session, hello.term), hello.leader, first
+
+    async def _is_elected(self, term: int) -> bool:
+        """Does ``term`` name the leader etcd elects now? Our mirror of the election may lag the leader by a
+        watch event: wait up to ``TERM_WAIT`` for it to agree."""
+        deadline = time.monotonic() + TERM_WAIT
+        while self.elected() != term:
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(TERM_POLL)
+        return True
+
+    async def _follow(
+        self, reader: asyncio.StreamReader, stream: LeaderStream, first: protocol.Message
+    ) -> None:
+        reporter = asyncio.create_task(self._report_capacity(stream))
+        try:
+            msg = first
+            while True:
+                self.handle(msg, stream)
+                if stream.buffered() > WRITE_HIGH_WATER:
+                    await stream.drain()
+                msg = await stream.session.read(reader)
+        finally:
+            reporter.cancel()
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError, ConnectionError):
+                await reporter
+
+    def handle(self, msg: protocol.Message, stream: LeaderStream) -> None:
         if isinstance(msg, protocol.Dispatch):
             dispatch_id, pod = _dispatch(msg)
             self.received += 1
+            if pod.scheduler_name != self.scheduler_name:
+                self.foreign_pods += 1
+                message = f"pod is for scheduler {pod.scheduler_name!r}, not {self.scheduler_name!r}"
+                stream.send(_result(dispatch_id, pod, protocol.REJECTED, message=message))
+                return
             if not self.can_place():
-                writer.write(
-                    _result(dispatch_id, pod.key, protocol.REJECTED, message="worker cannot place pods now")
+                stream.send(
+                    _result(dispatch_id, pod, protocol.REJECTED, message="worker cannot place pods now")
                 )
                 return
-            self.results.expect(dispatch_id, pod.key)
+            self.results.expect(dispatch_id, pod)
             self.sched.submit(pod)
-            writer.write(_ack(dispatch_id))
+            stream.send(protocol.Ack(dispatch_id))
         elif isinstance(msg, protocol.Ping):
-            writer.write(_pong(msg))
+            stream.send(protocol.Pong(msg.ts))
         else:
             log.debug("ignoring %s message", type(msg).__name__)
 
@@ -261,10 +377,20 @@ class Intake:
             syncing=self.shard.syncing(),
             binds_per_s=self.results.binds_per_second(),
             ts=time.time(),
+            placing=placing,
         )
 
-    async def _report_capacity(self, writer: asyncio.StreamWriter) -> None:
-        while not writer.is_closing():
-            writer.write(_capacity(self.capacity()))
-            await writer.drain()
+    async def _report_capacity(self, stream: LeaderStream) -> None:
+        while not stream.writer.is_closing():
+            elected = self.elected()
+            if elected is not None and elected != stream.term:
+                log.warning(
+                    "leader of term %d is no longer elected (term %d is); closing its stream",
+                    stream.term,
+                    elected,
+                )
+                stream.writer.close()
+                return
+            stream.send(self.capacity())
+            await stream.drain()
             await asyncio.sleep(protocol.CAPACITY_INTERVAL)

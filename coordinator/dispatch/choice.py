@@ -51,9 +51,10 @@ class Worker:
 
     @property
     def settling(self) -> bool:
-        """Connected but unable to give a final answer yet: no summary on this stream, or granted nodes its
-        cache is still catching up on."""
-        return self.link.connected and (self.capacity is None or self.capacity.syncing > 0)
+        """Connected but unable to give a final answer yet: no summary on this stream, granted nodes its
+        cache is still catching up on, or not placing pods for now (fenced or draining: it may own nodes)."""
+        cap = self.capacity
+        return self.link.connected and (cap is None or cap.syncing > 0 or not cap.placing)
 
     @property
     def window_full(self) -> bool:
@@ -78,6 +79,7 @@ class Worker:
         self.dispatched += 1
 
     def release(self, dispatch_id: int, pod: PodRecord) -> None:
+        """The dispatch ended (a RESULT, or withdrawn by the leader): no longer in flight."""
         if self.in_flight.pop(dispatch_id, None) is not None:
             self.reserved_cpu -= pod.requests.milli_cpu
             self.reserved_memory -= pod.requests.memory

@@ -8,12 +8,17 @@ one a pod goes to), ``links`` (one worker's stream); this module wires them and 
 
 Invariants:
 - A pod is dispatched to at most one worker at a time; it is tracked until its RESULT, until the watch shows
-  it bound or deleted, or until the worker's stream dies (then it is dispatched again, elsewhere if possible).
-  A RESULT for a dispatch no longer tracked (late, duplicate, or over a replaced stream) is ignored.
+  it bound or deleted, until the worker's stream dies, or until ``DISPATCH_TIMEOUT`` passes without a RESULT
+  (then it is dispatched again, elsewhere if possible). A RESULT for a dispatch no longer tracked (late,
+  duplicate, or over a replaced stream) or for another pod of the same name (its uid differs) is ignored; a
+  pod recreated under the same name replaces its predecessor's entry and dispatch.
 - A pod is declared unschedulable (condition + event, with the reasons summed over every shard) only when
   every live worker with nodes has said no (or its summary rules the pod out) and no connected worker is
-  still settling; it is retried when a worker's capacity grows, the set of workers changes, or
-  ``UNSCHEDULABLE_RETRY`` passes.
+  still settling (including a worker that is not placing pods: fenced or draining); it is retried when a
+  worker's capacity grows, the set of workers changes, or ``UNSCHEDULABLE_RETRY`` passes. A RESULT rejected
+  is never a no, nor is an unschedulable answer over zero nodes (a worker that saw no usable node): the pod
+  is dispatched again after a backoff (``pending``), so workers fenced through an etcd outage cause no
+  Unschedulable verdict.
 - A worker with ``protocol.MAX_UNACKED`` dispatches awaiting ACK is not chosen; pods that only it could take
   wait (they are not "no" answers) and are queued again as soon as an ACK frees its window.
 - Malformed pods are reported unschedulable at once with their parse error; they are never dispatched.
@@ -30,12 +35,13 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from common import protocol
+from common.keyring import Keys, NoSecret
 from common.kube import KubeClient
 from common.records import PodKey, PodRecord, pod_from_json
 from common.watching import Reflector
 from coordinator.dispatch.choice import Worker, choose
 from coordinator.dispatch.links import Inbound, Link, LinkEvents, LinkFactory, Transport
-from coordinator.dispatch.pending import PendingPod, PendingTable, verdict
+from coordinator.dispatch.pending import DISPATCH_TIMEOUT, PendingPod, PendingTable, verdict
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +88,7 @@ class Dispatcher:
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
         connect: LinkFactory | None = None,
+        keys: Keys | None = None,
     ) -> None:
         self.client = client
         self.reporter = reporter
@@ -89,6 +96,7 @@ class Dispatcher:
         self.leader_id = leader_id
         self.term = term
         self.clock = clock
+        self.keys: Keys = keys or NoSecret()
         self.rng = rng or random.Random()
         self.connect: LinkFactory = connect or self._open_link
         self.table = PendingTable()
@@ -104,9 +112,19 @@ class Dispatcher:
         )
         self.declared_unschedulable = 0
         self.redispatched = 0
+        self.timed_out = 0
+        self.rejected = 0
 
     def _open_link(self, worker_id: str, address: str, events: LinkEvents) -> Transport:
-        link = Link(worker_id, address, events, leader_id=self.leader_id, term=self.term, clock=self.clock)
+        link = Link(
+            worker_id,
+            address,
+            events,
+            leader_id=self.leader_id,
+            term=self.term,
+            keys=self.keys,
+            clock=self.clock,
+        )
         return link.start()
 
     # ----- pods ------------------------------------------------------------------------------------------
@@ -118,6 +136,9 @@ class Dispatcher:
             self.forget(key)
             return key
         p = self.table.get(key)
+        if p is not None and p.record.uid != record.uid:
+            self.forget(key)  # deleted and recreated under the same name: a new pod
+            p = None
         if p is None:
             p = self.table.pods[key] = PendingPod(obj, record)
             if record.parse_error is not None:
@@ -149,8 +170,8 @@ class Dispatcher:
     def dispatch(self, key: PodKey) -> None:
         """Consider one queued pod: send it to a worker, declare it unschedulable, or leave it waiting."""
         p = self.table.get(key)
-        if p is None or not p.waiting:
-            return
+        if p is None or not p.waiting or p.not_before > self.clock():
+            return  # a pod rejected lately is considered again by the idle rescan once its backoff ends
         w = choose(self.workers.values(), p.record, p.tried, self.rng)
         if w is None:
             message = verdict(p, self.workers)
@@ -162,7 +183,7 @@ class Dispatcher:
                 self._blocked[key] = None
             return  # no worker can take it now: it waits for capacity, an ACK, or workers to change
         self._next_id += 1
-        p.worker, p.dispatch_id = w.worker_id, self._next_id
+        p.worker, p.dispatch_id, p.dispatched_at = w.worker_id, self._next_id, self.clock()
         w.assign(p.dispatch_id, p.record)
         w.link.send(protocol.Dispatch(p.dispatch_id, p.obj))
 
@@ -259,18 +280,55 @@ class Dispatcher:
         if key is None:
             return
         p = self.table.get(key)
-        if p is None:
+        if p is None or p.worker != w.worker_id or p.dispatch_id != result.id:
             w.in_flight.pop(result.id, None)
             return
+        if result.uid and p.record.uid and result.uid != p.record.uid:
+            log.warning(
+                "ignoring %s's result for %s: uid %s, expected %s", w.worker_id, key, result.uid, p.record.uid
+            )
+            return  # not this pod: the dispatch stays in flight until its own RESULT or the timeout
         self._release(p)
         if result.outcome == protocol.BOUND:
             w.bound += 1
             self.table.pods.pop(key, None)
         elif result.outcome == protocol.GONE:
             self.table.pods.pop(key, None)
+        elif result.outcome == protocol.REJECTED or result.nodes == 0:
+            # "Try later", never "no": the worker cannot place pods now, its binding was refused, or it
+            # considered no node at all (fenced or still catching up when it decided)
+            self.rejected += 1
+            p.rejected(self.clock())
+            self.table.enqueue(key)
         else:
             p.answered_no(w.worker_id, result)
             self.table.enqueue(key)
+
+    def expire_dispatches(self) -> int:
+        """Withdraw every dispatch that has had no RESULT for ``DISPATCH_TIMEOUT`` and queue its pod again;
+        returns how many. A late RESULT for it is then ignored (its id is no longer tracked)."""
+        deadline = self.clock() - DISPATCH_TIMEOUT
+        expired = [
+            (key, p)
+            for key, p in self.table.pods.items()
+            if p.worker is not None and p.dispatched_at < deadline
+        ]
+        for key, p in expired:
+            w = self.workers.get(p.worker) if p.worker is not None else None
+            log.warning(
+                "no result from %s for %s within %.0f s; dispatching it again",
+                p.worker,
+                key,
+                DISPATCH_TIMEOUT,
+            )
+            dispatch_id = p.dispatch_id
+            self._release(p)
+            if w is not None:
+                self._acknowledged(w, dispatch_id)
+            self.timed_out += 1
+            self.redispatched += 1
+            self.table.enqueue(key)
+        return len(expired)
 
     # ----- loop ------------------------------------------------------------------------------------------
 
@@ -296,8 +354,7 @@ class Dispatcher:
                 n += 1
                 if n % YIELD_EVERY == 0:
                     await asyncio.sleep(0)
-            for w in list(self.workers.values()):
-                await w.link.drain()
+            await asyncio.gather(*(w.link.drain() for w in list(self.workers.values())))
             if ready and n == pending:
                 await asyncio.sleep(0.01)
 
@@ -305,6 +362,7 @@ class Dispatcher:
         while True:
             await asyncio.sleep(1.0)
             self.retry_parked()
+            self.expire_dispatches()
 
     def statistics(self) -> dict[str, Any]:
         return {
@@ -312,6 +370,8 @@ class Dispatcher:
             "parked": self.table.parked(),
             "declared_unschedulable": self.declared_unschedulable,
             "redispatched": self.redispatched,
+            "timed_out": self.timed_out,
+            "rejected": self.rejected,
             "waiting_for_window": len(self._blocked),
             "workers": {
                 wid: {

@@ -1,14 +1,21 @@
 """One worker link: the leader's end of one worker's dispatch stream (``common.protocol``).
 
-Lifecycle: connect to the worker's address (again every ``CONNECT_RETRY`` while it is unreachable), send
-HELLO, then read frames until the stream breaks, a frame is malformed, the worker sends ERROR, or nothing
-arrives for ``DEAD_AFTER``; then close, tell the owner, and connect again, until ``stop``. While connected
-the link sends PING every ``HEARTBEAT_INTERVAL`` (checked as frames arrive; the worker's CAPACITY every
-``CAPACITY_INTERVAL`` keeps them coming, and its PONG keeps an idle stream alive).
+Lifecycle: connect to the worker's address (again every ``CONNECT_RETRY`` while it is unreachable), run the
+protocol's handshake under the current dispatch key (HELLO with this term, the worker's WELCOME within
+``HELLO_TIMEOUT``, then a PING at once as the first session frame: the worker takes the stream only after it),
+then read frames until the stream breaks, a frame is malformed or fails its MAC, the worker sends ERROR, or
+nothing arrives for ``DEAD_AFTER``; then close, tell the owner, and connect again, until ``stop``. While
+connected the link sends PING every ``HEARTBEAT_INTERVAL`` (checked as frames arrive; the worker's CAPACITY
+every ``CAPACITY_INTERVAL`` keeps them coming, and its PONG keeps an idle stream alive). Every frame it writes
+is sealed by the stream's ``protocol.Session``.
+
+Backpressure: ``drain`` waits for the write buffer to flush, but at most ``DRAIN_WAIT``, so a worker that has
+stopped reading (paused, partitioned) slows the dispatch loop by at most that per pass until its stream is
+declared dead; a dead stream is aborted, its unsent buffer discarded (its pods are re-dispatched).
 
 A link knows nothing of pods. It tells its ``LinkEvents`` (given at construction) three things, always with
 itself as the first argument so the owner can tell a current link from one it has already replaced:
-``link_up`` once the stream is open and HELLO is on its way, ``received`` for every CAPACITY, ACK and RESULT,
+``link_up`` once the worker has welcomed the stream, ``received`` for every CAPACITY, ACK and RESULT,
 and ``link_down`` after the stream closed (whatever in flight over it is then the owner's to re-dispatch).
 """
 
@@ -22,10 +29,12 @@ from collections.abc import Callable
 from typing import Protocol
 
 from common import protocol
+from common.keyring import Keys, NoSecret
 
 log = logging.getLogger(__name__)
 
 CONNECT_RETRY = 0.5
+DRAIN_WAIT = 0.25  # longest a drain waits for one worker to read
 
 Inbound = protocol.Capacity | protocol.Ack | protocol.Result
 
@@ -44,7 +53,7 @@ class Transport(Protocol):
         follows, or has already been told)."""
 
     async def drain(self) -> None:
-        """Wait until the stream's write buffer is flushed (never raises for a broken stream)."""
+        """Wait until the stream's write buffer is flushed, or a bounded while (never raises)."""
 
     def stop(self) -> None:
         """Close the stream for good (the worker left, or the term ended)."""
@@ -71,6 +80,7 @@ class Link:
         *,
         leader_id: str,
         term: int,
+        keys: Keys | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.worker_id = worker_id
@@ -78,8 +88,10 @@ class Link:
         self.events = events
         self.leader_id = leader_id
         self.term = term
+        self.keys: Keys = keys or NoSecret()
         self.clock = clock
         self._writer: asyncio.StreamWriter | None = None
+        self._session: protocol.Session | None = None
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> Link:
@@ -95,13 +107,14 @@ class Link:
         return self._writer is not None and not self._writer.is_closing()
 
     def send(self, message: protocol.Message) -> None:
-        if self._writer is not None and not self._writer.is_closing():
-            self._writer.write(protocol.encode(message))
+        if self._writer is not None and self._session is not None and not self._writer.is_closing():
+            self._writer.write(self._session.seal(message))
 
     async def drain(self) -> None:
         if self._writer is not None and not self._writer.is_closing():
-            with contextlib.suppress(ConnectionError):
-                await self._writer.drain()
+            with contextlib.suppress(ConnectionError, TimeoutError):
+                async with asyncio.timeout(DRAIN_WAIT):
+                    await self._writer.drain()
 
     async def _run(self) -> None:
         host, _, port = self.address.rpartition(":")
@@ -112,23 +125,38 @@ class Link:
                 log.debug("worker %s at %s not reachable: %s", self.worker_id, self.address, e)
                 await asyncio.sleep(CONNECT_RETRY)
                 continue
-            self._writer = writer
+            up = False
             try:
-                writer.write(protocol.encode(protocol.Hello(leader=self.leader_id, term=self.term)))
+                async with asyncio.timeout(protocol.HELLO_TIMEOUT):
+                    session = await self._handshake(reader, writer)
+                self._writer, self._session = writer, session
+                self.send(protocol.Ping(ts=time.time()))  # the first session frame: the worker takes us now
+                up = True
                 self.events.link_up(self)
                 await self._read(reader, writer)
             except (asyncio.IncompleteReadError, ConnectionError, protocol.ProtocolError, TimeoutError) as e:
                 log.warning("stream to worker %s broke: %s", self.worker_id, e)
             finally:
-                writer.close()
-                self._writer = None
-                self.events.link_down(self)
+                writer.transport.abort()  # not close(): that would wait to flush to a worker that may not read
+                self._writer, self._session = None, None
+                if up:
+                    self.events.link_down(self)
             await asyncio.sleep(CONNECT_RETRY)
+
+    async def _handshake(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> protocol.Session:
+        key, nonce = self.keys.current(), protocol.new_nonce()
+        writer.write(protocol.seal_hello(key, protocol.Hello(self.leader_id, self.term, nonce)))
+        welcome = await protocol.read_reply(reader, key, nonce)
+        return protocol.Session(key, hello_nonce=nonce, welcome_nonce=welcome.nonce, leader=True)
 
     async def _read(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         last_ping = self.clock()
+        session = self._session
+        assert session is not None
         while True:
-            msg = await asyncio.wait_for(protocol.read_message(reader), protocol.DEAD_AFTER)
+            msg = await asyncio.wait_for(session.read(reader), protocol.DEAD_AFTER)
             now = self.clock()
             match msg:
                 case protocol.Capacity() | protocol.Ack() | protocol.Result():
@@ -140,5 +168,5 @@ class Link:
                     # leader-to-worker messages coming back are ignored
                     log.debug("ignoring %s from worker %s", type(msg).__name__, self.worker_id)
             if now - last_ping >= protocol.HEARTBEAT_INTERVAL:
-                writer.write(protocol.encode(protocol.Ping(ts=time.time())))
+                self.send(protocol.Ping(ts=time.time()))
                 last_ping = now

@@ -3,18 +3,25 @@
 A pod in the table is in exactly one of these states:
 - waiting: not gated, not dispatched, not parked; it is in (or will be put back into) the ready queue;
 - gated: it has scheduling gates; it waits for an update that lifts them;
-- dispatched: ``worker`` names the worker it is on its way to, under ``dispatch_id``, until that worker's
-  RESULT, the watch showing it bound or deleted, or the worker's stream dying;
+- dispatched: ``worker`` names the worker it is on its way to, under ``dispatch_id`` (since
+  ``dispatched_at``), until that worker's RESULT, the watch showing it bound or deleted, the worker's stream
+  dying, or ``DISPATCH_TIMEOUT`` passing without a RESULT (then it is dispatched again);
 - parked: declared unschedulable at ``parked_at``; retried after ``UNSCHEDULABLE_RETRY``, or at once when a
   worker's capacity grows or the set of workers changes. Malformed pods are parked for good.
 
-``tried`` holds the workers that said no (RESULT unschedulable or rejected) since the pod was last parked;
-an unschedulable answer adds its node count and reasons to the pod's tally.
+``tried`` holds the workers that said no (RESULT unschedulable over at least one node) since the pod was
+last parked; an unschedulable answer adds its node count and reasons to the pod's tally. A RESULT rejected is
+never a no: it means "try later" (the worker is fenced or draining, or the binding was refused, which
+kube-scheduler also retries with backoff), and so does an unschedulable answer over zero nodes (the worker
+saw no usable node when it decided: fenced, or catching up). Such a pod waits until ``not_before``
+(``REJECT_BACKOFF`` doubling per rejection up to ``REJECT_BACKOFF_MAX``) and is then dispatched again. A pod
+is one object: its entry is replaced when a pod of the same name with another uid appears.
 
 Verdict (``verdict``): a pod is unschedulable only when every live worker with nodes has said no or its
 summary rules the pod out, and no connected worker that has not said no is still settling (no summary yet on
-its stream, or granted nodes it is still catching up on). The message sums the answers kube-style ("0/40
-nodes are available: ..."); a worker ruled out by its summary counts its nodes as "Insufficient cpu".
+its stream, granted nodes it is still catching up on, or not placing pods for now). The message sums the
+answers kube-style ("0/40 nodes are available: ..."); a worker ruled out by its summary counts its nodes as
+"Insufficient cpu".
 """
 
 from __future__ import annotations
@@ -31,6 +38,9 @@ from common.reporting import unschedulable_message
 from coordinator.dispatch.choice import Worker
 
 UNSCHEDULABLE_RETRY = 30.0
+DISPATCH_TIMEOUT = 60.0  # a dispatch without RESULT for this long is withdrawn and dispatched again
+REJECT_BACKOFF = 1.0  # first wait after a RESULT rejected (kube-scheduler's initial pod backoff)
+REJECT_BACKOFF_MAX = 10.0  # longest wait (kube-scheduler's maximum pod backoff)
 
 
 @dataclass(slots=True)
@@ -40,6 +50,9 @@ class PendingPod:
     tried: set[str] = field(default_factory=set)
     worker: str | None = None
     dispatch_id: int = 0
+    dispatched_at: float = 0.0
+    not_before: float = 0.0  # after a RESULT rejected: not dispatched again before this
+    rejections: int = 0
     reasons: dict[str, int] = field(default_factory=dict)
     nodes: int = 0
     parked_at: float | None = None  # set while declared unschedulable
@@ -49,11 +62,16 @@ class PendingPod:
         return self.worker is None and self.parked_at is None and not self.record.gated
 
     def answered_no(self, worker_id: str, result: protocol.Result) -> None:
+        """An unschedulable RESULT: one more worker that cannot take the pod, and its reasons."""
         self.tried.add(worker_id)
-        if result.outcome == protocol.UNSCHEDULABLE:
-            self.nodes += result.nodes
-            for reason, n in result.reasons.items():
-                self.reasons[reason] = self.reasons.get(reason, 0) + n
+        self.nodes += result.nodes
+        for reason, n in result.reasons.items():
+            self.reasons[reason] = self.reasons.get(reason, 0) + n
+
+    def rejected(self, now: float) -> None:
+        """A RESULT rejected: try again later, with backoff; not a no."""
+        self.rejections += 1
+        self.not_before = now + min(REJECT_BACKOFF_MAX, REJECT_BACKOFF * 2 ** min(self.rejections - 1, 16))
 
     def unpark(self) -> None:
         self.parked_at, self.tried, self.reasons, self.nodes = None, set(), {}, 0

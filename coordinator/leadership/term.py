@@ -21,6 +21,7 @@ from etcd3aio import Etcd3Client
 from common.etcd.keys import KeyFamily, KeyLayout
 from common.etcd.mirror import KeyMirror
 from common.etcd.schema import RecordError, WorkerRecord
+from common.keyring import Keys
 from common.kube import KubeClient
 from common.reporting import Reporter
 from common.wellknown import DEFAULT_SCHEDULER_NAME
@@ -41,6 +42,7 @@ class LeaderOptions:
     keys: KeyLayout = field(default_factory=KeyLayout)
     report_qps: float = 50.0
     sharding: ShardingOptions | None = None  # the shard-policy ConfigMap; None: the label pool only
+    dispatch_keys: Keys | None = None  # the dispatch channel's shared secret (common.keyring); None: none
 
 
 async def run_term(term: LeaderTerm, etcd: Etcd3Client, client: KubeClient, options: LeaderOptions) -> None:
@@ -70,6 +72,7 @@ async def run_term(term: LeaderTerm, etcd: Etcd3Client, client: KubeClient, opti
         scheduler_name=options.scheduler_name,
         leader_id=term.record.candidate_id,
         term=term.create_revision,
+        keys=options.dispatch_keys,
     )
 
     def members_changed() -> None:

@@ -31,8 +31,8 @@ from tests.builders import PodBuilder
 POD = PodBuilder("a").req(cpu="100m", memory="1Gi").label("app", "x").obj
 
 MESSAGES: list[Message] = [
-    Hello(leader="leader-1", term=7),
-    Welcome(worker="worker-1", term=7),
+    Hello(leader="leader-1", term=7, nonce=b"h" * protocol.NONCE_SIZE),
+    Welcome(worker="worker-1", term=7, nonce=b"w" * protocol.NONCE_SIZE),
     Dispatch(1, POD),
     Ack(1),
     Result.bound(1, "default/a", "node-1"),
@@ -107,12 +107,12 @@ def test_frames_without_version_are_accepted_except_hello_and_welcome() -> None:
     fields = raw(Ack(5))
     del fields["v"]
     assert decode(pack(fields)) == Ack(5)
-    fields["v"] = 2  # only HELLO and WELCOME carry the version that counts
+    fields["v"] = protocol.VERSION + 1  # only HELLO and WELCOME carry the version that counts
     assert decode(pack(fields)) == Ack(5)
 
 
-@pytest.mark.parametrize("message", [Hello("l", 1), Welcome("w", 1)], ids=["hello", "welcome"])
-@pytest.mark.parametrize("version", [0, 2, "1", None, True, 1.5])
+@pytest.mark.parametrize("message", [MESSAGES[0], MESSAGES[1]], ids=["hello", "welcome"])
+@pytest.mark.parametrize("version", [0, 1, 3, "2", None, True, 1.5])
 def test_version_mismatch_in_hello_and_welcome(message: Message, version: Any) -> None:
     fields = raw(message)
     fields["v"] = version
@@ -120,7 +120,7 @@ def test_version_mismatch_in_hello_and_welcome(message: Message, version: Any) -
         decode(pack(fields))
 
 
-@pytest.mark.parametrize("message", [Hello("l", 1), Welcome("w", 1)], ids=["hello", "welcome"])
+@pytest.mark.parametrize("message", [MESSAGES[0], MESSAGES[1]], ids=["hello", "welcome"])
 def test_hello_and_welcome_without_version(message: Message) -> None:
     fields = raw(message)
     del fields["v"]
@@ -150,6 +150,8 @@ WRONG_VALUES: dict[str, list[Any]] = {
     "int": ["1", 1.5, True, None, [1], {"a": 1}, b"1"],
     "float": ["1.0", True, None, [1.0], b"x"],
     "str": [1, 1.5, True, None, ["x"], {"x": 1}, b"x"],
+    "nonce": ["x" * 16, b"x" * 15, b"x" * 17, 1, None],
+    "bool": [1, 0, "true", None],
 }
 FIELD_KINDS: dict[str, str] = {
     "leader": "str",
@@ -169,6 +171,9 @@ FIELD_KINDS: dict[str, str] = {
     "binds_per_s": "float",
     "ts": "float",
     "outcome": "str",
+    "uid": "str",
+    "nonce": "nonce",
+    "placing": "bool",
 }
 
 
@@ -353,7 +358,9 @@ def _deep(levels: int) -> dict[str, Any]:
     [
         pytest.param(Ack(2**64), id="id-beyond-uint64"),
         pytest.param(Ack(-(2**63) - 1), id="id-below-int64"),
-        pytest.param(Hello(leader="l", term=2**70), id="term-beyond-uint64"),
+        pytest.param(
+            Hello(leader="l", term=2**70, nonce=b"n" * protocol.NONCE_SIZE), id="term-beyond-uint64"
+        ),
         pytest.param(
             Dispatch(1, {"metadata": {"name": "a"}, "spec": {"n": 10**5000}}), id="pod-int-5000-digits"
         ),

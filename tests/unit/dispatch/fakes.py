@@ -74,7 +74,13 @@ class FakeLink:
         return self
 
     def summary(
-        self, *, nodes: int = 4, max_cpu: int = 4000, max_memory: int = 16 * GIB, syncing: int = 0
+        self,
+        *,
+        nodes: int = 4,
+        max_cpu: int = 4000,
+        max_memory: int = 16 * GIB,
+        syncing: int = 0,
+        placing: bool = True,
     ) -> FakeLink:
         capacity = protocol.Capacity(
             nodes=nodes,
@@ -86,6 +92,7 @@ class FakeLink:
             syncing=syncing,
             binds_per_s=0.0,
             ts=0.0,
+            placing=placing,
         )
         self.events.received(self, capacity)
         return self
@@ -107,8 +114,8 @@ class FakeLink:
         for m in self.dispatches():
             self.ack(m.id)
 
-    def bound(self, dispatch_id: int, node: str = "node-1") -> None:
-        self.events.received(self, protocol.Result.bound(dispatch_id, "", node))
+    def bound(self, dispatch_id: int, node: str = "node-1", *, uid: str = "") -> None:
+        self.events.received(self, protocol.Result.bound(dispatch_id, "", node, uid=uid))
 
     def unschedulable(self, dispatch_id: int, nodes: int, reasons: dict[str, int]) -> None:
         result = protocol.Result.unschedulable(dispatch_id, "", nodes=nodes, reasons=reasons, message="no")

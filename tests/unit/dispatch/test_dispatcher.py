@@ -8,12 +8,18 @@ from typing import Any
 from common import protocol
 from common.records import PodKey
 from coordinator.dispatch import UNSCHEDULABLE_RETRY
+from coordinator.dispatch.pending import DISPATCH_TIMEOUT, REJECT_BACKOFF, REJECT_BACKOFF_MAX
 from tests.builders import PodBuilder
 from tests.unit.dispatch.fakes import GIB, Rig
 
 
 def pod(name: str, cpu: str = "500m", memory: str = "1Gi") -> dict[str, Any]:
     return PodBuilder(name).req(cpu=cpu, memory=memory).obj
+
+
+def with_uid(obj: dict[str, Any], uid: str) -> dict[str, Any]:
+    obj["metadata"]["uid"] = uid
+    return obj
 
 
 def key(name: str) -> PodKey:
@@ -133,18 +139,107 @@ async def test_no_verdict_while_a_shard_is_syncing(rig: Rig) -> None:
     assert len(w2.ids_for("a")) == 1 and rig.reporter.verdicts == []
 
 
-async def test_rejections_everywhere_say_no_worker_owns_a_node(rig: Rig) -> None:
+async def test_rejections_everywhere_are_try_later_never_no(rig: Rig) -> None:
     w1, w2 = rig.workers("w1", "w2")
     w1.up().summary()
     w2.up().summary()
     rig.d.observe(pod("a"))
-    for _ in range(2):
+    for _ in range(3):
         rig.step()
         for w in (w1, w2):
             for m in w.dispatches():
                 w.rejected(m.id)
+        rig.step()
+        rig.clock.advance(REJECT_BACKOFF_MAX)
+        rig.rescan()
+    assert rig.reporter.verdicts == []  # fenced or refused bindings are not "no worker owns any node"
+    assert len(w1.dispatches()) + len(w2.dispatches()) == 3  # dispatched again after each backoff
+    assert rig.d.table.pods[key("a")].tried == set()
+
+
+async def test_a_rejected_pod_waits_its_backoff(rig: Rig) -> None:
+    (w1,) = rig.workers("w1")
+    w1.up().summary()
+    rig.d.observe(pod("a"))
     rig.step()
-    assert rig.reporter.verdicts == [(key("a"), "no worker owns any node")]
+    w1.rejected(w1.ids_for("a")[0])
+    rig.step()
+    rig.rescan()
+    rig.step()
+    assert len(w1.dispatches()) == 1  # backing off
+    rig.clock.advance(REJECT_BACKOFF)
+    rig.rescan()
+    rig.step()
+    assert len(w1.dispatches()) == 2
+    w1.rejected(w1.ids_for("a")[1])
+    rig.clock.advance(REJECT_BACKOFF)  # the second wait is twice as long
+    rig.rescan()
+    rig.step()
+    assert len(w1.dispatches()) == 2
+    rig.clock.advance(REJECT_BACKOFF)
+    rig.rescan()
+    rig.step()
+    assert len(w1.dispatches()) == 3
+
+
+async def test_every_worker_fenced_gives_no_verdict(rig: Rig) -> None:
+    w1, w2 = rig.workers("w1", "w2")
+    w1.up().summary(nodes=0, max_cpu=0, placing=False)  # fenced: reports nothing usable
+    w2.up().summary()
+    rig.d.observe(pod("a"))
+    rig.step()
+    w2.unschedulable(w2.ids_for("a")[0], nodes=4, reasons={"Insufficient cpu": 4})
+    rig.step()
+    rig.clock.advance(60)
+    rig.rescan()
+    rig.step()
+    assert rig.reporter.verdicts == []  # w1 may own nodes that fit once it is not fenced
+    w1.summary(nodes=4, placing=True)
+    rig.rescan()
+    rig.step()
+    assert w1.ids_for("a")
+
+
+async def test_a_dispatch_without_result_is_dispatched_again(rig: Rig) -> None:
+    w1, w2 = rig.workers("w1", "w2")
+    w1.up().summary()
+    w2.up().summary()
+    rig.d.observe(pod("a"))
+    rig.step()
+    first = rig.d.table.pods[key("a")]
+    stalled = rig.links[first.worker or ""]
+    [old_id] = stalled.ids_for("a")
+    stalled.ack(old_id)
+    rig.clock.advance(DISPATCH_TIMEOUT - 1)
+    assert rig.d.expire_dispatches() == 0
+    rig.clock.advance(2)
+    assert rig.d.expire_dispatches() == 1
+    assert rig.d.statistics()["workers"][stalled.worker_id]["in_flight"] == 0
+    rig.step()
+    p = rig.d.table.pods[key("a")]
+    assert p.worker is not None and p.dispatch_id != old_id
+    stalled.bound(old_id)  # the late answer to the withdrawn dispatch is ignored
+    assert rig.d.table.pods[key("a")].worker == p.worker
+    rig.links[p.worker].bound(p.dispatch_id)
+    assert key("a") not in rig.d.table
+
+
+async def test_a_recreated_pod_is_a_new_pod(rig: Rig) -> None:
+    (w1,) = rig.workers("w1")
+    w1.up().summary()
+    rig.d.observe(with_uid(pod("a"), "uid-1"))
+    rig.step()
+    [old_id] = w1.ids_for("a")
+    rig.d.observe(with_uid(pod("a"), "uid-2"))  # deleted and created again
+    assert rig.d.statistics()["workers"]["w1"]["in_flight"] == 0
+    rig.step()
+    [_, new_id] = w1.ids_for("a")
+    w1.bound(old_id, uid="uid-1")
+    assert rig.d.table.pods[key("a")].dispatch_id == new_id  # the old pod's result is not the new pod's
+    w1.bound(new_id, uid="uid-1")  # a result naming another uid is not taken either
+    assert key("a") in rig.d.table
+    w1.bound(new_id, uid="uid-2")
+    assert key("a") not in rig.d.table
 
 
 async def test_no_verdict_without_live_workers(rig: Rig) -> None:
@@ -415,3 +510,19 @@ async def test_pending_feed_relist_forgets_pods_no_longer_listed(rig: Rig) -> No
     assert len(rig.d.table) == 0
     feed.event("ADDED", pod("c"))
     assert set(rig.d.table) == {key("c")}
+
+
+async def test_an_answer_over_no_nodes_is_try_later(rig: Rig) -> None:
+    """A worker fenced with pods in its queue decides them over no usable node: that is not a no."""
+    w1, w2 = rig.workers("w1", "w2")
+    w1.up().summary()
+    w2.up().summary()
+    rig.d.observe(pod("a"))
+    for _ in range(4):
+        rig.step()
+        for w in (w1, w2):
+            for m in w.dispatches()[-1:]:
+                w.unschedulable(m.id, nodes=0, reasons={})
+        rig.clock.advance(REJECT_BACKOFF_MAX)
+        rig.rescan()
+    assert rig.reporter.verdicts == [] and rig.d.table.pods[key("a")].tried == set()

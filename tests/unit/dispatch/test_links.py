@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from common import protocol
+from common.keyring import StaticKeys
 from coordinator.dispatch import links
 from coordinator.dispatch.links import Inbound, Link, Transport
 
@@ -86,6 +87,19 @@ def fast_reconnect(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(links, "CONNECT_RETRY", 0.01)
 
 
+async def welcome(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, keys: list[bytes] | None = None
+) -> tuple[protocol.Hello, protocol.Session]:
+    """Play the worker's side of the handshake; returns the HELLO and the worker's session (after the
+    leader's first session frame, a PING, has been read and verified)."""
+    hello, key = await protocol.read_hello(reader, keys or [b""])
+    nonce = protocol.new_nonce()
+    writer.write(protocol.seal_reply(key, hello.nonce, protocol.Welcome("w1", hello.term, nonce)))
+    session = protocol.Session(key, hello_nonce=hello.nonce, welcome_nonce=nonce, leader=False)
+    assert isinstance(await session.read(reader), protocol.Ping)
+    return hello, session
+
+
 async def test_hello_then_typed_messages_then_reconnect_after_error(
     worker: tuple[WorkerStandIn, str],
 ) -> None:
@@ -94,14 +108,14 @@ async def test_hello_then_typed_messages_then_reconnect_after_error(
     link = Link("w1", address, events, leader_id="leader-1", term=9).start()
     try:
         reader, writer = await stand_in.accept()
-        assert await protocol.read_message(reader) == protocol.Hello(leader="leader-1", term=9)
+        hello, session = await welcome(reader, writer)
+        assert (hello.leader, hello.term) == ("leader-1", 9)
         await events.until("up")
         assert link.connected
-        writer.write(protocol.encode(protocol.Welcome("w1", 9)))
-        writer.write(protocol.encode(CAPACITY))
-        writer.write(protocol.encode(protocol.Ack(1)))
-        writer.write(protocol.encode(protocol.Result.bound(1, "default/a", "n1")))
-        writer.write(protocol.encode(protocol.Pong(1.0)))
+        writer.write(session.seal(CAPACITY))
+        writer.write(session.seal(protocol.Ack(1)))
+        writer.write(session.seal(protocol.Result.bound(1, "default/a", "n1")))
+        writer.write(session.seal(protocol.Pong(1.0)))
         await writer.drain()
         async with asyncio.timeout(5):
             while len(events.messages) < 3:
@@ -109,15 +123,64 @@ async def test_hello_then_typed_messages_then_reconnect_after_error(
                 await events.changed.wait()
         assert events.messages == [CAPACITY, protocol.Ack(1), protocol.Result.bound(1, "default/a", "n1")]
         link.send(protocol.Dispatch(2, {"metadata": {"name": "b"}}))
-        assert await protocol.read_message(reader) == protocol.Dispatch(2, {"metadata": {"name": "b"}})
-        writer.write(protocol.encode(protocol.Error("fenced")))
+        assert await session.read(reader) == protocol.Dispatch(2, {"metadata": {"name": "b"}})
+        writer.write(session.seal(protocol.Error("fenced")))
         await writer.drain()
         await events.until("down")
         assert not link.connected
         reader2, writer2 = await stand_in.accept()  # it connects again, with HELLO first
-        assert isinstance(await protocol.read_message(reader2), protocol.Hello)
+        await welcome(reader2, writer2)
         writer.close()
         writer2.close()
+    finally:
+        link.stop()
+
+
+async def test_the_link_is_up_only_after_a_welcome_under_its_key(worker: tuple[WorkerStandIn, str]) -> None:
+    stand_in, address = worker
+    events = Events()
+    key = b"k" * 32
+    link = Link("w1", address, events, leader_id="l", term=1, keys=StaticKeys(key)).start()
+    writers: list[asyncio.StreamWriter] = []
+    try:
+        reader, writer = await stand_in.accept()
+        writers.append(writer)
+        with pytest.raises(protocol.ProtocolError, match="not authenticated"):
+            await protocol.read_hello(reader, [b"wrong" * 8])
+        writer.close()
+        # a WELCOME under another key, or bound to another HELLO, is refused: the link never comes up
+        for reply_key, bound_to in ((b"x" * 32, None), (key, protocol.new_nonce())):
+            reader, writer = await stand_in.accept()
+            writers.append(writer)
+            hello, _ = await protocol.read_hello(reader, [key])
+            welcome_frame = protocol.Welcome("w1", 1, protocol.new_nonce())
+            writer.write(protocol.seal_reply(reply_key, bound_to or hello.nonce, welcome_frame))
+            await writer.drain()
+        reader, writer = await stand_in.accept()
+        writers.append(writer)
+        await welcome(reader, writer, [key])
+        await events.until("up")
+        assert events.log == ["up"]
+    finally:
+        link.stop()
+        for w in writers:
+            w.close()
+
+
+async def test_a_refusing_worker_is_retried(worker: tuple[WorkerStandIn, str]) -> None:
+    stand_in, address = worker
+    events = Events()
+    link = Link("w1", address, events, leader_id="l", term=1).start()
+    try:
+        reader, writer = await stand_in.accept()
+        hello, key = await protocol.read_hello(reader, [b""])
+        writer.write(protocol.seal_reply(key, hello.nonce, protocol.Error("term 1 is not the elected one")))
+        await writer.drain()
+        writer.close()
+        reader, writer = await stand_in.accept()  # connects again
+        await welcome(reader, writer)
+        await events.until("up")
+        writer.close()
     finally:
         link.stop()
 
@@ -127,9 +190,9 @@ async def test_hello_then_typed_messages_then_reconnect_after_error(
     [
         struct.pack(">I", 3) + b"\xc1\xc1\xc1",
         struct.pack(">I", protocol.MAX_FRAME + 1),
-        struct.pack(">I", 8) + b"\x81\xa1t\xa4nope",
+        struct.pack(">I", 40) + b"\x00" * 40,
     ],
-    ids=["undecodable", "oversized", "unknown-type"],
+    ids=["too-short", "oversized", "bad-mac"],
 )
 async def test_garbage_from_a_worker_breaks_the_stream(
     worker: tuple[WorkerStandIn, str], garbage: bytes
@@ -139,7 +202,8 @@ async def test_garbage_from_a_worker_breaks_the_stream(
     link = Link("w1", address, events, leader_id="leader-1", term=1).start()
     try:
         reader, writer = await stand_in.accept()
-        await protocol.read_message(reader)
+        await welcome(reader, writer)
+        await events.until("up")
         writer.write(garbage)
         await writer.drain()
         await events.until("down")
@@ -156,3 +220,28 @@ async def test_send_on_a_link_never_connected_is_dropped() -> None:
     link.send(protocol.Ack(1))
     await link.drain()
     assert not link.connected and events.log == []
+
+
+async def test_a_worker_that_stops_reading_bounds_drain_and_is_dropped(
+    worker: tuple[WorkerStandIn, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(protocol, "DEAD_AFTER", 0.5)
+    stand_in, address = worker
+    events = Events()
+    link = Link("w1", address, events, leader_id="l", term=1).start()
+    try:
+        reader, writer = await stand_in.accept()
+        await welcome(reader, writer)
+        await events.until("up")
+        big = {"metadata": {"name": "p", "annotations": {"pad": "x" * 200_000}}}
+        for i in range(64):  # ~12 MiB the worker never reads: far beyond the socket buffers
+            link.send(protocol.Dispatch(i, big))
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        await link.drain()
+        assert loop.time() - t0 < 10 * links.DRAIN_WAIT  # bounded, not until the worker reads
+        await events.until("down")  # nothing came back for DEAD_AFTER: the stream is aborted
+        assert not link.connected
+        writer.close()
+    finally:
+        link.stop()

@@ -4,19 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import hmac
 import socket
+import struct
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TypeVar
 
+import msgpack
 import pytest
 
 from common import protocol
+from common.keyring import StaticKeys
 from common.kube import Credentials, KubeClient
-from common.records import NodeName, PodRecord
+from common.records import NodeName, PodRecord, pod_from_json
 from common.reporting import Reporter
+from common.wellknown import DEFAULT_SCHEDULER_NAME
 from tests.builders import make_node, make_pod
 from tests.unit.worker.helpers import FixedShard
+from worker import intake as intake_module
 from worker.intake import Intake, LeaderResults
 from worker.scheduler import Scheduler
 from worker.settings import WorkerSettings
@@ -38,6 +45,9 @@ class RecordingReporter(Reporter):
         self.failures.append((pod.key, message))
 
 
+KEY = b"k" * 32
+
+
 @dataclass
 class Worker:
     sched: Scheduler
@@ -47,6 +57,7 @@ class Worker:
     reporter: RecordingReporter
     address: tuple[str, int]
     placing: list[bool]
+    elected: list[int | None]
 
 
 @pytest.fixture
@@ -60,38 +71,88 @@ async def worker() -> AsyncIterator[Worker]:
     )
     sched.cache.upsert_node(make_node("n1", cpu="4").record())
     placing = [True]
-    intake = Intake(sched, results, worker_id="w1", shard=shard, can_place=lambda: placing[0])
+    elected: list[int | None] = [1]
+    intake = Intake(
+        sched,
+        results,
+        worker_id="w1",
+        shard=shard,
+        keys=StaticKeys(KEY),
+        elected=lambda: elected[0],
+        scheduler_name=DEFAULT_SCHEDULER_NAME,
+        can_place=lambda: placing[0],
+        max_handshakes=4,
+    )
     listener = socket.create_server(("127.0.0.1", 0))
     address = listener.getsockname()[:2]
     await intake.start(listener)
     try:
-        yield Worker(sched, results, intake, shard, reporter, address, placing)
+        yield Worker(sched, results, intake, shard, reporter, address, placing, elected)
     finally:
         await intake.close()
         await client.close()
 
 
+@pytest.fixture(autouse=True)
+def fast(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(protocol, "HELLO_TIMEOUT", 0.5)
+    monkeypatch.setattr(intake_module, "TERM_WAIT", 0.1)
+
+
 class Leader:
+    """The leader's side of one stream, after a complete handshake (``connect``)."""
+
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader
         self.writer = writer
         self.capacity: protocol.Capacity | None = None
+        self.session: protocol.Session | None = None
+        self.welcome: protocol.Welcome | None = None
+        self.hello_frame = b""
 
     @classmethod
-    async def connect(cls, w: Worker, term: int) -> Leader:
+    async def open(cls, w: Worker, term: int, key: bytes = KEY) -> tuple[Leader, bytes]:
+        """Connect and send HELLO; returns the leader and the HELLO's nonce."""
         reader, writer = await asyncio.open_connection(*w.address)
         leader = cls(reader, writer)
-        leader.send(protocol.Hello(leader="l", term=term))
+        nonce = protocol.new_nonce()
+        leader.hello_frame = protocol.seal_hello(key, protocol.Hello(leader="l", term=term, nonce=nonce))
+        writer.write(leader.hello_frame)
+        return leader, nonce
+
+    @classmethod
+    async def connect(cls, w: Worker, term: int, key: bytes = KEY) -> Leader:
+        leader, nonce = await cls.open(w, term, key)
+        async with asyncio.timeout(TIMEOUT):
+            leader.welcome = await protocol.read_reply(leader.reader, key, nonce)
+        leader.session = protocol.Session(
+            key, hello_nonce=nonce, welcome_nonce=leader.welcome.nonce, leader=True
+        )
+        leader.send(protocol.Ping(ts=0.0))  # the first session frame: the worker takes the stream now
+        assert (await leader.next(protocol.Pong)).ts == 0.0
         return leader
 
+    @classmethod
+    async def refused(cls, w: Worker, term: int) -> str:
+        """HELLO with ``term``: the worker's ERROR message (then it closes)."""
+        leader, nonce = await cls.open(w, term)
+        with pytest.raises(protocol.ProtocolError, match="refused") as refusal:
+            async with asyncio.timeout(TIMEOUT):
+                await protocol.read_reply(leader.reader, KEY, nonce)
+        assert await leader.closed()
+        await leader.close()
+        return str(refusal.value)
+
     def send(self, message: protocol.Message) -> None:
-        self.writer.write(protocol.encode(message))
+        assert self.session is not None
+        self.writer.write(self.session.seal(message))
 
     async def next(self, kind: type[M]) -> M:
         """The next message of ``kind``; CAPACITY summaries in between are remembered, others fail."""
+        assert self.session is not None
         async with asyncio.timeout(TIMEOUT):
             while True:
-                msg = await protocol.read_message(self.reader)
+                msg = await self.session.read(self.reader)
                 if isinstance(msg, kind):
                     return msg
                 if isinstance(msg, protocol.Capacity):
@@ -100,12 +161,11 @@ class Leader:
                 raise AssertionError(f"expected {kind.__name__}, got {msg}")
 
     async def closed(self) -> bool:
+        """True once the worker closed the stream (whatever it sent before)."""
         async with asyncio.timeout(TIMEOUT):
-            try:
-                while True:
-                    await protocol.read_message(self.reader)
-            except asyncio.IncompleteReadError:
-                return True
+            while await self.reader.read(65536):
+                pass
+        return True
 
     async def close(self) -> None:
         self.writer.close()
@@ -114,19 +174,19 @@ class Leader:
 
 
 async def test_dispatch_is_acked_and_queued(worker: Worker) -> None:
+    worker.elected[0] = 3
     leader = await Leader.connect(worker, term=3)
-    assert (await leader.next(protocol.Welcome)).term == 3
+    assert leader.welcome is not None and leader.welcome.term == 3
     leader.send(protocol.Dispatch(id=7, pod=make_pod("p").req(cpu="1").json()))
     assert (await leader.next(protocol.Ack)).id == 7
     assert worker.sched.queue.where("default/p") == "active"  # type: ignore[arg-type]
-    assert worker.results.pending == {"default/p": 7}
+    assert worker.results.pending == {"default/p": (7, "")}
     await leader.close()
 
 
 async def test_dispatch_is_rejected_at_once_while_fenced_or_draining(worker: Worker) -> None:
     worker.placing[0] = False
     leader = await Leader.connect(worker, term=1)
-    await leader.next(protocol.Welcome)
     leader.send(protocol.Dispatch(id=8, pod=make_pod("p").json()))
     result = await leader.next(protocol.Result)
     assert (result.id, result.outcome) == (8, protocol.REJECTED)
@@ -138,7 +198,6 @@ async def test_dispatch_is_rejected_at_once_while_fenced_or_draining(worker: Wor
 
 async def test_bound_pod_gets_a_result_and_its_scheduled_event(worker: Worker) -> None:
     leader = await Leader.connect(worker, term=1)
-    await leader.next(protocol.Welcome)
     leader.send(protocol.Dispatch(id=9, pod=make_pod("p").req(cpu="1").json()))
     await leader.next(protocol.Ack)
     qp = worker.sched.queue.pop_nowait()
@@ -156,7 +215,6 @@ async def test_bound_pod_gets_a_result_and_its_scheduled_event(worker: Worker) -
 
 async def test_unschedulable_pod_goes_back_to_the_leader_and_leaves_the_queue(worker: Worker) -> None:
     leader = await Leader.connect(worker, term=1)
-    await leader.next(protocol.Welcome)
     leader.send(protocol.Dispatch(id=10, pod=make_pod("big").req(cpu="64").json()))
     await leader.next(protocol.Ack)
     qp = worker.sched.queue.pop_nowait()
@@ -172,7 +230,6 @@ async def test_unschedulable_pod_goes_back_to_the_leader_and_leaves_the_queue(wo
 
 async def test_rejected_binding_gets_a_result_and_a_report(worker: Worker) -> None:
     leader = await Leader.connect(worker, term=1)
-    await leader.next(protocol.Welcome)
     pod = make_pod("p").json()
     leader.send(protocol.Dispatch(id=11, pod=pod))
     await leader.next(protocol.Ack)
@@ -184,13 +241,12 @@ async def test_rejected_binding_gets_a_result_and_a_report(worker: Worker) -> No
     await leader.close()
 
 
-async def test_higher_term_replaces_the_stream_and_gets_older_results(worker: Worker) -> None:
+async def test_the_newly_elected_term_replaces_the_stream_and_gets_older_results(worker: Worker) -> None:
     old = await Leader.connect(worker, term=1)
-    await old.next(protocol.Welcome)
     old.send(protocol.Dispatch(id=12, pod=make_pod("p").json()))
     await old.next(protocol.Ack)
+    worker.elected[0] = 2  # etcd elected another leader
     new = await Leader.connect(worker, term=2)
-    assert (await new.next(protocol.Welcome)).term == 2
     assert await old.closed()
     await old.close()
     worker.results.bound(make_pod("p").record(), NodeName("n1"), assumed_at=1.0, bound_at=2.0)
@@ -199,26 +255,203 @@ async def test_higher_term_replaces_the_stream_and_gets_older_results(worker: Wo
     await new.close()
 
 
-async def test_lower_term_is_refused_and_the_current_stream_stays(worker: Worker) -> None:
+async def test_a_lower_term_is_accepted_when_etcd_elects_it(worker: Worker) -> None:
+    """After etcd was replaced by an empty one, revisions restart low: what counts is etcd's election."""
+    worker.elected[0] = 900
+    old = await Leader.connect(worker, term=900)
+    worker.elected[0] = 2
+    new = await Leader.connect(worker, term=2)
+    assert await old.closed() and worker.results.term == 2
+    await old.close()
+    await new.close()
+
+
+@pytest.mark.parametrize("term", [4, 6, 1 << 62], ids=["older", "newer", "forged-high"])
+async def test_a_term_etcd_does_not_elect_is_refused_and_the_current_stream_stays(
+    worker: Worker, term: int
+) -> None:
+    worker.elected[0] = 5
     current = await Leader.connect(worker, term=5)
-    await current.next(protocol.Welcome)
-    stale = await Leader.connect(worker, term=4)
-    error = await stale.next(protocol.Error)
-    assert "older" in error.message
-    assert await stale.closed()
-    await stale.close()
+    assert "not the elected leader's (5)" in await Leader.refused(worker, term)
     current.send(protocol.Ping(ts=123))
     assert (await current.next(protocol.Pong)).ts == 123
     assert worker.results.term == 5
     await current.close()
 
 
+async def test_no_known_leader_refuses_every_term(worker: Worker) -> None:
+    worker.elected[0] = None  # the election mirror is empty
+    assert "not the elected" in await Leader.refused(worker, 1)
+
+
 async def test_capacity_summary_comes_from_the_index(worker: Worker) -> None:
     worker.sched.cache.upsert_node(make_node("n2", cpu="8").record())  # not in the shard: not counted
     worker.shard.syncing_nodes = 1
     leader = await Leader.connect(worker, term=1)
-    await leader.next(protocol.Welcome)
     capacity = await leader.next(protocol.Capacity)
     assert (capacity.nodes, capacity.free_cpu, capacity.max_cpu) == (1, 4000, 4000)
     assert capacity.syncing == 1 and capacity.pending == 0
+    await leader.close()
+
+
+# ----- authentication and bounds ----------------------------------------------------------------------------
+
+
+async def eof_within(reader: asyncio.StreamReader, seconds: float) -> bytes:
+    """Everything the worker sent until it closed the connection, which must happen within ``seconds``."""
+    async with asyncio.timeout(seconds):
+        return await reader.read()
+
+
+async def test_a_hello_under_another_key_is_closed_unanswered(worker: Worker) -> None:
+    leader, _ = await Leader.open(worker, term=1, key=b"x" * 32)
+    assert await eof_within(leader.reader, TIMEOUT) == b""  # no WELCOME, no ERROR: nothing to learn
+    await leader.close()
+    assert worker.intake.failed_handshakes == 1 and worker.results.stream is None
+
+
+async def test_a_hello_without_any_secret_is_refused(worker: Worker) -> None:
+    leader, _ = await Leader.open(worker, term=1, key=b"")
+    assert await eof_within(leader.reader, TIMEOUT) == b""
+    await leader.close()
+
+
+async def test_the_previous_key_is_accepted_during_a_rotation(worker: Worker) -> None:
+    worker.intake.keys = StaticKeys(b"n" * 32, previous=KEY)
+    leader = await Leader.connect(worker, term=1, key=KEY)
+    leader.send(protocol.Dispatch(id=1, pod=make_pod("p").json()))
+    assert (await leader.next(protocol.Ack)).id == 1
+    await leader.close()
+    worker.intake.keys = StaticKeys(b"n" * 32)  # the grace ended
+    stale, _ = await Leader.open(worker, term=1, key=KEY)
+    assert await eof_within(stale.reader, TIMEOUT) == b""
+    await stale.close()
+
+
+async def test_a_tampered_frame_closes_the_stream(worker: Worker) -> None:
+    leader = await Leader.connect(worker, term=1)
+    assert leader.session is not None
+    frame = bytearray(leader.session.seal(protocol.Dispatch(id=1, pod=make_pod("p").json())))
+    frame[-3] ^= 0x01  # one bit of the pod
+    leader.writer.write(bytes(frame))
+    assert await leader.closed()
+    assert "default/p" not in worker.sched.queue  # type: ignore[operator]
+    await leader.close()
+
+
+async def test_a_replayed_frame_closes_the_stream(worker: Worker) -> None:
+    leader = await Leader.connect(worker, term=1)
+    assert leader.session is not None
+    frame = leader.session.seal(protocol.Dispatch(id=1, pod=make_pod("p").json()))
+    leader.writer.write(frame)
+    await leader.next(protocol.Ack)
+    leader.writer.write(frame)  # the same bytes again: their sequence number is used up
+    assert await leader.closed()
+    await leader.close()
+
+
+async def test_a_replayed_hello_never_takes_the_stream(worker: Worker) -> None:
+    real = await Leader.connect(worker, term=1)
+    reader, writer = await asyncio.open_connection(*worker.address)
+    writer.write(real.hello_frame)  # captured off the wire: it verifies, and gets a WELCOME ...
+    # ... but the replayer cannot MAC the first session frame (it lacks the key): closed at the timeout
+    await eof_within(reader, TIMEOUT)
+    writer.close()
+    real.send(protocol.Ping(ts=7))
+    assert (await real.next(protocol.Pong)).ts == 7
+    assert worker.intake.failed_handshakes == 1
+    await real.close()
+
+
+async def test_a_frame_before_the_welcome_is_not_a_session_frame(worker: Worker) -> None:
+    leader, _ = await Leader.open(worker, term=1)
+    # a frame sealed for some other session (or by someone without the session key) is refused
+    other = protocol.Session(KEY, hello_nonce=b"a" * 16, welcome_nonce=b"b" * 16, leader=True)
+    leader.writer.write(other.seal(protocol.Dispatch(id=1, pod=make_pod("p").json())))
+    await eof_within(leader.reader, TIMEOUT)
+    assert worker.results.stream is None and "default/p" not in worker.sched.queue  # type: ignore[operator]
+    await leader.close()
+
+
+async def test_a_newer_protocol_version_is_refused(worker: Worker) -> None:
+    body = msgpack.packb(
+        {"v": protocol.VERSION + 1, "t": "hello", "leader": "l", "term": 1, "nonce": protocol.new_nonce()}
+    )
+    mac = hmac.new(KEY, b"hello" + body, hashlib.sha256).digest()  # correctly authenticated
+    reader, writer = await asyncio.open_connection(*worker.address)
+    writer.write(struct.pack(">I", len(mac) + len(body)) + mac + body)
+    assert await eof_within(reader, TIMEOUT) == b""
+    writer.close()
+    assert worker.intake.failed_handshakes == 1
+
+
+async def test_an_oversized_hello_is_refused_before_its_body(worker: Worker) -> None:
+    reader, writer = await asyncio.open_connection(*worker.address)
+    writer.write(struct.pack(">I", protocol.MAX_HANDSHAKE_FRAME + 1))  # no body follows
+    assert await eof_within(reader, 0.4) == b""  # before the handshake timeout: refused on the length
+    writer.close()
+
+
+async def test_a_silent_connection_is_closed_at_the_hello_timeout(worker: Worker) -> None:
+    reader, writer = await asyncio.open_connection(*worker.address)
+    t0 = asyncio.get_running_loop().time()
+    assert await eof_within(reader, TIMEOUT) == b""
+    assert asyncio.get_running_loop().time() - t0 >= protocol.HELLO_TIMEOUT * 0.9
+    writer.close()
+
+
+async def test_connections_beyond_the_handshake_cap_are_closed_at_once(worker: Worker) -> None:
+    idle = [await asyncio.open_connection(*worker.address) for _ in range(4)]
+    await asyncio.sleep(0.05)
+    reader, writer = await asyncio.open_connection(*worker.address)
+    assert await eof_within(reader, 0.3) == b""  # well before the HELLO timeout
+    writer.close()
+    assert worker.intake.refused_connections == 1
+    for _, w in idle:
+        w.close()
+    await asyncio.sleep(0.05)
+    leader = await Leader.connect(worker, term=1)  # the cap counts handshakes only, and they are gone
+    await leader.close()
+
+
+async def test_another_schedulers_pod_is_refused_and_never_queued(worker: Worker) -> None:
+    leader = await Leader.connect(worker, term=1)
+    leader.send(protocol.Dispatch(id=5, pod=make_pod("p").scheduler("default-scheduler").json()))
+    result = await leader.next(protocol.Result)
+    assert (result.id, result.outcome) == (5, protocol.REJECTED)
+    assert "default-scheduler" in result.message
+    assert "default/p" not in worker.sched.queue and worker.intake.foreign_pods == 1  # type: ignore[operator]
+    await leader.close()
+
+
+async def test_results_carry_the_uid_and_only_answer_for_the_dispatched_pod(worker: Worker) -> None:
+    leader = await Leader.connect(worker, term=1)
+    new = make_pod("p").json()
+    new["metadata"]["uid"] = "uid-new"
+    leader.send(protocol.Dispatch(id=6, pod=new))
+    await leader.next(protocol.Ack)
+    old = make_pod("p").json()
+    old["metadata"]["uid"] = "uid-old"
+    # a binding of the pod's predecessor (same name) finishing now does not answer for the new pod
+    worker.results.bound(pod_from_json(old), NodeName("n1"), assumed_at=1.0, bound_at=2.0)
+    assert worker.results.pending == {"default/p": (6, "uid-new")}
+    worker.results.bound(pod_from_json(new), NodeName("n1"), assumed_at=1.0, bound_at=2.0)
+    result = await leader.next(protocol.Result)
+    assert (result.id, result.uid, result.outcome) == (6, "uid-new", protocol.BOUND)
+    await leader.close()
+
+
+async def test_a_stream_whose_term_is_no_longer_elected_is_closed(worker: Worker) -> None:
+    leader = await Leader.connect(worker, term=1)
+    worker.elected[0] = None  # the mirror lost sight of the election: keep the stream
+    await asyncio.sleep(3 * protocol.CAPACITY_INTERVAL)
+    leader.send(protocol.Ping(ts=1))
+    assert (await leader.next(protocol.Pong)).ts == 1
+    worker.elected[0] = 2  # another leader's key is now the lowest
+    assert await leader.closed()
+    for _ in range(int(TIMEOUT / 0.01)):  # the worker's side of the close follows ours
+        if worker.results.stream is None:
+            break
+        await asyncio.sleep(0.01)
+    assert worker.results.stream is None
     await leader.close()
