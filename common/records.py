@@ -6,8 +6,10 @@ about four times as long as ``json.loads`` to deserialise a list of pods), so wa
 
 Invariants:
 - Parsing never raises for bad content. A pod whose spec cannot be understood (malformed quantity, unknown
-  affinity operator, ...) gets ``parse_error`` set and is reported unschedulable with that reason; a node with
-  missing or malformed allocatable is treated as having no capacity (``allocatable_error`` says why).
+  affinity operator, ...) gets ``parse_error`` set and is reported unschedulable with that reason; so does a
+  pod not yet placed that uses a field the engine does not implement (``common.support``: the message names
+  the field). A node with missing or malformed allocatable is treated as having no capacity
+  (``allocatable_error`` says why).
 - Records are immutable after parsing (the cache replaces them, it never edits them), so they can be shared
   between the cache, the queue and the engine without copies.
 - ``Resources`` values are integers: CPU in millicores, everything else in whole units.
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, NewType
 
 from common.quantity import QuantityError, parse_milli, parse_units
+from common.support import unsupported
 
 NodeName = NewType("NodeName", str)
 PodKey = NewType("PodKey", str)  # "namespace/name"
@@ -420,6 +423,8 @@ def pod_from_json(obj: dict[str, Any]) -> PodRecord:
     except (QuantityError, ValueError, TypeError, AttributeError) as e:
         error = f"invalid pod spec: {e}"
         fields = _empty_pod_fields()
+    if not spec.get("nodeName"):  # a placed pod is not ours to refuse; its requests still count
+        error = unsupported(obj) or error
     gates = tuple(g.get("name", "") for g in spec.get("schedulingGates") or () if isinstance(g, dict))
     signature = (
         fields["node_selector"],
