@@ -8,8 +8,10 @@ Invariants:
 - Parsing never raises for bad content, whatever it is (malformed, huge or overflowing quantities, wrong types,
   absurd sizes), and costs time linear in the object's size. A pod whose spec cannot be understood (malformed
   or out-of-range quantity, unknown affinity operator, ...) gets ``parse_error`` set, naming the field, and is
-  reported unschedulable with that reason; a node with missing or malformed allocatable is treated as having
-  no capacity (``allocatable_error`` says why). Quantities must fit int64 (``common.quantity``).
+  reported unschedulable with that reason; so does a pod not yet placed that uses a field the engine does not
+  implement (``common.support``: the message names the field). A node with missing or malformed allocatable
+  is treated as having no capacity (``allocatable_error`` says why). Quantities must fit int64
+  (``common.quantity``).
 - A pod's placement rules are bounded (``MAX_TOLERATIONS``, ``MAX_SELECTOR_TERMS``, ``MAX_REQUIREMENTS``,
   ``MAX_VALUES``, ``MAX_HOST_PORTS``); a pod beyond one is a parse error naming the field and the limit. The
   filters run these rules against every node of a shard in one synchronous step, so the limits bound what one
@@ -27,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, NewType
 
 from common.quantity import QuantityError, parse_milli, parse_units
+from common.support import unsupported
 
 NodeName = NewType("NodeName", str)
 PodKey = NewType("PodKey", str)  # "namespace/name"
@@ -553,6 +556,8 @@ def pod_from_json(obj: dict[str, Any]) -> PodRecord:
         # ValueError includes QuantityError; ArithmeticError an overflowing number (int() of an infinite float)
         error = f"invalid pod spec: {e}"
         fields = _empty_pod_fields()
+    if not spec.get("nodeName"):  # a placed pod is not ours to refuse; its requests still count
+        error = unsupported(obj) or error
     gates = tuple(g.get("name", "") for g in spec.get("schedulingGates") or () if isinstance(g, dict))
     signature = (
         fields["node_selector"],

@@ -2,7 +2,8 @@
 
 Fixtures:
 - ``cluster`` (session): a ``scale.cluster.Cluster`` with ``CLUSTER_NODES`` kwok nodes (the deterministic fleet,
-  seed 0) and kube-scheduler, started once in a temporary directory on free ports and stopped at the end.
+  seed 0), kube-controller-manager and kube-scheduler, started once in a temporary directory on free ports and
+  stopped at the end.
   kube-scheduler always runs: it schedules only pods with ``schedulerName: default-scheduler`` (the default),
   so it never competes for our scheduler's pods, and tests can compare against it. Its client limits are raised
   (``SCHEDULER_QPS``) so that it is not the slow part of a test.
@@ -10,7 +11,8 @@ Fixtures:
   (``agent-scheduler cluster up --with-kube-scheduler --nodes 500 --dir DIR``) instead; it is left running.
 - ``kube``: an admin ``KubeClient`` on the test's event loop, closed after the test.
 - ``namespace``: a new namespace (its name derived from the test's), deleted after the test: its pods are
-  deleted at once (grace period 0) and the namespace is finalized by hand, because no namespace controller runs.
+  deleted at once (grace period 0) and the namespace is finalized by hand, which is quicker than waiting for the
+  namespace controller and works on a cluster without one.
 
 Only tests that ask for these fixtures start the cluster; such tests must carry ``@pytest.mark.integration``.
 """

@@ -5,7 +5,9 @@
   ``INITIAL_BACKOFF`` doubling per failed attempt up to ``MAX_BACKOFF``.
 - unschedulable pool: pods that no node could take; they move back (to backoffQ if their backoff is still
   running, else activeQ) when ``move_all`` is called for an event that could help (node added or changed,
-  capacity freed), and at the latest after ``UNSCHEDULABLE_TIMEOUT``.
+  capacity freed), and at the latest after ``UNSCHEDULABLE_TIMEOUT``. A pod refused for its own spec
+  (``PodRecord.parse_error``: invalid, or a field the engine does not support) waits there for an update of
+  itself only: no cluster event can make it schedulable.
 - gated: pods with ``spec.schedulingGates``; they enter activeQ when an update removes the last gate.
 
 Invariants:
@@ -197,7 +199,9 @@ class SchedulingQueue:
         """Pods in the pool longer than ``UNSCHEDULABLE_TIMEOUT`` go back for another try."""
         now = self.clock()
         due = [
-            qp for qp in self._unschedulable.values() if now - qp.unschedulable_since >= UNSCHEDULABLE_TIMEOUT
+            qp
+            for qp in self._unschedulable.values()
+            if now - qp.unschedulable_since >= UNSCHEDULABLE_TIMEOUT and qp.pod.parse_error is None
         ]
         for qp in due:
             self._place(qp, "backoff" if qp.backoff_until > now else "active")
@@ -207,7 +211,7 @@ class SchedulingQueue:
         """An event that could help unschedulable pods happened: move them all out of the pool."""
         self._move_cycle += 1
         now = self.clock()
-        pods = list(self._unschedulable.values())
+        pods = [qp for qp in self._unschedulable.values() if qp.pod.parse_error is None]
         for qp in pods:
             self._place(qp, "backoff" if qp.backoff_until > now else "active")
         return len(pods)

@@ -1,4 +1,5 @@
-"""A real local Kubernetes for development, tests and scale runs: etcd, kube-apiserver, kwok, kube-scheduler.
+"""A real local Kubernetes for development, tests and scale runs: etcd, kube-apiserver, kwok,
+kube-controller-manager, kube-scheduler.
 
 Public surface (everything else in this package is an implementation module)::
 

@@ -24,12 +24,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
 
     up = actions.add_parser(
-        "up", help="start etcd, kube-apiserver, kwok (and kube-scheduler) and create nodes"
+        "up",
+        help="start etcd, kube-apiserver, kwok, kube-controller-manager (and kube-scheduler) and create nodes",
     )
     _dir_argument(up)
     up.add_argument("--nodes", type=int, default=0, help="fake kwok nodes to create (default 0)")
     up.add_argument("--seed", type=int, default=_DEFAULTS.node_seed, help="node generator seed")
     up.add_argument("--with-kube-scheduler", action="store_true", help="also run kube-scheduler")
+    up.add_argument(
+        "--without-controller-manager",
+        action="store_true",
+        help="do not run kube-controller-manager (no workload controllers, garbage collection or PV binding)",
+    )
     up.add_argument("--force", action="store_true", help="stop and wipe whatever an earlier run left in DIR")
     up.add_argument("--max-requests-inflight", type=int, default=_DEFAULTS.max_requests_inflight)
     up.add_argument(
@@ -95,12 +101,17 @@ def _up(args: argparse.Namespace) -> int:
         args.dir,
         nodes=args.nodes,
         with_kube_scheduler=args.with_kube_scheduler,
+        with_controller_manager=not args.without_controller_manager,
         force=args.force,
         options=options,
     )
     took = time.monotonic() - began
     scheduler = "with kube-scheduler" if args.with_kube_scheduler else "without kube-scheduler"
-    print(f"cluster up in {took:.1f}s: {args.nodes} kwok nodes, {scheduler}")
+    controllers = "without" if args.without_controller_manager else "with"
+    print(
+        f"cluster up in {took:.1f}s: {args.nodes} kwok nodes, {scheduler}, "
+        f"{controllers} kube-controller-manager"
+    )
     print(f"  API server  {cluster.server}")
     print(f"  etcd        {cluster.etcd_endpoint}")
     print(f"  kubeconfig  {cluster.kubeconfig}")
@@ -146,10 +157,10 @@ def _print_status(status: ClusterStatus) -> None:
         print(f"  nodes       {status.nodes}")
     elif status.nodes_error:
         print(f"  nodes       unknown ({status.nodes_error})")
-    print(f"  {'PROCESS':<16}{'PID':>8}  {'STATE':<9}{'RSS':>10}  LOG")
+    print(f"  {'PROCESS':<24}{'PID':>8}  {'STATE':<9}{'RSS':>10}  LOG")
     for c in status.components:
         rss = f"{c.rss_bytes / 2**20:.0f}Mi" if c.rss_bytes is not None else "-"
         state = "running" if c.running else "gone"
-        print(f"  {c.name:<16}{c.pid:>8}  {state:<9}{rss:>10}  {c.log}")
+        print(f"  {c.name:<24}{c.pid:>8}  {state:<9}{rss:>10}  {c.log}")
     if status.ports:
         print("  ports       " + ", ".join(f"{k}={v}" for k, v in sorted(status.ports.items())))

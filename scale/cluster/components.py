@@ -1,4 +1,4 @@
-"""The four components of a local cluster: how each is started and how we know it is ready.
+"""The five components of a local cluster: how each is started and how we know it is ready.
 
 A ``Component`` is data: its name, the ports it needs, a function from those ports to its command line, and a
 readiness probe (an HTTP GET on its health endpoint). The lifecycle owns starting, retrying and stopping; this
@@ -6,11 +6,20 @@ module owns the flags, which are the part worth reading:
 
 - etcd: one member on loopback, data in ``DIR/etcd``; ``--unsafe-no-fsync`` unless fsync was asked for.
 - kube-apiserver: loopback only, our serving certificate, static tokens, ``Node,RBAC`` authorization,
-  in-flight limits from ``ClusterOptions``. Two default admission plugins are off because the controllers they
-  rely on do not run here (no kube-controller-manager): ``ServiceAccount`` (would reject every pod until the
-  token controller created the namespace's ``default`` ServiceAccount) and ``TaintNodesByCondition`` (taints
-  every new node ``not-ready`` until the node lifecycle controller lifts it).
+  in-flight limits from ``ClusterOptions``. Two default admission plugins stay off:
+  ``TaintNodesByCondition`` taints every new node ``not-ready`` until the node lifecycle controller lifts it,
+  and that controller does not run here (below); ``ServiceAccount`` would reject a namespace's pods until the
+  ServiceAccount controller has created its ``default`` ServiceAccount, a race every test and bench that
+  creates a namespace and then pods at once would have to wait out, for pods that never run a process.
 - kwok: manages only nodes annotated ``kwok.x-k8s.io/node=fake`` and serves ``/healthz`` on a free port.
+- kube-controller-manager: leader election off, the default controllers (``CONTROLLERS``) but three:
+  ``node-lifecycle-controller`` (kwok nodes heartbeat every few minutes and hold no leases, so it would mark
+  every node unreachable, taint it and evict its pods), ``taint-eviction-controller`` (tests taint nodes that
+  already hold pods on purpose) and ``ttl-controller`` (it annotates every node, thousands of writes at scale
+  for a kubelet cache that does not exist here). What runs: workload controllers (Deployments, ReplicaSets,
+  Jobs, StatefulSets, ...), the garbage collector, the namespace controller, the PersistentVolume binder (it
+  binds existing PVs to claims; there is no provisioner, so a claim of a class without PVs stays Pending),
+  ServiceAccounts and the root CA ConfigMap. It signs nothing: its client is a ``system:masters`` user.
 - kube-scheduler: a ``KubeSchedulerConfiguration`` with leader election off; it schedules only pods whose
   ``schedulerName`` is ``default-scheduler``.
 """
@@ -36,7 +45,14 @@ ETCD = "etcd"
 APISERVER = "kube-apiserver"
 KWOK = "kwok"
 SCHEDULER = "kube-scheduler"
-TOOLS = (ETCD, APISERVER, KWOK, SCHEDULER)
+CONTROLLER_MANAGER = "kube-controller-manager"
+TOOLS = (ETCD, APISERVER, KWOK, SCHEDULER, CONTROLLER_MANAGER)
+
+#: kube-controller-manager ``--controllers``: the defaults but those that act on kwok nodes as if they were
+#: kubelets (see the module docstring)
+CONTROLLERS = "*,-node-lifecycle-controller,-taint-eviction-controller,-ttl-controller"
+CONTROLLER_MANAGER_QPS = 100
+CONTROLLER_MANAGER_BURST = 200
 
 PROBE_TIMEOUT = 2.0
 # kube-apiserver deletes a collection with one worker by default: 2,000 pods of a test namespace took 8 s.
@@ -200,4 +216,33 @@ def scheduler(options: ClusterOptions, layout: Layout) -> Component:
         ("kube_scheduler",),
         command,
         lambda ports: http_probe(f"https://{LOOPBACK}:{ports['kube_scheduler']}/healthz"),
+    )
+
+
+def controller_manager(options: ClusterOptions, layout: Layout, pki: Pki) -> Component:
+    exe = binary(options, CONTROLLER_MANAGER)
+
+    def command(ports: Ports) -> list[str]:
+        # No --authentication/--authorization-kubeconfig: as for kube-scheduler, /healthz is always allowed,
+        # and the API server here has no client CA for the delegated authentication to look up.
+        return [
+            exe,
+            f"--kubeconfig={layout.component_kubeconfig(CONTROLLER_MANAGER)}",
+            f"--bind-address={LOOPBACK}",
+            f"--secure-port={ports['kube_controller_manager']}",
+            f"--cert-dir={layout.controller_manager_certs}",
+            "--leader-elect=false",
+            f"--controllers={CONTROLLERS}",
+            f"--service-account-private-key-file={pki.sa_key}",
+            f"--root-ca-file={pki.ca_cert}",
+            f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+            f"--kube-api-qps={CONTROLLER_MANAGER_QPS}",
+            f"--kube-api-burst={CONTROLLER_MANAGER_BURST}",
+        ]
+
+    return Component(
+        CONTROLLER_MANAGER,
+        ("kube_controller_manager",),
+        command,
+        lambda ports: http_probe(f"https://{LOOPBACK}:{ports['kube_controller_manager']}/healthz"),
     )

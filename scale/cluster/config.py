@@ -31,6 +31,8 @@ DEFAULT_BIN_DIR = PROJECT_ROOT / ".local" / "bin"
 
 ADMIN_USER = "agent-scheduler-admin"
 SCHEDULER_USER = "system:kube-scheduler"  # bound to its ClusterRole by the API server's bootstrap RBAC policy
+# In system:masters: without --use-service-account-credentials every controller acts as this one user.
+CONTROLLER_MANAGER_USER = "system:kube-controller-manager"
 KWOK_USER = "kwok-controller"
 MASTERS_GROUP = "system:masters"
 SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/16"
@@ -61,7 +63,7 @@ class ClusterOptions:
     ready_timeout: float = 120.0
     #: seconds between SIGTERM and SIGKILL when stopping.
     stop_grace: float = 10.0
-    #: where the etcd, kube-apiserver, kube-scheduler and kwok binaries are.
+    #: where the etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok binaries are.
     bin_dir: Path = DEFAULT_BIN_DIR
     #: how many times a component is restarted on fresh ports when its port was taken meanwhile.
     port_retries: int = 3
@@ -119,6 +121,10 @@ class Layout:
     def scheduler_certs(self) -> Path:
         return self.pki / "kube-scheduler"
 
+    @property
+    def controller_manager_certs(self) -> Path:
+        return self.pki / "kube-controller-manager"
+
     def owned_entries(self) -> frozenset[str]:
         """Names of the top-level entries this package creates (what ``--force`` may delete)."""
         entries = (self.state, self.kubeconfig, self.pki, self.config, self.etcd_data, self.logs)
@@ -156,7 +162,12 @@ def kubeconfig_document(*, server: str, ca_pem: bytes, token: str, user: str, cl
 
 def token_file_document(tokens: dict[str, str]) -> str:
     """kube-apiserver ``--token-auth-file`` CSV: ``token,user,uid,"groups"`` for each user in ``tokens``."""
-    groups = {ADMIN_USER: MASTERS_GROUP, KWOK_USER: MASTERS_GROUP, SCHEDULER_USER: ""}
+    groups = {
+        ADMIN_USER: MASTERS_GROUP,
+        KWOK_USER: MASTERS_GROUP,
+        CONTROLLER_MANAGER_USER: MASTERS_GROUP,
+        SCHEDULER_USER: "",
+    }
     lines = []
     for user, token in tokens.items():
         group = groups.get(user, "")

@@ -11,7 +11,8 @@ class ClusterError(RuntimeError):
 
 
 class ToolMissing(ClusterError):
-    """A binary (etcd, kube-apiserver, kube-scheduler, kwok) is not in the bin directory; run ``make tools``."""
+    """A binary (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok) is not in the bin directory;
+    run ``make tools``."""
 
 
 class DirectoryInUse(ClusterError):

@@ -1,8 +1,8 @@
 """Bringing a local cluster up and down: the ``Cluster`` handle and the functions that make one.
 
 Start order, each step waiting for the previous one to be ready: key material and tokens, etcd, kube-apiserver
-(``/readyz``), the kubeconfigs (they need the API server's port), kwok, optionally kube-scheduler, then the
-fake nodes. ``state.json`` is rewritten after every process start.
+(``/readyz``), the kubeconfigs (they need the API server's port), kwok, kube-controller-manager (unless left
+out), optionally kube-scheduler, then the fake nodes. ``state.json`` is rewritten after every process start.
 
 Invariants:
 - Every process this package starts is recorded before we wait for it, so no failure path leaks a process:
@@ -11,11 +11,15 @@ Invariants:
 - A directory is only wiped (``--force``, ``down``) when it holds nothing but entries this package creates.
 - Ports are picked free just before each start; a component that then dies with "address already in use" is
   started again on fresh ports (``ClusterOptions.port_retries`` times).
-- Stopping goes in reverse: kube-scheduler, kwok and kube-apiserver first, etcd once they are gone.
+- Stopping goes in reverse: kube-scheduler, kube-controller-manager, kwok and kube-apiserver first, etcd once
+  they are gone.
 
-What it does not do: run kube-controller-manager. There is no namespace, garbage-collector or node-lifecycle
-controller, so namespaces deleted here stay ``Terminating`` until finalized by hand (the test fixtures do that),
-and nodes never turn NotReady on their own.
+With kube-controller-manager, Deployments, ReplicaSets and Jobs make pods, the garbage collector deletes what
+lost its owner, deleted namespaces are emptied and removed, and PersistentVolumes bind to claims (see
+``components`` for which controllers run). Nodes still never turn NotReady on their own: the node lifecycle
+controller is left out, as kwok's nodes do not heartbeat like kubelets. Scale runs leave the controller manager
+out (``with_controller_manager=False``): its controllers watch every pod, and on a small machine that CPU would
+be taken from the schedulers being measured.
 """
 
 from __future__ import annotations
@@ -34,9 +38,18 @@ from typing import Any, TypeVar
 from common.backoff import Backoff
 from common.kube import ApiError, Credentials, KubeClient
 from scale.cluster import components
-from scale.cluster.components import APISERVER, ETCD, KWOK, SCHEDULER, Component, Ports
+from scale.cluster.components import (
+    APISERVER,
+    CONTROLLER_MANAGER,
+    ETCD,
+    KWOK,
+    SCHEDULER,
+    Component,
+    Ports,
+)
 from scale.cluster.config import (
     ADMIN_USER,
+    CONTROLLER_MANAGER_USER,
     DEFAULT_DIR,
     KWOK_USER,
     SCHEDULER_USER,
@@ -243,10 +256,12 @@ def start_cluster(
     *,
     nodes: int = 0,
     with_kube_scheduler: bool = False,
+    with_controller_manager: bool = True,
     force: bool = False,
     options: ClusterOptions | None = None,
 ) -> Cluster:
-    """Start etcd, kube-apiserver, kwok (and kube-scheduler) in ``directory`` and create ``nodes`` fake nodes.
+    """Start etcd, kube-apiserver, kwok, kube-controller-manager (and kube-scheduler) in ``directory`` and create
+    ``nodes`` fake nodes.
 
     Blocks until everything is ready. Raises ``DirectoryInUse`` when the directory holds a cluster (pass
     ``force`` to stop and wipe it), ``ComponentFailed`` with the log tail when a component dies or is not ready in
@@ -255,7 +270,13 @@ def start_cluster(
     opts = options or ClusterOptions()
     layout = Layout(Path(directory).resolve())
     started = time.monotonic()
-    cluster = _start_processes(layout, opts, with_kube_scheduler=with_kube_scheduler, force=force)
+    cluster = _start_processes(
+        layout,
+        opts,
+        with_kube_scheduler=with_kube_scheduler,
+        with_controller_manager=with_controller_manager,
+        force=force,
+    )
     try:
         if nodes:
             try:
@@ -279,6 +300,7 @@ async def start_cluster_async(
     *,
     nodes: int = 0,
     with_kube_scheduler: bool = False,
+    with_controller_manager: bool = True,
     force: bool = False,
     options: ClusterOptions | None = None,
 ) -> Cluster:
@@ -288,6 +310,7 @@ async def start_cluster_async(
         directory,
         nodes=nodes,
         with_kube_scheduler=with_kube_scheduler,
+        with_controller_manager=with_controller_manager,
         force=force,
         options=options,
     )
@@ -313,16 +336,29 @@ def _run_coroutine(coro: Coroutine[Any, Any, _T]) -> _T:
 
 
 def _start_processes(
-    layout: Layout, options: ClusterOptions, *, with_kube_scheduler: bool, force: bool
+    layout: Layout,
+    options: ClusterOptions,
+    *,
+    with_kube_scheduler: bool,
+    with_controller_manager: bool,
+    force: bool,
 ) -> Cluster:
     # Fail on a missing binary before touching the directory.
-    for tool in (ETCD, APISERVER, KWOK) + ((SCHEDULER,) if with_kube_scheduler else ()):
+    optional = ((SCHEDULER,) if with_kube_scheduler else ()) + (
+        (CONTROLLER_MANAGER,) if with_controller_manager else ()
+    )
+    for tool in (ETCD, APISERVER, KWOK, *optional):
         components.binary(options, tool)
     claim_directory(layout, force=force, grace=options.stop_grace)
     for directory in (layout.root, layout.config, layout.logs):
         directory.mkdir(parents=True, exist_ok=True)
     pki = generate_pki(layout.pki)
-    tokens = {ADMIN_USER: new_token(), SCHEDULER_USER: new_token(), KWOK_USER: new_token()}
+    tokens = {
+        ADMIN_USER: new_token(),
+        SCHEDULER_USER: new_token(),
+        KWOK_USER: new_token(),
+        CONTROLLER_MANAGER_USER: new_token(),
+    }
     layout.token_file.write_text(token_file_document(tokens))
     layout.token_file.chmod(0o600)
     state = ClusterState(
@@ -349,6 +385,7 @@ def _start_processes(
             layout.kubeconfig: ADMIN_USER,
             layout.component_kubeconfig(KWOK): KWOK_USER,
             layout.component_kubeconfig(SCHEDULER): SCHEDULER_USER,
+            layout.component_kubeconfig(CONTROLLER_MANAGER): CONTROLLER_MANAGER_USER,
         }
         for path, user in kubeconfigs.items():
             path.write_text(
@@ -360,6 +397,9 @@ def _start_processes(
 
         layout.kwok_config.write_text(kwok_config(pod_parallelism=options.kwok_pod_parallelism))
         start_component(components.kwok(options, layout), cluster)
+
+        if with_controller_manager:
+            start_component(components.controller_manager(options, layout, pki), cluster)
 
         if with_kube_scheduler:
             layout.scheduler_config.write_text(

@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
-# Builds the pinned Kubernetes tools (kube-apiserver, kube-scheduler, etcd, kwok) into a bin folder.
+# Builds the pinned Kubernetes tools (kube-apiserver, kube-scheduler, kube-controller-manager, etcd, kwok) into a
+# bin folder.
 #
 # Each tool comes from its own Go module under scale/tools/<module>/, so their dependency graphs never
 # have to agree with each other. A tool is rebuilt only when its module files (go.mod, go.sum) or this
 # script changed since the last successful build: the hash of those inputs is kept beside the binary.
 #
-# Usage: scale/tools/build.sh [BIN_DIR] [TOOL...]   (default BIN_DIR .local/bin, default tools: all four)
+# Usage: scale/tools/build.sh [BIN_DIR] [TOOL...]   (default BIN_DIR .local/bin, default tools: all five)
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 bin="$(mkdir -p "${1:-$here/../../.local/bin}" && cd "${1:-$here/../../.local/bin}" && pwd)"
 shift || true
 tools=("$@")
-[ ${#tools[@]} -gt 0 ] || tools=(etcd kwok kube-apiserver kube-scheduler)
+[ ${#tools[@]} -gt 0 ] || tools=(etcd kwok kube-apiserver kube-scheduler kube-controller-manager)
 
 export GOFLAGS="${GOFLAGS:--buildvcs=false}"
 export CGO_ENABLED=0
@@ -20,10 +21,10 @@ k8s_version="v1.36.3"
 
 module_of() {
   case "$1" in
-    kube-apiserver|kube-scheduler) echo kubernetes ;;
+    kube-apiserver|kube-scheduler|kube-controller-manager) echo kubernetes ;;
     etcd) echo etcd ;;
     kwok) echo kwok ;;
-    *) echo "unknown tool: $1 (known: etcd kwok kube-apiserver kube-scheduler)" >&2; return 1 ;;
+    *) echo "unknown tool: $1 (known: etcd kwok kube-apiserver kube-scheduler kube-controller-manager)" >&2; return 1 ;;
   esac
 }
 
@@ -31,6 +32,7 @@ package_of() {
   case "$1" in
     kube-apiserver) echo k8s.io/kubernetes/cmd/kube-apiserver ;;
     kube-scheduler) echo k8s.io/kubernetes/cmd/kube-scheduler ;;
+    kube-controller-manager) echo k8s.io/kubernetes/cmd/kube-controller-manager ;;
     etcd) echo . ;;
     kwok) echo sigs.k8s.io/kwok/cmd/kwok ;;
   esac
@@ -38,7 +40,7 @@ package_of() {
 
 ldflags_of() {
   case "$1" in
-    kube-apiserver|kube-scheduler)
+    kube-apiserver|kube-scheduler|kube-controller-manager)
       local minor="${k8s_version#v1.}"; minor="${minor%%.*}"
       local cb=k8s.io/component-base/version
       echo "-s -w -X $cb.gitVersion=$k8s_version -X $cb.gitMajor=1 -X $cb.gitMinor=$minor" \

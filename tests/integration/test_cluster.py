@@ -1,4 +1,5 @@
-"""The local cluster is real: kube-scheduler binds pods to kwok nodes, kwok runs them, and ``down`` leaves nothing.
+"""The local cluster is real: kube-scheduler binds pods to kwok nodes, kwok runs them, kube-controller-manager
+runs workloads, binds volumes and collects garbage, and ``down`` leaves nothing.
 
 The first test uses the session cluster (``tests/conftest.py``); the others start clusters of their own beside
 it, which also shows that two clusters run side by side on free ports.
@@ -7,7 +8,9 @@ it, which also shows that two clusters run side by side on free ports.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +18,7 @@ import psutil
 import pytest
 
 from agent_scheduler import cli
-from common.kube import KubeClient
+from common.kube import KubeClient, NotFound
 from scale.cluster import Cluster, DirectoryInUse, start_cluster
 from scale.cluster.processes import ProcessRecord
 
@@ -91,6 +94,115 @@ async def test_kube_scheduler_binds_every_pod_and_kwok_runs_them(
     assert all(p["status"].get("podIP") for p in running), "kwok assigns pod IPs"
 
 
+async def _wait(what: str, check: Callable[[], Awaitable[Any]], timeout: float = 120.0) -> Any:
+    """Poll ``check`` until it returns something truthy; a guard against hanging, not a speed requirement."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = await check()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.5)
+
+
+def _deployment(name: str, replicas: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "agent",
+                            "image": "registry.k8s.io/pause:3.10",
+                            "resources": {"requests": {"cpu": "10m"}},
+                        }
+                    ]
+                },
+            },
+        },
+    }
+
+
+async def test_controller_manager_runs_workloads_binds_volumes_and_collects_garbage(
+    kube: KubeClient, namespace: str
+) -> None:
+    ns = f"/api/v1/namespaces/{namespace}"
+    apps = f"/apis/apps/v1/namespaces/{namespace}"
+    pv_name = f"pv-{namespace}"
+    await kube.post(f"{apps}/deployments", _deployment("web", 3))
+    await kube.post(
+        "/api/v1/persistentvolumes",
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": pv_name},
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadWriteOnce"],
+                "storageClassName": "",
+                "hostPath": {"path": f"/tmp/{pv_name}"},
+                # only this test's claim may take it (the PV binder could pick any matching claim)
+                "claimRef": {"namespace": namespace, "name": "workspace"},
+            },
+        },
+    )
+    try:
+        await kube.post(
+            f"{ns}/persistentvolumeclaims",
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": {"name": "workspace"},
+                "spec": {
+                    "accessModes": ["ReadWriteOnce"],
+                    "storageClassName": "",
+                    "resources": {"requests": {"storage": "1Gi"}},
+                },
+            },
+        )
+
+        # the Deployment makes a ReplicaSet, the ReplicaSet makes pods, kube-scheduler binds them
+        async def bound_pods() -> list[dict[str, Any]]:
+            pods = await _list_pods(kube, namespace)
+            return pods if len(pods) == 3 and all(p["spec"].get("nodeName") for p in pods) else []
+
+        pods = await _wait("3 Deployment pods bound", bound_pods)
+        owners = {ref["kind"] for p in pods for ref in p["metadata"].get("ownerReferences") or ()}
+        assert owners == {"ReplicaSet"}
+
+        # the PV binder binds the pre-created PV to the claim (Immediate binding)
+        async def claim_bound() -> bool:
+            claim = await kube.get(f"{ns}/persistentvolumeclaims/workspace")
+            return bool(claim.get("status", {}).get("phase") == "Bound")
+
+        await _wait("the claim Bound", claim_bound)
+        pv = await kube.get(f"/api/v1/persistentvolumes/{pv_name}")
+        assert pv["status"]["phase"] == "Bound"
+        claim = await kube.get(f"{ns}/persistentvolumeclaims/workspace")
+        assert claim["spec"]["volumeName"] == pv_name
+
+        # deleting the Deployment (background propagation): the garbage collector removes its ReplicaSet and pods
+        await kube.delete(f"{apps}/deployments/web", {"propagationPolicy": "Background"})
+
+        async def collected() -> bool:
+            sets = (await kube.get(f"{apps}/replicasets")).get("items") or []
+            return not sets and not await _list_pods(kube, namespace)
+
+        await _wait("the ReplicaSet and its pods garbage-collected", collected)
+    finally:
+        # the claim first: the PV's protection finalizer lets it go once it is no longer Bound
+        with contextlib.suppress(NotFound):
+            await kube.delete(f"{ns}/persistentvolumeclaims/workspace")
+        await kube.delete(f"/api/v1/persistentvolumes/{pv_name}")
+
+
 def _alive(record: ProcessRecord) -> bool:
     """Independent of the package under test: the PID exists, is not a zombie, and was started at that time."""
     try:
@@ -108,7 +220,13 @@ def test_cluster_down_leaves_no_process(tmp_path: Path) -> None:
     handle = start_cluster(directory, nodes=10, with_kube_scheduler=True)
     try:
         records = handle.processes
-        assert [r.name for r in records] == ["etcd", "kube-apiserver", "kwok", "kube-scheduler"]
+        assert [r.name for r in records] == [
+            "etcd",
+            "kube-apiserver",
+            "kwok",
+            "kube-controller-manager",
+            "kube-scheduler",
+        ]
         assert all(_alive(r) for r in records)
         assert Cluster.open(directory).count_nodes() == 10
 

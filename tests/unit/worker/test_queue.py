@@ -66,6 +66,22 @@ def test_unschedulable_pool_moves_on_event_and_on_timeout() -> None:
     assert names(q) == ["a"]
 
 
+def test_a_pod_refused_for_its_spec_waits_for_its_own_update_only() -> None:
+    clock = FakeClock()
+    q = SchedulingQueue(clock)
+    refused = make_pod("a")
+    refused.spec["topologySpreadConstraints"] = [{"maxSkew": 1, "topologyKey": "zone"}]
+    q.add(refused.record())
+    qp = q.pop_nowait()
+    assert qp is not None
+    q.done(qp, scheduled=False, message="pod uses spec.topologySpreadConstraints, ...")
+    clock.now += UNSCHEDULABLE_TIMEOUT * 2
+    assert q.move_all() == 0 and q.flush_unschedulable() == 0
+    assert q.statistics()["unschedulable"] == 1
+    q.add(make_pod("a").record())  # the pod was updated: tried again at once
+    assert names(q) == ["a"]
+
+
 def test_event_during_attempt_sends_failed_pod_to_backoff_not_the_pool() -> None:
     clock = FakeClock()
     q = SchedulingQueue(clock)

@@ -1,0 +1,129 @@
+"""Pods using a placement field the engine does not implement are refused, never bound, on the real cluster.
+
+A standalone worker (its own process, its own scheduler name) gets an ordinary pod and four pods whose rules it
+cannot honour yet: required pod anti-affinity, a zone topology spread constraint, a claim that does not exist,
+and a DRA resource claim. The ordinary pod is bound; each other one stays pending with PodScheduled=False, a
+message naming its field, and exactly one FailedScheduling event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from common.kube import KubeClient
+from scale.cluster import Cluster
+from tests.builders import make_pod
+from tests.integration.support import SchedulerProcess, create_pods, list_pods, wait_for
+
+pytestmark = pytest.mark.integration
+
+REMEDY = (
+    "which agent-scheduler does not support yet; use the default scheduler (spec.schedulerName) for this pod"
+)
+
+
+@pytest.fixture
+def scheduler_name() -> str:
+    return f"agent-refuse-{uuid.uuid4().hex[:6]}"
+
+
+@pytest.fixture
+def worker(cluster: Cluster, tmp_path: Path, scheduler_name: str) -> Iterator[SchedulerProcess]:
+    proc = SchedulerProcess(
+        [
+            "--log-level=INFO",
+            "worker",
+            "--standalone",
+            f"--kubeconfig={cluster.kubeconfig}",
+            f"--scheduler-name={scheduler_name}",
+            "--id=refusal-worker",
+        ],
+        tmp_path / f"{scheduler_name}.log",
+    )
+    yield proc
+    assert proc.stop() == 0, proc.tail()
+
+
+def _pods(
+    namespace: str, scheduler_name: str
+) -> tuple[dict[str, Any], dict[str, tuple[dict[str, Any], str]]]:
+    def pod(name: str) -> Any:
+        return make_pod(name, namespace).scheduler(scheduler_name).req(cpu="100m").label("app", "refused")
+
+    anti = pod("anti")
+    anti.spec["affinity"] = {
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "labelSelector": {"matchLabels": {"app": "refused"}},
+                    "topologyKey": "kubernetes.io/hostname",
+                }
+            ]
+        }
+    }
+    spread = pod("spread")
+    spread.spec["topologySpreadConstraints"] = [
+        {
+            "maxSkew": 1,
+            "topologyKey": "topology.kubernetes.io/zone",
+            "whenUnsatisfiable": "DoNotSchedule",
+            "labelSelector": {"matchLabels": {"app": "refused"}},
+        }
+    ]
+    claim = pod("missing-claim")
+    claim.spec["volumes"] = [{"name": "workspace", "persistentVolumeClaim": {"claimName": "absent"}}]
+    dra = pod("dra")
+    dra.spec["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "gpu-0"}]
+    refused = {
+        "anti": (anti.json(), "spec.affinity.podAntiAffinity"),
+        "spread": (spread.json(), "spec.topologySpreadConstraints"),
+        "missing-claim": (claim.json(), 'spec.volumes[0].persistentVolumeClaim (volume "workspace")'),
+        "dra": (dra.json(), "spec.resourceClaims"),
+    }
+    return pod("ordinary").json(), refused
+
+
+def _scheduled_false(pod: dict[str, Any]) -> dict[str, Any] | None:
+    for c in pod.get("status", {}).get("conditions") or ():
+        if c.get("type") == "PodScheduled" and c.get("status") == "False":
+            return dict(c)
+    return None
+
+
+async def test_pods_using_unsupported_fields_stay_pending_with_the_field_named(
+    kube: KubeClient, namespace: str, worker: SchedulerProcess, scheduler_name: str
+) -> None:
+    ordinary, refused = _pods(namespace, scheduler_name)
+    await create_pods(kube, namespace, [ordinary] + [obj for obj, _ in refused.values()])
+
+    def settled(pods: list[dict[str, Any]]) -> bool:
+        by_name = {p["metadata"]["name"]: p for p in pods}
+        return bool(by_name.get("ordinary", {}).get("spec", {}).get("nodeName")) and all(
+            name in by_name and _scheduled_false(by_name[name]) for name in refused
+        )
+
+    await wait_for(kube, namespace, settled, timeout=120, what="the ordinary pod bound, the others refused")
+    await asyncio.sleep(5)  # the worker keeps running meanwhile: nothing may be bound or reported again
+
+    pods = {p["metadata"]["name"]: p for p in await list_pods(kube, namespace)}
+    events = (await kube.get(f"/api/v1/namespaces/{namespace}/events"))["items"]
+    for name, (_, field) in refused.items():
+        pod = pods[name]
+        assert not pod["spec"].get("nodeName"), f"{name} was bound"
+        cond = _scheduled_false(pod)
+        assert cond is not None and cond["reason"] == "Unschedulable"
+        assert cond["message"] == f"pod uses {field}, {REMEDY}", cond["message"]
+        failed = [
+            e for e in events if e["reason"] == "FailedScheduling" and e["involvedObject"]["name"] == name
+        ]
+        assert len(failed) == 1, (name, failed)
+        assert failed[0]["message"] == cond["message"] and failed[0]["type"] == "Warning"
+        assert failed[0].get("count", 1) == 1
+    assert pods["ordinary"]["spec"]["nodeName"]
+    assert worker.alive(), worker.tail()
