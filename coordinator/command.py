@@ -3,7 +3,12 @@ etcd), the others stand by and take over within the lease TTL when the leader di
 
 Flags pick the API server (``--kubeconfig``), etcd (``--etcd-endpoints``, ``--etcd-prefix``), the lease TTL,
 the scheduler name whose pods are dispatched, and the agent node pool (``--agent-node-selector``), which the
-shard-policy ConfigMap (``--policy-configmap``, ``--policy-namespace``) narrows when it exists.
+shard-policy ConfigMap (``--policy-configmap``, ``--policy-namespace``) narrows when it exists. etcd may be
+TLS with client certificates and/or etcd auth (``common.etcd.flags``).
+
+Probes: ``/readyz`` passes while this replica leads and its term makes progress, or stands by with a healthy
+lease (either is a replica doing its job); ``/healthz`` fails when the process is wedged (the campaign ended,
+or a stalled term could not step down) or the API server has refused its credentials for a lasting time.
 """
 
 from __future__ import annotations
@@ -17,12 +22,14 @@ import socket
 import time
 
 from common import metrics
+from common.etcd.flags import add_security_arguments, endpoints_from, security_from
 from common.etcd.keys import KeyLayout
-from common.etcd.kv import connect
+from common.etcd.kv import EtcdConfigError, connect, wait_ready
 from common.etcd.schema import LeaderRecord
 from common.kube import KubeClient, load_credentials
 from common.wellknown import DEFAULT_ETCD_PREFIX, DEFAULT_SCHEDULER_NAME
 from coordinator.leadership.election import LeaderElection, run_as_leader
+from coordinator.leadership.progress import DEFAULT_BOUND
 from coordinator.leadership.term import LeaderOptions, run_term
 from coordinator.nodeshards import ShardingOptions
 from coordinator.nodeshards.policy import DEFAULT_CONFIGMAP_NAME, DEFAULT_CONFIGMAP_NAMESPACE
@@ -49,6 +56,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report-qps", type=float, default=50.0, help="unschedulable reports per second")
     p.add_argument("--metrics-address", default="127.0.0.1:0", help="host:port of /metrics, /healthz")
     p.add_argument("--id", default="", help="candidate identity (default hostname-pid)")
+    p.add_argument(
+        "--progress-timeout",
+        type=float,
+        default=DEFAULT_BOUND,
+        help="seconds the leader's shard map or pending-pod watch may make no progress before it steps down",
+    )
+    add_security_arguments(p)
 
 
 def sharding_options(args: argparse.Namespace) -> ShardingOptions | None:
@@ -64,14 +78,56 @@ def sharding_options(args: argparse.Namespace) -> ShardingOptions | None:
     )
 
 
+class Probes:
+    """The coordinator's readiness and liveness, from the election, the current term and the API client."""
+
+    def __init__(self, election: LeaderElection, client: KubeClient, *, progress_bound: float) -> None:
+        self.election = election
+        self.client = client
+        self.progress_bound = progress_bound
+        self.campaign: asyncio.Task[None] | None = None
+
+    def ready(self) -> bool | str:
+        term = self.election.term
+        if term is not None:
+            stalled = term.progress.stalled()
+            return True if stalled is None else f"leading, but {stalled}"
+        if self.election.standing_by:
+            return True
+        return "neither leading nor standing by with a healthy lease"
+
+    def healthy(self) -> bool | str:
+        if self.campaign is not None and self.campaign.done():
+            return "the campaign has ended"
+        term = self.election.term
+        if term is not None:
+            # A stalled term steps down within a second; one still stalled long after could not.
+            worst = max(term.progress.statistics().values(), default=0.0)
+            if worst > 2 * self.progress_bound + 10:
+                return f"leading without progress for {worst:.0f} s"
+        return self.client.auth.healthy()
+
+
 async def _main(args: argparse.Namespace) -> int:
     candidate = args.id or f"{socket.gethostname()}-{os.getpid()}"
     keys = KeyLayout(args.etcd_prefix)
-    etcd = await connect([e.strip() for e in args.etcd_endpoints.split(",") if e.strip()])
+    security = security_from(args)
+    etcd = await connect(endpoints_from(args), security, probe_key=keys.root)
+    try:
+        await wait_ready(etcd, security, probe_key=keys.root)
+    except BaseException:
+        await etcd.close()
+        raise
     creds = load_credentials(args.kubeconfig)
     async with KubeClient(creds, qps=args.kube_api_qps, burst=args.kube_api_burst) as client:
         host, _, port = args.metrics_address.rpartition(":")
-        runner = await metrics.serve(host or "127.0.0.1", int(port or 0), lambda: True)
+        probes: Probes | None = None
+        runner = await metrics.serve(
+            host or "127.0.0.1",
+            int(port or 0),
+            lambda: probes.ready() if probes else "starting",
+            lambda: probes.healthy() if probes else True,
+        )
         election = LeaderElection(
             etcd,
             LeaderRecord(
@@ -86,7 +142,9 @@ async def _main(args: argparse.Namespace) -> int:
             keys=keys,
             report_qps=args.report_qps,
             sharding=sharding_options(args),
+            progress_bound=args.progress_timeout,
         )
+        probes = Probes(election, client, progress_bound=args.progress_timeout)
         log.info(
             "coordinator %s campaigning (etcd %s, prefix %s)", candidate, args.etcd_endpoints, keys.prefix
         )
@@ -97,6 +155,7 @@ async def _main(args: argparse.Namespace) -> int:
         work = asyncio.create_task(
             run_as_leader(election, lambda term: run_term(term, etcd, client, options))
         )
+        probes.campaign = work
         stopper = asyncio.create_task(stop.wait())
         done, _ = await asyncio.wait({work, stopper}, return_when=asyncio.FIRST_COMPLETED)
         if work in done:
@@ -111,4 +170,8 @@ async def _main(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    return asyncio.run(_main(args))
+    try:
+        return asyncio.run(_main(args))
+    except EtcdConfigError as e:
+        log.error("etcd: %s", e)
+        return 2

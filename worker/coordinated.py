@@ -24,14 +24,14 @@ import logging
 import signal
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import psutil
 from etcd3aio import Etcd3Client
 
 from common import metrics
 from common.etcd.keys import KeyLayout, worker_id
-from common.etcd.kv import connect
+from common.etcd.kv import EtcdSecurity, connect, wait_ready
 from common.etcd.schema import LoadReport, WorkerCapacity, WorkerRecord
 from common.kube import KubeClient, load_credentials
 from common.wellknown import DEFAULT_ETCD_PREFIX
@@ -58,6 +58,7 @@ class CoordinatedOptions:
     advertise_host: str = "127.0.0.1"
     weight: float = 1.0
     audit_log: str = ""
+    etcd_security: EtcdSecurity = field(default_factory=EtcdSecurity)  # TLS / auth (common.etcd.flags)
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -114,7 +115,9 @@ class CoordinatedWorker:
         are done, the lease revoked."""
         await self.intake.start(self.listener)
         host, port = self.listener.getsockname()[:2]
-        runner = await metrics.serve(self.settings.metrics_host, self.settings.metrics_port, self.ready)
+        runner = await metrics.serve(
+            self.settings.metrics_host, self.settings.metrics_port, self.ready, self.sched.client.auth.healthy
+        )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -174,8 +177,10 @@ class CoordinatedWorker:
 async def run_coordinated(settings: WorkerSettings, options: CoordinatedOptions) -> int:
     """Connect to the API server and etcd, run one ``CoordinatedWorker`` until it stops; its exit code."""
     creds = load_credentials(settings.api.kubeconfig)
-    etcd = await connect(options.etcd_endpoints)
+    root = KeyLayout(options.etcd_prefix).root
+    etcd = await connect(options.etcd_endpoints, options.etcd_security, probe_key=root)
     try:
+        await wait_ready(etcd, options.etcd_security, probe_key=root)  # retried, like the coordinator does
         async with KubeClient(
             creds,
             qps=settings.api.qps,
