@@ -189,9 +189,10 @@ async def authenticate(client: Etcd3Client, user: str, password: str) -> None:
         resp = await client.auth.authenticate(user, password, timeout=DEFAULT_TIMEOUT)
     except EtcdUnauthenticatedError as e:
         raise EtcdConfigError(f"etcd refused user {user!r}: {e}") from e
-    except EtcdError as e:
-        if "invalid user" in str(e) or "authentication failed" in str(e) or "not enabled" in str(e):
-            raise EtcdConfigError(f"etcd refused user {user!r}: {e}") from e
+    except (EtcdError, grpc.aio.AioRpcError) as e:
+        detail = describe(e)
+        if any(s in detail for s in ("invalid user", "authentication failed", "authentication is not enabled")):
+            raise EtcdConfigError(f"etcd refused user {user!r}: {detail}") from e
         raise
     client.set_token(resp.token)
 
