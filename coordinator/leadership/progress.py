@@ -9,7 +9,8 @@ The probes this project uses:
 - ``advancing(counter)``: a loop that must complete rounds (the shard map runs one at least every second);
   progress is the counter moving.
 - ``reflector_healthy(reflector)``: a list+watch that must stay connected; progress is having listed once
-  and no failed reconnect since the last look. A quiet but connected watch is idle, not stuck.
+  and not failing (no failed reconnect lately, or events since the latest failure). A quiet but connected
+  watch is idle, not stuck.
 
 Invariant: a signal's clock starts when it is added, so every loop gets a full bound to come up.
 """
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from common.watching import Reflector
 
 DEFAULT_BOUND = 30.0  # seconds without progress before a term is judged stuck
+WATCH_RETRY_WINDOW = 25.0  # a failing watch retries at least this often (see ``reflector_healthy``)
 
 Probe = Callable[[], bool]
 
@@ -72,16 +74,28 @@ def advancing(counter: Callable[[], int]) -> Probe:
     return probe
 
 
-def reflector_healthy(reflector: Reflector) -> Probe:
-    """Progress when the reflector has listed once and no watch failed since the previous ask, or when it
-    delivered events or advanced its resourceVersion despite a failure."""
-    last = [(reflector.reconnects, reflector.events, reflector.resource_version)]
+def reflector_healthy(reflector: Reflector, *, clock: Callable[[], float] = time.monotonic) -> Probe:
+    """Progress when the reflector has listed once and is not failing: no failed (re)connect within the last
+    ``WATCH_RETRY_WINDOW`` seconds, or events (or a newer resourceVersion) delivered since the latest failure.
+
+    A failing reflector retries at least every ``WATCH_RETRY_WINDOW`` (its backoff tops out at 10 s, a connect
+    attempt at 10 s more), so one that keeps failing never looks healthy between two attempts; a watch that
+    recovered and is simply quiet looks healthy again once the window has passed.
+    """
+    seen = [(reflector.reconnects, reflector.events, reflector.resource_version)]
+    failed_at = [-WATCH_RETRY_WINDOW - 1.0]
+    delivered_at = [-WATCH_RETRY_WINDOW - 1.0]
 
     def probe() -> bool:
-        now = (reflector.reconnects, reflector.events, reflector.resource_version)
-        (reconnects, events, version), last[0] = last[0], now
+        now = clock()
+        current = (reflector.reconnects, reflector.events, reflector.resource_version)
+        (reconnects, events, version), seen[0] = seen[0], current
+        if current[0] != reconnects:
+            failed_at[0] = now
+        if current[1] != events or current[2] != version:
+            delivered_at[0] = now
         if not reflector.synced.is_set():
             return False
-        return now[0] == reconnects or now[1] != events or now[2] != version
+        return now - failed_at[0] > WATCH_RETRY_WINDOW or delivered_at[0] >= failed_at[0]
 
     return probe

@@ -10,7 +10,7 @@ import aiohttp
 
 from common import metrics
 from coordinator.command import Probes
-from coordinator.leadership.progress import Progress, advancing, reflector_healthy
+from coordinator.leadership.progress import WATCH_RETRY_WINDOW, Progress, advancing, reflector_healthy
 
 
 class Clock:
@@ -55,23 +55,33 @@ def reflector(**kw: Any) -> Any:
 
 
 def test_a_quiet_connected_watch_is_idle_not_stuck() -> None:
-    r = reflector()
-    probe = reflector_healthy(r)
+    r, clock = reflector(), Clock()
+    probe = reflector_healthy(r, clock=clock)
     assert not probe()  # not listed yet
     r.synced.set()
     assert probe() and probe()  # nothing happens, nothing fails: fine
 
 
-def test_a_watch_failing_again_and_again_is_stuck_until_it_delivers() -> None:
-    r = reflector()
+def test_a_watch_failing_again_and_again_is_stuck_even_between_attempts() -> None:
+    r, clock = reflector(), Clock()
     r.synced.set()
-    probe = reflector_healthy(r)
+    probe = reflector_healthy(r, clock=clock)
+    for _ in range(5):  # a failure every 10 s (the reflector's longest backoff), asked every second
+        r.reconnects += 1
+        for _ in range(10):
+            assert not probe()
+            clock.now += 1
+    r.events += 1  # the stream works again
+    assert probe()
+
+
+def test_one_blip_on_a_quiet_watch_heals_after_the_retry_window() -> None:
+    r, clock = reflector(), Clock()
+    r.synced.set()
+    probe = reflector_healthy(r, clock=clock)
     r.reconnects += 1
     assert not probe()
-    r.reconnects += 1
-    assert not probe()
-    r.reconnects += 1
-    r.events += 1  # it failed, but also delivered: progress
+    clock.now += WATCH_RETRY_WINDOW + 1
     assert probe()
 
 
