@@ -31,7 +31,7 @@ from typing import Any
 import grpc.aio  # type: ignore[import-untyped, unused-ignore]
 from etcd3aio import Etcd3Client, EtcdError, SortOrder, SortTarget, prefix_range_end
 from etcd3aio._protobuf import Compare, WatchCreateRequest, WatchRequest
-from etcd3aio.errors import EtcdUnauthenticatedError
+from etcd3aio.errors import EtcdPermissionDeniedError, EtcdUnauthenticatedError
 from etcd3aio.kv import KVService
 from etcd3aio.lease import LeaseService
 from etcd3aio.watch import WatchService
@@ -191,7 +191,9 @@ async def authenticate(client: Etcd3Client, user: str, password: str) -> None:
         raise EtcdConfigError(f"etcd refused user {user!r}: {e}") from e
     except (EtcdError, grpc.aio.AioRpcError) as e:
         detail = describe(e)
-        if any(s in detail for s in ("invalid user", "authentication failed", "authentication is not enabled")):
+        if any(
+            s in detail for s in ("invalid user", "authentication failed", "authentication is not enabled")
+        ):
             raise EtcdConfigError(f"etcd refused user {user!r}: {detail}") from e
         raise
     client.set_token(resp.token)
@@ -252,6 +254,8 @@ async def wait_ready(
             return
         except EtcdUnauthenticatedError as e:
             raise EtcdConfigError(f"{what} refused the request as unauthenticated: {e}") from e
+        except EtcdPermissionDeniedError as e:
+            raise EtcdConfigError(f"{what} user may not read {probe_key}: {e}") from e
         except ETCD_FAILURES as e:
             if attempts is not None:
                 attempts -= 1

@@ -137,7 +137,7 @@ async def wait_exit(proc: SchedulerProcess) -> None:
 
 
 async def test_etcd_user_and_password(
-    tls_deployment: TlsDeployment, tls_etcd: EtcdServer, tmp_path: Path
+    kube: KubeClient, namespace: str, tls_deployment: TlsDeployment, tls_etcd: EtcdServer, tmp_path: Path
 ) -> None:
     """Runs last in the module: it turns etcd's auth on."""
     if not tls_etcd.running:
@@ -155,9 +155,14 @@ async def test_etcd_user_and_password(
     good = security(tls_etcd, user="root", password_file=str(tmp_path / "good"))
     status = await collect([tls_etcd.url], "/nothing-here", good)
     assert status["leader"] is None
-    bad = security(tls_etcd, user="root", password_file=str(tmp_path / "bad"))
     d = tls_deployment
-    d.security = bad
+    d.security = good  # the processes authenticate as root (their certificate alone would say root, too)
+    d.coordinator("coord-a")
+    d.worker("w1")
+    await started(d, 1)
+    await burst(kube, d, namespace, PODS // 2)
+    await audit(d, kube, namespace, PODS // 2)
+    d.security = security(tls_etcd, user="root", password_file=str(tmp_path / "bad"))
     worker = d.worker("bad-password")
     await wait_exit(worker)
     text = worker.log_path.read_text()
