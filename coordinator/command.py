@@ -113,21 +113,23 @@ async def _main(args: argparse.Namespace) -> int:
     keys = KeyLayout(args.etcd_prefix)
     security = security_from(args)
     etcd = await connect(endpoints_from(args), security, probe_key=keys.root)
-    try:
-        await wait_ready(etcd, security, probe_key=keys.root)
-    except BaseException:
-        await etcd.close()
-        raise
     creds = load_credentials(args.kubeconfig)
     async with KubeClient(creds, qps=args.kube_api_qps, burst=args.kube_api_burst) as client:
         host, _, port = args.metrics_address.rpartition(":")
         probes: Probes | None = None
+        # Serve the probes first: waiting for an unreachable etcd is not a reason to be restarted.
         runner = await metrics.serve(
             host or "127.0.0.1",
             int(port or 0),
-            lambda: probes.ready() if probes else "starting",
-            lambda: probes.healthy() if probes else True,
+            lambda: probes.ready() if probes else "waiting for etcd",
+            lambda: probes.healthy() if probes else client.auth.healthy(),
         )
+        try:
+            await wait_ready(etcd, security, probe_key=keys.root)
+        except BaseException:
+            await runner.cleanup()
+            await etcd.close()
+            raise
         election = LeaderElection(
             etcd,
             LeaderRecord(

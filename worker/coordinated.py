@@ -180,7 +180,15 @@ async def run_coordinated(settings: WorkerSettings, options: CoordinatedOptions)
     root = KeyLayout(options.etcd_prefix).root
     etcd = await connect(options.etcd_endpoints, options.etcd_security, probe_key=root)
     try:
-        await wait_ready(etcd, options.etcd_security, probe_key=root)  # retried, like the coordinator does
+        # Retried, like the coordinator does; the probes answer meanwhile (alive, not ready), so waiting for
+        # etcd is no reason to be restarted.
+        waiting = await metrics.serve(
+            settings.metrics_host, settings.metrics_port, lambda: "waiting for etcd"
+        )
+        try:
+            await wait_ready(etcd, options.etcd_security, probe_key=root)
+        finally:
+            await waiting.cleanup()
         async with KubeClient(
             creds,
             qps=settings.api.qps,
