@@ -320,15 +320,7 @@ class Authenticator:
             if self._denied_since is None:
                 self._denied_since = self._clock()
             self._denied_status = status
-            if not self._reported and self.denied_for() > self._lasting:
-                self._reported = True
-                log.error(
-                    "the API server has refused every request for %.0f s (HTTP %d): the credentials are "
-                    "%s; reporting unhealthy",
-                    self.denied_for(),
-                    status,
-                    "not accepted" if status == 401 else "not allowed to act",
-                )
+            self._report_lasting()
         elif self._denied_since is not None:
             if self._reported:
                 log.warning("the API server accepts the credentials again")
@@ -338,7 +330,19 @@ class Authenticator:
         """Seconds since the current streak of 401/403 answers began (0 when the last answer was another)."""
         return 0.0 if self._denied_since is None else self._clock() - self._denied_since
 
+    def _report_lasting(self) -> None:
+        if not self._reported and self.denied_for() > self._lasting:
+            self._reported = True
+            log.error(
+                "the API server has refused every request for %.0f s (HTTP %d): the credentials are %s; "
+                "reporting unhealthy",
+                self.denied_for(),
+                self._denied_status,
+                "not accepted" if self._denied_status == 401 else "not allowed to act",
+            )
+
     def healthy(self) -> bool | str:
+        self._report_lasting()
         if self.denied_for() > self._lasting:
             return f"API credentials refused (HTTP {self._denied_status}) for {self.denied_for():.0f} s"
         return True
