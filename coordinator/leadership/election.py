@@ -262,7 +262,10 @@ async def run_as_leader(
             try:
                 ended = await wait_first(term.lost.wait(), work, _stalled(term, check_interval))
             except asyncio.CancelledError:
-                raise
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise  # we are being stopped
+                election.step_down("the term's work was cancelled")
             except Exception as e:  # the term's work failed: whatever it was, this term cannot lead
                 log.error("leader work failed: %s", e, exc_info=e)
                 election.step_down(f"the term's work failed ({type(e).__name__}: {e})")
@@ -270,7 +273,7 @@ async def run_as_leader(
                 if ended == 1:
                     election.step_down("the term's work ended")
                 elif ended == 2:
-                    election.step_down(f"no progress: {term.progress.stalled()}")
+                    election.step_down(f"no progress: {term.progress.last_stall}")
             finally:
                 await cancel_and_wait(work)
             await term.lost.wait()

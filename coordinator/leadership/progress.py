@@ -42,6 +42,7 @@ class Progress:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._signals: dict[str, _Signal] = {}
+        self.last_stall: str | None = None  # what the latest ``stalled`` call found
 
     def add(self, name: str, probe: Probe, bound: float = DEFAULT_BOUND) -> None:
         self._signals[name] = _Signal(probe, bound, self._clock())
@@ -53,7 +54,9 @@ class Progress:
             if signal.probe():
                 signal.last_ok = now
             elif now - signal.last_ok > signal.bound:
-                return f"{name} made no progress for {now - signal.last_ok:.0f} s"
+                self.last_stall = f"{name} made no progress for {now - signal.last_ok:.0f} s"
+                return self.last_stall
+        self.last_stall = None
         return None
 
     def statistics(self) -> dict[str, float]:
