@@ -32,6 +32,9 @@ def _load(name: str) -> ModuleType:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    # gRPC's C core logs every failed connection attempt (each TLS handshake to a misconfigured etcd) unless
+    # told otherwise before it is imported; our etcd layer reports an outage once, in one line.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     parser = argparse.ArgumentParser(prog="agent-scheduler", description=__doc__.split("\n")[0])
     parser.add_argument("--log-level", default=os.environ.get("AGENT_SCHEDULER_LOG_LEVEL", "INFO"))
     parser.add_argument(

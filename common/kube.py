@@ -14,22 +14,36 @@ Invariants:
   said, so it relists (a list is read whole and has no such bound). A line that is not a JSON watch event is a
   broken stream (``ServerError``), like a dropped connection. Nothing else escapes: every failure of a request
   or a watch is one of the ``ApiError`` classes.
+- Bearer tokens are never cached for the life of the process (``Authenticator``): a token file (projected
+  service-account token, or a kubeconfig ``tokenFile``) is re-read every ``TOKEN_REREAD`` seconds, an exec
+  credential plugin is re-run ``EXPIRY_SKEW`` before its ``expirationTimestamp``, and both on a 401. Every
+  request, watches included, carries the current token. A 401/403 answer to every request for
+  ``LASTING_DENIAL`` seconds is logged once and makes ``Authenticator.healthy`` fail (the process's
+  ``/healthz``), so a process whose credentials stopped working is restarted instead of retrying quietly.
 """
 
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
+import os
 import ssl
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
 
 import aiohttp
 import orjson
+import yaml
 from aiohttp.http_exceptions import HttpProcessingError
 from kubernetes import client, config  # used for credential loading only, never on the hot path
+from kubernetes.config.config_exception import ConfigException
+from kubernetes.config.exec_provider import ExecProvider
+from kubernetes.config.incluster_config import SERVICE_TOKEN_FILENAME
+from kubernetes.config.kube_config import ConfigNode
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +124,76 @@ def _error_for(status: int, body: bytes) -> ApiError:
     return cls(status, message, reason)
 
 
+TOKEN_REREAD = (
+    60.0  # seconds between reads of a token file (kubelet rotates projected tokens well before expiry)
+)
+EXPIRY_SKEW = 60.0  # re-run an exec plugin this long before its credential expires
+LASTING_DENIAL = 30.0  # seconds of nothing but 401/403 after which the process is unhealthy
+
+
+class CredentialsError(Exception):
+    """Raised when a bearer token cannot be obtained (unreadable token file, failing exec plugin)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    value: str
+    expires_at: float | None = None  # wall-clock seconds; None: no stated expiry
+
+
+class TokenSource(Protocol):
+    """Where fresh bearer tokens come from. ``fetch`` blocks (file read, subprocess); call it off the loop."""
+
+    def fetch(self) -> Token: ...
+
+
+@dataclass(frozen=True, slots=True)
+class FileToken:
+    """A token file: the projected service-account token, or a kubeconfig user's ``tokenFile``."""
+
+    path: str
+
+    def fetch(self) -> Token:
+        try:
+            value = Path(self.path).read_text().strip()
+        except OSError as e:
+            raise CredentialsError(f"token file {self.path}: {e.strerror or e}") from e
+        if not value:
+            raise CredentialsError(f"token file {self.path} is empty")
+        return Token(value)
+
+
+@dataclass(frozen=True, slots=True)
+class ExecToken:
+    """A kubeconfig user's exec credential plugin (``client.authentication.k8s.io``), run for each fetch."""
+
+    exec_config: dict[str, Any]
+    base_path: str
+    cluster: dict[str, Any] | None = None
+
+    def fetch(self) -> Token:
+        try:
+            cluster = ConfigNode("cluster", self.cluster) if self.cluster is not None else None  # type: ignore[no-untyped-call]
+            exec_config = ConfigNode("exec", self.exec_config)  # type: ignore[no-untyped-call]
+            provider = ExecProvider(exec_config, self.base_path, cluster)  # type: ignore[no-untyped-call]
+            status = provider.run()  # type: ignore[no-untyped-call]
+        except (ConfigException, OSError) as e:
+            raise CredentialsError(f"exec credential plugin: {e}") from e
+        token = status.get("token") if isinstance(status, dict) else None
+        if not token:
+            raise CredentialsError("exec credential plugin returned no token")
+        return Token(str(token), _parse_time(status.get("expirationTimestamp")))
+
+
+def _parse_time(stamp: object) -> float | None:
+    if not isinstance(stamp, str):
+        return None
+    try:
+        return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
 @dataclass(frozen=True, slots=True)
 class Credentials:
     """Where the API server is and how to authenticate to it."""
@@ -120,6 +204,8 @@ class Credentials:
     cert_file: str | None = None
     key_file: str | None = None
     verify: bool = True
+    token_source: TokenSource | None = field(default=None, compare=False)  # None: ``token`` never changes
+    token_expires_at: float | None = None  # of ``token``, when its source said
 
 
 def load_credentials(kubeconfig: str | None) -> Credentials:
@@ -127,12 +213,23 @@ def load_credentials(kubeconfig: str | None) -> Credentials:
     cfg = client.Configuration()
     if kubeconfig:
         config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)  # type: ignore[no-untyped-call]
+        source = _kubeconfig_token_source(kubeconfig)
     else:
         config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+        source = FileToken(SERVICE_TOKEN_FILENAME)
     auth = (cfg.api_key or {}).get("authorization") or (cfg.api_key or {}).get("BearerToken")
     token = None
     if auth:
         token = auth.split(" ", 1)[1] if auth.lower().startswith("bearer ") else auth
+    expires_at = None
+    if isinstance(source, ExecToken):
+        # The loader ran the plugin once already but does not say when its credential expires: run it again
+        # for a token whose expiry we know (plugins cache their credential, so this is cheap).
+        try:
+            fresh = source.fetch()
+            token, expires_at = fresh.value, fresh.expires_at
+        except CredentialsError as e:
+            log.warning("%s; using the credential loaded from the kubeconfig", e)
     return Credentials(
         server=str(cfg.host).rstrip("/"),
         token=token,
@@ -140,7 +237,136 @@ def load_credentials(kubeconfig: str | None) -> Credentials:
         cert_file=cfg.cert_file,
         key_file=cfg.key_file,
         verify=bool(cfg.verify_ssl),
+        token_source=source if token else None,
+        token_expires_at=expires_at,
     )
+
+
+def _kubeconfig_token_source(path: str) -> TokenSource | None:
+    """The current user's refreshable token source in a kubeconfig: its ``tokenFile`` or ``exec`` plugin."""
+    try:
+        doc = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    current = doc.get("current-context")
+    context = _named(doc.get("contexts"), current, "context")
+    user = _named(doc.get("users"), context.get("user"), "user")
+    cluster = _named(doc.get("clusters"), context.get("cluster"), "cluster")
+    base = os.path.dirname(os.path.abspath(path))
+    if isinstance(user.get("tokenFile"), str):
+        return FileToken(os.path.join(base, user["tokenFile"]))
+    if isinstance(user.get("exec"), dict):
+        return ExecToken(user["exec"], base, cluster or None)
+    return None
+
+
+def _named(items: object, name: object, key: str) -> dict[str, Any]:
+    for item in items if isinstance(items, list) else ():
+        if isinstance(item, dict) and item.get("name") == name and isinstance(item.get(key), dict):
+            return dict(item[key])
+    return {}
+
+
+class Authenticator:
+    """The current bearer token and whether the API server accepts it.
+
+    ``token`` is what requests carry; ``refresh_if_due`` fetches a new one from the source when the old one
+    is due (file: every ``TOKEN_REREAD``; exec: ``EXPIRY_SKEW`` before expiry; any: after a 401). ``observe``
+    is told every response status; a streak of nothing but 401/403 lasting ``LASTING_DENIAL`` makes
+    ``healthy`` fail, and any other answer ends the streak.
+    """
+
+    def __init__(
+        self,
+        creds: Credentials,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        lasting: float = LASTING_DENIAL,
+    ) -> None:
+        self.token = creds.token
+        self._source = creds.token_source
+        self._expires_at = creds.token_expires_at
+        self._clock, self._wall, self._lasting = clock, wall, lasting
+        self._fetched_at = clock()
+        self._stale = False  # a 401 was seen: the next request re-fetches first
+        self._lock = asyncio.Lock()
+        self._denied_since: float | None = None
+        self._denied_status = 0
+        self._reported = False
+        self._fetch_failed = False
+        self.refreshes = 0
+
+    def due(self) -> bool:
+        if self._source is None:
+            return False
+        if self._stale:
+            return True
+        if self._expires_at is not None:
+            return self._wall() >= self._expires_at - EXPIRY_SKEW
+        return self._clock() - self._fetched_at >= TOKEN_REREAD
+
+    async def refresh_if_due(self) -> bool:
+        """Fetch a new token if one is due; True when the token changed. Never raises: a failed fetch is
+        logged (once per failure streak) and the old token kept."""
+        if not self.due() or self._source is None:
+            return False
+        source = self._source
+        async with self._lock:
+            if not self.due():
+                return False  # another request refreshed while we waited
+            try:
+                fresh = await asyncio.to_thread(source.fetch)
+            except CredentialsError as e:
+                if not self._fetch_failed:
+                    log.warning("API credentials not refreshed: %s; keeping the current token", e)
+                self._fetch_failed = True
+                self._fetched_at, self._stale = self._clock(), False
+                return False
+            self._fetch_failed = False
+            self._fetched_at, self._stale, self._expires_at = self._clock(), False, fresh.expires_at
+            changed, self.token = fresh.value != self.token, fresh.value
+            if changed:
+                self.refreshes += 1
+                log.info("API bearer token refreshed")
+            return changed
+
+    def observe(self, status: int) -> None:
+        """Called with every response's status code."""
+        if status in (401, 403):
+            if status == 401:
+                self._stale = True
+            if self._denied_since is None:
+                self._denied_since = self._clock()
+            self._denied_status = status
+            self._report_lasting()
+        elif self._denied_since is not None:
+            if self._reported:
+                log.warning("the API server accepts the credentials again")
+            self._denied_since, self._reported = None, False
+
+    def denied_for(self) -> float:
+        """Seconds since the current streak of 401/403 answers began (0 when the last answer was another)."""
+        return 0.0 if self._denied_since is None else self._clock() - self._denied_since
+
+    def _report_lasting(self) -> None:
+        if not self._reported and self.denied_for() > self._lasting:
+            self._reported = True
+            log.error(
+                "the API server has refused every request for %.0f s (HTTP %d): the credentials are %s; "
+                "reporting unhealthy",
+                self.denied_for(),
+                self._denied_status,
+                "not accepted" if self._denied_status == 401 else "not allowed to act",
+            )
+
+    def healthy(self) -> bool | str:
+        self._report_lasting()
+        if self.denied_for() > self._lasting:
+            return f"API credentials refused (HTTP {self._denied_status}) for {self.denied_for():.0f} s"
+        return True
 
 
 class TokenBucket:
@@ -192,14 +418,32 @@ class KubeClient:
         else:
             ssl_ctx = False
         headers = {"User-Agent": user_agent, "Accept": "application/json"}
-        if creds.token:
-            headers["Authorization"] = f"Bearer {creds.token}"
+        self.auth = Authenticator(creds)
         self._session = aiohttp.ClientSession(
             base_url=None,
             headers=headers,
             connector=aiohttp.TCPConnector(limit=max_connections, ssl=ssl_ctx, keepalive_timeout=60),
             json_serialize=lambda o: orjson.dumps(o).decode(),
+            trace_configs=[self._auth_trace()],
         )
+
+    def _auth_trace(self) -> aiohttp.TraceConfig:
+        """Authentication for every request of the session (watches included): the trace's request-start hook
+        refreshes a due token and sets the header of the request being sent; the end hook reports the status."""
+        auth = self.auth
+
+        async def start(_: object, __: object, params: aiohttp.TraceRequestStartParams) -> None:
+            await auth.refresh_if_due()
+            if auth.token:
+                params.headers["Authorization"] = f"Bearer {auth.token}"
+
+        async def end(_: object, __: object, params: aiohttp.TraceRequestEndParams) -> None:
+            auth.observe(params.response.status)
+
+        trace = aiohttp.TraceConfig()
+        trace.on_request_start.append(start)
+        trace.on_request_end.append(end)
+        return trace
 
     async def close(self) -> None:
         await self._session.close()
@@ -220,7 +464,29 @@ class KubeClient:
         content_type: str = "application/json",
         timeout: float | None = None,
     ) -> Any:
-        """One request; returns the decoded JSON reply (or None for an empty one)."""
+        """One request; returns the decoded JSON reply (or None for an empty one). A 401 is retried once when
+        the credential source gives a different token."""
+        try:
+            return await self._request_once(
+                method, path, params=params, body=body, content_type=content_type, timeout=timeout
+            )
+        except ApiError as e:
+            if e.status != 401 or not await self.auth.refresh_if_due():
+                raise
+        return await self._request_once(
+            method, path, params=params, body=body, content_type=content_type, timeout=timeout
+        )
+
+    async def _request_once(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, str] | None,
+        body: Any,
+        content_type: str,
+        timeout: float | None,
+    ) -> Any:
         await self._limiter.take()
         data = orjson.dumps(body) if body is not None else None
         headers = {"Content-Type": content_type} if data is not None else None

@@ -4,8 +4,10 @@ Names follow kube-scheduler where the meaning is the same (``scheduler_*``), so 
 the project's own metrics are prefixed ``agent_scheduler_``. Metrics are module-level singletons in the
 default registry: one process, one set.
 
-The server answers ``/metrics``, ``/healthz`` (the process is alive) and ``/readyz`` (the caller's readiness
-check passes: caches synced, not fenced).
+The server answers ``/metrics``, ``/healthz`` (the caller's liveness check passes: the process is not wedged,
+its API credentials are accepted; a failing check means "restart me") and ``/readyz`` (the caller's readiness
+check passes: caches synced, not fenced, or for a coordinator, leading and making progress or a healthy
+standby). A check returns True/False, or a string saying what is wrong (which fails it).
 """
 
 from __future__ import annotations
@@ -66,17 +68,27 @@ assumed_expired = Counter(
 )
 
 
-async def serve(host: str, port: int, ready: Callable[[], bool]) -> web.AppRunner:
+Check = Callable[[], bool | str]
+
+
+def _answer(check: Check, failed: str) -> web.Response:
+    verdict = check()
+    if verdict is True:
+        return web.Response(text="ok")
+    return web.Response(status=503, text=verdict if isinstance(verdict, str) and verdict else failed)
+
+
+async def serve(host: str, port: int, ready: Check, healthy: Check = lambda: True) -> web.AppRunner:
     """Start the metrics/health server; returns the runner (``await runner.cleanup()`` to stop)."""
 
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def healthz(_: web.Request) -> web.Response:
-        return web.Response(text="ok")
+        return _answer(healthy, "unhealthy")
 
     async def readyz(_: web.Request) -> web.Response:
-        return web.Response(text="ok") if ready() else web.Response(status=503, text="not ready")
+        return _answer(ready, "not ready")
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)

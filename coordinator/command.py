@@ -4,7 +4,12 @@ etcd), the others stand by and take over within the lease TTL when the leader di
 Flags pick the API server (``--kubeconfig``), etcd (``--etcd-endpoints``, ``--etcd-prefix``), the lease TTL,
 the scheduler name whose pods are dispatched, and the agent node pool (``--agent-node-selector``), which the
 shard-policy ConfigMap (``--policy-configmap``, ``--policy-namespace``) narrows when it exists.
-``--dispatch-secret-file`` is the dispatch channel's shared secret (the workers must have the same).
+``--dispatch-secret-file`` is the dispatch channel's shared secret (the workers must have the same). etcd may
+be TLS with client certificates and/or etcd auth (``common.etcd.flags``).
+
+Probes: ``/readyz`` passes while this replica leads and its term makes progress, or stands by with a healthy
+lease (either is a replica doing its job); ``/healthz`` fails when the process is wedged (the campaign ended,
+or a stalled term could not step down) or the API server has refused its credentials for a lasting time.
 """
 
 from __future__ import annotations
@@ -18,13 +23,15 @@ import socket
 import time
 
 from common import metrics
+from common.etcd.flags import add_security_arguments, endpoints_from, security_from
 from common.etcd.keys import KeyLayout
-from common.etcd.kv import connect
+from common.etcd.kv import EtcdConfigError, connect, wait_ready
 from common.etcd.schema import LeaderRecord
 from common.keyring import load_keys
 from common.kube import KubeClient, load_credentials
 from common.wellknown import DEFAULT_ETCD_PREFIX, DEFAULT_SCHEDULER_NAME
 from coordinator.leadership.election import LeaderElection, run_as_leader
+from coordinator.leadership.progress import DEFAULT_BOUND
 from coordinator.leadership.term import LeaderOptions, run_term
 from coordinator.nodeshards import ShardingOptions
 from coordinator.nodeshards.policy import DEFAULT_CONFIGMAP_NAME, DEFAULT_CONFIGMAP_NAMESPACE
@@ -56,6 +63,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=os.environ.get("AGENT_SCHEDULER_DISPATCH_SECRET_FILE", ""),
         help="shared secret of the dispatch channel (the workers' too); re-read when it changes",
     )
+    p.add_argument(
+        "--progress-timeout",
+        type=float,
+        default=DEFAULT_BOUND,
+        help="seconds the leader's shard map or pending-pod watch may make no progress before it steps down",
+    )
+    add_security_arguments(p)
 
 
 def sharding_options(args: argparse.Namespace) -> ShardingOptions | None:
@@ -71,14 +85,58 @@ def sharding_options(args: argparse.Namespace) -> ShardingOptions | None:
     )
 
 
+class Probes:
+    """The coordinator's readiness and liveness, from the election, the current term and the API client."""
+
+    def __init__(self, election: LeaderElection, client: KubeClient, *, progress_bound: float) -> None:
+        self.election = election
+        self.client = client
+        self.progress_bound = progress_bound
+        self.campaign: asyncio.Task[None] | None = None
+
+    def ready(self) -> bool | str:
+        term = self.election.term
+        if term is not None:
+            stalled = term.progress.stalled()
+            return True if stalled is None else f"leading, but {stalled}"
+        if self.election.standing_by:
+            return True
+        return "neither leading nor standing by with a healthy lease"
+
+    def healthy(self) -> bool | str:
+        if self.campaign is not None and self.campaign.done():
+            return "the campaign has ended"
+        term = self.election.term
+        if term is not None:
+            # A stalled term steps down within a second; one still stalled long after could not.
+            worst = max(term.progress.statistics().values(), default=0.0)
+            if worst > 2 * self.progress_bound + 10:
+                return f"leading without progress for {worst:.0f} s"
+        return self.client.auth.healthy()
+
+
 async def _main(args: argparse.Namespace) -> int:
     candidate = args.id or f"{socket.gethostname()}-{os.getpid()}"
     keys = KeyLayout(args.etcd_prefix)
-    etcd = await connect([e.strip() for e in args.etcd_endpoints.split(",") if e.strip()])
+    security = security_from(args)
+    etcd = await connect(endpoints_from(args), security, probe_key=keys.root)
     creds = load_credentials(args.kubeconfig)
     async with KubeClient(creds, qps=args.kube_api_qps, burst=args.kube_api_burst) as client:
         host, _, port = args.metrics_address.rpartition(":")
-        runner = await metrics.serve(host or "127.0.0.1", int(port or 0), lambda: True)
+        probes: Probes | None = None
+        # Serve the probes first: waiting for an unreachable etcd is not a reason to be restarted.
+        runner = await metrics.serve(
+            host or "127.0.0.1",
+            int(port or 0),
+            lambda: probes.ready() if probes else "waiting for etcd",
+            lambda: probes.healthy() if probes else client.auth.healthy(),
+        )
+        try:
+            await wait_ready(etcd, security, probe_key=keys.root)
+        except BaseException:
+            await runner.cleanup()
+            await etcd.close()
+            raise
         election = LeaderElection(
             etcd,
             LeaderRecord(
@@ -94,7 +152,9 @@ async def _main(args: argparse.Namespace) -> int:
             report_qps=args.report_qps,
             sharding=sharding_options(args),
             dispatch_keys=load_keys(args.dispatch_secret_file),
+            progress_bound=args.progress_timeout,
         )
+        probes = Probes(election, client, progress_bound=args.progress_timeout)
         log.info(
             "coordinator %s campaigning (etcd %s, prefix %s)", candidate, args.etcd_endpoints, keys.prefix
         )
@@ -105,6 +165,7 @@ async def _main(args: argparse.Namespace) -> int:
         work = asyncio.create_task(
             run_as_leader(election, lambda term: run_term(term, etcd, client, options))
         )
+        probes.campaign = work
         stopper = asyncio.create_task(stop.wait())
         done, _ = await asyncio.wait({work, stopper}, return_when=asyncio.FIRST_COMPLETED)
         if work in done:
@@ -119,4 +180,8 @@ async def _main(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    return asyncio.run(_main(args))
+    try:
+        return asyncio.run(_main(args))
+    except EtcdConfigError as e:
+        log.error("etcd: %s", e)
+        return 2

@@ -8,11 +8,21 @@ import asyncio
 import dataclasses
 import json
 import os
+import sys
 import time
 from typing import Any
 
+from common.etcd.flags import add_security_arguments, endpoints_from, security_from
 from common.etcd.keys import KeyFamily, KeyLayout
-from common.etcd.kv import connect, get_prefix
+from common.etcd.kv import (
+    ETCD_FAILURES,
+    EtcdConfigError,
+    EtcdSecurity,
+    connect,
+    describe,
+    get_prefix,
+    wait_ready,
+)
 from common.etcd.schema import LoadReport, RecordError, ShardAssignment, ShardMapMeta, WorkerRecord
 from common.wellknown import DEFAULT_ETCD_PREFIX
 from coordinator.leadership.election import current_leader
@@ -23,12 +33,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--etcd-endpoints", default=os.environ.get("AGENT_SCHEDULER_ETCD", "127.0.0.1:2379"))
     p.add_argument("--etcd-prefix", default=DEFAULT_ETCD_PREFIX)
     p.add_argument("--json", action="store_true")
+    add_security_arguments(p)
 
 
-async def collect(endpoints: list[str], prefix: str) -> dict[str, Any]:
+async def collect(endpoints: list[str], prefix: str, security: EtcdSecurity | None = None) -> dict[str, Any]:
     keys = KeyLayout(prefix)
-    etcd = await connect(endpoints)
+    etcd = await connect(endpoints, security, probe_key=keys.root)
     try:
+        await wait_ready(etcd, security, probe_key=keys.root, attempts=1)
         leader = await current_leader(etcd, keys)
         kvs, revision = await get_prefix(etcd, keys.root)
     finally:
@@ -121,8 +133,13 @@ def _render_policy(p: dict[str, Any] | None) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    status = asyncio.run(
-        collect([e.strip() for e in args.etcd_endpoints.split(",") if e.strip()], args.etcd_prefix)
-    )
+    try:
+        status = asyncio.run(collect(endpoints_from(args), args.etcd_prefix, security_from(args)))
+    except EtcdConfigError as e:
+        print(f"agent-scheduler status: {e}", file=sys.stderr)
+        return 2
+    except ETCD_FAILURES as e:
+        print(f"agent-scheduler status: etcd: {describe(e)}", file=sys.stderr)
+        return 1
     print(json.dumps(status, indent=2) if args.json else render(status))
     return 0

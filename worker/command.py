@@ -20,6 +20,8 @@ import signal
 import socket
 
 from common import metrics
+from common.etcd.flags import add_security_arguments, endpoints_from, security_from
+from common.etcd.kv import EtcdConfigError
 from common.kube import KubeClient, load_credentials
 from worker.outcomes import PodReports, new_reporter
 from worker.scheduler import Scheduler
@@ -67,6 +69,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="allow a dispatch listener beyond loopback without --dispatch-secret-file",
     )
+    add_security_arguments(p)
 
 
 def settings_from(args: argparse.Namespace) -> WorkerSettings:
@@ -101,7 +104,9 @@ async def run_standalone(settings: WorkerSettings) -> int:
         sched = Scheduler(
             client, settings, shard=WholeCluster(), outcomes=PodReports(reporter), reporter=reporter
         )
-        runner = await metrics.serve(settings.metrics_host, settings.metrics_port, sched.ready)
+        runner = await metrics.serve(
+            settings.metrics_host, settings.metrics_port, sched.ready, client.auth.healthy
+        )
         log.info("worker %s standalone; metrics on %s", settings.worker_id, metrics.addresses(runner))
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -133,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
 
     host, _, port = args.listen.rpartition(":")
     options = CoordinatedOptions(
-        etcd_endpoints=[e.strip() for e in args.etcd_endpoints.split(",") if e.strip()],
+        etcd_endpoints=endpoints_from(args),
         etcd_prefix=args.etcd_prefix,
         lease_ttl=args.lease_ttl,
         listen_host=host or "127.0.0.1",
@@ -143,5 +148,10 @@ def run(args: argparse.Namespace) -> int:
         audit_log=args.audit_log,
         dispatch_secret_file=args.dispatch_secret_file,
         insecure_dispatch=args.insecure_dispatch,
+        etcd_security=security_from(args),
     )
-    return asyncio.run(run_coordinated(settings, options))
+    try:
+        return asyncio.run(run_coordinated(settings, options))
+    except EtcdConfigError as e:
+        log.error("etcd: %s", e)
+        return 2

@@ -27,14 +27,14 @@ import logging
 import signal
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import psutil
 from etcd3aio import Etcd3Client
 
 from common import metrics
 from common.etcd.keys import KeyLayout, worker_id
-from common.etcd.kv import connect
+from common.etcd.kv import EtcdSecurity, connect, wait_ready
 from common.etcd.mirror import KeyMirror
 from common.etcd.schema import LoadReport, WorkerCapacity, WorkerRecord
 from common.keyring import Keys, NoSecret, load_keys
@@ -65,6 +65,7 @@ class CoordinatedOptions:
     audit_log: str = ""
     dispatch_secret_file: str = ""  # the dispatch channel's shared secret; empty: none (see _dispatch_keys)
     insecure_dispatch: bool = False  # allow no secret on a non-loopback listener
+    etcd_security: EtcdSecurity = field(default_factory=EtcdSecurity)  # TLS / auth (common.etcd.flags)
 
 
 def _is_loopback(host: str) -> bool:
@@ -152,7 +153,9 @@ class CoordinatedWorker:
         election_task = asyncio.create_task(self._follow_election(), name="election-mirror")
         await self.intake.start(self.listener)
         host, port = self.listener.getsockname()[:2]
-        runner = await metrics.serve(self.settings.metrics_host, self.settings.metrics_port, self.ready)
+        runner = await metrics.serve(
+            self.settings.metrics_host, self.settings.metrics_port, self.ready, self.sched.client.auth.healthy
+        )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -221,8 +224,18 @@ class CoordinatedWorker:
 async def run_coordinated(settings: WorkerSettings, options: CoordinatedOptions) -> int:
     """Connect to the API server and etcd, run one ``CoordinatedWorker`` until it stops; its exit code."""
     creds = load_credentials(settings.api.kubeconfig)
-    etcd = await connect(options.etcd_endpoints)
+    root = KeyLayout(options.etcd_prefix).root
+    etcd = await connect(options.etcd_endpoints, options.etcd_security, probe_key=root)
     try:
+        # Retried, like the coordinator does; the probes answer meanwhile (alive, not ready), so waiting for
+        # etcd is no reason to be restarted.
+        waiting = await metrics.serve(
+            settings.metrics_host, settings.metrics_port, lambda: "waiting for etcd"
+        )
+        try:
+            await wait_ready(etcd, options.etcd_security, probe_key=root)
+        finally:
+            await waiting.cleanup()
         async with KubeClient(
             creds,
             qps=settings.api.qps,

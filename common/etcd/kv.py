@@ -8,6 +8,14 @@ Invariants:
 - Every call takes a timeout; nothing here waits forever on an unreachable etcd.
 - ``ETCD_FAILURES`` is what a caller must expect from any function here when etcd is down, slow or
   refuses the request. Programming errors (wrong types, not connected) are not in it.
+
+Security (``EtcdSecurity``): ``https://`` endpoints (or a CA file) make the channel TLS, verified against
+the CA file; a client certificate and key give mutual TLS (etcd's ``--client-cert-auth``, where the
+certificate's CN is the etcd user). A user and password file use etcd's auth API: the client authenticates
+at start and keeps its token valid (``AUTH_REFRESH``; at once when etcd says the token is no longer valid,
+as after an etcd restart with simple tokens). Misconfiguration that retrying cannot fix (unreadable files,
+wrong password) raises ``EtcdConfigError`` with one line saying what; an unreachable etcd or a failing TLS
+handshake is retried by ``wait_ready`` with one warning per outage.
 """
 
 from __future__ import annotations
@@ -17,16 +25,19 @@ import contextlib
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc.aio  # type: ignore[import-untyped, unused-ignore]
 from etcd3aio import Etcd3Client, EtcdError, SortOrder, SortTarget, prefix_range_end
 from etcd3aio._protobuf import Compare, WatchCreateRequest, WatchRequest
+from etcd3aio.errors import EtcdPermissionDeniedError, EtcdUnauthenticatedError
 from etcd3aio.kv import KVService
 from etcd3aio.lease import LeaseService
 from etcd3aio.watch import WatchService
 
 from common.backoff import etcd_retry
+from common.wellknown import DEFAULT_ETCD_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -70,22 +81,190 @@ class WatchBatch:
     lost_history: bool = False  # compacted or cancelled: the caller must re-read the state
 
 
-async def connect(endpoints: Sequence[str]) -> Etcd3Client:
-    """Open a client whose channel reconnects quickly after an etcd restart. Endpoints are ``host:port``;
-    an ``http://`` scheme (as etcd prints its client URLs) is accepted and dropped."""
-    plain = []
-    for e in endpoints:
-        if e.startswith("https://"):
-            raise ValueError(f"etcd endpoint {e!r}: TLS to etcd is not supported yet; use a plain endpoint")
-        plain.append(e.removeprefix("http://").rstrip("/"))
-    client = Etcd3Client(plain, watch_max_reconnect_backoff_seconds=1.0)
+AUTH_REFRESH = 60.0  # re-authenticate this often (etcd's simple tokens last 5 minutes by default)
+AUTH_CHECK = 2.0  # how often a cheap read checks that the token is still accepted
+
+
+class EtcdConfigError(Exception):
+    """Raised for an etcd client configuration that cannot work: bad flags, unreadable certificate or
+    password files, a password etcd rejects. The message is one line meant for the operator."""
+
+
+@dataclass(frozen=True, slots=True)
+class EtcdSecurity:
+    """How to reach a secured etcd. All optional; the empty value is a plain, unauthenticated client."""
+
+    ca_file: str = ""  # PEM CA bundle that signed etcd's serving certificate; enables TLS
+    cert_file: str = ""  # client certificate (mutual TLS)
+    key_file: str = ""
+    user: str = ""  # etcd auth API user
+    password_file: str = ""  # file holding that user's password (first line)
+    server_name: str = ""  # TLS name to verify, when it differs from the endpoint host
+
+
+class Client(Etcd3Client):
+    """An ``Etcd3Client`` that also keeps its etcd auth token valid (when a user is configured)."""
+
+    _auth_task: asyncio.Task[None] | None = None
+
+    async def close(self) -> None:
+        task, self._auth_task = self._auth_task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        await super().close()
+
+
+def _read(path: str, what: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as e:
+        raise EtcdConfigError(f"etcd {what} {path}: {e.strerror or e}") from e
+
+
+def split_endpoints(endpoints: Sequence[str], security: EtcdSecurity) -> tuple[list[str], bool]:
+    """``host:port`` endpoints and whether to use TLS. ``http://`` and ``https://`` schemes are accepted (as
+    etcd prints its client URLs); mixing them is an error, and TLS without a CA file too."""
+    schemes = {e.split("://", 1)[0] if "://" in e else "" for e in endpoints}
+    if "https" in schemes and "http" in schemes:
+        raise EtcdConfigError("etcd endpoints mix http:// and https://")
+    tls = "https" in schemes or bool(security.ca_file)
+    if tls and not security.ca_file:
+        raise EtcdConfigError(
+            "https:// etcd endpoints need --etcd-cafile (the CA that signed etcd's certificate)"
+        )
+    if bool(security.cert_file) != bool(security.key_file):
+        raise EtcdConfigError("--etcd-certfile and --etcd-keyfile go together")
+    if security.cert_file and not tls:
+        raise EtcdConfigError("a client certificate needs TLS: give --etcd-cafile or https:// endpoints")
+    if bool(security.user) != bool(security.password_file):
+        raise EtcdConfigError("--etcd-user and --etcd-password-file go together")
+    hosts = [e.split("://", 1)[-1].rstrip("/") for e in endpoints]
+    return hosts, tls
+
+
+async def connect(
+    endpoints: Sequence[str],
+    security: EtcdSecurity | None = None,
+    *,
+    probe_key: str = DEFAULT_ETCD_PREFIX + "/",
+) -> Client:
+    """Open a client whose channel reconnects quickly after an etcd restart (see the module docstring for
+    ``security``; ``probe_key``, a key the user may read, checks the auth token). Does not wait for etcd: see
+    ``wait_ready``. Raises ``EtcdConfigError``."""
+    security = security or EtcdSecurity()
+    hosts, tls = split_endpoints(endpoints, security)
+    ca = _read(security.ca_file, "CA file") if tls else None
+    chain = _read(security.cert_file, "certificate file") if tls and security.cert_file else None
+    key = _read(security.key_file, "key file") if tls and security.key_file else None
+    client = Client(
+        hosts,
+        watch_max_reconnect_backoff_seconds=1.0,
+        tls_server_name=security.server_name or None,
+        ca_cert=ca,
+        cert_chain=chain,
+        cert_key=key,
+    )
     # etcd3aio builds the channel from these options in connect(); it has no public knob for backoff.
     options = client._manager.grpc_options
     options.append(("grpc.max_reconnect_backoff_ms", _MAX_RECONNECT_BACKOFF_MS))
     options.append(("grpc.initial_reconnect_backoff_ms", 100))
     options.append(("grpc.min_reconnect_backoff_ms", 100))
     await client.connect()
+    if security.user:
+        password = _read(security.password_file, "password file").decode().splitlines()
+        client._auth_task = asyncio.create_task(
+            _keep_authenticated(client, security.user, password[0] if password else "", probe_key),
+            name="etcd-auth",
+        )
     return client
+
+
+async def authenticate(client: Etcd3Client, user: str, password: str) -> None:
+    """Get a token for ``user`` and use it on every later call. ``EtcdConfigError`` when etcd rejects the
+    user or password (retrying will not help); ``ETCD_FAILURES`` when etcd cannot be reached."""
+    if client.auth is None:
+        raise RuntimeError("etcd client is not connected")
+    try:
+        resp = await client.auth.authenticate(user, password, timeout=DEFAULT_TIMEOUT)
+    except EtcdUnauthenticatedError as e:
+        raise EtcdConfigError(f"etcd refused user {user!r}: {e}") from e
+    except (EtcdError, grpc.aio.AioRpcError) as e:
+        detail = describe(e)
+        if any(
+            s in detail for s in ("invalid user", "authentication failed", "authentication is not enabled")
+        ):
+            raise EtcdConfigError(f"etcd refused user {user!r}: {detail}") from e
+        raise
+    client.set_token(resp.token)
+
+
+async def _keep_authenticated(client: Client, user: str, password: str, probe_key: str) -> None:
+    """Re-authenticate every ``AUTH_REFRESH``, and as soon as a cheap read is refused as unauthenticated.
+    Failures are retried (etcd may be down); a rejected password is logged once per streak."""
+    backoff = etcd_retry()
+    since = -AUTH_REFRESH
+    loop = asyncio.get_running_loop()
+    complained = False
+    while True:
+        try:
+            if loop.time() - since >= AUTH_REFRESH:
+                await authenticate(client, user, password)
+                since, complained = loop.time(), False
+                backoff.reset()
+            await asyncio.sleep(AUTH_CHECK)
+            await kv_service(client).get(probe_key, count_only=True, timeout=DEFAULT_TIMEOUT)
+        except EtcdUnauthenticatedError:
+            since = -AUTH_REFRESH  # the token is no longer valid (etcd restarted, or it expired)
+        except EtcdConfigError as e:
+            if not complained:
+                log.error("%s", e)
+                complained = True
+            await asyncio.sleep(backoff.next())
+        except ETCD_FAILURES as e:
+            log.debug("etcd authentication: %s; retrying", describe(e))
+            await asyncio.sleep(backoff.next())
+
+
+async def wait_ready(
+    client: Etcd3Client,
+    security: EtcdSecurity | None = None,
+    *,
+    probe_key: str = DEFAULT_ETCD_PREFIX + "/",
+    what: str = "etcd",
+    attempts: int | None = None,
+) -> None:
+    """Wait until etcd answers a read (authenticating first when a user is configured), retrying an
+    unreachable etcd or a failing TLS handshake with one warning per outage (``attempts``: give up after
+    that many, raising the last failure). Raises ``EtcdConfigError`` when the configuration cannot work."""
+    security = security or EtcdSecurity()
+    password = ""
+    if security.user:
+        lines = _read(security.password_file, "password file").decode().splitlines()
+        password = lines[0] if lines else ""
+    backoff = etcd_retry()
+    warned = False
+    while True:
+        try:
+            if security.user:
+                await authenticate(client, security.user, password)
+            await kv_service(client).get(probe_key, count_only=True, timeout=DEFAULT_TIMEOUT)
+            if warned:
+                log.info("%s reachable", what)
+            return
+        except EtcdUnauthenticatedError as e:
+            raise EtcdConfigError(f"{what} refused the request as unauthenticated: {e}") from e
+        except EtcdPermissionDeniedError as e:
+            raise EtcdConfigError(f"{what} user may not read {probe_key}: {e}") from e
+        except ETCD_FAILURES as e:
+            if attempts is not None:
+                attempts -= 1
+                if attempts <= 0:
+                    raise
+            if not warned:
+                log.warning("%s not reachable yet (%s); retrying", what, describe(e))
+                warned = True
+            await asyncio.sleep(backoff.next())
 
 
 def kv_service(client: Etcd3Client) -> KVService:

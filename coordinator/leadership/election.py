@@ -16,6 +16,11 @@ Invariants:
 - On losing leadership for any reason the term's ``lost`` event is set first, then callbacks run, then the
   lease is revoked (best effort) so a standby takes over without waiting for expiry; the next campaign
   uses a new lease, hence a new key and a new term.
+- A leader that cannot lead gives its term up: ``step_down`` ends the term exactly like a lost lease (revoke,
+  so a standby takes over at once) but keeps campaigning. ``run_as_leader`` steps down when the term's work
+  fails or returns, or when one of the term's progress signals (``coordinator.leadership.progress``) stalls.
+  Repeated step-downs wait longer before the next campaign (``STEP_DOWN_BACKOFF``), so a candidate that
+  keeps failing stands behind the others instead of winning every election straight back.
 """
 
 from __future__ import annotations
@@ -31,15 +36,21 @@ from etcd3aio import Etcd3Client
 from etcd3aio.kv import KVService
 
 from common.aiotools import cancel_and_wait, wait_first
-from common.backoff import etcd_retry
+from common.backoff import Backoff, etcd_retry
 from common.etcd.keys import KeyLayout
 from common.etcd.kv import DEFAULT_TIMEOUT, ETCD_FAILURES, describe, get_prefix, kv_service, wait_deleted
 from common.etcd.leases import Clock, LeaseKeeper, LeaseState
 from common.etcd.schema import LeaderRecord, RecordError
+from coordinator.leadership.progress import Progress
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TTL = 10
+# After stepping down: wait before campaigning again, doubling while terms keep failing. A term that ran
+# for STABLE_TERM seconds resets it.
+STEP_DOWN_BACKOFF = (1.0, 30.0)
+STABLE_TERM = 120.0
+PROGRESS_CHECK_INTERVAL = 1.0
 
 
 @dataclass(eq=False)
@@ -52,6 +63,7 @@ class LeaderTerm:
     lease_id: int
     lost: asyncio.Event = field(default_factory=asyncio.Event)
     healthy: Callable[[], bool] = lambda: True  # the campaign's lease health (fencing)
+    progress: Progress = field(default_factory=Progress)  # the term's work registers its signals here
 
     @property
     def active(self) -> bool:
@@ -82,8 +94,14 @@ class LeaderElection:
         self._term: LeaderTerm | None = None
         self._term_started = asyncio.Event()
         self._resign = asyncio.Event()
+        self._step_down = asyncio.Event()
+        self._step_down_backoff = Backoff(*STEP_DOWN_BACKOFF)
+        self._standing_by = False
         self._listeners: list[Callable[[LeaderTerm], None]] = []
         self.terms = 0
+        self.step_downs = 0
+        self._term_began: float | None = None
+        self._clock = clock
 
     @property
     def leading(self) -> bool:
@@ -93,6 +111,11 @@ class LeaderElection:
     def term(self) -> LeaderTerm | None:
         """The current term while leading, else None."""
         return self._term if self.leading else None
+
+    @property
+    def standing_by(self) -> bool:
+        """A healthy standby: our candidate key is in etcd behind the leader's and our lease is fresh."""
+        return self._standing_by and self._keeper.healthy
 
     @property
     def keeper(self) -> LeaseKeeper:
@@ -112,6 +135,14 @@ class LeaderElection:
                 return term
             self._term_started.clear()
 
+    def step_down(self, reason: str) -> None:
+        """Give up the current term (revoking its lease, so a standby takes over now) and campaign again
+        after ``STEP_DOWN_BACKOFF``. No-op while not leading."""
+        if self.leading and not self._step_down.is_set():
+            log.warning("%s: stepping down: %s", self.record.candidate_id, reason)
+            self.step_downs += 1
+            self._step_down.set()
+
     def resign(self) -> None:
         """End the current term (if any) and stop campaigning; ``run()`` returns after cleaning up."""
         self._resign.set()
@@ -121,6 +152,7 @@ class LeaderElection:
         backoff = etcd_retry()
         while not self._resign.is_set():
             delay = backoff.initial
+            self._step_down.clear()
             try:
                 await self._campaign()
                 backoff.reset()
@@ -130,7 +162,13 @@ class LeaderElection:
                 log.log(level, "%s: election round failed: %s", self.record.candidate_id, describe(e))
                 delay = backoff.next()
             finally:
+                self._standing_by = False
+                started = self._term_began
                 await self._end_term()
+            if self._step_down.is_set():
+                if started is not None and self._clock() - started >= STABLE_TERM:
+                    self._step_down_backoff.reset()
+                delay = max(delay, self._step_down_backoff.next())
             if not self._resign.is_set():
                 await wait_first(asyncio.sleep(delay), self._resign.wait())
 
@@ -150,11 +188,13 @@ class LeaderElection:
             if index == 0:
                 break
             log.info("%s: standing by behind %s", self.record.candidate_id, keys[index - 1])
+            self._standing_by = True
             winner = await wait_first(
                 wait_deleted(self._client, keys[index - 1], start_revision=revision + 1),
                 self._keeper.wait_lost(),
                 self._resign.wait(),
             )
+            self._standing_by = False
             if winner != 0:
                 return
         if not self._keeper.healthy:
@@ -162,16 +202,19 @@ class LeaderElection:
         keeper = self._keeper
         self._term = LeaderTerm(self.record, key, create_revision, lease, healthy=lambda: keeper.healthy)
         self.terms += 1
+        self._term_began = self._clock()
         self._term_started.set()
         log.info("%s: leading (term key %s, revision %d)", self.record.candidate_id, key, create_revision)
         await wait_first(
             self._keeper.wait_unhealthy(),
             wait_deleted(self._client, key, start_revision=create_revision + 1),
             self._resign.wait(),
+            self._step_down.wait(),
         )
 
     async def _end_term(self) -> None:
         term, self._term = self._term, None
+        self._term_began = None
         self._term_started.clear()
         if term is not None:
             term.lost.set()  # first: whoever acts for the leader stops before anything else happens
@@ -195,12 +238,16 @@ async def current_leader(client: Etcd3Client, keys: KeyLayout | None = None) -> 
 
 
 async def run_as_leader(
-    election: LeaderElection, body: Callable[[LeaderTerm], Coroutine[Any, Any, None]]
+    election: LeaderElection,
+    body: Callable[[LeaderTerm], Coroutine[Any, Any, None]],
+    *,
+    check_interval: float = PROGRESS_CHECK_INTERVAL,
 ) -> None:
     """Campaign forever; while leading run ``body(term)``, cancelling it the moment the term is lost.
 
-    ``body`` returning early ends nothing: we stay leader (idle) until the term ends. Cancel this
-    coroutine to stop; it resigns and waits for the campaign to clean up.
+    The leader steps down (``election.step_down``) when ``body`` raises or returns (a term whose work has
+    ended leads nothing), or when a signal registered in ``term.progress`` stalls. Cancel this coroutine to
+    stop; it resigns and waits for the campaign to clean up.
     """
     campaign = asyncio.create_task(election.run(), name=f"campaign-{election.record.candidate_id}")
     try:
@@ -212,16 +259,32 @@ async def run_as_leader(
             if term is None:
                 continue
             work = asyncio.create_task(body(term), name=f"leader-{election.record.candidate_id}")
-            work.add_done_callback(_log_failure)
             try:
-                await term.lost.wait()
+                ended = await wait_first(term.lost.wait(), work, _stalled(term, check_interval))
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise  # we are being stopped
+                election.step_down("the term's work was cancelled")
+            except Exception as e:  # the term's work failed: whatever it was, this term cannot lead
+                log.error("leader work failed: %s", e, exc_info=e)
+                election.step_down(f"the term's work failed ({type(e).__name__}: {e})")
+            else:
+                if ended == 1:
+                    election.step_down("the term's work ended")
+                elif ended == 2:
+                    election.step_down(f"no progress: {term.progress.last_stall}")
             finally:
                 await cancel_and_wait(work)
+            await term.lost.wait()
     finally:
         election.resign()
         await cancel_and_wait(campaign)
 
 
-def _log_failure(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("leader work failed; staying leader, idle, until the term ends", exc_info=task.exception())
+async def _stalled(term: LeaderTerm, interval: float) -> None:
+    """Return once one of the term's progress signals has stalled (never, while none has)."""
+    while True:
+        await asyncio.sleep(interval)
+        if term.progress.stalled() is not None:
+            return

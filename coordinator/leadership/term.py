@@ -8,6 +8,10 @@ Everything here runs inside ``run_term`` and is cancelled the moment the term is
 ``coordinator.leadership.election.run_as_leader``), so a deposed leader neither writes the map (its writes are
 guarded in etcd anyway) nor dispatches pods. Each term starts from fresh state: nothing carries over from an
 earlier term of this process.
+
+The term registers its progress signals (``coordinator.leadership.progress``): the shard map must complete
+rounds, and the pending-pod watch must stay connected. If either stalls for ``progress_bound`` seconds, the
+leader steps down instead of holding the lease while nothing is dispatched.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from common.reporting import Reporter
 from common.wellknown import DEFAULT_SCHEDULER_NAME
 from coordinator.dispatch import Dispatcher
 from coordinator.leadership.election import LeaderTerm
+from coordinator.leadership.progress import DEFAULT_BOUND, advancing, reflector_healthy
 from coordinator.nodeshards import ShardingController, ShardingOptions
 from coordinator.workershards.assignment import AssignmentPolicy
 from coordinator.workershards.pools import LabelPool, PolicyPool
@@ -43,6 +48,7 @@ class LeaderOptions:
     report_qps: float = 50.0
     sharding: ShardingOptions | None = None  # the shard-policy ConfigMap; None: the label pool only
     dispatch_keys: Keys | None = None  # the dispatch channel's shared secret (common.keyring); None: none
+    progress_bound: float = DEFAULT_BOUND  # seconds a progress signal may stall before the leader steps down
 
 
 async def run_term(term: LeaderTerm, etcd: Etcd3Client, client: KubeClient, options: LeaderOptions) -> None:
@@ -89,6 +95,8 @@ async def run_term(term: LeaderTerm, etcd: Etcd3Client, client: KubeClient, opti
             workers[rec.worker_id] = rec.address
         dispatcher.set_workers(workers)
 
+    term.progress.add("shard map rounds", advancing(lambda: shardmap.rounds), options.progress_bound)
+    term.progress.add("pending-pod watch", reflector_healthy(dispatcher.reflector), options.progress_bound)
     members = KeyMirror(
         etcd, options.keys.members_prefix, prefix=True, on_change=members_changed, name="members"
     )

@@ -11,6 +11,12 @@ writer of them in this project:
 Bodies come from ``coordinator.nodeshards.bodies``. Writes skip when the stored object already says the same, and
 update the local copy from the reply, so a write is visible to the next read at once, before its watch event arrives.
 
+Writes to an existing shard are conditional: they carry the ``metadata.resourceVersion`` the decision was made
+on (optimistic concurrency), so a write computed from a stale copy - a deposed leader's late status write that
+would shrink ``nodesInUse``, or one racing another writer - fails with 409 instead of overwriting newer state.
+On 409 the store re-reads the shard (listeners are told) and raises ``Conflict``; the caller recomputes from the
+fresh copy on its next pass.
+
 Consistency: decisions use the watch cache, except where another scheduler's concurrent claim matters
 (``confirm_in_use_except``, a quorum read after our own write).
 
@@ -144,7 +150,8 @@ class NodeShardStore:
             except Conflict:
                 reply = await self._client.patch(bodies.object_path(name), bodies.spec_patch(wanted))
         else:
-            reply = await self._client.patch(bodies.object_path(name), bodies.spec_patch(wanted))
+            patch = bodies.spec_patch(wanted, resource_version=shard.resource_version or None)
+            reply = await self._conditional(name, bodies.object_path(name), patch)
         self._apply_reply(reply)
         log.info("NodeShard %s: spec.nodesDesired = %d nodes", name, len(wanted))
         return True
@@ -171,9 +178,13 @@ class NodeShardStore:
         if same and not first:
             return False
         body = bodies.status_patch(
-            nodes_in_use=in_use, nodes_to_add=to_add, nodes_to_remove=to_remove, now=self._clock()
+            nodes_in_use=in_use,
+            nodes_to_add=to_add,
+            nodes_to_remove=to_remove,
+            now=self._clock(),
+            resource_version=shard.resource_version or None,
         )
-        reply = await self._client.patch(bodies.status_path(name), body)
+        reply = await self._conditional(name, bodies.status_path(name), body)
         self._apply_reply(reply)
         log.info(
             "NodeShard %s: status.nodesInUse = %d nodes (%d to add, %d to remove)",
@@ -183,6 +194,22 @@ class NodeShardStore:
             len(to_remove),
         )
         return True
+
+    async def _conditional(self, name: str, path: str, body: Any) -> Any:
+        """PATCH with a resourceVersion precondition; on 409 refresh the local copy, then re-raise."""
+        try:
+            return await self._client.patch(path, body)
+        except Conflict:
+            log.info("NodeShard %s changed since it was read; re-reading before the next write", name)
+            try:
+                fresh = await self._client.get(bodies.object_path(name))
+            except NotFound:
+                if self.shards.pop(name, None) is not None:
+                    self._changed()
+            else:
+                if isinstance(fresh, dict):
+                    self.event("MODIFIED", fresh)  # kept only if newer than what the watch delivered
+            raise
 
     def _apply_reply(self, reply: Any) -> None:
         if isinstance(reply, dict):

@@ -1,5 +1,6 @@
 """A real etcd server process for tests that need their own (restartable) etcd: the project's own build
-(.local/bin/etcd) on free 127.0.0.1 ports with a temp data dir, stopped by the PID we started."""
+(.local/bin/etcd) on free 127.0.0.1 ports with a temp data dir, stopped by the PID we started. With ``tls``
+it serves https only and requires client certificates signed by the same CA (``--client-cert-auth``)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ import contextlib
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,11 +28,23 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@dataclass(frozen=True)
+class EtcdTls:
+    """PEM files: the CA, etcd's serving certificate and key, and a client certificate and key it accepts."""
+
+    ca: Path
+    server_cert: Path
+    server_key: Path
+    client_cert: Path
+    client_key: Path
+
+
 class EtcdServer:
     """One etcd process; ``stop``/``start`` keep ports and data dir, so a restart is the same member."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, *, tls: EtcdTls | None = None) -> None:
         self.data_dir = data_dir
+        self.tls = tls
         self.client_port = _free_port()
         self.peer_port = _free_port()
         self.log_path = data_dir.with_suffix(".log")
@@ -41,13 +56,29 @@ class EtcdServer:
         return f"127.0.0.1:{self.client_port}"
 
     @property
+    def url(self) -> str:
+        return f"{'https' if self.tls else 'http'}://{self.endpoint}"
+
+    @property
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
     def start(self) -> None:
         assert not self.running
-        client_url = f"http://{self.endpoint}"
+        client_url = self.url
         peer_url = f"http://127.0.0.1:{self.peer_port}"
+        security = []
+        context = None
+        if self.tls is not None:
+            t = self.tls
+            security = [
+                f"--cert-file={t.server_cert}",
+                f"--key-file={t.server_key}",
+                f"--trusted-ca-file={t.ca}",
+                "--client-cert-auth",
+            ]
+            context = ssl.create_default_context(cafile=str(t.ca))
+            context.load_cert_chain(str(t.client_cert), str(t.client_key))
         args = [
             str(ETCD_BIN),
             "--name=test",
@@ -58,6 +89,7 @@ class EtcdServer:
             f"--initial-advertise-peer-urls={peer_url}",
             f"--initial-cluster=test={peer_url}",
             "--log-level=warn",
+            *security,
         ]
         log = self.log_path.open("ab")
         try:
@@ -70,7 +102,7 @@ class EtcdServer:
                 raise RuntimeError(f"etcd exited with {self._proc.returncode}; see {self.log_path}")
             with (
                 contextlib.suppress(OSError, urllib.error.URLError),
-                urllib.request.urlopen(f"{client_url}/health", timeout=1) as resp,
+                urllib.request.urlopen(f"{client_url}/health", timeout=1, context=context) as resp,
             ):
                 if b'"health":"true"' in resp.read():
                     return

@@ -132,3 +132,61 @@ async def test_lease_health_follows_the_injected_clock(etcd: Etcd3Client) -> Non
     finally:
         await keeper.revoke()
     assert keeper.state is LeaseState.REVOKED and not keeper.healthy
+
+
+async def test_a_leader_whose_work_fails_steps_down_and_a_standby_takes_over(
+    etcd_endpoint: str, keys: KeyLayout, etcd: Etcd3Client
+) -> None:
+    (ca, a), (cb, b) = await _candidates(etcd_endpoint, keys, "a", "b")
+    terms: list[str] = []
+
+    async def failing(term: LeaderTerm) -> None:
+        terms.append("a")
+        raise RuntimeError("the NodeShard CRD vanished")
+
+    async def working(term: LeaderTerm) -> None:
+        terms.append("b")
+        await asyncio.Event().wait()
+
+    ra = asyncio.create_task(run_as_leader(a, failing))
+    await eventually(lambda: a.step_downs == 1, 5, "a steps down after its work failed")
+    rb = asyncio.create_task(run_as_leader(b, working))
+    try:
+        # a keeps failing and stepping down; once b has campaigned it wins the next election and keeps it.
+        took = await eventually(lambda: b.leading, 5 + TTL, "b leads")
+        assert terms[-1] == "b" and not a.leading
+        await asyncio.sleep(1.5)
+        assert b.leading and (await current_leader(etcd, keys)) == LeaderRecord("b")
+        # a campaigns again and stands by behind b, a healthy standby.
+        await eventually(lambda: a.standing_by, 40, "a stands by")
+        assert took < 5 + TTL
+    finally:
+        await cancel_and_wait(ra, rb)
+        await ca.close()
+        await cb.close()
+
+
+async def test_a_leader_whose_progress_stalls_steps_down(etcd_endpoint: str, keys: KeyLayout) -> None:
+    (ca, a), (cb, b) = await _candidates(etcd_endpoint, keys, "a", "b")
+    rounds = [0]
+
+    async def stuck(term: LeaderTerm) -> None:
+        from coordinator.leadership.progress import advancing
+
+        term.progress.add("shard map rounds", advancing(lambda: rounds[0]), bound=1.0)
+        await asyncio.Event().wait()  # holds the lease, never completes a round
+
+    async def working(term: LeaderTerm) -> None:
+        await asyncio.Event().wait()
+
+    ra = asyncio.create_task(run_as_leader(a, stuck, check_interval=0.1))
+    await eventually(lambda: a.leading, 5, "a leads")
+    rb = asyncio.create_task(run_as_leader(b, working, check_interval=0.1))
+    try:
+        took = await eventually(lambda: b.leading, 5, "b leads after a stalled")
+        assert a.step_downs == 1 and not a.leading
+        assert took < 5
+    finally:
+        await cancel_and_wait(ra, rb)
+        await ca.close()
+        await cb.close()
