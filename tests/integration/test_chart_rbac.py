@@ -1,0 +1,135 @@
+"""The chart's RBAC on the real local cluster: SubjectAccessReviews show each role's ServiceAccount may do
+what its code does (``common/kube.py`` callers) and nothing a scheduler must never do.
+
+Only the chart's ServiceAccounts, Roles and bindings are applied (rendered by the pinned helm into the test's
+namespace, under a name of their own); the API server's RBAC authorizer answers the reviews, so no controller
+or pod is needed. Cluster-scoped objects are deleted at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from typing import Any
+
+import pytest
+import yaml
+
+from common.kube import KubeClient, NotFound
+from tests.unit.install.chart import CHART, helm
+
+pytestmark = pytest.mark.integration
+
+POLICY = "volcano-sharding-configmap"
+COLLECTIONS = {
+    "ServiceAccount": "/api/v1/namespaces/{ns}/serviceaccounts",
+    "Role": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
+    "RoleBinding": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings",
+    "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+    "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+}
+
+
+def rendered_rbac(fullname: str, namespace: str) -> list[dict[str, Any]]:
+    text = helm(
+        "template", "agent-scheduler", CHART, "--namespace", namespace, "--set", f"fullnameOverride={fullname}",
+        "--show-only", "templates/serviceaccounts.yaml", "--show-only", "templates/rbac.yaml",
+    )  # fmt: skip
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+async def review(
+    kube: KubeClient, namespace: str, account: str, verb: str, resource: str, *, group: str = "", ns: str = "",
+    name: str = "", subresource: str = "",
+) -> bool:  # fmt: skip
+    attributes = {"verb": verb, "group": group, "resource": resource, "namespace": ns, "name": name}
+    if subresource:
+        attributes["subresource"] = subresource
+    body = {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SubjectAccessReview",
+        "spec": {
+            "user": f"system:serviceaccount:{namespace}:{account}",
+            "groups": [
+                "system:serviceaccounts",
+                f"system:serviceaccounts:{namespace}",
+                "system:authenticated",
+            ],
+            "resourceAttributes": attributes,
+        },
+    }
+    reply = await kube.post("/apis/authorization.k8s.io/v1/subjectaccessreviews", body)
+    return bool(reply["status"].get("allowed"))
+
+
+async def test_each_service_account_may_do_its_job_and_nothing_dangerous(
+    kube: KubeClient, namespace: str
+) -> None:
+    fullname = f"rbac-{uuid.uuid4().hex[:8]}"
+    cluster_scoped: list[str] = []
+    try:
+        for doc in rendered_rbac(fullname, namespace):
+            collection = COLLECTIONS[doc["kind"]].format(ns=namespace)
+            await kube.post(collection, doc)
+            if "{ns}" not in COLLECTIONS[doc["kind"]]:
+                cluster_scoped.append(f"{collection}/{doc['metadata']['name']}")
+        coordinator, worker = f"{fullname}-coordinator", f"{fullname}-worker"
+        other = "some-user-namespace"
+
+        async def can(account: str, verb: str, resource: str, **kw: str) -> bool:
+            return await review(kube, namespace, account, verb, resource, **kw)
+
+        # What each role's code does.
+        needs = {
+            coordinator: [
+                ("list", "pods", {}), ("watch", "pods", {}),
+                ("patch", "pods", {"ns": other, "name": "p", "subresource": "status"}),
+                ("create", "events", {"ns": other}), ("create", "events", {"ns": namespace}),
+                ("list", "nodes", {}), ("watch", "nodes", {}),
+                ("list", "nodeshards", {"group": "shard.volcano.sh"}),
+                ("watch", "nodeshards", {"group": "shard.volcano.sh"}),
+                ("create", "nodeshards", {"group": "shard.volcano.sh"}),
+                ("patch", "nodeshards", {"group": "shard.volcano.sh", "name": "agent-scheduler"}),
+                ("patch", "nodeshards", {"group": "shard.volcano.sh", "name": "agent-scheduler", "subresource": "status"}),
+                ("get", "configmaps", {"ns": namespace, "name": POLICY}),
+                ("list", "configmaps", {"ns": namespace, "name": POLICY}),
+                ("watch", "configmaps", {"ns": namespace, "name": POLICY}),
+            ],
+            worker: [
+                ("list", "pods", {}), ("watch", "pods", {}), ("list", "pods", {"ns": other}),
+                ("create", "pods", {"ns": other, "name": "p", "subresource": "binding"}),
+                ("patch", "pods", {"ns": other, "name": "p", "subresource": "status"}),
+                ("create", "events", {"ns": other}),
+                ("list", "nodes", {}), ("watch", "nodes", {}), ("get", "nodes", {"name": "n"}),
+            ],
+        }  # fmt: skip
+        # What neither may: read secrets, create or delete pods, write nodes, read other ConfigMaps.
+        never = [
+            ("get", "secrets", {"ns": namespace}), ("list", "secrets", {}), ("create", "pods", {"ns": other}),
+            ("delete", "pods", {"ns": other, "name": "p"}), ("patch", "nodes", {"name": "n"}),
+            ("update", "nodes", {"name": "n", "subresource": "status"}), ("delete", "nodes", {"name": "n"}),
+            ("list", "configmaps", {"ns": namespace}), ("get", "configmaps", {"ns": namespace, "name": "other"}),
+            ("get", "configmaps", {"ns": other, "name": POLICY}), ("create", "serviceaccounts", {"ns": namespace, "name": "x", "subresource": "token"}),
+            ("delete", "nodeshards", {"group": "shard.volcano.sh", "name": "volcano"}),
+            ("update", "events", {"ns": other, "name": "e"}),
+        ]  # fmt: skip
+        worker_never = [
+            ("create", "nodeshards", {"group": "shard.volcano.sh"}),
+            ("list", "nodeshards", {"group": "shard.volcano.sh"}),
+            ("get", "configmaps", {"ns": namespace, "name": POLICY}),
+        ]
+        coordinator_never = [("create", "pods", {"ns": other, "name": "p", "subresource": "binding"})]
+        wrong: list[str] = []
+        for account, checks in needs.items():
+            for verb, resource, kw in checks:
+                if not await can(account, verb, resource, **kw):
+                    wrong.append(f"{account} denied {verb} {resource} {kw}")
+        for account, checks in ((coordinator, never + coordinator_never), (worker, never + worker_never)):
+            for verb, resource, kw in checks:
+                if await can(account, verb, resource, **kw):
+                    wrong.append(f"{account} allowed {verb} {resource} {kw}")
+        assert not wrong, "\n".join(wrong)
+    finally:
+        for path in cluster_scoped:
+            with contextlib.suppress(NotFound):
+                await kube.delete(path)
