@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import base64
 import filecmp
+import json
+import re
 import ssl
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
+import common.metrics  # noqa: F401  (registers the exported metrics)
 from tests.unit.install.chart import CHART, ROOT, find, helm, one, render
 from worker.coordinated import DRAIN_TIMEOUT
 
@@ -319,3 +323,40 @@ def test_dispatch_secret_is_generated_and_mounted(default: list[dict[str, Any]])
 def test_namespace_is_labelled_restricted_when_created() -> None:
     (ns,) = find(render("namespace.create=true"), "Namespace")
     assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+
+
+def _metric_names(expr: str) -> set[str]:
+    return {m for m in re.findall(r"\b([a-z_]+)\{", expr) if m not in ("by", "sum", "rate")}
+
+
+def _exported() -> set[str]:
+    names = set()
+    for metric in REGISTRY.collect():
+        suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "gauge": ("",)}
+        names.update(metric.name + suffix for suffix in suffixes.get(metric.type, ("",)))
+    return names
+
+
+def test_dashboard_and_alerts_use_exported_metrics() -> None:
+    apis = ["--api-versions", "monitoring.coreos.com/v1/PrometheusRule"]
+    on = ("metrics.prometheusRule.enabled=true", "metrics.dashboard.enabled=true")
+    assert not find(render(*on), "PrometheusRule")
+    assert not find(render(extra=apis), "PrometheusRule") and not find(render(), "ConfigMap")
+    docs = render(*on, extra=apis)
+    dashboard = json.loads(
+        one(docs, "ConfigMap", "agent-scheduler-dashboard")["data"]["agent-scheduler.json"]
+    )
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    (rule,) = find(docs, "PrometheusRule")
+    alerts = {r["alert"]: r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]}
+    assert {
+        "AgentSchedulerPodsStuckPending",
+        "AgentSchedulerWorkerOwnsNoNodes",
+        "AgentSchedulerShardImbalance",
+    } <= set(alerts)
+    exported = _exported()
+    for expr in exprs + list(alerts.values()):
+        used = _metric_names(expr)
+        assert used, expr
+        unknown = {m for m in used if m not in exported and not m.startswith("process_")}
+        assert not unknown, f"{expr}: {unknown} not exported by common/metrics.py"
