@@ -15,6 +15,8 @@ from collections.abc import Callable
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
 
+from common import metricsauth
+
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30)
 
 schedule_attempts = Counter(
@@ -79,6 +81,7 @@ async def serve(host: str, port: int, ready: Callable[[], bool]) -> web.AppRunne
         return web.Response(text="ok") if ready() else web.Response(status=503, text="not ready")
 
     app = web.Application()
+    metricsauth.apply(app)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

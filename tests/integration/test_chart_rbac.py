@@ -1,5 +1,6 @@
 """The chart's RBAC on the real local cluster: SubjectAccessReviews show each role's ServiceAccount may do
-what its code does (``common/kube.py`` callers) and nothing a scheduler must never do.
+what its code does (``common/kube.py`` callers) and nothing a scheduler must never do; and ``/metrics`` with
+delegated auth answers only callers bound to the chart's metrics-reader role.
 
 Only the chart's ServiceAccounts, Roles and bindings are applied (rendered by the pinned helm into the test's
 namespace, under a name of their own); the API server's RBAC authorizer answers the reviews, so no controller
@@ -12,10 +13,13 @@ import contextlib
 import uuid
 from typing import Any
 
+import aiohttp
 import pytest
 import yaml
 
+from common import metrics, metricsauth
 from common.kube import KubeClient, NotFound
+from scale.cluster import Cluster
 from tests.unit.install.chart import CHART, helm
 
 pytestmark = pytest.mark.integration
@@ -94,6 +98,8 @@ async def test_each_service_account_may_do_its_job_and_nothing_dangerous(
                 ("get", "configmaps", {"ns": namespace, "name": POLICY}),
                 ("list", "configmaps", {"ns": namespace, "name": POLICY}),
                 ("watch", "configmaps", {"ns": namespace, "name": POLICY}),
+                ("create", "tokenreviews", {"group": "authentication.k8s.io"}),
+                ("create", "subjectaccessreviews", {"group": "authorization.k8s.io"}),
             ],
             worker: [
                 ("list", "pods", {}), ("watch", "pods", {}), ("list", "pods", {"ns": other}),
@@ -101,6 +107,8 @@ async def test_each_service_account_may_do_its_job_and_nothing_dangerous(
                 ("patch", "pods", {"ns": other, "name": "p", "subresource": "status"}),
                 ("create", "events", {"ns": other}),
                 ("list", "nodes", {}), ("watch", "nodes", {}), ("get", "nodes", {"name": "n"}),
+                ("create", "tokenreviews", {"group": "authentication.k8s.io"}),
+                ("create", "subjectaccessreviews", {"group": "authorization.k8s.io"}),
             ],
         }  # fmt: skip
         # What neither may: read secrets, create or delete pods, write nodes, read other ConfigMaps.
@@ -130,6 +138,69 @@ async def test_each_service_account_may_do_its_job_and_nothing_dangerous(
                     wrong.append(f"{account} allowed {verb} {resource} {kw}")
         assert not wrong, "\n".join(wrong)
     finally:
+        for path in cluster_scoped:
+            with contextlib.suppress(NotFound):
+                await kube.delete(path)
+
+
+async def token_of(kube: KubeClient, namespace: str, account: str) -> str:
+    reply = await kube.post(
+        f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token",
+        {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"expirationSeconds": 600},
+        },
+    )
+    token: str = reply["status"]["token"]
+    return token
+
+
+async def test_metrics_are_read_only_by_bound_callers(
+    kube: KubeClient, namespace: str, cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A metrics server with delegated auth, asking the real API server: 401 without a valid token, 403 for an
+    account without the chart's metrics-reader role, 200 with it; health endpoints open."""
+    fullname = f"metrics-{uuid.uuid4().hex[:8]}"
+    reader = f"{fullname}-metrics-reader"
+    cluster_scoped: list[str] = []
+    monkeypatch.setenv(metricsauth.ENV, "delegated")
+    monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
+    runner = await metrics.serve("127.0.0.1", 0, lambda: True)
+    base = f"http://{metrics.addresses(runner)[0]}"
+    try:
+        for doc in rendered_rbac(fullname, namespace):
+            if doc["kind"] == "ClusterRole" and doc["metadata"]["name"] == reader:
+                await kube.post(COLLECTIONS["ClusterRole"], doc)
+                cluster_scoped.append(f"{COLLECTIONS['ClusterRole']}/{reader}")
+        for account in ("prometheus", "stranger"):
+            await kube.post(
+                f"/api/v1/namespaces/{namespace}/serviceaccounts",
+                {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account}},
+            )
+        binding = {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": f"{fullname}-prometheus"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": reader},
+            "subjects": [{"kind": "ServiceAccount", "name": "prometheus", "namespace": namespace}],
+        }
+        await kube.post(COLLECTIONS["ClusterRoleBinding"], binding)
+        cluster_scoped.append(f"{COLLECTIONS['ClusterRoleBinding']}/{fullname}-prometheus")
+
+        async def status(path: str, token: str | None = None) -> int:
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            async with aiohttp.ClientSession() as s, s.get(base + path, headers=headers) as r:
+                return r.status
+
+        assert await status("/healthz") == 200
+        assert await status("/readyz") == 200
+        assert await status("/metrics") == 401
+        assert await status("/metrics", "not-a-token") == 401
+        assert await status("/metrics", await token_of(kube, namespace, "stranger")) == 403
+        assert await status("/metrics", await token_of(kube, namespace, "prometheus")) == 200
+    finally:
+        await runner.cleanup()
         for path in cluster_scoped:
             with contextlib.suppress(NotFound):
                 await kube.delete(path)

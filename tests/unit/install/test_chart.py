@@ -19,6 +19,11 @@ from tests.unit.install.chart import CHART, ROOT, find, helm, one, render
 from worker.coordinated import DRAIN_TIMEOUT
 
 ROLES = ("coordinator", "worker")
+# Checking /metrics callers with the API server (common/metricsauth.py), on by default.
+REVIEWS = {
+    ("authentication.k8s.io", "tokenreviews"): {"create"},
+    ("authorization.k8s.io", "subjectaccessreviews"): {"create"},
+}
 FORBIDDEN_RESOURCES = {"secrets", "serviceaccounts", "serviceaccounts/token", "*"}
 
 
@@ -133,6 +138,7 @@ def test_rbac_is_least_privilege_per_role(default: list[dict[str, Any]]) -> None
         ("", "events"): {"create"},
         ("shard.volcano.sh", "nodeshards"): read | {"create", "patch"},
         ("shard.volcano.sh", "nodeshards/status"): {"patch"},
+        **REVIEWS,
     }
     worker = rules_of(default, "ClusterRole", "agent-scheduler-worker")
     assert worker == {
@@ -141,7 +147,17 @@ def test_rbac_is_least_privilege_per_role(default: list[dict[str, Any]]) -> None
         ("", "pods/status"): {"patch"},
         ("", "nodes"): read,
         ("", "events"): {"create"},
+        **REVIEWS,
     }
+    reader = one(default, "ClusterRole", "agent-scheduler-metrics-reader")
+    assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    open_metrics = render("metrics.auth=none")
+    for role in ROLES:
+        rules = rules_of(open_metrics, "ClusterRole", f"agent-scheduler-{role}")
+        assert not set(REVIEWS) & set(rules)
+        assert env_of(open_metrics, role)["AGENT_SCHEDULER_METRICS_AUTH"] == "none"
+        assert env_of(default, role)["AGENT_SCHEDULER_METRICS_AUTH"] == "delegated"
+    assert not find(open_metrics, "ClusterRole", "agent-scheduler-metrics-reader")
     policy = one(default, "Role", "agent-scheduler-coordinator-policy")
     assert policy["metadata"]["namespace"] == "agent-scheduler"
     assert policy["rules"] == [
@@ -154,7 +170,7 @@ def test_rbac_is_least_privilege_per_role(default: list[dict[str, Any]]) -> None
     ]
     for d in find(default, "ClusterRole") + find(default, "Role"):
         for rule in d["rules"]:
-            assert not FORBIDDEN_RESOURCES & set(rule["resources"]), d["metadata"]["name"]
+            assert not FORBIDDEN_RESOURCES & set(rule.get("resources", [])), d["metadata"]["name"]
             assert "*" not in rule["verbs"]
     bindings = {d["metadata"]["name"]: d for d in find(default, "ClusterRoleBinding")}
     for role in ROLES:
@@ -304,7 +320,9 @@ def test_metrics_service_and_monitors_only_when_the_operator_is_there(default: l
     apis = ["--api-versions", "monitoring.coreos.com/v1/ServiceMonitor"]
     apis += ["--api-versions", "monitoring.coreos.com/v1/PodMonitor"]
     with_operator = render(*on, extra=apis)
-    assert len(find(with_operator, "ServiceMonitor")) == 2
+    monitors = find(with_operator, "ServiceMonitor")
+    assert len(monitors) == 2
+    assert all(m["spec"]["endpoints"][0]["bearerTokenFile"] for m in monitors)
     assert len(find(with_operator, "PodMonitor")) == 1
     assert not find(render(extra=apis), "ServiceMonitor")
 

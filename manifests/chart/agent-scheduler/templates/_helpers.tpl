@@ -87,6 +87,7 @@ readinessProbe:
 - {name: POD_NAME, valueFrom: {fieldRef: {fieldPath: metadata.name}}}
 - {name: AGENT_SCHEDULER_ETCD, value: {{ include "as.etcdEndpoints" . | quote }}}
 - {name: AGENT_SCHEDULER_DISPATCH_SECRET_FILE, value: /etc/agent-scheduler/dispatch/secret}
+- {name: AGENT_SCHEDULER_METRICS_AUTH, value: {{ .Values.metrics.auth | quote }}}
 - {name: PYTHONDONTWRITEBYTECODE, value: "1"}
 {{- end -}}
 
@@ -143,5 +144,18 @@ podAntiAffinity:
         labelSelector:
           matchLabels:
             {{- include "as.selector" (list $root $component) | nindent 12 }}
+{{- end }}
+{{- end -}}
+
+{{/* Rules to check /metrics callers with the API server (common/metricsauth.py). */}}
+{{- define "as.metricsAuthRules" -}}
+{{- if eq .Values.metrics.auth "delegated" }}
+  # /metrics callers checked with the API server (common/metricsauth.py)
+  - apiGroups: ["authentication.k8s.io"]
+    resources: ["tokenreviews"]
+    verbs: ["create"]
+  - apiGroups: ["authorization.k8s.io"]
+    resources: ["subjectaccessreviews"]
+    verbs: ["create"]
 {{- end }}
 {{- end -}}
