@@ -15,6 +15,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 import common.metrics  # noqa: F401  (registers the exported metrics)
+from agent_scheduler import cli
 from tests.unit.install.chart import CHART, ROOT, find, helm, one, render
 from worker.coordinated import DRAIN_TIMEOUT
 
@@ -378,3 +379,15 @@ def test_dashboard_and_alerts_use_exported_metrics() -> None:
         assert used, expr
         unknown = {m for m in used if m not in exported and not m.startswith("process_")}
         assert not unknown, f"{expr}: {unknown} not exported by common/metrics.py"
+
+
+def test_rendered_arguments_parse_with_the_cli() -> None:
+    # The etcd TLS flags are checked by name above; here every other argument must be one the command knows.
+    docs = render("etcd.tls.enabled=false", "coordinator.agentNodeSelector=pool=agents")
+    for role in ROLES:
+        args = args_of(docs, role)
+        parsed = cli._build_parser(role).parse_args(args)
+        assert parsed.command == role
+        assert parsed.log_format == "json"
+        assert parsed.scheduler_name == "agent-scheduler"
+        assert parsed.metrics_address == "0.0.0.0:9090"
