@@ -1,10 +1,14 @@
-"""The chart's RBAC on the real local cluster: SubjectAccessReviews show each role's ServiceAccount may do
-what its code does (``common/kube.py`` callers) and nothing a scheduler must never do; and ``/metrics`` with
-delegated auth answers only callers bound to the chart's metrics-reader role.
+"""The Helm chart on the real local cluster, without running its pods (no controllers run here):
 
-Only the chart's ServiceAccounts, Roles and bindings are applied (rendered by the pinned helm into the test's
-namespace, under a name of their own); the API server's RBAC authorizer answers the reviews, so no controller
-or pod is needed. Cluster-scoped objects are deleted at the end.
+- every object of the default render passes the API server's validation (server-side dry run), and a pod of
+  every workload is admitted into a namespace enforcing the ``restricted`` Pod Security level;
+- SubjectAccessReviews show each role's ServiceAccount may do what its code does (``common/kube.py`` callers)
+  and nothing a scheduler must never do (read Secrets, create or delete pods, write nodes, read other
+  ConfigMaps);
+- ``/metrics`` with delegated auth answers only callers bound to the chart's metrics-reader role.
+
+Objects are rendered by the pinned helm into the test's namespace under a name of their own; cluster-scoped
+ones are deleted at the end.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import pytest
 import yaml
 
 from common import metrics, metricsauth
-from common.kube import KubeClient, NotFound
+from common.kube import ApiError, KubeClient, NotFound
 from scale.cluster import Cluster
 from tests.unit.install.chart import CHART, helm
 
@@ -204,3 +208,71 @@ async def test_metrics_are_read_only_by_bound_callers(
         for path in cluster_scoped:
             with contextlib.suppress(NotFound):
                 await kube.delete(path)
+
+
+WORKLOAD_COLLECTIONS = {
+    "Service": "/api/v1/namespaces/{ns}/services",
+    "Secret": "/api/v1/namespaces/{ns}/secrets",
+    "ConfigMap": "/api/v1/namespaces/{ns}/configmaps",
+    "Deployment": "/apis/apps/v1/namespaces/{ns}/deployments",
+    "StatefulSet": "/apis/apps/v1/namespaces/{ns}/statefulsets",
+    "PodDisruptionBudget": "/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets",
+    "NetworkPolicy": "/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies",
+    **COLLECTIONS,
+}
+
+
+async def test_the_rendered_chart_is_accepted_and_its_pods_are_restricted(
+    kube: KubeClient, namespace: str
+) -> None:
+    """Every object of the default render passes the API server's validation (server-side dry run), and a pod of
+    every workload is admitted into a namespace that enforces the ``restricted`` Pod Security level."""
+    await kube.patch(
+        f"/api/v1/namespaces/{namespace}",
+        {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "restricted"}}},
+    )
+    fullname = f"dry-{uuid.uuid4().hex[:8]}"
+    text = helm(
+        "template",
+        "agent-scheduler",
+        CHART,
+        "--namespace",
+        namespace,
+        "--set",
+        f"fullnameOverride={fullname}",
+    )
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    dry = {"dryRun": "All"}
+    for doc in docs:
+        await kube.post(WORKLOAD_COLLECTIONS[doc["kind"]].format(ns=namespace), doc, params=dry)
+    for doc in docs:  # the pods need their ServiceAccounts to exist
+        if doc["kind"] == "ServiceAccount":
+            await kube.post(COLLECTIONS["ServiceAccount"].format(ns=namespace), doc)
+    workloads = [d for d in docs if d["kind"] in ("Deployment", "StatefulSet")]
+    assert len(workloads) == 3
+    for workload in workloads:
+        template = workload["spec"]["template"]
+        spec = dict(template["spec"])
+        for claim in workload["spec"].get("volumeClaimTemplates", []):  # a PVC stands in as an emptyDir
+            spec["volumes"] = [*spec.get("volumes", []), {"name": claim["metadata"]["name"], "emptyDir": {}}]
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": f"{workload['metadata']['name']}-0",
+                "labels": template["metadata"]["labels"],
+            },
+            "spec": spec,
+        }
+        admitted = await kube.post(f"/api/v1/namespaces/{namespace}/pods", pod, params=dry)
+        assert admitted["spec"]["priorityClassName"] == "system-cluster-critical"
+    # The namespace does enforce the level: a pod without the chart's securityContext is refused.
+    plain = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "plain"},
+        "spec": {"containers": [{"name": "c", "image": "agent-scheduler:0.1.0"}]},
+    }
+    with pytest.raises(ApiError) as refused:
+        await kube.post(f"/api/v1/namespaces/{namespace}/pods", plain, params=dry)
+    assert refused.value.status == 403 and "PodSecurity" in refused.value.message
