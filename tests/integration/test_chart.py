@@ -5,7 +5,9 @@
 - SubjectAccessReviews show each role's ServiceAccount may do what its code does (``common/kube.py`` callers)
   and nothing a scheduler must never do (read Secrets, create or delete pods, write nodes, read other
   ConfigMaps);
-- ``/metrics`` with delegated auth answers only callers bound to the chart's metrics-reader role.
+- ``/metrics`` with delegated auth answers only callers bound to the chart's metrics-reader role;
+- ``helm install`` / ``upgrade`` / ``uninstall`` work against the API server, and an upgrade keeps the
+  generated etcd certificates and dispatch secret.
 
 Objects are rendered by the pinned helm into the test's namespace under a name of their own; cluster-scoped
 ones are deleted at the end.
@@ -13,8 +15,12 @@ ones are deleted at the end.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import os
+import subprocess
 import uuid
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -24,7 +30,7 @@ import yaml
 from common import metrics, metricsauth
 from common.kube import ApiError, KubeClient, NotFound
 from scale.cluster import Cluster
-from tests.unit.install.chart import CHART, helm
+from tests.unit.install.chart import CHART, HELM, helm
 
 pytestmark = pytest.mark.integration
 
@@ -276,3 +282,69 @@ async def test_the_rendered_chart_is_accepted_and_its_pods_are_restricted(
     with pytest.raises(ApiError) as refused:
         await kube.post(f"/api/v1/namespaces/{namespace}/pods", plain, params=dry)
     assert refused.value.status == 403 and "PodSecurity" in refused.value.message
+
+
+async def test_helm_install_upgrade_keeps_generated_secrets_and_uninstall_removes_the_release(
+    kube: KubeClient, namespace: str, cluster: Cluster, tmp_path: Path
+) -> None:
+    """``helm install`` into a ``restricted`` namespace, ``helm upgrade`` keeps etcd's certificates and the
+    dispatch secret (they must never change under running members), ``helm uninstall`` removes what it made."""
+    await kube.patch(
+        f"/api/v1/namespaces/{namespace}",
+        {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "restricted"}}},
+    )
+    fullname = f"inst-{uuid.uuid4().hex[:8]}"
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(cluster.kubeconfig),
+        "HELM_CACHE_HOME": str(tmp_path / "cache"),
+        "HELM_CONFIG_HOME": str(tmp_path / "config"),
+        "HELM_DATA_HOME": str(tmp_path / "data"),
+    }
+
+    def run_helm(*args: str) -> None:
+        done = subprocess.run(
+            [str(HELM), *args, "--namespace", namespace],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
+        )
+        assert done.returncode == 0, f"helm {args[0]}: {done.stdout}{done.stderr}"
+
+    secrets = [f"{fullname}-etcd-server-tls", f"{fullname}-etcd-client-tls", f"{fullname}-dispatch"]
+
+    async def secret_data() -> list[dict[str, str]]:
+        return [(await kube.get(f"/api/v1/namespaces/{namespace}/secrets/{s}"))["data"] for s in secrets]
+
+    release = "as"
+    values = ["--set", f"fullnameOverride={fullname}", "--skip-crds"]
+    try:
+        await asyncio.to_thread(run_helm, "install", release, str(CHART), *values)
+        before = await secret_data()
+        deployment = await kube.get(f"/apis/apps/v1/namespaces/{namespace}/deployments/{fullname}-worker")
+        assert deployment["spec"]["replicas"] == 3
+        await asyncio.to_thread(
+            run_helm,
+            "upgrade",
+            release,
+            str(CHART),
+            "--set",
+            f"fullnameOverride={fullname}",
+            "--set",
+            "worker.replicas=5",
+        )
+        assert await secret_data() == before
+        deployment = await kube.get(f"/apis/apps/v1/namespaces/{namespace}/deployments/{fullname}-worker")
+        assert deployment["spec"]["replicas"] == 5
+    finally:
+        await asyncio.to_thread(run_helm, "uninstall", release)
+    for kind, path in (
+        ("ClusterRole", f"{COLLECTIONS['ClusterRole']}/{fullname}-worker"),
+        ("Deployment", f"/apis/apps/v1/namespaces/{namespace}/deployments/{fullname}-worker"),
+        ("Secret", f"/api/v1/namespaces/{namespace}/secrets/{secrets[0]}"),
+    ):
+        with pytest.raises(NotFound):
+            await kube.get(path)
+            pytest.fail(f"{kind} left after uninstall: {path}")
