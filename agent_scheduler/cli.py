@@ -133,7 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     logs.configure(str(args.log_level), args.log_format)
     try:
         if args.command in KUBE_COMMANDS:
-            check_kubeconfig(getattr(args, "kubeconfig", None))
+            kubeconfig = getattr(args, "kubeconfig", None)
+            check_kubeconfig(kubeconfig)
+            if kubeconfig:  # parts that load credentials themselves (common.metricsauth) use the same ones
+                os.environ["KUBECONFIG"] = kubeconfig
         code: int = _load(args.command).run(args)
     except CommandError as e:
         print(f"agent-scheduler {args.command}: error: {e}", file=sys.stderr)

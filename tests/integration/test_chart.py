@@ -6,6 +6,7 @@
   and nothing a scheduler must never do (read Secrets, create or delete pods, write nodes, read other
   ConfigMaps);
 - ``/metrics`` with delegated auth answers only callers bound to the chart's metrics-reader role;
+- a coordinator and a worker running on the host as the chart's ServiceAccounts schedule with no refusal;
 - ``helm install`` / ``upgrade`` / ``uninstall`` work against the API server, and an upgrade keeps the
   generated etcd certificates and dispatch secret.
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import subprocess
 import uuid
 from pathlib import Path
@@ -30,11 +32,14 @@ import yaml
 from common import metrics, metricsauth
 from common.kube import ApiError, KubeClient, NotFound
 from scale.cluster import Cluster
+from tests.integration.policy_rig import Rig, ensure_crd, small_pod
+from tests.integration.support import all_bound, create_pods, wait_for
 from tests.unit.install.chart import CHART, HELM, helm
 
 pytestmark = pytest.mark.integration
 
 POLICY = "volcano-sharding-configmap"
+HANG = 60.0  # a guard against hanging, never a speed requirement
 COLLECTIONS = {
     "ServiceAccount": "/api/v1/namespaces/{ns}/serviceaccounts",
     "Role": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
@@ -348,3 +353,88 @@ async def test_helm_install_upgrade_keeps_generated_secrets_and_uninstall_remove
         with pytest.raises(NotFound):
             await kube.get(path)
             pytest.fail(f"{kind} left after uninstall: {path}")
+
+
+async def test_the_roles_schedule_as_the_charts_service_accounts(
+    kube: KubeClient, namespace: str, cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A coordinator and a worker run on the host as the chart's two ServiceAccounts (tokens from the
+    TokenRequest API, the chart's RBAC only, ``/metrics`` with delegated auth): the shard policy is read, the
+    NodeShards written, a burst of agent pods bound, and no request is refused."""
+    fullname = f"sa-{uuid.uuid4().hex[:8]}"
+    cluster_scoped: list[str] = []
+    rig = Rig(cluster, kube, namespace, tmp_path)
+    rig.configmap = POLICY  # the one ConfigMap the coordinator's Role names
+    monkeypatch.setenv(metricsauth.ENV, "delegated")
+    try:
+        for doc in rendered_rbac(fullname, namespace):
+            collection = COLLECTIONS[doc["kind"]].format(ns=namespace)
+            await kube.post(collection, doc)
+            if "{ns}" not in COLLECTIONS[doc["kind"]]:
+                cluster_scoped.append(f"{collection}/{doc['metadata']['name']}")
+        kubeconfigs = {}
+        for role in ("coordinator", "worker"):
+            token = await token_of(kube, namespace, f"{fullname}-{role}")
+            path = tmp_path / f"{role}.kubeconfig"
+            path.write_text(
+                yaml.safe_dump(
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Config",
+                        "clusters": [
+                            {
+                                "name": "local",
+                                "cluster": {
+                                    "server": cluster.server,
+                                    "certificate-authority": str(cluster.ca_file),
+                                },
+                            }
+                        ],
+                        "users": [{"name": role, "user": {"token": token}}],
+                        "contexts": [{"name": role, "context": {"cluster": "local", "user": role}}],
+                        "current-context": role,
+                    }
+                )
+            )
+            kubeconfigs[role] = path
+        await ensure_crd(kube)
+        nodes = await rig.manage(4)
+        await rig.forget_shards({rig.scheduler_name, rig.batch_name})
+        await rig.put_configmap(
+            {
+                "sharding.yaml": f"""\
+schedulerConfigs:
+  - name: {rig.scheduler_name}
+    type: agent
+    policies:
+      - {{name: node-limit, arguments: {{minNodes: 1, maxNodes: 2}}}}
+  - name: {rig.batch_name}
+    type: volcano
+    policies:
+      - {{name: node-limit, arguments: {{maxNodes: 100}}}}
+shardSyncPeriod: "2s"
+enableNodeEventTrigger: true
+"""
+            }
+        )
+        rig.kubeconfig = kubeconfigs["coordinator"]
+        rig.coordinator()
+        rig.kubeconfig = kubeconfigs["worker"]
+        rig.worker("w0")
+        pods = [small_pod(f"agent-{i}", scheduler=rig.scheduler_name, kind="agent") for i in range(20)]
+        await create_pods(kube, namespace, pods)
+        bound = await wait_for(kube, namespace, all_bound(len(pods)), timeout=HANG, what="agent pods bound")
+        agent_nodes = {p["spec"]["nodeName"] for p in bound}
+        assert agent_nodes <= set(nodes) and len(agent_nodes) <= 2
+        shard = await rig.shard(rig.scheduler_name)
+        assert shard is not None and len(shard.nodes_desired) == 2 and agent_nodes <= set(shard.nodes_desired)
+        for proc in rig.procs.values():
+            text = proc.log_path.read_text()
+            # An API error reads "403 Forbidden: ..." (``common.kube.ApiError``).
+            assert not re.search(r"\b403( \w+)?:", text) and "Forbidden" not in text, proc.tail()
+    finally:
+        failures = await rig.close()
+        for path in cluster_scoped:
+            with contextlib.suppress(NotFound):
+                await kube.delete(path)
+    assert not failures, "\n".join(failures)
