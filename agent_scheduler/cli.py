@@ -3,13 +3,16 @@
 Each subcommand is owned by the package that implements it; this module only maps names to modules and
 imports the chosen one lazily, so ``agent-scheduler cluster`` does not pay for the scheduler's imports and a
 broken optional part cannot break the others. A subcommand module provides ``add_arguments(parser)`` and
-``run(args) -> int``.
+``run(args) -> int``. ``worker`` and ``coordinator`` also take ``--config FILE`` (``agent_scheduler.config``:
+the same settings as a versioned YAML document; flags given on the command line override it).
 
 What an operator sees when the command cannot start is one line on stderr and a non-zero exit, never a
-traceback: a bad flag (exit 2), a kubeconfig that is missing, unreadable or not a kubeconfig (exit 1), and the
-development subcommands (``cluster``, ``bench``, ``demo``) in an installation without the ``scale`` package,
-such as the container image (exit 1). Any other exception that escapes a subcommand is logged once through
-the configured log format (so JSON logs stay JSON) and exits 1.
+traceback: a bad flag or configuration file (exit 2; a file's error names the field), a kubeconfig that is
+missing, unreadable or not a kubeconfig (exit 1), and the development subcommands (``cluster``, ``bench``,
+``demo``) in an installation without the ``scale`` package, such as the container image (exit 1). Any other
+exception that escapes a subcommand is logged once through the configured log format (so JSON logs stay JSON)
+and exits 1. A given ``--kubeconfig`` is also exported as ``KUBECONFIG`` for parts that load credentials
+themselves (``common.metricsauth``).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from importlib import metadata
 from types import ModuleType
 from typing import NoReturn
 
+from agent_scheduler import config
 from common import logs
 
 log = logging.getLogger("agent_scheduler")
@@ -115,7 +119,26 @@ def _build_parser(chosen: str | None) -> argparse.ArgumentParser:
         sub = subs.add_parser(name, help=helptext)
         if name == chosen:
             _load(name).add_arguments(sub)
+            if name in config.KINDS:
+                sub.add_argument(
+                    "--config",
+                    default=None,
+                    help=f"a {config.KINDS[name]} YAML file (fields: these flags in camelCase); flags override it",
+                )
+                parser.set_defaults(_subparser=sub)
     return parser
+
+
+def _apply_config(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str]
+) -> argparse.Namespace:
+    """Re-parse with the ``--config`` file's settings as defaults, so flags given on the command line win."""
+    path = getattr(args, "config", None)
+    if not path:
+        return args
+    sub: argparse.ArgumentParser = args._subparser
+    sub.set_defaults(**config.load(path, args.command, sub))
+    return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,6 +152,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.command:
         parser.print_help()
+        return 2
+    try:
+        args = _apply_config(parser, args, argv)
+    except config.ConfigError as e:
+        print(f"agent-scheduler {args.command}: error: config {e}", file=sys.stderr)
         return 2
     logs.configure(str(args.log_level), args.log_format)
     try:
