@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from prometheus_client import REGISTRY
 
 import common.metrics  # noqa: F401  (registers the exported metrics)
@@ -203,15 +204,22 @@ def env_of(docs: list[dict[str, Any]], role: str) -> dict[str, Any]:
     return {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
 
 
+def config_of(docs: list[dict[str, Any]], role: str) -> dict[str, Any]:
+    text = one(docs, "ConfigMap", "agent-scheduler-config")["data"][f"{role}.yaml"]
+    doc: dict[str, Any] = yaml.safe_load(text)
+    return doc
+
+
 def test_first_apply_uses_the_label_pool_until_a_policy_exists(default: list[dict[str, Any]]) -> None:
-    args = args_of(default, "coordinator")
-    assert not [a for a in args if a.startswith("--policy-configmap")]
-    assert "--policy-namespace=agent-scheduler" in args
-    volcano_default = args_of(render("sharding.volcanoDefaultUntilPresent=true"), "coordinator")
-    assert "--policy-configmap=volcano-sharding-configmap" in volcano_default
-    assert "--policy-configmap=" in args_of(render("sharding.enabled=false"), "coordinator")
-    selected = args_of(render("coordinator.agentNodeSelector=pool=agents"), "coordinator")
-    assert "--agent-node-selector=pool=agents" in selected
+    settings = config_of(default, "coordinator")
+    assert "policyConfigmap" not in settings
+    assert settings["policyNamespace"] == "agent-scheduler"
+    assert settings["agentNodeSelector"] == ""
+    volcano_default = config_of(render("sharding.volcanoDefaultUntilPresent=true"), "coordinator")
+    assert volcano_default["policyConfigmap"] == "volcano-sharding-configmap"
+    assert config_of(render("sharding.enabled=false"), "coordinator")["policyConfigmap"] == ""
+    selected = config_of(render("coordinator.agentNodeSelector=pool=agents"), "coordinator")
+    assert selected["agentNodeSelector"] == "pool=agents"
 
 
 def test_roles_get_etcd_endpoints_tls_and_json_logs(default: list[dict[str, Any]]) -> None:
@@ -360,7 +368,8 @@ def test_dashboard_and_alerts_use_exported_metrics() -> None:
     apis = ["--api-versions", "monitoring.coreos.com/v1/PrometheusRule"]
     on = ("metrics.prometheusRule.enabled=true", "metrics.dashboard.enabled=true")
     assert not find(render(*on), "PrometheusRule")
-    assert not find(render(extra=apis), "PrometheusRule") and not find(render(), "ConfigMap")
+    assert not find(render(extra=apis), "PrometheusRule")
+    assert not find(render(), "ConfigMap", "agent-scheduler-dashboard")
     docs = render(*on, extra=apis)
     dashboard = json.loads(
         one(docs, "ConfigMap", "agent-scheduler-dashboard")["data"]["agent-scheduler.json"]
@@ -381,13 +390,33 @@ def test_dashboard_and_alerts_use_exported_metrics() -> None:
         assert not unknown, f"{expr}: {unknown} not exported by common/metrics.py"
 
 
-def test_rendered_arguments_parse_with_the_cli() -> None:
-    # The etcd TLS flags are checked by name above; here every other argument must be one the command knows.
+def test_rendered_arguments_and_configuration_parse_with_the_cli(tmp_path: Path) -> None:
+    # The etcd TLS flags are checked by name above; here every other argument and every field of the rendered
+    # configuration must be one the command knows, with the values the chart meant.
     docs = render("etcd.tls.enabled=false", "coordinator.agentNodeSelector=pool=agents")
+    parsed = {}
     for role in ROLES:
-        args = args_of(docs, role)
-        parsed = cli._build_parser(role).parse_args(args)
-        assert parsed.command == role
-        assert parsed.log_format == "json"
-        assert parsed.scheduler_name == "agent-scheduler"
-        assert parsed.metrics_address == "0.0.0.0:9090"
+        path = tmp_path / f"{role}.yaml"
+        path.write_text(one(docs, "ConfigMap", "agent-scheduler-config")["data"][f"{role}.yaml"])
+        args = [f"--config={path}" if a.startswith("--config=") else a for a in args_of(docs, role)]
+        parser = cli._build_parser(role)
+        parsed[role] = cli._apply_config(parser, parser.parse_args(args), args)
+        assert parsed[role].command == role
+        assert parsed[role].log_format == "json"
+        assert parsed[role].scheduler_name == "agent-scheduler"
+        assert parsed[role].metrics_address == "0.0.0.0:9090"
+        assert parsed[role].lease_ttl == 10
+        assert parsed[role].id == "$(POD_NAME)"
+    assert parsed["coordinator"].agent_node_selector == "pool=agents"
+    assert parsed["coordinator"].policy_configmap is None
+    assert parsed["worker"].listen == "0.0.0.0:7070"
+    assert parsed["worker"].advertise_host == "$(POD_IP)"
+    assert parsed["worker"].strategy == "MostAllocated"
+
+
+def test_a_configuration_change_rolls_the_pods(default: list[dict[str, Any]]) -> None:
+    changed = render("worker.strategy=LeastAllocated")
+    for role in ROLES:
+        before = one(default, "Deployment", f"agent-scheduler-{role}")["spec"]["template"]["metadata"]
+        after = one(changed, "Deployment", f"agent-scheduler-{role}")["spec"]["template"]["metadata"]
+        assert before["annotations"]["checksum/config"] != after["annotations"]["checksum/config"]

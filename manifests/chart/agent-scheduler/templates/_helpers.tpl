@@ -108,6 +108,7 @@ readinessProbe:
 
 {{- define "as.mounts" -}}
 - {name: tmp, mountPath: /tmp}
+- {name: config, mountPath: /etc/agent-scheduler/config, readOnly: true}
 - {name: dispatch-secret, mountPath: /etc/agent-scheduler/dispatch, readOnly: true}
 {{- if .Values.etcd.tls.enabled }}
 - {name: etcd-client-tls, mountPath: /etc/agent-scheduler/etcd, readOnly: true}
@@ -117,6 +118,8 @@ readinessProbe:
 {{- define "as.volumes" -}}
 - name: tmp
   emptyDir: {sizeLimit: 64Mi}
+- name: config
+  configMap: {name: {{ include "as.fullname" . }}-config}
 - name: dispatch-secret
   secret: {secretName: {{ include "as.dispatchSecret" . }}}
 {{- if .Values.etcd.tls.enabled }}
