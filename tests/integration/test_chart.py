@@ -1,4 +1,4 @@
-"""The Helm chart on the real local cluster, without running its pods (no controllers run here):
+"""The Helm chart on the real local cluster:
 
 - every object of the default render passes the API server's validation (server-side dry run), and a pod of
   every workload is admitted into a namespace enforcing the ``restricted`` Pod Security level;
@@ -7,6 +7,8 @@
   ConfigMaps);
 - ``/metrics`` with delegated auth answers only callers bound to the chart's metrics-reader role;
 - a coordinator and a worker running on the host as the chart's ServiceAccounts schedule with no refusal;
+- installed into a ``restricted`` namespace, every Deployment and the StatefulSet reach their replicas on kwok
+  nodes (with kube-controller-manager in the local cluster; skipped, saying so, without it);
 - ``helm install`` / ``upgrade`` / ``uninstall`` work against the API server, and an upgrade keeps the
   generated etcd certificates and dispatch secret.
 
@@ -21,6 +23,7 @@ import contextlib
 import os
 import re
 import subprocess
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -32,7 +35,7 @@ import yaml
 from common import metrics, metricsauth
 from common.kube import ApiError, KubeClient, NotFound
 from scale.cluster import Cluster
-from tests.integration.policy_rig import Rig, ensure_crd, small_pod
+from tests.integration.policy_rig import Rig, ensure_crd, eventually, small_pod
 from tests.integration.support import all_bound, create_pods, wait_for
 from tests.unit.install.chart import CHART, HELM, helm
 
@@ -438,3 +441,79 @@ enableNodeEventTrigger: true
             with contextlib.suppress(NotFound):
                 await kube.delete(path)
     assert not failures, "\n".join(failures)
+
+
+async def test_the_chart_reaches_its_replicas_in_a_restricted_namespace(
+    kube: KubeClient, namespace: str, cluster: Cluster, tmp_path: Path
+) -> None:
+    """``helm install`` into a namespace enforcing ``restricted``: both Deployments and the etcd StatefulSet
+    reach their desired replicas on kwok nodes (kwok runs the pods; the controllers are kube-controller-manager's,
+    so this needs a cluster that runs it)."""
+    await kube.patch(
+        f"/api/v1/namespaces/{namespace}",
+        {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "restricted"}}},
+    )
+    fullname = f"rep-{uuid.uuid4().hex[:8]}"
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(cluster.kubeconfig),
+        "HELM_CACHE_HOME": str(tmp_path / "cache"),
+        "HELM_CONFIG_HOME": str(tmp_path / "config"),
+        "HELM_DATA_HOME": str(tmp_path / "data"),
+    }
+
+    def run_helm(*args: str) -> None:
+        done = subprocess.run(
+            [str(HELM), *args, "--namespace", namespace],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
+        )
+        assert done.returncode == 0, f"helm {args[0]}: {done.stdout}{done.stderr}"
+
+    workloads = {
+        f"/apis/apps/v1/namespaces/{namespace}/deployments/{fullname}-coordinator": 2,
+        f"/apis/apps/v1/namespaces/{namespace}/deployments/{fullname}-worker": 3,
+        f"/apis/apps/v1/namespaces/{namespace}/statefulsets/{fullname}-etcd": 3,
+    }
+
+    async def ready() -> bool:
+        for path, want in workloads.items():
+            status = (await kube.get(path)).get("status") or {}
+            if status.get("readyReplicas", 0) != want:
+                return False
+        return True
+
+    # etcd on emptyDir: the local cluster has no volume provisioner.
+    values = [
+        "--set",
+        f"fullnameOverride={fullname}",
+        "--set",
+        "etcd.persistence.enabled=false",
+        "--skip-crds",
+    ]
+    values += ["--set", "coordinator.antiAffinity=required"]
+    await asyncio.to_thread(run_helm, "install", "rep", str(CHART), *values)
+    try:
+        replica_sets = f"/apis/apps/v1/namespaces/{namespace}/replicasets"
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if await _items(kube, replica_sets):
+                break
+            await asyncio.sleep(0.5)
+        else:
+            pytest.skip("no kube-controller-manager in this local cluster: nothing creates the pods")
+        await eventually(ready, HANG * 2, "every Deployment and the StatefulSet at their replicas")
+        pods = (await kube.get(f"/api/v1/namespaces/{namespace}/pods"))["items"]
+        assert len(pods) == 8
+        nodes = {p["spec"]["nodeName"] for p in pods if "coordinator" in p["metadata"]["name"]}
+        assert len(nodes) == 2, "the two coordinators are spread over two nodes"
+    finally:
+        await asyncio.to_thread(run_helm, "uninstall", "rep")
+
+
+async def _items(kube: KubeClient, path: str) -> list[Any]:
+    items: list[Any] = (await kube.get(path))["items"]
+    return items
