@@ -2,11 +2,11 @@
 PY      := .venv/bin/python
 VENV    := .venv/.installed
 BIN     := .local/bin
-TOOLS   := $(BIN)/etcd $(BIN)/kwok $(BIN)/kube-apiserver $(BIN)/kube-scheduler
+TOOLS   := $(BIN)/etcd $(BIN)/kwok $(BIN)/kube-apiserver $(BIN)/kube-scheduler $(BIN)/helm
 NODES   ?= 1000
 PYTEST_ARGS ?=
 
-.PHONY: setup tools lint typecheck imports unit integration test cluster-up cluster-down cluster-status demo bench clean
+.PHONY: setup tools manifests lint typecheck imports unit integration test cluster-up cluster-down cluster-status demo bench clean
 
 setup: $(VENV)
 
@@ -19,6 +19,11 @@ $(VENV): pyproject.toml
 # The Go builds are incremental (scale/tools/build.sh): nothing rebuilds when the module files did not change.
 tools: $(VENV)
 	scale/tools/build.sh $(BIN)
+
+# The plain YAML in manifests/ is rendered from the Helm chart (a unit test checks it is up to date).
+manifests: $(VENV)
+	scale/tools/build.sh $(BIN) helm
+	manifests/render.sh
 
 lint: $(VENV)
 	.venv/bin/ruff check common worker coordinator scale agent_scheduler tests

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
 
+from common import metricsauth
+
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30)
 
 schedule_attempts = Counter(
@@ -91,6 +93,7 @@ async def serve(host: str, port: int, ready: Check, healthy: Check = lambda: Tru
         return _answer(ready, "not ready")
 
     app = web.Application()
+    metricsauth.apply(app)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the pinned Kubernetes tools (kube-apiserver, kube-scheduler, kube-controller-manager, etcd, kwok) into a
-# bin folder.
+# Builds the pinned Kubernetes tools (kube-apiserver, kube-scheduler, kube-controller-manager, etcd, kwok,
+# helm) into a bin folder.
 #
 # Each tool comes from its own Go module under scale/tools/<module>/, so their dependency graphs never
 # have to agree with each other. A tool is rebuilt only when its module files (go.mod, go.sum) or this
@@ -13,18 +13,20 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 bin="$(mkdir -p "${1:-$here/../../.local/bin}" && cd "${1:-$here/../../.local/bin}" && pwd)"
 shift || true
 tools=("$@")
-[ ${#tools[@]} -gt 0 ] || tools=(etcd kwok kube-apiserver kube-scheduler kube-controller-manager)
+[ ${#tools[@]} -gt 0 ] || tools=(etcd kwok kube-apiserver kube-scheduler kube-controller-manager helm)
 
 export GOFLAGS="${GOFLAGS:--buildvcs=false}"
 export CGO_ENABLED=0
 k8s_version="v1.36.3"
+helm_version="v3.19.5"
 
 module_of() {
   case "$1" in
     kube-apiserver|kube-scheduler|kube-controller-manager) echo kubernetes ;;
     etcd) echo etcd ;;
     kwok) echo kwok ;;
-    *) echo "unknown tool: $1 (known: etcd kwok kube-apiserver kube-scheduler kube-controller-manager)" >&2; return 1 ;;
+    helm) echo helm ;;
+    *) echo "unknown tool: $1 (known: etcd kwok kube-apiserver kube-scheduler kube-controller-manager helm)" >&2; return 1 ;;
   esac
 }
 
@@ -35,6 +37,7 @@ package_of() {
     kube-controller-manager) echo k8s.io/kubernetes/cmd/kube-controller-manager ;;
     etcd) echo . ;;
     kwok) echo sigs.k8s.io/kwok/cmd/kwok ;;
+    helm) echo helm.sh/helm/v3/cmd/helm ;;
   esac
 }
 
@@ -47,6 +50,8 @@ ldflags_of() {
         "-X $cb.gitTreeState=clean -X $cb.buildDate=1970-01-01T00:00:00Z" ;;
     etcd) echo "-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=v3.6.16" ;;
     kwok) echo "-s -w" ;;
+    helm) echo "-s -w -X helm.sh/helm/v3/internal/version.version=$helm_version" \
+      "-X helm.sh/helm/v3/internal/version.gitTreeState=clean" ;;
   esac
 }
 

@@ -1,0 +1,92 @@
+"""``--config``: a versioned YAML document per role, validated with field paths, overridden by flags."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from agent_scheduler import cli
+from agent_scheduler.config import API_VERSION, ConfigError, field_name, load
+
+WORKER = f"apiVersion: {API_VERSION}\nkind: WorkerConfiguration\n"
+COORDINATOR = f"apiVersion: {API_VERSION}\nkind: CoordinatorConfiguration\n"
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = cli._build_parser(argv[0])
+    args = parser.parse_args(list(argv))
+    return cli._apply_config(parser, args, list(argv))
+
+
+def write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_field_names_are_the_flags_in_camel_case() -> None:
+    assert field_name("--kube-api-qps") == "kubeApiQps"
+    assert field_name("--lease-ttl") == "leaseTtl"
+    assert field_name("--standalone") == "standalone"
+
+
+def test_the_file_sets_and_flags_override(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        WORKER + "leaseTtl: 7\nkubeApiQps: 500\nstrategy: LeastAllocated\nscoreWeight: [MostAllocated=2]\n"
+        "noScheduledEvents: true\nschedulerName: sandboxes\n",
+    )
+    args = parse("worker", "--config", path, "--kube-api-qps", "900")
+    assert (args.lease_ttl, args.kube_api_qps, args.strategy) == (7, 900.0, "LeastAllocated")
+    assert args.score_weight == ["MostAllocated=2"]
+    assert args.no_scheduled_events is True
+    assert args.scheduler_name == "sandboxes"
+    plain = parse("worker")
+    assert (plain.lease_ttl, plain.kube_api_qps) == (10, 2000.0)
+
+
+def test_coordinator_documents(tmp_path: Path) -> None:
+    path = write(tmp_path, COORDINATOR + "agentNodeSelector: pool=agents\npolicyNamespace: volcano-system\n")
+    args = parse("coordinator", "--config", path)
+    assert (args.agent_node_selector, args.policy_namespace) == ("pool=agents", "volcano-system")
+    assert args.policy_configmap is None  # absent from the file: the label pool until the ConfigMap exists
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (WORKER + "leaseTtl: ten\n", "leaseTtl: expected an integer, got 'ten'"),
+        (WORKER + "leaseTtl: 1.5\n", "leaseTtl: expected an integer"),
+        (WORKER + "kubeApiQps: [1]\n", "kubeApiQps: expected a number"),
+        (WORKER + "strategy: Random\n", "strategy: 'Random' is not one of MostAllocated, LeastAllocated"),
+        (WORKER + "standalone: yes please\n", "standalone: expected true or false"),
+        (WORKER + "scoreWeight: MostAllocated=2\n", "scoreWeight: expected a list"),
+        (WORKER + "scoreWeight: [1, {a: b}]\n", "scoreWeight[0]: expected a string"),
+        (WORKER + "schedulerName: 5\n", "schedulerName: expected a string"),
+        (WORKER + "leaseTTL: 5\n", "leaseTTL: unknown field (known: "),
+        (COORDINATOR + "leaseTtl: 5\n", "kind: expected WorkerConfiguration"),
+        ("apiVersion: v1\nkind: WorkerConfiguration\n", f"apiVersion: expected {API_VERSION}"),
+        (WORKER + "---\n" + WORKER, "expected one YAML mapping"),
+        ("[1, 2]\n", "expected one YAML mapping"),
+        (WORKER + "leaseTtl: [\n", "not YAML"),
+    ],
+)
+def test_errors_name_the_file_and_field(tmp_path: Path, text: str, message: str) -> None:
+    path = write(tmp_path, text)
+    parser = cli._build_parser("worker")
+    with pytest.raises(ConfigError) as e:
+        load(path, "worker", parser._defaults["_subparser"])
+    assert str(e.value).startswith(f"{path}: ")
+    assert message in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_a_bad_file_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path, WORKER + "leaseTtl: ten\n")
+    assert cli.main(["worker", "--config", path]) == 2
+    err = capsys.readouterr().err
+    assert err == f"agent-scheduler worker: error: config {path}: leaseTtl: expected an integer, got 'ten'\n"
+    assert cli.main(["worker", "--config", str(tmp_path / "missing.yaml")]) == 2
+    assert "No such file" in capsys.readouterr().err
