@@ -100,6 +100,7 @@ class Scheduler:
             self.cache,
             outcomes,
             requeue=self.queue.requeue,
+            shard=shard,
             concurrency=settings.binding.concurrency,
             retries=settings.binding.retries,
             clock=clock,

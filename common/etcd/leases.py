@@ -3,12 +3,26 @@
 A worker's nodes, and the leader's authority, are tied to an etcd lease. etcd expires a lease TTL seconds
 after its last refresh; after that the leader may hand our nodes to someone else. The keeper refreshes the
 lease every TTL/6 and answers ``healthy``, which is True only while a refresh *sent* less than TTL/2 ago
-succeeded.
+succeeded. ``fence_deadline`` is the moment (on the keeper's clock) that stops being true unless another
+refresh succeeds: whoever acts under the lease bounds each action to end before it.
 
 Why TTL/2 from the send time: etcd resets the TTL somewhere between our send and our receipt, so the lease
 lives at least until ``send + TTL``. Stopping at ``send + TTL/2`` leaves TTL/2 of margin for clock-rate
 differences, scheduling delays and in-flight work. This is the fencing rule: a holder that has not heard
 from etcd for TTL/2 stops using what the lease protects before anybody else can be given it.
+
+The refreshes run on a thread of their own, with their own event loop and their own etcd client (a copy of
+the caller's, connected on that loop: gRPC channels belong to the loop that made them). A caller's loop that
+is blocked - a long decision, a pod that costs much CPU - therefore cannot starve the refreshes; and since
+``healthy`` is computed from the refresh thread's timestamps at every read, a caller whose loop stalled
+past the deadline finds itself fenced when it resumes instead of acting on a lease it may have lost. The
+refresh thread only stamps times and states under a lock; events, timers and listeners stay on the
+caller's loop (handed over with ``call_soon_threadsafe``).
+
+``MAX_BIND_TIME`` bounds how long an action sent under the lease may still take effect after its sender's
+fencing deadline (a request the API server is still processing when its client gave up). A worker's binding
+attempts never run past their fencing deadline; the leader waits this long after etcd confirmed a lease
+gone before granting what it protected (``coordinator.workershards.handoff``).
 
 States: IDLE (no lease yet) -> ALIVE -> LOST (etcd says the lease no longer exists: expired or revoked)
 or REVOKED (we gave it up) or CLOSED (we stopped refreshing; etcd will expire it). ``grant()`` may be called
@@ -20,15 +34,17 @@ Time comes from an injected monotonic clock, so the health rule is unit-testable
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import copy
 import enum
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from etcd3aio import Etcd3Client
 
-from common.aiotools import cancel_and_wait
 from common.etcd.kv import DEFAULT_TIMEOUT, ETCD_FAILURES, describe, keepalive_once, lease_service
 
 log = logging.getLogger(__name__)
@@ -38,6 +54,8 @@ Clock = Callable[[], float]
 MIN_TTL = 2  # etcd's own floor (1.5 x election timeout, rounded up); it silently raises smaller TTLs
 REVOKE_TIMEOUT = 2.0  # short: revoking is a courtesy, expiry is the guarantee
 REFRESHES_PER_TTL = 6  # 3 attempts fit in the TTL/2 fencing window, so one lost refresh does not fence
+MAX_BIND_TIME = 5.0  # seconds an action sent before its fencing deadline may still take effect after it
+THREAD_STOP_TIMEOUT = 5.0  # a refresh thread that does not stop is left behind (daemon), not waited for
 
 
 class LeaseState(enum.Enum):
@@ -60,7 +78,7 @@ class LeaseStats:
 
 
 class LeaseKeeper:
-    """Grants one lease at a time and keeps it alive in a background task."""
+    """Grants one lease at a time and keeps it alive from a refresh thread (see the module docstring)."""
 
     def __init__(
         self, client: Etcd3Client, *, ttl: int, name: str = "lease", clock: Clock = time.monotonic
@@ -71,11 +89,14 @@ class LeaseKeeper:
         self.ttl = ttl
         self.name = name
         self._clock = clock
+        # Guards what the refresh thread writes: lease id, state and the last successful send time.
+        self._lock = threading.Lock()
         self._lease_id = 0
         self._state = LeaseState.IDLE
         self._fence_after = ttl / 2
         self._last_ok = float("-inf")  # send time of the last successful grant/refresh
-        self._task: asyncio.Task[None] | None = None
+        self._refresher: _Refresher | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._deadline: asyncio.TimerHandle | None = None
         self._unhealthy_event = asyncio.Event()
         self._unhealthy_event.set()
@@ -86,7 +107,7 @@ class LeaseKeeper:
         self.failures = 0
         self.grants = 0
 
-    # ---- queries (synchronous, cheap: ``healthy`` is on the scheduling hot path) ----
+    # ---- queries (synchronous, cheap, any thread: ``healthy`` is on the scheduling hot path) ----
 
     @property
     def lease_id(self) -> int:
@@ -101,6 +122,19 @@ class LeaseKeeper:
     def healthy(self) -> bool:
         """True while the lease is ALIVE and a refresh sent less than TTL/2 ago succeeded."""
         return self._state is LeaseState.ALIVE and self._clock() - self._last_ok < self._fence_after
+
+    @property
+    def fence_deadline(self) -> float:
+        """When ``healthy`` turns False unless a refresh succeeds first (the keeper's clock): the send time
+        of the last successful refresh + TTL/2; minus infinity when the lease is not ALIVE."""
+        if self._state is not LeaseState.ALIVE:
+            return float("-inf")
+        return self._last_ok + self._fence_after
+
+    @property
+    def clock(self) -> Clock:
+        """The clock ``fence_deadline`` is measured on."""
+        return self._clock
 
     def statistics(self) -> LeaseStats:
         return LeaseStats(
@@ -131,19 +165,24 @@ class LeaseKeeper:
     async def grant(self) -> int:
         """Grant a fresh lease and start refreshing it; the previous lease, if any, is abandoned."""
         await self._stop_refreshing()
+        self._loop = asyncio.get_running_loop()
         sent = self._clock()
         resp = await lease_service(self._client).grant(self.ttl, timeout=DEFAULT_TIMEOUT)
         granted_ttl = int(resp.TTL)
         if granted_ttl <= 0:
             raise RuntimeError(f"{self.name}: etcd granted a lease with TTL {granted_ttl}: {resp.error}")
-        self._lease_id = int(resp.ID)
-        # Fence on the smaller of asked and granted TTL: what we promised the rest of the system.
-        self._fence_after = min(self.ttl, granted_ttl) / 2
-        self._state = LeaseState.ALIVE
+        with self._lock:
+            self._lease_id = int(resp.ID)
+            # Fence on the smaller of asked and granted TTL: what we promised the rest of the system.
+            self._fence_after = min(self.ttl, granted_ttl) / 2
+            self._state = LeaseState.ALIVE
+            self._last_ok = max(self._last_ok, sent)
         self._lost_event.clear()
         self.grants += 1
-        self._refreshed(sent)
-        self._task = asyncio.create_task(self._refresh_loop(), name=f"lease-{self.name}-{self._lease_id:x}")
+        self._after_refresh()
+        interval = max(self.ttl / REFRESHES_PER_TTL, 0.1)
+        self._refresher = _Refresher(self, self._lease_id, interval)
+        self._refresher.start()
         log.info("%s: granted lease %x (ttl %d s)", self.name, self._lease_id, granted_ttl)
         return self._lease_id
 
@@ -174,55 +213,26 @@ class LeaseKeeper:
         if self._state is LeaseState.ALIVE:
             self._set_state(LeaseState.CLOSED)
 
-    # ---- internals ----
+    # ---- internals: the caller's loop ----
 
     async def _stop_refreshing(self) -> None:
-        task, self._task = self._task, None
-        await cancel_and_wait(task)
+        refresher, self._refresher = self._refresher, None
+        if refresher is not None:
+            await refresher.stop()
         if self._deadline is not None:
             self._deadline.cancel()
             self._deadline = None
 
-    async def _refresh_loop(self) -> None:
-        lease_id = self._lease_id
-        interval = max(self.ttl / REFRESHES_PER_TTL, 0.1)
-        failing = False
-        while True:
-            await asyncio.sleep(interval)
-            sent = self._clock()
-            try:
-                async with asyncio.timeout(interval):
-                    remaining = await keepalive_once(self._client, lease_id)
-            except ETCD_FAILURES as e:
-                self.failures += 1
-                # Warn once per outage; the fencing itself is reported by the health change.
-                log.log(
-                    logging.DEBUG if failing else logging.WARNING,
-                    "%s: refresh of lease %x failed: %s",
-                    self.name,
-                    lease_id,
-                    describe(e),
-                )
-                failing = True
-                continue
-            failing = False
-            if remaining <= 0:
-                log.warning("%s: lease %x is gone (expired or revoked)", self.name, lease_id)
-                self._set_state(LeaseState.LOST)
-                return
-            self.refreshes += 1
-            self._refreshed(sent)
-
-    def _refreshed(self, sent: float) -> None:
-        self._last_ok = max(self._last_ok, sent)
-        self._arm_deadline()
+    def _after_refresh(self) -> None:
+        if self._state is LeaseState.ALIVE:
+            self._arm_deadline()
         self._check_health()
 
     def _arm_deadline(self) -> None:
         """Schedule a health check for the moment the fencing window closes."""
         if self._deadline is not None:
             self._deadline.cancel()
-        delay = max(self._last_ok + self._fence_after - self._clock(), 0.0)
+        delay = max(self.fence_deadline - self._clock(), 0.0)
         self._deadline = asyncio.get_running_loop().call_later(delay, self._on_deadline)
 
     def _on_deadline(self) -> None:
@@ -246,7 +256,120 @@ class LeaseKeeper:
             callback(healthy)
 
     def _set_state(self, state: LeaseState) -> None:
-        self._state = state
-        if state is LeaseState.LOST:
+        with self._lock:
+            self._state = state
+        self._on_state()
+
+    def _on_state(self) -> None:
+        if self._state is LeaseState.LOST:
             self._lost_event.set()
         self._check_health()
+
+    def _to_loop(self, callback: Callable[[], None]) -> None:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        with contextlib.suppress(RuntimeError):  # the caller's loop is closing: nobody is left to tell
+            loop.call_soon_threadsafe(callback)
+
+    # ---- internals: called from the refresh thread ----
+
+    def _refreshed(self, lease_id: int, sent: float) -> None:
+        with self._lock:
+            if lease_id != self._lease_id or self._state is not LeaseState.ALIVE:
+                return  # a late answer for an abandoned lease
+            self._last_ok = max(self._last_ok, sent)
+            self.refreshes += 1
+        self._to_loop(self._after_refresh)
+
+    def _refresh_failed(self, lease_id: int) -> None:
+        with self._lock:
+            self.failures += 1
+
+    def _gone(self, lease_id: int) -> None:
+        with self._lock:
+            if lease_id != self._lease_id or self._state is not LeaseState.ALIVE:
+                return
+            self._state = LeaseState.LOST
+        self._to_loop(self._on_state)
+
+
+class _Refresher:
+    """One lease's refresh loop, on a daemon thread with its own event loop and etcd client."""
+
+    def __init__(self, keeper: LeaseKeeper, lease_id: int, interval: float) -> None:
+        self._keeper = keeper
+        self._lease_id = lease_id
+        self._interval = interval
+        self._stopping = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._started = threading.Event()
+        self._thread = threading.Thread(
+            target=self._main, name=f"lease-{keeper.name}-{lease_id:x}", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    async def stop(self) -> None:
+        """Stop refreshing; returns once the thread ended (or after ``THREAD_STOP_TIMEOUT``)."""
+        self._stopping.set()
+        await asyncio.to_thread(self._started.wait, THREAD_STOP_TIMEOUT)
+        loop, task = self._loop, self._task
+        if loop is not None and task is not None:
+            with contextlib.suppress(RuntimeError):  # its loop already finished
+                loop.call_soon_threadsafe(task.cancel)
+        await asyncio.to_thread(self._thread.join, THREAD_STOP_TIMEOUT)
+        if self._thread.is_alive():
+            log.warning("%s: refresh thread did not stop in %.0f s", self._keeper.name, THREAD_STOP_TIMEOUT)
+
+    def _main(self) -> None:
+        try:
+            asyncio.run(self._run())
+        except Exception:
+            # Refreshes stop; the keeper fences itself at the deadline, and etcd expires the lease.
+            log.exception("%s: refresh thread failed", self._keeper.name)
+
+    async def _run(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._task = asyncio.current_task()
+        self._started.set()
+        if self._stopping.is_set():
+            return
+        client = copy.copy(self._keeper._client)  # same endpoints and credentials, a channel of our own
+        await client.connect()
+        try:
+            await self._refresh_loop(client)
+        except asyncio.CancelledError:
+            pass
+        finally:
+            await client.close()
+
+    async def _refresh_loop(self, client: Etcd3Client) -> None:
+        keeper, lease_id, interval = self._keeper, self._lease_id, self._interval
+        failing = False
+        while not self._stopping.is_set():
+            await asyncio.sleep(interval)
+            sent = keeper.clock()
+            try:
+                async with asyncio.timeout(interval):
+                    remaining = await keepalive_once(client, lease_id)
+            except ETCD_FAILURES as e:
+                keeper._refresh_failed(lease_id)
+                # Warn once per outage; the fencing itself is reported by the health change.
+                log.log(
+                    logging.DEBUG if failing else logging.WARNING,
+                    "%s: refresh of lease %x failed: %s",
+                    keeper.name,
+                    lease_id,
+                    describe(e),
+                )
+                failing = True
+                continue
+            failing = False
+            if remaining <= 0:
+                log.warning("%s: lease %x is gone (expired or revoked)", keeper.name, lease_id)
+                keeper._gone(lease_id)
+                return
+            keeper._refreshed(lease_id, sent)
