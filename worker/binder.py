@@ -28,8 +28,8 @@ A success is told to the outcome receiver (``worker.outcomes``) as ``bound``, wi
 Invariant: every path that does not end in a confirmed binding gives the capacity back (forget or expiry).
 ``in_flight(node)`` counts bindings under way per node, so a node release can wait for them (``drain``). An
 attempt that got no answer (timed out, connection broken) may still be applied by the API server after we
-gave up: its binding stays counted for ``unanswered_hold`` (``MAX_BIND_TIME``) more (``common.etcd.leases``), so a release
-acknowledged to the leader cannot be overtaken by it either.
+gave up: its binding stays counted for ``unanswered_hold`` more (``MAX_BIND_TIME``, ``common.etcd.leases``),
+so a release acknowledged to the leader cannot be overtaken by it either.
 """
 
 from __future__ import annotations

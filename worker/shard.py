@@ -16,9 +16,9 @@ is what the binder asks immediately before each binding attempt: None unless the
 lease's fencing deadline (``LeaseKeeper.fence_deadline``), which the attempt must end before.
 
 Invariants (the worker's half of "no node is ever usable by two workers at once"):
-- Nothing is usable, and no binding may be under way, while the lease is not healthy (fencing, see ``common.etcd.leases``), while draining,
-  or outside the granted set of the latest assignment made for this lease. An assignment written for an
-  earlier lease (a previous incarnation) grants nothing.
+- Nothing is usable, and no binding may be sent, while the lease is not healthy (fencing, see
+  ``common.etcd.leases``), while draining, or outside the granted set of the latest assignment made for this
+  lease. An assignment written for an earlier lease (a previous incarnation) grants nothing.
 - A granted node becomes usable only after the cache holds every pod already bound there: either the pod
   watch completed a (re)list that started after the grant, or, per node, a consistent LIST of the pods bound
   there whose newest revision the watch has reached (after ``CATCH_UP_TIMEOUT`` the listed pods are applied

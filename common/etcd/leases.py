@@ -11,13 +11,16 @@ lives at least until ``send + TTL``. Stopping at ``send + TTL/2`` leaves TTL/2 o
 differences, scheduling delays and in-flight work. This is the fencing rule: a holder that has not heard
 from etcd for TTL/2 stops using what the lease protects before anybody else can be given it.
 
-The refreshes run on a thread of their own, with their own event loop and their own etcd client (a copy of
-the caller's, connected on that loop: gRPC channels belong to the loop that made them). A caller's loop that
-is blocked - a long decision, a pod that costs much CPU - therefore cannot starve the refreshes; and since
-``healthy`` is computed from the refresh thread's timestamps at every read, a caller whose loop stalled
-past the deadline finds itself fenced when it resumes instead of acting on a lease it may have lost. The
-refresh thread only stamps times and states under a lock; events, timers and listeners stay on the
-caller's loop (handed over with ``call_soon_threadsafe``).
+The refreshes run on a thread of their own, over a channel of their own: a *blocking* gRPC channel to the
+same endpoints, with the same TLS material and token as the caller's client. (Not a second asyncio loop
+with a grpc.aio channel: grpc.aio shares one completion-queue poller between all loops of a process, and
+loops in several threads can steal or stall each other's events.) A caller's loop that is blocked - a long
+decision, a pod that costs much CPU - therefore cannot starve the refreshes: a blocking gRPC call releases
+the GIL, and pure-Python work yields it every few milliseconds. Since ``healthy`` is computed from the
+refresh thread's timestamps at every read, a caller whose loop stalled past the deadline finds itself
+fenced when it resumes instead of acting on a lease it may have lost. The refresh thread only stamps times
+and states under a lock; events, timers and listeners stay on the caller's loop (handed over with
+``call_soon_threadsafe``).
 
 ``MAX_BIND_TIME`` bounds how long an action sent under the lease may still take effect after its sender's
 fencing deadline (a request the API server is still processing when its client gave up). A worker's binding
@@ -35,17 +38,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import enum
 import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
+import grpc  # type: ignore[import-untyped, unused-ignore]
 from etcd3aio import Etcd3Client
+from etcd3aio._protobuf import LeaseKeepAliveRequest, LeaseStub
 
-from common.etcd.kv import DEFAULT_TIMEOUT, ETCD_FAILURES, describe, keepalive_once, lease_service
+from common.etcd.kv import DEFAULT_TIMEOUT, ETCD_FAILURES, describe, lease_service
 
 log = logging.getLogger(__name__)
 
@@ -294,17 +299,37 @@ class LeaseKeeper:
         self._to_loop(self._on_state)
 
 
+def _blocking_channel(client: Etcd3Client) -> Any:
+    """A blocking gRPC channel to ``client``'s endpoints, with its options and TLS material."""
+    manager = client._manager
+    options = list(manager.grpc_options)
+    conn: dict[str, Any] = dict(client._conn_args)
+    if conn.get("ca_cert") is not None:
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=conn["ca_cert"],
+            private_key=conn.get("cert_key"),
+            certificate_chain=conn.get("cert_chain"),
+        )
+        if client._tls_server_name is not None:
+            options.append(("grpc.ssl_target_name_override", client._tls_server_name))
+        return grpc.secure_channel(manager.target, credentials, options=options)
+    return grpc.insecure_channel(manager.target, options=options)
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, grpc.RpcError) and hasattr(error, "code"):
+        return f"{error.code().name}: {error.details()}"
+    return describe(error)
+
+
 class _Refresher:
-    """One lease's refresh loop, on a daemon thread with its own event loop and etcd client."""
+    """One lease's refresh loop, on a daemon thread with a blocking gRPC channel of its own."""
 
     def __init__(self, keeper: LeaseKeeper, lease_id: int, interval: float) -> None:
         self._keeper = keeper
         self._lease_id = lease_id
         self._interval = interval
         self._stopping = threading.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._started = threading.Event()
         self._thread = threading.Thread(
             target=self._main, name=f"lease-{keeper.name}-{lease_id:x}", daemon=True
         )
@@ -315,47 +340,44 @@ class _Refresher:
     async def stop(self) -> None:
         """Stop refreshing; returns once the thread ended (or after ``THREAD_STOP_TIMEOUT``)."""
         self._stopping.set()
-        await asyncio.to_thread(self._started.wait, THREAD_STOP_TIMEOUT)
-        loop, task = self._loop, self._task
-        if loop is not None and task is not None:
-            with contextlib.suppress(RuntimeError):  # its loop already finished
-                loop.call_soon_threadsafe(task.cancel)
         await asyncio.to_thread(self._thread.join, THREAD_STOP_TIMEOUT)
         if self._thread.is_alive():
             log.warning("%s: refresh thread did not stop in %.0f s", self._keeper.name, THREAD_STOP_TIMEOUT)
 
     def _main(self) -> None:
         try:
-            asyncio.run(self._run())
+            channel = _blocking_channel(self._keeper._client)
+            try:
+                self._refresh_loop(LeaseStub(channel))
+            finally:
+                channel.close()
         except Exception:
             # Refreshes stop; the keeper fences itself at the deadline, and etcd expires the lease.
             log.exception("%s: refresh thread failed", self._keeper.name)
 
-    async def _run(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._task = asyncio.current_task()
-        self._started.set()
-        if self._stopping.is_set():
-            return
-        client = copy.copy(self._keeper._client)  # same endpoints and credentials, a channel of our own
-        await client.connect()
+    def _keepalive_once(self, stub: Any) -> int:
+        """Refresh once; the TTL etcd reset the lease to, <= 0 when it is gone (``grpc.RpcError`` on failure)."""
+        keeper = self._keeper
+        metadata = getattr(keeper._client.lease, "_metadata", ()) or None  # the caller's auth token, if any
+        responses = stub.LeaseKeepAlive(
+            iter([LeaseKeepAliveRequest(ID=self._lease_id)]), timeout=self._interval, metadata=metadata
+        )
         try:
-            await self._refresh_loop(client)
-        except asyncio.CancelledError:
-            pass
+            resp = next(responses, None)
         finally:
-            await client.close()
+            responses.cancel()
+        if resp is None:
+            raise _StreamClosed(f"keepalive stream for lease {self._lease_id:x} closed without a reply")
+        return int(resp.TTL)
 
-    async def _refresh_loop(self, client: Etcd3Client) -> None:
+    def _refresh_loop(self, stub: Any) -> None:
         keeper, lease_id, interval = self._keeper, self._lease_id, self._interval
         failing = False
-        while not self._stopping.is_set():
-            await asyncio.sleep(interval)
+        while not self._stopping.wait(interval):
             sent = keeper.clock()
             try:
-                async with asyncio.timeout(interval):
-                    remaining = await keepalive_once(client, lease_id)
-            except ETCD_FAILURES as e:
+                remaining = self._keepalive_once(stub)
+            except (grpc.RpcError, _StreamClosed) as e:
                 keeper._refresh_failed(lease_id)
                 # Warn once per outage; the fencing itself is reported by the health change.
                 log.log(
@@ -363,7 +385,7 @@ class _Refresher:
                     "%s: refresh of lease %x failed: %s",
                     keeper.name,
                     lease_id,
-                    describe(e),
+                    _describe(e),
                 )
                 failing = True
                 continue
@@ -373,3 +395,7 @@ class _Refresher:
                 keeper._gone(lease_id)
                 return
             keeper._refreshed(lease_id, sent)
+
+
+class _StreamClosed(Exception):
+    """The keepalive stream ended without an answer."""
