@@ -11,7 +11,8 @@ server through a plain-HTTP proxy that records every binding POST (and can delay
   connections until its nodes were granted to ``w1``, then lets it back.
 
 After each, the audit of ``test_coordinator`` (every pod bound exactly once, no node overcommitted, workers'
-[assumed, bound] intervals on a node never overlap) and the grant audit, against grant times this test reads
+[assumed, bound] intervals on a node never overlap), a graceful stop of the victim (it drains and exits 0),
+and the grant audit, against grant times this test reads
 from etcd (each worker's assignment, polled every ``POLL`` s, this machine's wall clock):
 - every binding in the workers' trails happened while its worker was the node's latest grantee: the latest
   grant before assumed_at (or seen less than ``LAG`` after it, the lag of our reading) was to that worker, and
@@ -361,6 +362,8 @@ async def finish(
 ) -> None:
     pods = await audit(d, kube, namespace, PODS)
     recovered = time.monotonic() - since
+    # The victim drains and exits by itself after the disruption (a wedged worker would need SIGKILL).
+    assert await asyncio.to_thread(d.procs["w2"].stop) == 0, d.procs["w2"].tail()
     trails = d.trails()
     check_grants(grants, trails, pods)
     proxied = check_proxied(grants, proxy, "w2")
@@ -397,6 +400,7 @@ async def test_worker_paused_past_its_lease_binds_nothing_on_granted_nodes(
                 os.kill(victim.pid, signal.SIGCONT)
             resumed = time.monotonic()
             record_property("paused_s", round(resumed - paused, 1))
+            print(f"\nw2 paused for {resumed - paused:.1f}s (until its nodes were granted to w1)")
         await finish(
             kube,
             d,
@@ -430,6 +434,7 @@ async def test_worker_cut_from_etcd_with_slow_bindings_binds_nothing_on_granted_
                 etcd_proxy.unblock()
             back = time.monotonic()
             record_property("cut_s", round(back - cut, 1))
+            print(f"\nw2 cut from etcd for {back - cut:.1f}s (until its nodes were granted to w1)")
         await finish(
             kube,
             d,
