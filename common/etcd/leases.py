@@ -330,6 +330,7 @@ class _Refresher:
         self._lease_id = lease_id
         self._interval = interval
         self._stopping = threading.Event()
+        self._call: Any = None  # the keepalive call under way, cancelled by ``stop``
         self._thread = threading.Thread(
             target=self._main, name=f"lease-{keeper.name}-{lease_id:x}", daemon=True
         )
@@ -340,6 +341,9 @@ class _Refresher:
     async def stop(self) -> None:
         """Stop refreshing; returns once the thread ended (or after ``THREAD_STOP_TIMEOUT``)."""
         self._stopping.set()
+        call = self._call
+        if call is not None:
+            call.cancel()  # thread-safe; the thread sees CANCELLED and, stopping, ends
         await asyncio.to_thread(self._thread.join, THREAD_STOP_TIMEOUT)
         if self._thread.is_alive():
             log.warning("%s: refresh thread did not stop in %.0f s", self._keeper.name, THREAD_STOP_TIMEOUT)
@@ -362,9 +366,11 @@ class _Refresher:
         responses = stub.LeaseKeepAlive(
             iter([LeaseKeepAliveRequest(ID=self._lease_id)]), timeout=self._interval, metadata=metadata
         )
+        self._call = responses
         try:
             resp = next(responses, None)
         finally:
+            self._call = None
             responses.cancel()
         if resp is None:
             raise _StreamClosed(f"keepalive stream for lease {self._lease_id:x} closed without a reply")
@@ -378,6 +384,8 @@ class _Refresher:
             try:
                 remaining = self._keepalive_once(stub)
             except (grpc.RpcError, _StreamClosed) as e:
+                if self._stopping.is_set():
+                    return
                 keeper._refresh_failed(lease_id)
                 # Warn once per outage; the fencing itself is reported by the health change.
                 log.log(
