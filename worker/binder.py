@@ -1,18 +1,35 @@
 """Asynchronous binding: the POST of each assumed pod's ``binding`` subresource, off the decision path.
 
 A fixed pool of ``concurrency`` tasks takes (pod, node) pairs from a queue and binds them over the client's
-kept-alive connections. Outcomes:
+kept-alive connections.
+
+Fencing (the binder's half of "no binding outside the fencing window"): immediately before each attempt
+is sent, the shard (``worker.shard.ShardView.bind_deadline``) is asked whether the node is still usable
+and until when the lease keeps it so. The attempt runs under a deadline of ``attempt_timeout`` seconds,
+cut to end ``FENCE_MARGIN`` before the fencing deadline; an attempt that would have less than
+``MIN_ATTEMPT`` seconds is not sent. Such a binding is forgotten (capacity returned) and its pod handed
+back to this worker's queue (``requeue``), like any transient failure: it is decided again, on a node
+this worker may still use, or answered as unschedulable (to the leader, under a coordinator). However long
+a binding waited in the queue or in backoff, nothing is sent after the worker fenced itself.
+
+Outcomes:
 - success: the cache starts the assumption's TTL (``finish_binding``); the watch confirms it later.
 - 409 Conflict (already bound, possibly by our own earlier attempt whose reply was lost): keep the assumption
   with its TTL running; the watch shows where the pod really is, or the assumption expires.
 - 404 Not Found (the pod was deleted): forget the assumption, capacity returns.
-- 429 / 5xx / timeout: retry with backoff (``RETRY_BACKOFF`` doubling), at most ``retries`` times; then
-  forget and ``requeue`` the pod in this worker's queue for another scheduling attempt.
+- 429 / 5xx / timeout: retry with ``common.backoff`` (``RETRY_BACKOFF`` doubling to ``RETRY_BACKOFF_MAX``),
+  at most ``retries`` times; then forget and ``requeue`` the pod in this worker's queue for another
+  scheduling attempt.
+- node no longer usable, lease fenced, or too little time left before the fencing deadline: forget and
+  ``requeue`` at once, without sending.
 - anything else (400/422/403): forget, and tell the outcome receiver it was ``rejected`` (API's message).
 A success is told to the outcome receiver (``worker.outcomes``) as ``bound``, with the audit times.
 
 Invariant: every path that does not end in a confirmed binding gives the capacity back (forget or expiry).
-``in_flight(node)`` counts bindings under way per node, so a node release can wait for them (``drain``).
+``in_flight(node)`` counts bindings under way per node, so a node release can wait for them (``drain``). An
+attempt that got no answer (timed out, connection broken) may still be applied by the API server after we
+gave up: its binding stays counted for ``unanswered_hold`` more (``MAX_BIND_TIME``, ``common.etcd.leases``),
+so a release acknowledged to the leader cannot be overtaken by it either.
 """
 
 from __future__ import annotations
@@ -24,15 +41,22 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from common import metrics
+from common.backoff import Backoff
+from common.etcd.leases import MAX_BIND_TIME
 from common.kube import ApiError, Conflict, KubeClient, NotFound, ServerError, TooManyRequests
 from common.records import NodeName, PodRecord
 from worker.cache import Cache
 from worker.outcomes import Outcomes
+from worker.shard import ShardView, WholeCluster
 
 log = logging.getLogger(__name__)
 
 RETRY_BACKOFF = 0.2
+RETRY_BACKOFF_MAX = 2.0
 DEFAULT_RETRIES = 4
+ATTEMPT_TIMEOUT = 30.0  # one POST (the API client's request timeout); under a coordinator, < TTL/2 anyway
+FENCE_MARGIN = 0.1  # an attempt's deadline ends this long before the fencing deadline (timer latency)
+MIN_ATTEMPT = 0.05  # less time than this before the margin: not worth sending
 
 
 @dataclass(slots=True)
@@ -42,6 +66,7 @@ class BindRequest:
     queued_at: float  # when the pod entered the scheduling queue (SLI start)
     attempts: int
     assumed_at: float  # wall clock, for the audit trail
+    unanswered: bool = False  # an attempt ended without a reply: the API server may still apply it
 
 
 class Binder:
@@ -52,23 +77,31 @@ class Binder:
         outcomes: Outcomes,
         *,
         requeue: Callable[[PodRecord], None],
+        shard: ShardView | None = None,
         concurrency: int = 64,
         retries: int = DEFAULT_RETRIES,
         clock: Callable[[], float] = time.monotonic,
         retry_backoff: float = RETRY_BACKOFF,
+        attempt_timeout: float = ATTEMPT_TIMEOUT,
+        unanswered_hold: float = MAX_BIND_TIME,
     ) -> None:
         self.client = client
         self.cache = cache
         self.outcomes = outcomes
         self.requeue = requeue
+        self.shard: ShardView = shard if shard is not None else WholeCluster()
         self.concurrency = concurrency
         self.retries = retries
         self.clock = clock
         self.retry_backoff = retry_backoff
+        self.attempt_timeout = attempt_timeout
+        self.unanswered_hold = unanswered_hold
         self._queue: asyncio.Queue[BindRequest] = asyncio.Queue()
         self._in_flight: dict[NodeName, int] = {}
         self._idle = asyncio.Condition()
+        self._notifying: set[asyncio.Task[None]] = set()
         self.bound = 0
+        self.fenced = 0  # bindings dropped unsent: node not usable or fencing deadline too close
 
     def submit(self, pod: PodRecord, node: NodeName, queued_at: float, attempts: int) -> None:
         self._in_flight[node] = self._in_flight.get(node, 0) + 1
@@ -98,21 +131,54 @@ class Binder:
             try:
                 await self._bind(req)
             finally:
-                left = self._in_flight.get(req.node, 0) - 1
-                if left > 0:
-                    self._in_flight[req.node] = left
+                if req.unanswered:
+                    asyncio.get_running_loop().call_later(self.unanswered_hold, self._done_later, req.node)
                 else:
-                    self._in_flight.pop(req.node, None)
-                async with self._idle:
-                    self._idle.notify_all()
+                    self._done(req.node)
+                    async with self._idle:
+                        self._idle.notify_all()
+
+    def _done(self, node: NodeName) -> None:
+        left = self._in_flight.get(node, 0) - 1
+        if left > 0:
+            self._in_flight[node] = left
+        else:
+            self._in_flight.pop(node, None)
+
+    def _done_later(self, node: NodeName) -> None:
+        self._done(node)
+        task = asyncio.get_running_loop().create_task(self._notify())
+        self._notifying.add(task)
+        task.add_done_callback(self._notifying.discard)
+
+    async def _notify(self) -> None:
+        async with self._idle:
+            self._idle.notify_all()
+
+    def _budget(self, node: NodeName) -> float:
+        """Seconds the next attempt to ``node`` may take; below ``MIN_ATTEMPT``: do not send it."""
+        deadline = self.shard.bind_deadline(node)
+        if deadline is None:
+            return 0.0
+        return min(self.attempt_timeout, deadline - FENCE_MARGIN - self.clock())
 
     async def _bind(self, req: BindRequest) -> None:
         pod, node = req.pod, req.node
-        backoff = self.retry_backoff
+        backoff = Backoff(self.retry_backoff, max(self.retry_backoff, RETRY_BACKOFF_MAX))
         for attempt in range(self.retries + 1):
+            budget = self._budget(node)  # immediately before sending: nothing awaits in between
+            if budget < MIN_ATTEMPT:
+                metrics.bind_results.labels("fenced").inc()
+                self.fenced += 1
+                log.warning(
+                    "bind not sent: node not usable or fencing deadline too close; rescheduling",
+                    extra={"pod": pod.key, "node": node},
+                )
+                break
             start = self.clock()
             try:
-                await self.client.bind(pod.namespace, pod.name, pod.uid, node)
+                async with asyncio.timeout(budget):
+                    await self.client.bind(pod.namespace, pod.name, pod.uid, node)
             except Conflict as e:
                 metrics.bind_results.labels("conflict").inc()
                 log.info(
@@ -127,19 +193,24 @@ class Binder:
                 log.info("bind: pod is gone", extra={"pod": pod.key, "node": node})
                 self.cache.forget(pod.key)
                 return
-            except (TooManyRequests, ServerError) as e:
+            except (TooManyRequests, ServerError, TimeoutError) as e:
                 metrics.bind_results.labels("retried").inc()
+                if not isinstance(e, TooManyRequests) and (isinstance(e, TimeoutError) or e.status == 0):
+                    req.unanswered = True
                 if attempt < self.retries:
+                    delay = backoff.next()
                     log.warning(
-                        "bind failed (%s), retry in %.1fs", e, backoff, extra={"pod": pod.key, "node": node}
+                        "bind failed (%s), retry in %.1fs",
+                        e or type(e).__name__,
+                        delay,
+                        extra={"pod": pod.key, "node": node},
                     )
-                    await asyncio.sleep(backoff)
-                    backoff *= 2
+                    await asyncio.sleep(delay)
                     continue
                 log.warning(
                     "bind failed %d times (%s); rescheduling",
                     attempt + 1,
-                    e,
+                    e or type(e).__name__,
                     extra={"pod": pod.key, "node": node},
                 )
                 break

@@ -5,8 +5,9 @@ The scheduler and its binder are constructed with one ``Outcomes`` object and te
 - ``unschedulable``: no usable node can take the pod (the decision carries kube-scheduler's reasons);
 - ``rejected``: the binding failed permanently (400/403/422: the API server refused it), capacity returned.
 
-Transient outcomes are not reported: a binding that failed with 429/5xx/timeouts goes back to this worker's
-queue (``worker.binder``), and a binding the pod's deletion made moot (404) is simply forgotten.
+Transient outcomes are not reported: a binding that failed with 429/5xx/timeouts, or that could not be sent
+before the worker's fencing deadline (node revoked, lease unhealthy), goes back to this worker's queue
+(``worker.binder``), and a binding the pod's deletion made moot (404) is simply forgotten.
 
 Implementations: ``PodReports`` (standalone: the user learns it from the pod's condition and events) and
 ``worker.intake.LeaderResults`` (under a coordinator: the leader gets a RESULT, users still get Scheduled

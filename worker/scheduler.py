@@ -100,6 +100,7 @@ class Scheduler:
             self.cache,
             outcomes,
             requeue=self.queue.requeue,
+            shard=shard,
             concurrency=settings.binding.concurrency,
             retries=settings.binding.retries,
             clock=clock,
@@ -167,6 +168,11 @@ class Scheduler:
 
     async def scheduling_loop(self) -> None:
         while True:
+            if self.paused:
+                # Not queue.wait: it returns at once while activeQ holds pods, and a paused loop pops none,
+                # so it would spin without ever yielding and starve the drain it was paused for.
+                await asyncio.sleep(HOUSEKEEPING_PERIOD)
+                continue
             await self.queue.wait(HOUSEKEEPING_PERIOD)
             n = 0
             while not self.paused and (qp := self.queue.pop_nowait()) is not None:

@@ -11,12 +11,14 @@ Two implementations of ``ShardView``:
 ``Shard`` keeps three sets: ``granted`` (the latest assignment made for *this* lease), ``syncing`` (granted
 nodes whose pods the cache has not caught up with yet) and ``published`` (what subscribers were last told
 is usable). ``owns(node)`` is "granted and the lease is healthy": the shard map's view, checked by the etcd
-tests. ``usable(node)`` is "owns and not syncing": what the scheduler may place on.
+tests. ``usable(node)`` is "owns and not syncing": what the scheduler may place on. ``bind_deadline(node)``
+is what the binder asks immediately before each binding attempt: None unless the node is usable, else the
+lease's fencing deadline (``LeaseKeeper.fence_deadline``), which the attempt must end before.
 
 Invariants (the worker's half of "no node is ever usable by two workers at once"):
-- Nothing is usable while the lease is not healthy (fencing, see ``common.etcd.leases``), while draining,
-  or outside the granted set of the latest assignment made for this lease. An assignment written for an
-  earlier lease (a previous incarnation) grants nothing.
+- Nothing is usable, and no binding may be sent, while the lease is not healthy (fencing, see
+  ``common.etcd.leases``), while draining, or outside the granted set of the latest assignment made for this
+  lease. An assignment written for an earlier lease (a previous incarnation) grants nothing.
 - A granted node becomes usable only after the cache holds every pod already bound there: either the pod
   watch completed a (re)list that started after the grant, or, per node, a consistent LIST of the pods bound
   there whose newest revision the watch has reached (after ``CATCH_UP_TIMEOUT`` the listed pods are applied
@@ -64,6 +66,7 @@ DEFAULT_TTL = 10
 CATCH_UP_TIMEOUT = 5.0  # seconds a newly granted node waits for the pod watch before a direct read is used
 CATCH_UP_CONCURRENCY = 16
 CATCH_UP_POLL = 0.01
+INFINITY = float("inf")
 
 ReleaseHook = Callable[[frozenset[NodeName]], Awaitable[None]]
 Listener = Callable[["ShardChange"], None]
@@ -94,6 +97,11 @@ class ShardView(Protocol):
         """Granted nodes not usable yet because the cache is catching up with them."""
         ...
 
+    def bind_deadline(self, node: NodeName) -> float | None:
+        """None if ``node`` is not usable now; else until when (``time.monotonic``) a binding to it may be
+        under way: the fencing deadline of the lease (infinity without one). O(1), no I/O."""
+        ...
+
 
 class WholeCluster:
     """The standalone shard: every node the cache knows is usable, and that never changes."""
@@ -106,6 +114,9 @@ class WholeCluster:
 
     def syncing(self) -> int:
         return 0
+
+    def bind_deadline(self, node: NodeName) -> float | None:
+        return INFINITY
 
 
 class PodWatch(Protocol):
@@ -155,9 +166,17 @@ class ShardState:
     does no etcd I/O itself: acknowledgements go through ``ack``. Usable without etcd, for tests.
     """
 
-    def __init__(self, *, name: str, healthy: Callable[[], bool], ack: AckWriter) -> None:
+    def __init__(
+        self,
+        *,
+        name: str,
+        healthy: Callable[[], bool],
+        ack: AckWriter,
+        fence_deadline: Callable[[], float] = lambda: INFINITY,
+    ) -> None:
         self.name = name
         self._healthy = healthy
+        self._fence_deadline = fence_deadline
         self._ack = ack
         self._granted: frozenset[NodeName] = frozenset()
         self._syncing: Counter[NodeName] = Counter()
@@ -181,6 +200,11 @@ class ShardState:
 
     def owned(self) -> frozenset[NodeName]:
         return self._granted if self._healthy() else frozenset()
+
+    def bind_deadline(self, node: NodeName) -> float | None:
+        if not self.usable(node):
+            return None
+        return self._fence_deadline()
 
     @property
     def granted(self) -> frozenset[NodeName]:
@@ -339,7 +363,13 @@ class Shard:
         self.record = record
         self._keys = keys or KeyLayout()
         self._keeper = LeaseKeeper(client, ttl=ttl, name=f"worker {record.worker_id}", clock=clock)
-        self._state = ShardState(name=record.worker_id, healthy=lambda: self._keeper.healthy, ack=self._ack)
+        keeper = self._keeper
+        self._state = ShardState(
+            name=record.worker_id,
+            healthy=lambda: keeper.healthy,
+            ack=self._ack,
+            fence_deadline=lambda: keeper.fence_deadline,
+        )
         self._draining = False
         self._mirror = KeyMirror(
             client, self._keys.assignment(record.worker_id), prefix=False, on_change=self._reevaluate
@@ -354,6 +384,7 @@ class Shard:
         self.owns = self._state.owns
         self.owned = self._state.owned
         self.syncing = self._state.syncing
+        self.bind_deadline = self._state.bind_deadline
         self.subscribe = self._state.subscribe
 
     # ---- introspection ----

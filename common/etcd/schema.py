@@ -249,7 +249,8 @@ class ReleaseAck:
     ``epoch`` (or of any earlier epoch) is released; I no longer use it and have nothing in flight on it.
 
     Written after the release hook returned for those nodes. ``released`` names the nodes of the latest
-    release, for humans; the leader relies only on lease and epoch.
+    release; the leader relies on lease and epoch, and on ``released`` only to see that a worker which
+    revoked its own lease had released every node it was granted (a graceful leave needs no grant delay).
     """
 
     worker_id: WorkerId

@@ -9,8 +9,13 @@ A worker *holds* a node when the node is in its assignment's granted or revoking
 3. A revoking node becomes free only when (``settle``)
    a. the holder acknowledged an epoch >= its assignment's epoch, under the assignment's lease: it has
       stopped using everything it was not granted, or
-   b. etcd confirmed the assignment's lease gone: the holder fenced itself at TTL/2 and can no longer be
-      granted anything under that lease.
+   b. etcd confirmed the assignment's lease gone, at least ``grant_delay`` ago: the holder fenced itself at
+      TTL/2 and can no longer be granted anything under that lease, and a binding it sent before fencing
+      has had the maximum binding time (``common.etcd.leases.MAX_BIND_TIME``) to land, so the new holder's
+      catch-up, which starts after the grant, sees it. Until then the nodes stay held, as revoking.
+   c. etcd confirmed the lease gone, and before that the holder acknowledged, under it, an epoch >= its
+      assignment's epoch releasing every node it was granted (a graceful leave: the worker drained its
+      bindings, acknowledged, then revoked its lease). No grant delay: its bindings had ended.
 4. An assignment whose lease is not the live membership lease of its worker (the worker left, or came
    back as a new incarnation) keeps holding its nodes as revoking until 3a or 3b frees them. Only then
    does the new incarnation get a fresh, empty assignment.
@@ -39,7 +44,22 @@ class Observed:
     assignments: Mapping[WorkerId, ShardAssignment]
     members: Mapping[WorkerId, int]  # live worker -> lease of its membership key
     acks: Mapping[WorkerId, ReleaseAck]
-    dead_leases: Set[int]  # leases etcd has confirmed gone (time-to-live -1)
+    dead_leases: Mapping[int, float]  # lease etcd has confirmed gone (time-to-live -1) -> when (leader clock)
+    now: float = 0.0  # the leader's monotonic clock, for the grant delay
+    grant_delay: float = 0.0  # seconds after the confirmation before a dead lease's nodes are free (3b)
+
+
+def expired(observed: Observed, lease: int) -> bool:
+    """Rule 3b's test: etcd confirmed ``lease`` gone at least ``grant_delay`` ago."""
+    confirmed = observed.dead_leases.get(lease)
+    return confirmed is not None and observed.now - confirmed >= observed.grant_delay
+
+
+def released_all(a: ShardAssignment, ack: ReleaseAck | None) -> bool:
+    """Rule 3c's test: an acknowledgement, under the assignment's lease and epoch, releasing all it granted."""
+    return (
+        ack is not None and ack.lease_id == a.lease_id and ack.epoch >= a.epoch and a.granted <= ack.released
+    )
 
 
 def suspect_leases(observed: Observed) -> set[int]:
@@ -56,8 +76,10 @@ def settle(observed: Observed) -> dict[WorkerId, ShardAssignment | None]:
     settled: dict[WorkerId, ShardAssignment | None] = {}
     for worker, a in observed.assignments.items():
         live_lease = observed.members.get(worker)
-        if a.lease_id in observed.dead_leases:
-            # 3b: everything it held is free. A new incarnation starts from nothing.
+        if expired(observed, a.lease_id) or (
+            a.lease_id in observed.dead_leases and released_all(a, observed.acks.get(worker))
+        ):
+            # 3b/3c: everything it held is free. A new incarnation starts from nothing.
             fresh = ShardAssignment(worker, live_lease, a.epoch) if live_lease is not None else None
             settled[worker] = fresh
             continue

@@ -12,8 +12,10 @@ Invariants:
   backwards, even if the meta key is lost (the next epoch is above every epoch found in etcd): an old
   ack must never satisfy a newer revocation.
 - A node is granted only after its previous holder acknowledged the release or etcd confirmed the
-  holder's lease gone (see ``coordinator.workershards.handoff``); a dead worker's nodes therefore move only after
-  its lease has expired.
+  holder's lease gone at least ``grant_delay`` (the maximum binding time) ago (see
+  ``coordinator.workershards.handoff``); a dead worker's nodes therefore move only after its lease has
+  expired and any binding it sent before fencing itself has landed. The confirmation time is taken on this
+  leader's monotonic clock when etcd answers; a new leader learns it afresh (and so waits again).
 - The node pool comes from one seam, ``PoolSource``. An empty pool revokes every node: a pool source
   that cannot tell must keep returning its last good answer, not an empty one.
 
@@ -47,6 +49,7 @@ from common.etcd.kv import (
     kv_service,
     lease_remaining,
 )
+from common.etcd.leases import MAX_BIND_TIME
 from common.etcd.mirror import KeyMirror
 from common.etcd.schema import (
     LoadReport,
@@ -92,6 +95,8 @@ class ShardMapLeader:
         policy: AssignmentPolicy | None = None,
         interval: float = DEFAULT_INTERVAL,
         wall_clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
+        grant_delay: float = MAX_BIND_TIME,
     ) -> None:
         self._client = client
         self._term = term
@@ -100,9 +105,16 @@ class ShardMapLeader:
         self._policy = policy or AssignmentPolicy()
         self._interval = interval
         self._wall_clock = wall_clock
-        self._mirror = KeyMirror(client, self._keys.root, prefix=True, on_change=self.poke, name="shardmap")
+        self._clock = clock
+        self._grant_delay = grant_delay
+        self._mirror = KeyMirror(
+            client, self._keys.root, prefix=True, on_change=self._mirror_changed, name="shardmap"
+        )
         self._poked = asyncio.Event()
-        self._dead_leases: set[int] = set()
+        self._dead_leases: dict[int, float] = {}  # lease -> when etcd confirmed it gone (``clock``)
+        # The latest ack seen per worker, kept after its key vanished with its lease (a graceful leave
+        # acknowledges, then revokes): handoff rule 3c needs it once the lease is gone.
+        self._acks_seen: dict[WorkerId, ReleaseAck] = {}
         self._destinations: dict[NodeName, WorkerId] = {}  # revoking node -> where the plan sends it
         self._planned: frozenset[NodeName] = frozenset()  # the pool the latest round planned with
         self._epoch = 0
@@ -118,6 +130,18 @@ class ShardMapLeader:
     def poke(self) -> None:
         """Ask for a round soon (pool changed, or etcd changed: the mirror calls this)."""
         self._poked.set()
+
+    def _mirror_changed(self) -> None:
+        for key, kv in self._mirror.items.items():
+            parsed = self._keys.parse(key)
+            if parsed is None or parsed[0] is not KeyFamily.ACK:
+                continue
+            try:
+                ack = ReleaseAck.decode(kv.value)
+            except RecordError:
+                continue  # logged by the round that reads it
+            self._acks_seen[ack.worker_id] = ack
+        self.poke()
 
     def nodes_in_use(self) -> frozenset[NodeName] | None:
         """Nodes a worker may be using or may be granted before the next round (read-only; for NodeShard
@@ -179,11 +203,16 @@ class ShardMapLeader:
             + [a.epoch for a in snap.acks.values()]
         )
         members = {w: lease for w, (_, lease) in snap.members.items() if lease not in self._dead_leases}
-        observed = handoff.Observed(snap.assignments, members, snap.acks, self._dead_leases)
+        acks = {**self._acks_seen, **snap.acks}
+        observed = handoff.Observed(snap.assignments, members, acks, self._dead_leases)
         for lease in sorted(handoff.suspect_leases(observed)):
             if await lease_remaining(self._client, lease) < 0:
-                log.info("lease %x confirmed gone; its holder's nodes are free", lease)
-                self._dead_leases.add(lease)
+                log.info(
+                    "lease %x confirmed gone; its holder's nodes are free in %.1f s", lease, self._grant_delay
+                )
+                self._dead_leases[lease] = self._clock()
+                asyncio.get_running_loop().call_later(self._grant_delay, self.poke)
+        observed = replace(observed, now=self._clock(), grant_delay=self._grant_delay)
         settled = handoff.settle(observed)
 
         current = {
@@ -208,7 +237,9 @@ class ShardMapLeader:
             n: (pending.get(n) or plan.target[n]) for n in now_revoking if n in pending or n in plan.target
         }
         self._in_transit = len(now_revoking)
-        self._dead_leases &= {a.lease_id for a in snap.assignments.values()}  # forget leases nobody mentions
+        mentioned = {a.lease_id for a in snap.assignments.values()}
+        self._dead_leases = {lease: t for lease, t in self._dead_leases.items() if lease in mentioned}
+        self._acks_seen = {w: ack for w, ack in self._acks_seen.items() if ack.lease_id in mentioned}
 
         diff = handoff.changes(snap.assignments, wanted)
         if not diff:

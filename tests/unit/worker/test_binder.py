@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import orjson
@@ -11,7 +12,7 @@ import pytest
 from common.kube import ApiError, Credentials, KubeClient, ServerError, _error_for
 from common.records import NodeName, PodRecord
 from tests.builders import make_node, make_pod
-from worker.binder import Binder
+from worker.binder import FENCE_MARGIN, MIN_ATTEMPT, Binder
 from worker.cache import Cache
 from worker.engine import Decision
 
@@ -67,15 +68,54 @@ class Outcomes:
         self.rejected = rec.on_rejected
 
 
-async def bind_once(replies: list[Reply], *, retries: int = 2) -> tuple[Cache, FakeApi, Recorded, Binder]:
+class FakeShard:
+    """``ShardView.bind_deadline`` only: usable nodes and a fencing deadline on a fake clock."""
+
+    def __init__(self, clock: list[float], *, usable: bool = True, deadline: float = float("inf")) -> None:
+        self.clock = clock
+        self.is_usable = usable
+        self.deadline = deadline
+        self.asked: list[float] = []
+
+    def usable(self, node: NodeName) -> bool:
+        return self.is_usable
+
+    def subscribe(self, callback: Any) -> Any:
+        return lambda: None
+
+    def syncing(self) -> int:
+        return 0
+
+    def bind_deadline(self, node: NodeName) -> float | None:
+        self.asked.append(self.clock[0])
+        return self.deadline if self.is_usable else None
+
+
+async def bind_once(
+    replies: list[Reply],
+    *,
+    retries: int = 2,
+    shard: FakeShard | None = None,
+    clock: list[float] | None = None,
+) -> tuple[Cache, FakeApi, Recorded, Binder]:
     cache = Cache()
     cache.upsert_node(make_node(NODE).record())
     pod = make_pod("p").req(cpu="1").record()
     cache.assume(pod, NODE)
     api = FakeApi(replies)
     rec = Recorded()
+    now = clock if clock is not None else [0.0]
     binder = Binder(
-        api, cache, Outcomes(rec), requeue=rec.requeue, retries=retries, concurrency=2, retry_backoff=0.001
+        api,
+        cache,
+        Outcomes(rec),
+        requeue=rec.requeue,
+        shard=shard,
+        retries=retries,
+        concurrency=2,
+        retry_backoff=0.001,
+        clock=lambda: now[0],
+        unanswered_hold=0.01,
     )
     task = asyncio.create_task(binder.run())
     try:
@@ -143,3 +183,123 @@ async def test_other_errors_are_rejected_outcomes(status: int) -> None:
     assert rec.rejected == [("default/p", f"binding rejected: status {status}")]
     assert not rec.bound and not rec.requeued and len(api.posts) == 1
     assert not cache.assumed and cache.nodes[NODE].requested.milli_cpu == 0
+
+
+# ---- fencing: nothing is sent unless the node is usable and the lease's deadline leaves time ----
+
+
+async def test_binding_to_a_node_no_longer_usable_is_not_sent_and_handed_back() -> None:
+    shard = FakeShard([0.0], usable=False)
+    cache, api, rec, binder = await bind_once([201], shard=shard)
+    assert api.posts == []  # refused before sending
+    assert rec.requeued == ["default/p"] and not rec.bound and not rec.rejected
+    assert not cache.assumed and cache.nodes[NODE].requested.milli_cpu == 0  # forgotten, capacity back
+    assert binder.fenced == 1
+
+
+async def test_binding_too_close_to_the_fencing_deadline_is_not_sent() -> None:
+    clock = [100.0]
+    shard = FakeShard(clock, deadline=100.0 + FENCE_MARGIN + MIN_ATTEMPT / 2)
+    cache, api, rec, binder = await bind_once([201], shard=shard, clock=clock)
+    assert api.posts == [] and rec.requeued == ["default/p"] and binder.fenced == 1
+    assert not cache.assumed
+
+
+class SlowApi(FakeApi):
+    """Never answers: the attempt's own deadline has to end it. The binder's fake clock advances by the real
+    time the attempt took."""
+
+    def __init__(self, clock: list[float]) -> None:
+        super().__init__([])
+        self.clock = clock
+
+    async def post(self, path: str, body: Any, params: dict[str, str] | None = None) -> Any:
+        self.posts.append((path, body))
+        start = time.monotonic()
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            self.clock[0] += time.monotonic() - start
+
+
+async def test_each_attempt_is_given_until_just_before_the_fencing_deadline() -> None:
+    clock = [100.0]
+    shard = FakeShard(clock, deadline=101.0)
+    api = FakeApi([])
+    binder = Binder(api, Cache(), Outcomes(Recorded()), requeue=lambda pod: None, shard=shard)
+    binder.clock = lambda: clock[0]
+    assert binder._budget(NODE) == pytest.approx(1.0 - FENCE_MARGIN)  # ends FENCE_MARGIN before it
+    clock[0] = 100.5
+    assert binder._budget(NODE) == pytest.approx(0.5 - FENCE_MARGIN)
+    shard.deadline = 1000.0
+    assert binder._budget(NODE) == binder.attempt_timeout  # a far deadline: the attempt timeout rules
+    shard.is_usable = False
+    assert binder._budget(NODE) == 0.0  # not usable: nothing may be sent
+    await api.close()
+
+
+async def test_an_attempt_cut_at_the_fencing_deadline_is_not_retried_and_the_binding_is_dropped() -> None:
+    clock = [100.0]
+    shard = FakeShard(clock, deadline=100.0 + FENCE_MARGIN + 0.2)  # 0.2 s to send and get an answer
+    cache = Cache()
+    cache.upsert_node(make_node(NODE).record())
+    pod = make_pod("p").req(cpu="1").record()
+    cache.assume(pod, NODE)
+    api = SlowApi(clock)
+    rec = Recorded()
+    binder = Binder(
+        api,
+        cache,
+        Outcomes(rec),
+        requeue=rec.requeue,
+        shard=shard,
+        retries=5,
+        retry_backoff=0.001,
+        clock=lambda: clock[0],
+        unanswered_hold=0.01,
+    )
+    task = asyncio.create_task(binder.run())
+    try:
+        binder.submit(pod, NODE, queued_at=0.0, attempts=1)
+        await asyncio.wait_for(binder.drain(), 5)  # hang guard
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await api.close()
+    # The first attempt ran out of time at the deadline; no later attempt was sent, since too little time
+    # was left; the binding was forgotten and the pod handed back.
+    assert len(api.posts) == 1
+    assert rec.requeued == ["default/p"] and not rec.bound
+    assert not cache.assumed and binder.fenced == 1
+
+
+async def test_an_unanswered_attempt_keeps_its_node_in_flight_for_the_hold() -> None:
+    timeout = ServerError(0, "POST binding: TimeoutError: ")
+    cache = Cache()
+    cache.upsert_node(make_node(NODE).record())
+    pod = make_pod("p").req(cpu="1").record()
+    cache.assume(pod, NODE)
+    api = FakeApi([timeout])
+    rec = Recorded()
+    binder = Binder(
+        api, cache, Outcomes(rec), requeue=rec.requeue, retries=0, retry_backoff=0.001, unanswered_hold=0.3
+    )
+    task = asyncio.create_task(binder.run())
+    try:
+        binder.submit(pod, NODE, queued_at=0.0, attempts=1)
+        await asyncio.sleep(0.1)
+        assert rec.requeued == ["default/p"]  # the pod is handed back at once ...
+        assert binder.in_flight(NODE) == 1  # ... but a release of the node waits for the hold
+        await asyncio.wait_for(binder.drain([NODE]), 2)
+        assert binder.in_flight(NODE) == 0
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await api.close()
+
+
+async def test_retries_use_the_shared_backoff_and_check_the_shard_before_each_attempt() -> None:
+    shard = FakeShard([0.0])
+    _, api, rec, _ = await bind_once([500, 503, 201], shard=shard)
+    assert rec.bound == [("default/p", NODE)] and len(api.posts) == 3
+    assert len(shard.asked) == 3  # one check per attempt, immediately before it

@@ -3,6 +3,7 @@ under a coordinator it is handed back (see ``worker.intake``)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
@@ -47,3 +48,33 @@ async def test_standalone_unschedulable_pod_is_reported_and_kept_for_retry(clien
     assert sched.queue.where(qp.pod.key) == "unschedulable"
     assert reporter.failures == [("default/big", "0/1 nodes are available: 1 Insufficient cpu.")]
     assert sched.unschedulable == 1
+
+
+async def test_a_paused_loop_with_pods_waiting_still_yields(client: KubeClient) -> None:
+    """Paused for a drain while activeQ holds pods: the loop must not spin, or the drain never runs."""
+    reporter = RecordingReporter(client)
+    sched = Scheduler(
+        client, WorkerSettings(), shard=WholeCluster(), outcomes=PodReports(reporter), reporter=reporter
+    )
+    sched.submit(make_pod("waiting").req(cpu="1").record())
+    sched.pause()
+    waits = 0
+    real_wait = sched.queue.wait
+
+    async def counting_wait(timeout: float) -> None:
+        nonlocal waits
+        waits += 1
+        if waits > 100:  # returning at once each time: a spin that never yields
+            raise AssertionError("the paused scheduling loop spins")
+        await real_wait(timeout)
+
+    sched.queue.wait = counting_wait  # type: ignore[method-assign]
+    loop = asyncio.create_task(sched.scheduling_loop())
+    try:
+        for _ in range(5):
+            await asyncio.sleep(0.01)  # returns only if the scheduling loop yields
+        assert not loop.done(), loop.exception()
+        assert sched.queue.statistics()["active"] == 1 and sched.decisions == 0
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)

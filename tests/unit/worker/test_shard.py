@@ -243,3 +243,21 @@ async def test_a_stopped_catch_up_never_makes_its_nodes_usable() -> None:
     await settle()
     await rig.state.stop()
     assert not rig.usable("a") and rig.state.syncing() == 1 and not rig.changes
+
+
+def test_bind_deadline_is_the_fencing_deadline_of_a_usable_node_only() -> None:
+    deadline = [42.0]
+    healthy = [True]
+
+    async def ack(lease: int, epoch: int, released: frozenset[NodeName]) -> None:
+        return None
+
+    state = ShardState(name="w", healthy=lambda: healthy[0], ack=ack, fence_deadline=lambda: deadline[0])
+    state.assign(nodes("a"), 1, ack_lease=0)  # no pod watch: usable at once
+    assert state.bind_deadline(NodeName("a")) == 42.0
+    deadline[0] = 43.5  # a refresh succeeded: the deadline moves on
+    assert state.bind_deadline(NodeName("a")) == 43.5
+    assert state.bind_deadline(NodeName("b")) is None  # not granted
+    healthy[0] = False
+    assert state.bind_deadline(NodeName("a")) is None  # fenced
+    assert WholeCluster().bind_deadline(NodeName("any")) == float("inf")

@@ -28,7 +28,7 @@ def observed(
     acks: Mapping[WorkerId, ReleaseAck] | None = None,
     dead: Iterable[int] = (),
 ) -> handoff.Observed:
-    return handoff.Observed(assignments, members, acks or {}, set(dead))
+    return handoff.Observed(assignments, members, acks or {}, dict.fromkeys(dead, 0.0))
 
 
 def assert_disjoint(assignments: Mapping[WorkerId, ShardAssignment | None]) -> None:
@@ -145,3 +145,69 @@ def test_changes_ignore_epochs() -> None:
     assert handoff.changes(stored, {A: shard(A, 1, 9, granted=["x"])}) == {}
     assert handoff.changes(stored, {A: shard(A, 2, 1, granted=["x"])}) == {A: shard(A, 2, 1, granted=["x"])}
     assert handoff.changes({}, {A: None}) == {}
+
+
+def test_a_dead_lease_frees_its_nodes_only_after_the_grant_delay() -> None:
+    """Rule 3b on a fake clock: confirmed gone at t=100; with a 5 s grant delay the node stays held (as
+    revoking, granted to nobody) until t=105, so a binding its old holder sent before fencing has landed."""
+    pool = ns("x")
+    stored = {A: shard(A, 1, 3, granted=["x"])}
+    target = {NodeName("x"): B}
+    members = {B: 2}
+
+    def at(now: float) -> dict[WorkerId, ShardAssignment | None]:
+        obs = handoff.Observed(stored, members, {}, {1: 100.0}, now=now, grant_delay=5.0)
+        assert handoff.suspect_leases(obs) == set()  # etcd is not asked again
+        return handoff.apply_targets(handoff.settle(obs), members, target, pool)
+
+    for now in (100.0, 102.5, 104.999):
+        wanted = at(now)
+        assert wanted[A] == shard(A, 1, 3, revoking=["x"])
+        assert wanted[B] == shard(B, 2, 0)  # nothing granted yet
+        assert_disjoint(wanted)
+    wanted = at(105.0)
+    assert wanted[A] is None
+    assert wanted[B] == shard(B, 2, 0, granted=["x"])
+
+
+def test_a_new_incarnation_waits_for_the_grant_delay_too() -> None:
+    stored = {A: shard(A, 1, 3, granted=["x"])}
+    members = {A: 7}
+    target = {NodeName("x"): A}
+
+    def at(now: float) -> ShardAssignment | None:
+        obs = handoff.Observed(stored, members, {}, {1: 10.0}, now=now, grant_delay=5.0)
+        return handoff.apply_targets(handoff.settle(obs), members, target, ns("x"))[A]
+
+    assert at(14.0) == shard(A, 1, 3, revoking=["x"])
+    assert at(15.0) == shard(A, 7, 3, granted=["x"])
+
+
+def test_an_ack_under_a_live_lease_needs_no_grant_delay() -> None:
+    """A graceful release (acknowledged after the holder's bindings to the node ended) moves at once."""
+    stored = {A: shard(A, 1, 4, revoking=["x"])}
+    members = {A: 1, B: 2}
+    acks = {A: ReleaseAck(A, 1, 4, ns("x"))}
+    obs = handoff.Observed(stored, members, acks, {}, now=0.0, grant_delay=5.0)
+    wanted = handoff.apply_targets(handoff.settle(obs), members, {NodeName("x"): B}, ns("x"))
+    assert wanted[B] == shard(B, 2, 0, granted=["x"])
+
+
+def test_a_graceful_leave_needs_no_grant_delay() -> None:
+    """The worker acknowledged releasing everything it was granted, then revoked its lease (rule 3c)."""
+    stored = {A: shard(A, 1, 4, granted=["x", "y"])}
+    members = {B: 2}
+    target = {NodeName("x"): B, NodeName("y"): B}
+    everything = {A: ReleaseAck(A, 1, 4, ns("x", "y"))}
+    obs = handoff.Observed(stored, members, everything, {1: 10.0}, now=10.0, grant_delay=5.0)
+    wanted = handoff.apply_targets(handoff.settle(obs), members, target, ns("x", "y"))
+    assert wanted[A] is None and wanted[B] == shard(B, 2, 0, granted=["x", "y"])
+    # Releasing only part of it, or under an older epoch, is not enough: the grant delay applies.
+    for ack in (
+        ReleaseAck(A, 1, 4, ns("x")),
+        ReleaseAck(A, 1, 3, ns("x", "y")),
+        ReleaseAck(A, 9, 4, ns("x", "y")),
+    ):
+        obs = handoff.Observed(stored, members, {A: ack}, {1: 10.0}, now=10.0, grant_delay=5.0)
+        wanted = handoff.apply_targets(handoff.settle(obs), members, target, ns("x", "y"))
+        assert wanted[A] == shard(A, 1, 4, revoking=["x", "y"]) and wanted[B] == shard(B, 2, 0)
