@@ -43,6 +43,7 @@ class Recorded:
         self.unschedulable: list[str] = []
         self.rejected: list[tuple[str, str]] = []
         self.requeued: list[str] = []
+        self.requeued_attempts: list[int] = []
 
     def on_bound(self, pod: PodRecord, node: NodeName, *, assumed_at: float, bound_at: float) -> None:
         assert assumed_at <= bound_at
@@ -54,8 +55,9 @@ class Recorded:
     def on_rejected(self, pod: PodRecord, message: str) -> None:
         self.rejected.append((pod.key, message))
 
-    def requeue(self, pod: PodRecord) -> None:
+    def requeue(self, pod: PodRecord, attempts: int) -> None:
         self.requeued.append(pod.key)
+        self.requeued_attempts.append(attempts)
 
 
 class Outcomes:
@@ -67,7 +69,9 @@ class Outcomes:
         self.rejected = rec.on_rejected
 
 
-async def bind_once(replies: list[Reply], *, retries: int = 2) -> tuple[Cache, FakeApi, Recorded, Binder]:
+async def bind_once(
+    replies: list[Reply], *, retries: int = 2, attempts: int = 1, requeue_rejected: bool = False
+) -> tuple[Cache, FakeApi, Recorded, Binder]:
     cache = Cache()
     cache.upsert_node(make_node(NODE).record())
     pod = make_pod("p").req(cpu="1").record()
@@ -75,11 +79,18 @@ async def bind_once(replies: list[Reply], *, retries: int = 2) -> tuple[Cache, F
     api = FakeApi(replies)
     rec = Recorded()
     binder = Binder(
-        api, cache, Outcomes(rec), requeue=rec.requeue, retries=retries, concurrency=2, retry_backoff=0.001
+        api,
+        cache,
+        Outcomes(rec),
+        requeue=rec.requeue,
+        requeue_rejected=requeue_rejected,
+        retries=retries,
+        concurrency=2,
+        retry_backoff=0.001,
     )
     task = asyncio.create_task(binder.run())
     try:
-        binder.submit(pod, NODE, queued_at=0.0, attempts=1)
+        binder.submit(pod, NODE, queued_at=0.0, attempts=attempts)
         await asyncio.wait_for(binder.drain(), 5)
     finally:
         task.cancel()
@@ -143,3 +154,17 @@ async def test_other_errors_are_rejected_outcomes(status: int) -> None:
     assert rec.rejected == [("default/p", f"binding rejected: status {status}")]
     assert not rec.bound and not rec.requeued and len(api.posts) == 1
     assert not cache.assumed and cache.nodes[NODE].requested.milli_cpu == 0
+
+
+async def test_a_requeued_pod_keeps_its_attempts_for_the_queues_backoff() -> None:
+    _, _, rec, _ = await bind_once([500, 500, 500], retries=2, attempts=3)
+    assert rec.requeued == ["default/p"] and rec.requeued_attempts == [3]
+
+
+@pytest.mark.parametrize("status", [403, 422])
+async def test_a_refused_binding_is_requeued_too_when_no_leader_retries_it(status: int) -> None:
+    """Standalone: reported on the pod and back to the queue with its attempts, as kube-scheduler does."""
+    cache, api, rec, _ = await bind_once([status], attempts=4, requeue_rejected=True)
+    assert rec.rejected == [("default/p", f"binding rejected: status {status}")]
+    assert rec.requeued == ["default/p"] and rec.requeued_attempts == [4]
+    assert len(api.posts) == 1 and not cache.assumed and cache.nodes[NODE].requested.milli_cpu == 0
