@@ -12,6 +12,11 @@ Protecting the API server from ten thousand unschedulable pods:
   senders, so they keep pace with binding.
 Nothing is dropped silently: failure reports are coalesced, never dropped; informational Scheduled events
 are dropped only when their queue is full, and counted (``agent_scheduler_events_dropped_total``).
+
+A failure report never outlives the pod's binding: the binding sets PodScheduled=True server-side, and a
+report that lands after it (sent by a worker while another one bound the pod, or overtaken by a retry of its
+own) would leave a bound pod marked unschedulable. The status patch answers with the pod: if it is already
+bound, the condition is set back to True and no FailedScheduling event is sent.
 """
 
 from __future__ import annotations
@@ -38,6 +43,14 @@ def unschedulable_message(nodes: int, reasons: dict[str, int]) -> str:
     """kube-scheduler's FailedScheduling message: "0/40 nodes are available: 12 Insufficient cpu, ..."."""
     detail = ", ".join(f"{n} {reason}" for reason, n in sorted(reasons.items()))
     return f"0/{nodes} nodes are available" + (f": {detail}." if detail else ".")
+
+
+def _bound(pod: object) -> bool:
+    """Does this pod object (the answer to a status patch) name a node?"""
+    if not isinstance(pod, dict):
+        return False
+    spec = pod.get("spec")
+    return isinstance(spec, dict) and bool(spec.get("nodeName"))
 
 
 @dataclass(slots=True)
@@ -141,16 +154,39 @@ class Reporter:
                 ]
             }
         }
+        path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/status"
         try:
-            await self.client.patch(
-                f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/status", patch, kind="strategic"
-            )
+            answer = await self.client.patch(path, patch, kind="strategic")
         except NotFound:
             self.forget(pod.key)
             return
         except ApiError as e:
             log.warning("pod %s: could not set PodScheduled condition: %s", pod.key, e)
+        else:
+            if _bound(answer):
+                await self._undo_stale(pod, path)
+                return
         await self._event(pod, WARNING, "FailedScheduling", f.message)
+
+    async def _undo_stale(self, pod: PodRecord, path: str) -> None:
+        """The pod was bound before our failure report landed: put back what the binding had set."""
+        self._last.pop(pod.key, None)
+        self._failures.pop(pod.key, None)
+        log.info("pod %s was bound before its failure report landed; PodScheduled set back to True", pod.key)
+        scheduled = {
+            "type": "PodScheduled",
+            "status": "True",
+            "reason": None,  # null deletes the field in a strategic merge patch
+            "message": None,
+            "lastProbeTime": None,
+            "lastTransitionTime": rfc3339(),
+        }
+        try:
+            await self.client.patch(path, {"status": {"conditions": [scheduled]}}, kind="strategic")
+        except NotFound:
+            self.forget(pod.key)
+        except ApiError as e:
+            log.warning("pod %s: could not set PodScheduled back to True: %s", pod.key, e)
 
     async def _event(self, pod: PodRecord, type_: str, reason: str, message: str) -> None:
         body = event_body(

@@ -22,7 +22,11 @@ Outcomes:
   scheduling attempt.
 - node no longer usable, lease fenced, or too little time left before the fencing deadline: forget and
   ``requeue`` at once, without sending.
-- anything else (400/422/403): forget, and tell the outcome receiver it was ``rejected`` (API's message).
+- anything else (400/422/403, e.g. an admission policy): forget, and tell the outcome receiver it was
+  ``rejected`` (API's message). With ``requeue_rejected`` (standalone: no leader will dispatch it again)
+  the pod is also requeued, as kube-scheduler retries a failed binding.
+``requeue`` is given the attempts the pod has made, so its backoff in the queue keeps growing across
+failed bindings (kube-scheduler's per-pod backoff) instead of restarting at the first step each time.
 A success is told to the outcome receiver (``worker.outcomes``) as ``bound``, with the audit times.
 
 Invariant: every path that does not end in a confirmed binding gives the capacity back (forget or expiry).
@@ -76,8 +80,9 @@ class Binder:
         cache: Cache,
         outcomes: Outcomes,
         *,
-        requeue: Callable[[PodRecord], None],
+        requeue: Callable[[PodRecord, int], None],
         shard: ShardView | None = None,
+        requeue_rejected: bool = False,
         concurrency: int = 64,
         retries: int = DEFAULT_RETRIES,
         clock: Callable[[], float] = time.monotonic,
@@ -90,6 +95,7 @@ class Binder:
         self.outcomes = outcomes
         self.requeue = requeue
         self.shard: ShardView = shard if shard is not None else WholeCluster()
+        self.requeue_rejected = requeue_rejected
         self.concurrency = concurrency
         self.retries = retries
         self.clock = clock
@@ -219,6 +225,8 @@ class Binder:
                 log.warning("bind rejected: %s", e, extra={"pod": pod.key, "node": node})
                 self.cache.forget(pod.key)
                 self.outcomes.rejected(pod, f"binding rejected: {e.message}")
+                if self.requeue_rejected:
+                    self.requeue(pod, req.attempts)
                 return
             now = self.clock()
             metrics.binding_duration.labels("bound").observe(now - start)
@@ -229,4 +237,4 @@ class Binder:
             self.outcomes.bound(pod, node, assumed_at=req.assumed_at, bound_at=time.time())
             return
         self.cache.forget(pod.key)
-        self.requeue(pod)
+        self.requeue(pod, req.attempts)

@@ -172,11 +172,13 @@ class SchedulingQueue:
         self._where.pop(key, None)
         self._pods.pop(key, None)
 
-    def requeue(self, pod: PodRecord) -> None:
-        """A pod whose assumed binding failed transiently: back through backoffQ."""
+    def requeue(self, pod: PodRecord, attempts: int = 0) -> None:
+        """A pod whose assumed binding failed: back through backoffQ. ``attempts`` (the scheduling attempts
+        it had made when it was assumed) keeps its backoff growing: the pod left the queue when it was
+        assumed, and starting again from the first step would retry a lasting refusal every second."""
         qp = self._pods.get(pod.key) or QueuedPod(pod, self.clock())
         qp.pod = pod
-        qp.attempts += 1
+        qp.attempts = max(qp.attempts + 1, attempts)
         qp.backoff_until = self.clock() + self._backoff_for(qp.attempts)
         self._pods[pod.key] = qp
         self._place(qp, "backoff")

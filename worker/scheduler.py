@@ -9,8 +9,9 @@ Seams, all given to the constructor (so the coordinator can drive a worker witho
 - ``outcomes`` (``worker.outcomes.Outcomes``): who is told that a pod was bound, is unschedulable, or had
   its binding rejected (standalone: the pod itself; under a coordinator: the leader).
 - ``watch_pending``: in standalone mode the pod watch admits every pending pod of our scheduler name, and an
-  unschedulable pod stays in this worker's queue to retry; otherwise pods arrive through ``submit`` and an
-  unschedulable one leaves the queue, handed back to the leader with the verdict.
+  unschedulable pod, or one whose binding the API server refused, stays in this worker's queue to retry
+  with backoff; otherwise pods arrive through ``submit`` and an unschedulable or refused one leaves the
+  queue, handed back to the leader with the verdict (the leader retries a refused one with backoff).
 
 Invariants: a pod is assumed at most once (the cache refuses a second assume); a pod already placed or
 assumed is never scheduled again; every failed binding returns its capacity (see ``worker.binder``).
@@ -101,6 +102,7 @@ class Scheduler:
             outcomes,
             requeue=self.queue.requeue,
             shard=shard,
+            requeue_rejected=watch_pending,
             concurrency=settings.binding.concurrency,
             retries=settings.binding.retries,
             clock=clock,

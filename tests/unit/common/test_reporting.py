@@ -218,3 +218,42 @@ async def test_a_pod_gone_before_its_report_gets_no_event_and_a_failed_patch_sti
     clock.now += 1
     reporter.unschedulable(_pod("gone"), "no room")
     assert reporter.pending() == 1, "the vanished pod was forgotten, so it is not deduplicated"
+
+
+class BoundMeanwhile(FakeKube):
+    """The API server's answer to the status patch shows the pod already bound."""
+
+    async def patch(self, path: str, body: Any, *, kind: str = "merge") -> Any:
+        await super().patch(path, body, kind=kind)
+        return {"metadata": {"name": "a"}, "spec": {"nodeName": "n1"}, "status": body["status"]}
+
+
+async def test_a_failure_report_landing_after_the_binding_is_undone(clock: FakeClock) -> None:
+    """Another worker (or a retry) bound the pod while its failure report was on the way: the condition the
+    binding set goes back to True, and no FailedScheduling event is sent."""
+    kube = BoundMeanwhile()
+    reporter = Reporter(kube.client(), component="agent-scheduler", qps=0)
+    pod = _pod("a")
+    reporter.unschedulable(pod, "binding rejected: denied")
+    task = asyncio.create_task(reporter.run())
+    try:
+        async with asyncio.timeout(10):  # a guard against hanging
+            while len(kube.patches) < 2:
+                kube._changed.clear()
+                await kube._changed.wait()
+    finally:
+        await cancel(task)
+    assert [_condition(body)["status"] for _, body, _ in kube.patches] == ["False", "True"]
+    restored = _condition(kube.patches[1][1])
+    assert restored["reason"] is None and restored["message"] is None  # deleted by the strategic merge
+    assert kube.posts == [], "no FailedScheduling event for a bound pod"
+    reporter.unschedulable(pod, "binding rejected: denied")
+    assert reporter.pending() == 1, "not deduplicated against a report that was undone"
+
+
+async def test_a_failure_report_on_a_pending_pod_is_kept(clock: FakeClock) -> None:
+    kube = FakeKube()  # answers with the patch itself: no node
+    reporter = Reporter(kube.client(), component="agent-scheduler", qps=0)
+    reporter.unschedulable(_pod("a"), "binding rejected: denied")
+    await _report(reporter, kube, 1)
+    assert len(kube.patches) == 1 and _messages(kube) == [("FailedScheduling", "binding rejected: denied")]

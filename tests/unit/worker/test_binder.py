@@ -44,6 +44,7 @@ class Recorded:
         self.unschedulable: list[str] = []
         self.rejected: list[tuple[str, str]] = []
         self.requeued: list[str] = []
+        self.requeued_attempts: list[int] = []
 
     def on_bound(self, pod: PodRecord, node: NodeName, *, assumed_at: float, bound_at: float) -> None:
         assert assumed_at <= bound_at
@@ -55,8 +56,9 @@ class Recorded:
     def on_rejected(self, pod: PodRecord, message: str) -> None:
         self.rejected.append((pod.key, message))
 
-    def requeue(self, pod: PodRecord) -> None:
+    def requeue(self, pod: PodRecord, attempts: int) -> None:
         self.requeued.append(pod.key)
+        self.requeued_attempts.append(attempts)
 
 
 class Outcomes:
@@ -97,6 +99,8 @@ async def bind_once(
     retries: int = 2,
     shard: FakeShard | None = None,
     clock: list[float] | None = None,
+    attempts: int = 1,
+    requeue_rejected: bool = False,
 ) -> tuple[Cache, FakeApi, Recorded, Binder]:
     cache = Cache()
     cache.upsert_node(make_node(NODE).record())
@@ -111,6 +115,7 @@ async def bind_once(
         Outcomes(rec),
         requeue=rec.requeue,
         shard=shard,
+        requeue_rejected=requeue_rejected,
         retries=retries,
         concurrency=2,
         retry_backoff=0.001,
@@ -119,7 +124,7 @@ async def bind_once(
     )
     task = asyncio.create_task(binder.run())
     try:
-        binder.submit(pod, NODE, queued_at=0.0, attempts=1)
+        binder.submit(pod, NODE, queued_at=0.0, attempts=attempts)
         await asyncio.wait_for(binder.drain(), 5)
     finally:
         task.cancel()
@@ -226,7 +231,7 @@ async def test_each_attempt_is_given_until_just_before_the_fencing_deadline() ->
     clock = [100.0]
     shard = FakeShard(clock, deadline=101.0)
     api = FakeApi([])
-    binder = Binder(api, Cache(), Outcomes(Recorded()), requeue=lambda pod: None, shard=shard)
+    binder = Binder(api, Cache(), Outcomes(Recorded()), requeue=lambda pod, attempts: None, shard=shard)
     binder.clock = lambda: clock[0]
     assert binder._budget(NODE) == pytest.approx(1.0 - FENCE_MARGIN)  # ends FENCE_MARGIN before it
     clock[0] = 100.5
@@ -303,3 +308,17 @@ async def test_retries_use_the_shared_backoff_and_check_the_shard_before_each_at
     _, api, rec, _ = await bind_once([500, 503, 201], shard=shard)
     assert rec.bound == [("default/p", NODE)] and len(api.posts) == 3
     assert len(shard.asked) == 3  # one check per attempt, immediately before it
+
+
+async def test_a_requeued_pod_keeps_its_attempts_for_the_queues_backoff() -> None:
+    _, _, rec, _ = await bind_once([500, 500, 500], retries=2, attempts=3)
+    assert rec.requeued == ["default/p"] and rec.requeued_attempts == [3]
+
+
+@pytest.mark.parametrize("status", [403, 422])
+async def test_a_refused_binding_is_requeued_too_when_no_leader_retries_it(status: int) -> None:
+    """Standalone: reported on the pod and back to the queue with its attempts, as kube-scheduler does."""
+    cache, api, rec, _ = await bind_once([status], attempts=4, requeue_rejected=True)
+    assert rec.rejected == [("default/p", f"binding rejected: status {status}")]
+    assert rec.requeued == ["default/p"] and rec.requeued_attempts == [4]
+    assert len(api.posts) == 1 and not cache.assumed and cache.nodes[NODE].requested.milli_cpu == 0

@@ -128,3 +128,33 @@ def test_scheduled_pods_leave_the_queue() -> None:
     assert qp is not None
     q.done(qp, scheduled=True)
     assert PodKey("default/a") not in q and q.statistics() == dict.fromkeys(q.statistics(), 0)
+
+
+def test_a_requeued_binding_backs_off_by_its_attempts_so_far() -> None:
+    """A pod leaves the queue when assumed; a failed binding brings it back with the attempts it had made,
+    so repeated refusals wait 1, 2, 4, 8, 10, 10 s, not 1 s each time."""
+    clock = FakeClock()
+    q = SchedulingQueue(clock)
+    pod = make_pod("a").record()
+    q.add(pod)
+    waits = []
+    for _ in range(6):
+        qp = q.pop_nowait()
+        assert qp is not None
+        q.done(qp, scheduled=True)  # assumed: it leaves the queue
+        assert pod.key not in q
+        q.requeue(pod, qp.attempts)  # the binding was refused
+        assert q.where(pod.key) == "backoff"
+        start = clock.now
+        while q.flush_backoff() == 0:
+            clock.now += 0.25
+        waits.append(clock.now - start)
+    assert waits == [INITIAL_BACKOFF, 2.0, 4.0, 8.0, MAX_BACKOFF, MAX_BACKOFF]
+
+
+def test_requeue_without_attempts_starts_at_the_first_step() -> None:
+    clock = FakeClock()
+    q = SchedulingQueue(clock)
+    q.requeue(make_pod("a").record())
+    clock.now += INITIAL_BACKOFF
+    assert q.flush_backoff() == 1
