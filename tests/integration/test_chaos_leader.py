@@ -177,11 +177,6 @@ async def test_leader_lease_revoked_in_etcd_standby_takes_over(
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=False,
-    reason="workers keep the highest leader term they have seen; a fresh etcd's revisions restart low, so "
-    "the new leader's HELLO is refused until the HELLO term is checked against the election key in etcd",
-)
 async def test_etcd_replaced_by_an_empty_one_gets_a_leader_dispatching_again(
     kube: KubeClient, namespace: str, deployment: Deployment, chaos_etcd: EtcdServer, record_property: Any
 ) -> None:
