@@ -344,3 +344,16 @@ def test_leave_places_all_the_leavers_nodes_in_one_round() -> None:
     assert set(plan.target.values()) == set(remaining)
     assert plan.moves == ()  # the freed nodes are placed, no held node needs to move
     assert plan.skew <= AssignmentConfig().settle_skew
+
+
+def test_rebalancing_moves_the_largest_nodes_first() -> None:
+    pool = {**nodes(1000), **{NodeName(f"big-{i:04d}"): 4.0 for i in range(250)}}
+    old = _many(f"w{i}" for i in range(4))
+    start, _, _ = settle(AssignmentPolicy(), pool, old, {})
+    newcomer = WorkerId("new")
+    live = {**old, newcomer: WorkerInfo()}
+    _, moved, plans = settle(AssignmentPolicy(), pool, live, start)
+    nodes_moved = [m.node for p in plans for m in p.moves]
+    assert sum(n.startswith("big-") for n in nodes_moved) >= 0.9 * moved  # fewest handoffs for the capacity
+    assert moved <= 110  # the newcomer's share is 400 cores: about 100 nodes of 4, not 400 of 1
+    assert plans[-1].skew <= AssignmentConfig().settle_skew
