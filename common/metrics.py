@@ -4,6 +4,26 @@ Names follow kube-scheduler where the meaning is the same (``scheduler_*``), so 
 the project's own metrics are prefixed ``agent_scheduler_``. Metrics are module-level singletons in the
 default registry: one process, one set.
 
+Per-stage latency (``agent_scheduler_pod_scheduling_stage_duration_seconds{stage}``, as Volcano's
+``task_scheduling_latency{stage}``): the path of one pod, cut where it changes hands, each stage named by the
+event that ends it. Every stage is measured on one process's monotonic clock, from and to moments that process
+saw itself; clocks of different processes are never subtracted. The leader observes its two stages when the
+RESULT ``bound`` arrives, a worker each of its stages when it ends (``queued`` per pod taken into the queue,
+``decided`` per placing decision, ``bind_sent`` and ``bound`` per successful binding); a retried pod counts its
+retries in the stage they happened in:
+
+| stage | from | to | observed by |
+|---|---|---|---|
+| ``dispatched`` | the leader's watch shows the pod pending (or its gate lifted) | the DISPATCH that got it bound is sent | leader |
+| ``result`` | that DISPATCH is sent | its RESULT ``bound`` arrives (the whole worker side and both hops) | leader |
+| ``queued`` | the worker reads the DISPATCH (standalone: its watch delivers the pod) | the pod is in the scheduling queue | worker |
+| ``decided`` | the pod entered the queue | the decision that placed it is made and assumed (queue wait included) | worker |
+| ``bind_sent`` | assumed | the binding POST that succeeded is sent (binder slot wait and retries) | worker |
+| ``bound`` | that POST is sent | its answer arrives | worker |
+
+In coordinated mode ``result`` spans ``queued`` to ``bound`` of the worker plus the two network hops, so a
+leader's stages and a worker's stages are two views of one path, never to be summed.
+
 The server answers ``/metrics``, ``/healthz`` (the caller's liveness check passes: the process is not wedged,
 its API credentials are accepted; a failing check means "restart me") and ``/readyz`` (the caller's readiness
 check passes: caches synced, not fenced, or for a coordinator, leading and making progress or a healthy
@@ -20,6 +40,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, ge
 from common import metricsauth
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30)
+# kube-scheduler's exponential buckets: 1 ms doubling up to about 33 s.
+_STAGE_BUCKETS = tuple(0.001 * 2**k for k in range(16))
+
+LEADER_STAGES = ("dispatched", "result")
+WORKER_STAGES = ("queued", "decided", "bind_sent", "bound")
+STAGE_METRIC = "agent_scheduler_pod_scheduling_stage_duration_seconds"
 
 schedule_attempts = Counter(
     "scheduler_schedule_attempts_total",
@@ -68,6 +94,17 @@ reports_dropped = Counter(
 assumed_expired = Counter(
     "agent_scheduler_assumed_expired_total", "Assumed pods whose binding the watch never confirmed."
 )
+pod_stage_duration = Histogram(
+    STAGE_METRIC,
+    "Latency of each stage of a bound pod's path, by stage (see common.metrics for each stage's ends).",
+    ["stage"],
+    buckets=_STAGE_BUCKETS,
+)
+
+
+def observe_stage(stage: str, seconds: float) -> None:
+    """One pod's time in ``stage`` (one of ``LEADER_STAGES`` or ``WORKER_STAGES``); never negative."""
+    pod_stage_duration.labels(stage).observe(max(0.0, seconds))
 
 
 Check = Callable[[], bool | str]

@@ -71,6 +71,7 @@ class BindRequest:
     attempts: int
     assumed_at: float  # wall clock, for the audit trail
     unanswered: bool = False  # an attempt ended without a reply: the API server may still apply it
+    submitted_at: float = 0.0  # on the binder's clock: start of the "bind_sent" stage
 
 
 class Binder:
@@ -111,7 +112,7 @@ class Binder:
 
     def submit(self, pod: PodRecord, node: NodeName, queued_at: float, attempts: int) -> None:
         self._in_flight[node] = self._in_flight.get(node, 0) + 1
-        self._queue.put_nowait(BindRequest(pod, node, queued_at, attempts, time.time()))
+        self._queue.put_nowait(BindRequest(pod, node, queued_at, attempts, time.time(), submitted_at=self.clock()))
 
     def in_flight(self, node: NodeName | None = None) -> int:
         if node is None:
@@ -232,6 +233,8 @@ class Binder:
             metrics.binding_duration.labels("bound").observe(now - start)
             metrics.bind_results.labels("bound").inc()
             metrics.pod_sli_duration.labels(str(min(req.attempts, 16))).observe(now - req.queued_at)
+            metrics.observe_stage("bind_sent", start - req.submitted_at)
+            metrics.observe_stage("bound", now - start)
             self.cache.finish_binding(pod.key, now)
             self.bound += 1
             self.outcomes.bound(pod, node, assumed_at=req.assumed_at, bound_at=time.time())

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from common import metrics
 from common.kube import KubeClient
 from common.records import NodeName, PodRecord, node_from_json, pod_from_json
 from common.reporting import Reporter
@@ -59,23 +60,29 @@ class PodFeed:
         self.scheduler_name = scheduler_name
         self.watch_pending = watch_pending
 
-    def admit(self, pod: PodRecord) -> None:
-        """A pod from the watch: queue it if it is ours and waiting; drop it from the queue once placed."""
+    def admit(self, pod: PodRecord, seen_at: float) -> None:
+        """A pod from the watch: queue it if it is ours and waiting; drop it from the queue once placed.
+        ``seen_at`` (the queue's clock) is when the watch delivered it: the start of the "queued" stage."""
         if pod.scheduler_name != self.scheduler_name:
             return
         if pod.node_name or pod.deleting:
             self.queue.delete(pod.key)
             return
         if self.watch_pending and not self.cache.is_assumed(pod.key):
+            new = pod.key not in self.queue
             self.queue.add(pod)
+            if new and pod.key in self.queue:
+                metrics.observe_stage("queued", self.queue.clock() - seen_at)
 
     def replace(self, objects: list[dict[str, Any]]) -> None:
+        seen_at = self.queue.clock()
         pods = [pod_from_json(o) for o in objects]
         self.cache.replace_pods([p for p in pods if p.node_name and not p.terminal])
         for p in pods:
-            self.admit(p)
+            self.admit(p, seen_at)
 
     def event(self, kind: str, obj: dict[str, Any]) -> None:
+        seen_at = self.queue.clock()
         pod = pod_from_json(obj)
         if kind == "DELETED" or pod.terminal:
             self.queue.delete(pod.key)
@@ -85,7 +92,7 @@ class PodFeed:
             return
         if self.cache.upsert_pod(pod):
             self.queue.move_all()
-        self.admit(pod)
+        self.admit(pod, seen_at)
 
 
 class Watches:

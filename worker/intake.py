@@ -43,7 +43,7 @@ import socket
 import time
 from collections.abc import Callable, Mapping
 
-from common import protocol
+from common import metrics, protocol
 from common.etcd.kv import KeyValue
 from common.keyring import Keys
 from common.records import NodeName, PodKey, PodRecord, pod_from_json
@@ -342,6 +342,7 @@ class Intake:
 
     def handle(self, msg: protocol.Message, stream: LeaderStream) -> None:
         if isinstance(msg, protocol.Dispatch):
+            received_at = self.sched.clock()
             dispatch_id, pod = _dispatch(msg)
             self.received += 1
             if pod.scheduler_name != self.scheduler_name:
@@ -356,6 +357,7 @@ class Intake:
                 return
             self.results.expect(dispatch_id, pod)
             self.sched.submit(pod)
+            metrics.observe_stage("queued", self.sched.clock() - received_at)
             stream.send(protocol.Ack(dispatch_id))
         elif isinstance(msg, protocol.Ping):
             stream.send(protocol.Pong(msg.ts))

@@ -146,6 +146,7 @@ class Scheduler:
             self.cache.assume(pod, decision.node)
             self.queue.done(qp, scheduled=True)
             self.binder.submit(pod, decision.node, qp.added_at, qp.attempts)
+            metrics.observe_stage("decided", start + elapsed - qp.added_at)
             log.debug("assumed", extra={"pod": key, "node": decision.node})
             metrics.schedule_attempts.labels("scheduled", "agent").inc()
             metrics.attempt_duration.labels("scheduled", "agent").observe(elapsed)

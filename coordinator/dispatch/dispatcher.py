@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from common import protocol
+from common import metrics, protocol
 from common.keyring import Keys, NoSecret
 from common.kube import KubeClient
 from common.records import PodKey, PodRecord, pod_from_json
@@ -140,7 +140,7 @@ class Dispatcher:
             self.forget(key)  # deleted and recreated under the same name: a new pod
             p = None
         if p is None:
-            p = self.table.pods[key] = PendingPod(obj, record)
+            p = self.table.pods[key] = PendingPod(obj, record, seen_at=self.clock())
             if record.parse_error is not None:
                 self.reporter.unschedulable(record, record.parse_error)
                 p.parked_at = self.clock()
@@ -151,6 +151,7 @@ class Dispatcher:
         was_gated = p.record.gated
         p.obj, p.record = obj, record
         if was_gated and not record.gated and p.worker is None:
+            p.seen_at = self.clock()  # the time spent gated is the user's, not the scheduler's
             self.table.enqueue(key)
         return key
 
@@ -292,6 +293,8 @@ class Dispatcher:
         if result.outcome == protocol.BOUND:
             w.bound += 1
             self.table.pods.pop(key, None)
+            metrics.observe_stage("dispatched", p.dispatched_at - p.seen_at)
+            metrics.observe_stage("result", self.clock() - p.dispatched_at)
         elif result.outcome == protocol.GONE:
             self.table.pods.pop(key, None)
         elif result.outcome == protocol.REJECTED or result.nodes == 0:

@@ -50,6 +50,7 @@ class PendingPod:
     tried: set[str] = field(default_factory=set)
     worker: str | None = None
     dispatch_id: int = 0
+    seen_at: float = 0.0  # the watch showed it pending (or its gate lifted): start of the "dispatched" stage
     dispatched_at: float = 0.0
     not_before: float = 0.0  # after a RESULT rejected: not dispatched again before this
     rejections: int = 0

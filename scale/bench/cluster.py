@@ -38,7 +38,7 @@ from typing import Any
 from common.backoff import Backoff
 from common.events import rfc3339
 from common.kube import ApiError, KubeClient, NotFound, ServerError, TooManyRequests
-from scale.bench import loadgen, noop_binder, report, stages
+from scale.bench import loadgen, noop_binder, report, stagemetrics, stages
 from scale.bench.meter import PidSource, ProcessMeter, own_pid, with_children
 from scale.bench.results import RunResult, dump, summarize
 from scale.bench.schedulers import (
@@ -267,6 +267,7 @@ async def _run_workload(
     meter = ProcessMeter(_groups(cluster, running))
     started_at = rfc3339()
     log.info("%s × %s × %d nodes: %d pods", spec.name, workload.name, nodes, len(plan))
+    stages_before, _ = await stagemetrics.scrape(running.metrics_addresses)
     if workload.paused:
         running.pause()
     meter.start()
@@ -312,6 +313,11 @@ async def _run_workload(
         result.notes.append(f"cleaning up the namespace failed: {e}")
         log.warning("cleaning up %s failed: %s", namespace, e)
     await asyncio.sleep(SETTLE_S)  # let the scheduler's watches catch up with the deletions
+    if running.metrics_addresses:
+        # After the settle pause: a RESULT may reach the leader after the load generator saw the binding.
+        stages_after, problems = await stagemetrics.scrape(running.metrics_addresses)
+        result.stages = stagemetrics.summary(stagemetrics.difference(stages_after, stages_before))
+        result.notes += problems
     log.info(
         "%s × %s: %d/%d bound, %.0f pods/s, p50 %.0f ms, p99 %.0f ms, %.2f CPU-s/1k pods",
         spec.name,

@@ -80,6 +80,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--max-rounds", type=int, default=20, help="policy rounds per join/leave before estimating"
     )
     s.add_argument("--max-moves-per-round", type=int, default=None, help="default: the policy's own")
+    s.add_argument(
+        "--max-transit-fraction",
+        type=float,
+        default=None,
+        help="default: the policy's own (0: the fixed budget)",
+    )
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--out", type=Path, default=None, help="directory for simulate.json and simulate.md")
 

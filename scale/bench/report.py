@@ -1,8 +1,9 @@
 """The bench report: ``report.md`` with the issue's goals met or missed, the results table, plots, limits.
 
 Input is only the list of ``RunResult`` (what ``results.json`` holds), so a report can be rebuilt from a results
-file alone (``agent-scheduler bench report DIR``). Pure functions (``goals``, ``table``, ``utilisation``) build
-the text; ``write`` adds the PNG plots (matplotlib, Agg backend, imported lazily).
+file alone (``agent-scheduler bench report DIR``). Pure functions (``goals``, ``table``, ``utilisation``,
+``stage_table``, ``stack``) build the text; ``write`` adds the PNG plots (matplotlib, Agg backend, imported
+lazily), among them a stacked bar of stage means per scheduler configuration.
 
 The goals (issue 6), each comparing one agent configuration with kube-scheduler at client qps 5000 on the same
 node count. The throughput workload is ``backlog`` when it was run (pods all pending before the scheduler is
@@ -22,8 +23,10 @@ import platform
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from scale.bench.results import RunResult, load
+from scale.bench.stagemetrics import STAGES
 from scale.bench.volcano import VolcanoProbe
 
 KUBE_REFERENCE = "kube-scheduler-qps5000"
@@ -226,6 +229,90 @@ def limits(results: Sequence[RunResult], cores: int) -> list[str]:
     return lines
 
 
+HOPS = "hops"  # the leader's result stage minus the worker's stages: the two network hops and the RESULT
+
+
+def stack(r: RunResult) -> list[tuple[str, float]]:
+    """The segments of one run's stacked stage bar, in path order: (stage, mean ms).
+
+    Every stage is one process's own measurement, so the means add up along the path. A coordinated run has
+    two views of the worker's part: the worker's stages, and the leader's ``result`` that spans them plus the
+    hops; the bar shows the worker's stages and, as ``hops``, what ``result`` has beyond them (mean minus
+    means, never a difference of clocks; 0 when the worker's side is the larger)."""
+    means = {stage: float(v.get("mean_ms", 0.0)) for stage, v in r.stages.items()}
+    out = [(stage, means[stage]) for stage in STAGES if stage in means and stage != "result"]
+    if "result" in means:
+        worker = sum(means.get(stage, 0.0) for stage in STAGES if stage not in ("dispatched", "result"))
+        out.append((HOPS, max(0.0, means["result"] - worker)))
+    return out
+
+
+def stage_table(results: Sequence[RunResult]) -> list[str]:
+    """Markdown: mean / p99 ms per stage for every run that reported stages ("" when none did)."""
+    runs = sorted(
+        (r for r in results if r.stages and not r.error),
+        key=lambda r: (r.nodes, _workload_order(r.workload), r.scheduler),
+    )
+    if not runs:
+        return []
+    seen = [s for s in STAGES if any(s in r.stages for r in runs)]
+    lines = [
+        "| nodes | workload | scheduler | " + " | ".join(seen) + " |",
+        "|---:|---|---|" + "---:|" * len(seen),
+    ]
+    for r in runs:
+        cells = []
+        for stage in seen:
+            v = r.stages.get(stage)
+            cells.append("-" if not v else f"{v['mean_ms']:.1f} / {v['p99_ms']:.0f}")
+        lines.append(f"| {r.nodes} | {r.workload} | {r.scheduler} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _stage_plots(out: Path, results: Sequence[RunResult]) -> list[tuple[str, str]]:
+    """One stacked-bar figure of stage means per node count: a panel per workload, a bar per configuration."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    made: list[tuple[str, str]] = []
+    ok = [r for r in results if r.stages and not r.error]
+    segments = [s for s in STAGES if s != "result"] + [HOPS]
+    colours = {s: plt.get_cmap("tab10")(i % 10) for i, s in enumerate(segments)}
+    for nodes in sorted({r.nodes for r in ok}):
+        runs = [r for r in ok if r.nodes == nodes]
+        workloads = sorted({r.workload for r in runs}, key=_workload_order)
+        fig, axes = plt.subplots(1, len(workloads), figsize=(4.2 * len(workloads), 3.8), squeeze=False)
+        for ax, workload in zip(axes[0], workloads, strict=True):
+            bars = sorted((r for r in runs if r.workload == workload), key=lambda r: r.scheduler)
+            for x, r in enumerate(bars):
+                bottom = 0.0
+                for stage, ms in stack(r):
+                    ax.bar(x, ms, bottom=bottom, color=colours[stage], label=stage if x == 0 else None)
+                    bottom += ms
+            ax.set_xticks(range(len(bars)), [r.scheduler for r in bars], rotation=20, fontsize=7)
+            ax.set_title(f"{workload} ({nodes} nodes)")
+            ax.set_ylabel("mean ms per pod, by stage")
+            ax.grid(True, axis="y", alpha=0.3)
+        handles: dict[str, Any] = {}
+        for ax in axes[0]:
+            for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+                handles.setdefault(label, handle)
+        axes[0][-1].legend(
+            [handles[s] for s in segments if s in handles],
+            [s for s in segments if s in handles],
+            fontsize=7,
+            loc="upper right",
+        )
+        fig.tight_layout()
+        name = f"stages-{nodes}.png"
+        fig.savefig(out / name, dpi=110)
+        plt.close(fig)
+        made.append((f"Where the time goes: mean per stage, {nodes} nodes", name))
+    return made
+
+
 def _plots(out: Path, results: Sequence[RunResult]) -> list[tuple[str, str]]:
     """One latency-CDF figure and one bound-over-time figure per node count; returns (title, file) pairs."""
     import matplotlib
@@ -312,6 +399,20 @@ def render(
         ]
     for title, name in plots:
         lines += [f"### {title}", "", f"![{title}]({name})", ""]
+    stages = stage_table(results)
+    if stages:
+        lines += [
+            "## Where the time goes: per-stage latency (mean / p99 ms)",
+            "",
+            "From the schedulers' `agent_scheduler_pod_scheduling_stage_duration_seconds{stage}`, scraped before "
+            "and after each run (`common/metrics.py` defines the stages). Leader: `dispatched` (its watch to the "
+            "DISPATCH), `result` (DISPATCH to RESULT bound); worker: `queued`, `decided`, `bind_sent`, `bound`. "
+            "p99 is estimated from the histogram buckets. In the stacked bars, `hops` is the leader's `result` "
+            "mean minus the worker's stage means.",
+            "",
+            *stages,
+            "",
+        ]
     lim = limits(results, cores)
     if lim:
         lines += ["## What limits throughput (backlog and burst runs, from where the CPU went)", "", *lim, ""]
@@ -352,7 +453,7 @@ def write(
 ) -> Path:
     """Write ``report.md`` and its PNG plots into ``out``; returns the report's path."""
     out.mkdir(parents=True, exist_ok=True)
-    plots = _plots(out, results) if results else []
+    plots = [*_plots(out, results), *_stage_plots(out, results)] if results else []
     path = out / "report.md"
     path.write_text(render(results, plots=plots, volcano=volcano, profiles=profiles, quick=quick))
     return path

@@ -171,6 +171,7 @@ class RunResult:
     notes: list[str] = field(default_factory=list)
     cdf_ms: list[float] = field(default_factory=list)
     timeline: list[list[float]] = field(default_factory=list)
+    stages: dict[str, dict[str, float]] = field(default_factory=dict)  # per stage: count, mean/p50/p99 ms
     schema: int = SCHEMA_VERSION
     started_at: str = ""
     error: str = ""

@@ -45,6 +45,7 @@ from scale.bench.meter import with_children
 from scale.cluster import Cluster
 from scale.cluster.components import SCHEDULER
 from scale.cluster.config import PROJECT_ROOT, SCHEDULER_USER
+from scale.cluster.ports import LOOPBACK, free_ports
 from scale.cluster.processes import ProcessRecord, exit_code, is_running, spawn, stop, tail
 
 log = logging.getLogger(__name__)
@@ -161,12 +162,19 @@ class Running:
     """A scheduler under test, started on one cluster."""
 
     def __init__(
-        self, spec: SchedulerSpec, cluster: Cluster, children: list[ProcessRecord], *, etcd_endpoint: str = ""
+        self,
+        spec: SchedulerSpec,
+        cluster: Cluster,
+        children: list[ProcessRecord],
+        *,
+        etcd_endpoint: str = "",
+        metrics_addresses: list[str] | None = None,
     ) -> None:
         self.spec = spec
         self.cluster = cluster
         self.children = children
         self.etcd_endpoint = etcd_endpoint
+        self.metrics_addresses = metrics_addresses or []  # host:port of each of our processes' /metrics
         self.notes: list[str] = []
 
     def pids(self) -> list[int]:
@@ -270,6 +278,8 @@ def launch(
             logs / f"no-decision{suffix}.log",
         )
         return Running(spec, cluster, [child])
+    # Each of our processes serves /metrics on a port chosen here, so the bench can read its stage latencies.
+    addresses = [f"{LOOPBACK}:{port}" for port in free_ports(spec.workers + 1)]
     if spec.workers == 0:
         child = start(
             "worker",
@@ -278,13 +288,14 @@ def launch(
                 "worker",
                 "--standalone",
                 *common,
+                f"--metrics-address={addresses[0]}",
                 f"--bind-concurrency={spec.bind_concurrency}",
                 "--id=bench-standalone",
                 profile_to=profile_to,
             ),
             logs / f"{spec.name}-worker{suffix}.log",
         )
-        return Running(spec, cluster, [child])
+        return Running(spec, cluster, [child], metrics_addresses=addresses)
     etcd = cluster.etcd_endpoint.removeprefix("http://")
     prefix = f"{ETCD_PREFIX}/{spec.name}"
     children = []
@@ -302,6 +313,7 @@ def launch(
                     f"--etcd-prefix={prefix}",
                     f"--id=bench-w{i + 1}",
                     f"--bind-concurrency={spec.bind_concurrency}",
+                    f"--metrics-address={addresses[i]}",
                 ),
                 logs / f"{spec.name}-worker-{i + 1}{suffix}.log",
             )
@@ -316,11 +328,12 @@ def launch(
                 f"--etcd-endpoints={etcd}",
                 f"--etcd-prefix={prefix}",
                 "--id=bench-coordinator",
+                f"--metrics-address={addresses[spec.workers]}",
             ),
             logs / f"{spec.name}-coordinator{suffix}.log",
         )
     )
-    return Running(spec, cluster, children, etcd_endpoint=etcd)
+    return Running(spec, cluster, children, etcd_endpoint=etcd, metrics_addresses=addresses)
 
 
 async def shard_status(running: Running) -> dict[str, Any] | None:

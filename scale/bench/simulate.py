@@ -10,11 +10,14 @@ engine decisions are timed on the CPU they take here (each worker is its own pro
 What it reports per worker count:
 - shard balance after the first plan: nodes and capacity (allocatable CPU, the pool's weight) per worker, min
   and max, and the policy's CPU time for that plan;
-- a worker joining a settled map: rounds, nodes moved (against the ideal, the newcomer's fair share), CPU per
-  round. The policy moves at most ``max_moves_per_round`` nodes per round, so at 100,000 nodes a join needs
-  hundreds of rounds; rounds past ``max_rounds`` are not run but estimated from the newcomer's remaining deficit
-  (marked as an estimate);
-- a worker leaving: its nodes are placed on the others in one round; any further moves are counted;
+- a worker joining a settled map: rounds until nothing moves, rounds until the newcomer holds at least 90 % of
+  its fair share (``FAIR_SHARE``), nodes moved (against the ideal, the newcomer's fair share), the most nodes in
+  transit at once (every handoff of a round is modelled as finishing before the next round, so that is the
+  largest round), CPU per round. The policy bounds nodes in transit (``AssignmentConfig.transit_limit``);
+  rounds past ``max_rounds`` are not run but estimated from the newcomer's remaining deficit (marked as an
+  estimate);
+- a worker leaving: rounds until its nodes all have a live owner (they are free, so they are placed, not
+  handed off) and until nothing moves; any further moves are counted;
 - decisions per second per worker: each simulated worker's pod stream is ``pods / workers`` pods (the
   coordinator's dispatch is modelled as round-robin). To stay within minutes on two cores, the first part of
   each stream is packed onto the shard in bulk (first fit, in node-name order, the way a bin-packing
@@ -31,7 +34,7 @@ import math
 import statistics
 import time
 from collections import Counter, defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -45,6 +48,7 @@ from worker.scheduler import build_engine
 from worker.settings import WorkerSettings
 
 ROUND_SECONDS = 1.0  # coordinator.workershards.shardmap plans at least this often; one simulated round
+FAIR_SHARE = 0.9  # a joining worker has reached its fair share once it holds this fraction of it
 
 
 @dataclass(slots=True)
@@ -83,6 +87,8 @@ class Rebalance:
     cpu_per_round_s: float
     estimated_rounds: int  # when not settled within max_rounds: rounds still needed (estimate), else 0
     estimated_moved: int
+    rounds_to_fair_share: int | None = None  # join: newcomer >= FAIR_SHARE of its share; leave: all placed
+    max_in_transit: int = 0  # the most nodes handed off in one round (all in transit at once)
 
     @property
     def simulated_s(self) -> float:
@@ -186,13 +192,17 @@ def _rounds(
     current: dict[NodeName, WorkerId],
     *,
     max_rounds: int,
-) -> tuple[int, int, bool, float, float]:
+    reached: Callable[[Mapping[NodeName, WorkerId]], bool],
+) -> tuple[int, int, bool, float, float, int | None, int]:
     """Plan rounds until nothing moves; handoffs complete between rounds. Returns (rounds, moved, settled,
-    final skew, CPU seconds per round). ``current`` is updated in place."""
+    final skew, CPU seconds per round, the first round after which ``reached(current)`` held, the most moves of
+    one round). ``current`` is updated in place."""
     moved = rounds = 0
     cpu = 0.0
     settled = False
     last_skew = 0.0
+    first_reached: int | None = None
+    widest = 0
     while rounds < max_rounds:
         began = time.process_time()
         plan = policy.plan(pool, workers, current)
@@ -205,10 +215,13 @@ def _rounds(
         for move in plan.moves:
             current[move.node] = move.target
             moved += 1
+        widest = max(widest, len(plan.moves))
+        if first_reached is None and reached(current):
+            first_reached = rounds
         if not plan.moves and not plan.rebalancing:
             settled = True
             break
-    return rounds, moved, settled, round(last_skew, 4), round(cpu / max(1, rounds), 4)
+    return rounds, moved, settled, round(last_skew, 4), round(cpu / max(1, rounds), 4), first_reached, widest
 
 
 def simulate_join(
@@ -224,16 +237,22 @@ def simulate_join(
     current = dict(initial)
     before = dict(initial)
     policy = AssignmentPolicy(config)
-    rounds, moved, settled, final, per_round = _rounds(policy, pool, members, current, max_rounds=max_rounds)
     total = sum(pool.values())
     share = total / len(members)
+
+    def fair(state: Mapping[NodeName, WorkerId]) -> bool:
+        return sum(pool[n] for n, w in state.items() if w == newcomer) >= FAIR_SHARE * share
+
+    rounds, moved, settled, final, per_round, to_share, widest = _rounds(
+        policy, pool, members, current, max_rounds=max_rounds, reached=fair
+    )
     held = sum(pool[n] for n, w in current.items() if w == newcomer)
     est_rounds = est_moved = 0
     if not settled:
         mean_weight = total / len(pool)
         deficit = max(0.0, share * (1 - config.settle_skew) - held)
         est_moved = math.ceil(deficit / mean_weight)
-        est_rounds = math.ceil(est_moved / max(1, config.max_moves_per_round))
+        est_rounds = math.ceil(est_moved / max(1, config.transit_limit(len(pool))))
     return Rebalance(
         event="join",
         workers_before=len(workers),
@@ -248,6 +267,8 @@ def simulate_join(
         cpu_per_round_s=per_round,
         estimated_rounds=est_rounds,
         estimated_moved=est_moved,
+        rounds_to_fair_share=to_share,
+        max_in_transit=widest,
     )
 
 
@@ -265,7 +286,13 @@ def simulate_leave(
     freed = len(initial) - len(current)
     before = dict(current)
     policy = AssignmentPolicy(config)
-    rounds, _, settled, final, per_round = _rounds(policy, pool, members, current, max_rounds=max_rounds)
+
+    def placed(state: Mapping[NodeName, WorkerId]) -> bool:
+        return len(state) == len(pool)
+
+    rounds, _, settled, final, per_round, to_share, widest = _rounds(
+        policy, pool, members, current, max_rounds=max_rounds, reached=placed
+    )
     moved_held = sum(1 for n, w in before.items() if current[n] != w)
     return Rebalance(
         event="leave",
@@ -281,6 +308,8 @@ def simulate_leave(
         cpu_per_round_s=per_round,
         estimated_rounds=0,
         estimated_moved=0,
+        rounds_to_fair_share=to_share,
+        max_in_transit=widest,
     )
 
 
@@ -409,19 +438,21 @@ def run(
     return results
 
 
-def render(results: Sequence[SimResult], *, max_moves: int) -> str:
+def render(results: Sequence[SimResult], *, config: AssignmentConfig) -> str:
     if not results:
         return "no results"
     r0 = results[0]
     lines = [
-        f"Simulation: {r0.nodes:,} nodes, {r0.pods:,} pods; real coordinator.workershards.assignment policy (max {max_moves} moves "
-        f"per round, one round ≈ {ROUND_SECONDS:.0f}s) and real worker engine.",
+        f"Simulation: {r0.nodes:,} nodes, {r0.pods:,} pods; real coordinator.workershards.assignment policy "
+        f"({config.describe()}: {config.transit_limit(r0.nodes):,} here; one round ≈ {ROUND_SECONDS:.0f}s) "
+        "and real worker engine.",
         f"Engine sampling: {r0.engine.sampled_workers} workers per configuration simulated; of each worker's stream "
         f"the last {r0.engine.timed_per_worker:,} pods are decided and timed, the rest packed in bulk.",
         "",
         "| workers | nodes/worker min..max | capacity (cores) min..max | first plan CPU s | join: moved, cores moved of the fair share | join rounds | join s (sim) | leave: moved (departed) nodes, cores | leave rounds | decisions/s/worker (min..median..max) | cluster decisions/s | s for all pods |",
         "|---:|---|---|---:|---|---:|---:|---|---:|---|---:|---:|",
     ]
+    transit: list[str] = []
     for r in results:
         b, j, lv, e = r.balance, r.join, r.leave, r.engine
         join_moved = (
@@ -435,21 +466,36 @@ def render(results: Sequence[SimResult], *, max_moves: int) -> str:
             if e.decisions_per_s
             else "-"
         )
+        transit.append(
+            f"- {r.workers} workers: join {_fair(j)}, at most {j.max_in_transit:,} nodes in transit at once; "
+            f"leave: every departed node placed after {_fair(lv)}, at most {lv.max_in_transit:,} in transit."
+        )
         lines.append(
             f"| {r.workers} | {b.nodes_min:,}..{b.nodes_max:,} | {b.capacity_min:,.0f}..{b.capacity_max:,.0f} | {b.plan_cpu_s:.1f} "
             f"| {join_moved} | {join_rounds} | {j.simulated_s:,.0f} "
             f"| {lv.moved:,} ({lv.ideal:,}) nodes, {lv.moved_capacity:,.0f} of {lv.ideal_capacity:,.0f} cores | {lv.rounds} "
             f"| {rates} | {r.cluster_decisions_per_s:,.0f} | {r.simulated_s_for_pods:,.1f} |"
         )
+    lines += [
+        "",
+        f"Rounds to fair share (a newcomer at {FAIR_SHARE:.0%} of its share) and nodes in transit:",
+        *transit,
+    ]
     slow = [r for r in results if r.join.cpu_per_round_s > 0.25]
     if slow:
         lines += [
             "",
             "Join rounds cost the leader "
             + ", ".join(f"{r.join.cpu_per_round_s:.2f}s CPU at {r.workers} workers" for r in slow)
-            + " (each move scans the source worker's nodes).",
+            + " (each giver's nodes are hashed and sorted once per round).",
         ]
     return "\n".join(lines)
+
+
+def _fair(r: Rebalance) -> str:
+    if r.rounds_to_fair_share is not None:
+        return f"{r.rounds_to_fair_share} round{'s' if r.rounds_to_fair_share != 1 else ''}"
+    return f"more than {r.rounds} rounds"
 
 
 def main(args: argparse.Namespace) -> int:
@@ -459,7 +505,9 @@ def main(args: argparse.Namespace) -> int:
         return 2
     config = AssignmentConfig()
     if args.max_moves_per_round is not None:
-        config = AssignmentConfig(max_moves_per_round=args.max_moves_per_round)
+        config = replace(config, max_moves_per_round=args.max_moves_per_round)
+    if args.max_transit_fraction is not None:
+        config = replace(config, max_transit_fraction=args.max_transit_fraction)
     results = run(
         nodes=args.nodes,
         pods=args.pods,
@@ -471,7 +519,7 @@ def main(args: argparse.Namespace) -> int:
         seed=args.seed,
         progress=True,
     )
-    text = render(results, max_moves=config.max_moves_per_round)
+    text = render(results, config=config)
     print(text)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -67,10 +67,18 @@ def test_tiny_bench_writes_results_and_report(tmp_path: Path) -> None:
     assert all(r.params["lifetime_s"] > 0 for r in churn)
     backlog = [r for r in results if r.workload == "backlog"]
     assert all(r.params["paused"] for r in backlog)  # the schedulers were stopped and released
+    for r in results:  # per-stage latency, scraped from our worker's /metrics around each run
+        if r.scheduler == "agent-standalone":
+            assert list(r.stages) == ["queued", "decided", "bind_sent", "bound"], r.notes
+            assert r.stages["bound"]["count"] == PODS
+            assert all(v["count"] >= PODS and 0 <= v["p50_ms"] <= v["p99_ms"] for v in r.stages.values())
+        else:
+            assert r.stages == {}
 
     report = (out / "report.md").read_text()
     assert "## Goals" in report and "## Results" in report
-    for png in (f"latency-cdf-{NODES}.png", f"bound-over-time-{NODES}.png"):
+    assert "## Where the time goes: per-stage latency" in report
+    for png in (f"latency-cdf-{NODES}.png", f"bound-over-time-{NODES}.png", f"stages-{NODES}.png"):
         assert (out / png).stat().st_size > 1000
         assert png in report
     assert any((out / "logs" / str(NODES)).glob("agent-standalone-worker.log"))

@@ -15,10 +15,18 @@ would otherwise silently fall back to a default.
       startSkew: 0.25              # ``coordinator.workershards.assignment`` from the shard map's next round
       stopSkew: 0.10
       maxNodeMovesPerRound: 32
+      maxNodesInTransitFraction: 0.10
 
 Skew has one definition, the assignment's: a worker's fill is the node capacity it holds divided by its fair
 share (1.0 = exactly its share); skew is the highest fill minus the lowest. The defaults here are the
 assignment's own (``AssignmentConfig``), so a ConfigMap without ``rebalance`` changes nothing.
+
+The two move settings bound the nodes in transit between workers together: at most
+max(``maxNodeMovesPerRound``, ``maxNodesInTransitFraction`` x pool nodes) at once, and one round takes at most
+max(``maxNodeMovesPerRound``, ``maxNodesInTransitFraction`` x its nodes) from any worker. So
+``maxNodeMovesPerRound`` is the floor that keeps small pools moving, and the fraction lets a join converge in
+a few rounds at 100,000 nodes; ``maxNodesInTransitFraction: 0`` restores a fixed budget of
+``maxNodeMovesPerRound``.
 
 Settings that are not hot-reloaded any more are *accepted and ignored with a warning* (logged, counted in the
 policy summary that ``agent-scheduler status`` prints, and left out of the policy version): the ``lease`` and
@@ -93,8 +101,15 @@ class RebalanceSettings:
     max_node_moves_per_round: int = field(
         default=_ASSIGNMENT_DEFAULTS.max_moves_per_round, metadata=_key("maxNodeMovesPerRound", int, lo=1)
     )
-    """At most this many nodes on their way between workers at once; a round starts new moves only up to this
-    minus those still in flight."""
+    """Nodes on their way between workers at once, at least (the bound is the larger of this and
+    ``maxNodesInTransitFraction`` of the pool); a round starts new moves only up to the bound minus those still
+    in flight."""
+    max_nodes_in_transit_fraction: float = field(
+        default=_ASSIGNMENT_DEFAULTS.max_transit_fraction,
+        metadata=_key("maxNodesInTransitFraction", float, lo=0.0, hi=1.0),
+    )
+    """Fraction of the pool that may be in transit at once, and of any one worker's nodes that one round may
+    take (0 <= x <= 1; 0: only ``maxNodeMovesPerRound`` counts)."""
 
     def assignment_config(self) -> AssignmentConfig:
         """The assignment's configuration with these settings (its other knobs at their defaults)."""
@@ -103,6 +118,7 @@ class RebalanceSettings:
             skew_threshold=self.start_skew,
             settle_skew=self.stop_skew,
             max_moves_per_round=self.max_node_moves_per_round,
+            max_transit_fraction=self.max_nodes_in_transit_fraction,
         )
 
 

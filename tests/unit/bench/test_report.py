@@ -127,3 +127,52 @@ def test_repeated_runs_keep_the_least_disturbed_and_say_so() -> None:
     assert kept is quiet
     assert "least disturbed of 3" in kept.notes[-1] and "(kept)" in kept.notes[-1]
     assert least_disturbed([busy]) is busy and busy.notes == []
+
+
+def staged(scheduler: str, workload: str, stages: dict[str, float]) -> RunResult:
+    r = run(scheduler, workload, pps=500, p99=1000, cpu=1.0)
+    r.stages = {s: {"count": 3000, "mean_ms": ms, "p50_ms": ms, "p99_ms": 3 * ms} for s, ms in stages.items()}
+    return r
+
+
+STANDALONE = {"queued": 0.1, "decided": 40.0, "bind_sent": 100.0, "bound": 20.0}
+COORD = {
+    "dispatched": 300.0,
+    "result": 900.0,
+    "queued": 0.2,
+    "decided": 500.0,
+    "bind_sent": 200.0,
+    "bound": 50.0,
+}
+
+
+def test_the_stage_bar_stacks_the_worker_stages_and_the_hops() -> None:
+    assert report.stack(staged("agent-standalone", "burst", STANDALONE)) == list(STANDALONE.items())
+    segments = report.stack(staged("agent-coord-1", "burst", COORD))
+    assert [s for s, _ in segments] == ["dispatched", "queued", "decided", "bind_sent", "bound", report.HOPS]
+    assert dict(segments)[report.HOPS] == 900.0 - (0.2 + 500.0 + 200.0 + 50.0)
+    # a leader whose result is shorter than the worker's stages (different pods observed): no negative hop
+    short = staged("agent-coord-1", "burst", {**COORD, "result": 100.0})
+    assert dict(report.stack(short))[report.HOPS] == 0.0
+    assert report.stack(run("kube-scheduler-qps5000", "burst", pps=1, p99=1, cpu=1)) == []
+
+
+def test_the_report_has_a_stage_table_and_a_stacked_bar_per_node_count(tmp_path: Path) -> None:
+    rs = [
+        *results(),
+        staged("agent-standalone", "backlog", STANDALONE),
+        staged("agent-coord-1", "backlog", COORD),
+    ]
+    path = report.write(tmp_path, rs)
+    text = path.read_text()
+    assert "## Where the time goes: per-stage latency (mean / p99 ms)" in text
+    assert (
+        "| nodes | workload | scheduler | dispatched | result | queued | decided | bind_sent | bound |"
+        in text
+    )
+    assert "| 1000 | backlog | agent-coord-1 | 300.0 / 900 | 900.0 / 2700 | 0.2 / 1 | 500.0 / 1500 |" in text
+    assert "| 1000 | backlog | agent-standalone | - | - | 0.1 / 0 |" in text
+    assert (tmp_path / "stages-1000.png").stat().st_size > 1000
+    assert "](stages-1000.png)" in text
+    # Runs without stages (kube-scheduler, older results files) leave the section out.
+    assert report.stage_table(results()) == []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from coordinator.workershards.assignment import AssignmentConfig
 from scale.bench import simulate
 
 
@@ -30,8 +31,19 @@ def test_small_simulation_balances_moves_little_and_decides() -> None:
         assert all(rate > 0 for rate in e.decisions_per_s)
         assert r.cluster_decisions_per_s > 0
         json.dumps(r.to_json())
-    text = simulate.render(results, max_moves=32)
+    text = simulate.render(results, config=AssignmentConfig())
     assert text.count("\n| ") == 2 + 1  # header separator + two rows
+    assert "- 2 workers: join " in text and "in transit at once" in text
+
+
+def test_a_join_reaches_its_fair_share_within_ten_rounds_and_a_leave_in_one() -> None:
+    (r,) = simulate.run(nodes=20_000, pods=200, workers=[8], sample=5, sample_workers=1, max_rounds=30)
+    assert r.join.settled and r.leave.settled
+    assert r.join.rounds_to_fair_share is not None and r.join.rounds_to_fair_share <= 10
+    assert r.leave.rounds_to_fair_share == 1
+    limit = AssignmentConfig().transit_limit(20_000)
+    assert 0 < r.join.max_in_transit <= limit and r.leave.max_in_transit <= limit
+    assert r.to_json()["join"]["rounds_to_fair_share"] == r.join.rounds_to_fair_share
 
 
 def test_an_unsettled_join_is_estimated_not_run() -> None:

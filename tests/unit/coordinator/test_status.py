@@ -39,7 +39,10 @@ def test_policy_mode_shows_the_summary_with_the_rebalancing_and_no_process_setti
     )
     assert f"policy {policy.version}" in text
     assert (
-        text.count("workers: rebalance when skew > 0.25 until <= 0.1, at most 32 node moves in flight") == 1
+        text.count(
+            "workers: rebalance when skew > 0.25 until <= 0.1, at most max(32, 10% of the pool) nodes in transit"
+        )
+        == 1
     )
     assert "lease" not in text and "capacity report" not in text and "candidates" not in text
 
@@ -48,5 +51,8 @@ def test_label_pool_mode_shows_the_rebalancing_in_force() -> None:
     config = AssignmentConfig(skew_threshold=0.5, settle_skew=0.2, max_moves_per_round=4)
     text = render(status(PolicyRecord(mode="label-pool", origin="none", rebalance=config.describe())))
     assert "shard policy: label-pool" in text
-    assert "  workers: rebalance when skew > 0.5 until <= 0.2, at most 4 node moves in flight" in text
+    assert (
+        "  workers: rebalance when skew > 0.5 until <= 0.2, at most max(4, 10% of the pool) nodes in transit"
+        in text
+    )
     assert render(status(None)).endswith("shard policy: (not published)")

@@ -137,7 +137,7 @@ def test_node_weights_count_capacity_not_nodes() -> None:
 def test_moves_per_round_are_bounded_and_in_transit_uses_the_budget() -> None:
     pool = nodes(400)
     old = {n: WorkerId("a") for n in pool}
-    policy = AssignmentPolicy(AssignmentConfig(max_moves_per_round=10))
+    policy = AssignmentPolicy(AssignmentConfig(max_moves_per_round=10, max_transit_fraction=0.0))
     plan = policy.plan(pool, workers("a", "b"), old)
     assert len(plan.moves) == 10
     assert plan.rebalancing
@@ -149,7 +149,7 @@ def test_moves_per_round_are_bounded_and_in_transit_uses_the_budget() -> None:
 
 def test_rebalancing_carries_over_rounds_until_settled() -> None:
     pool = nodes(200)
-    policy = AssignmentPolicy(AssignmentConfig(max_moves_per_round=5))
+    policy = AssignmentPolicy(AssignmentConfig(max_moves_per_round=5, max_transit_fraction=0.0))
     state = {n: WorkerId("a") for n in pool}
     _, moved, plans = settle(policy, pool, workers("a", "b"), state)
     assert all(len(p.moves) <= 5 for p in plans)
@@ -185,7 +185,9 @@ def test_a_new_configuration_applies_from_the_next_plan() -> None:
     policy.configure(AssignmentConfig(skew_threshold=0.4, settle_skew=0.3))
     plan = policy.plan(pool, live, state)
     assert plan.moves == () and not plan.rebalancing
-    policy.configure(AssignmentConfig(skew_threshold=0.3, settle_skew=0.0, max_moves_per_round=2))
+    policy.configure(
+        AssignmentConfig(skew_threshold=0.3, settle_skew=0.0, max_moves_per_round=2, max_transit_fraction=0.0)
+    )
     plan = policy.plan(pool, live, state)
     assert len(plan.moves) == 2 and plan.rebalancing  # started, and bounded by the new budget
     assert policy.config.max_moves_per_round == 2
@@ -279,3 +281,79 @@ def test_large_pool_plans_quickly_enough() -> None:
     target, _, _ = settle(AssignmentPolicy(), pool, live, {})
     assert len(target) == 5000
     assert time.perf_counter() - start < 10  # generous; about 0.3 s here
+
+
+def _join(nodes_count: int, before: int, config: AssignmentConfig) -> tuple[list[Plan], WorkerId, float]:
+    """A worker joins ``before`` settled ones; moves complete between rounds. Returns the join's plans, the
+    newcomer and its fair share."""
+    pool = nodes(nodes_count)
+    old = _many(f"w{i}" for i in range(before))
+    start, _, _ = settle(AssignmentPolicy(config), pool, old, {})
+    newcomer = WorkerId("new")
+    live = {**old, newcomer: WorkerInfo()}
+    _, _, plans = settle(AssignmentPolicy(config), pool, live, start)
+    return plans, newcomer, len(pool) / len(live)
+
+
+def test_join_reaches_fair_share_in_few_rounds_at_large_pools() -> None:
+    plans, newcomer, share = _join(20_000, 8, AssignmentConfig())
+    got = 0.0
+    rounds_to_share = None
+    for i, plan in enumerate(plans, 1):
+        got = Counter(plan.target.values())[newcomer]
+        if rounds_to_share is None and got >= 0.9 * share:
+            rounds_to_share = i
+    assert rounds_to_share is not None and rounds_to_share <= 2
+    assert got >= 0.9 * share
+    # Every move goes to the newcomer, and no round takes more than 10 % of the pool.
+    assert all(m.target == newcomer for p in plans for m in p.moves)
+    assert all(len(p.moves) <= 2_000 for p in plans)
+
+
+def test_a_round_takes_at_most_the_transit_fraction_from_each_worker() -> None:
+    pool = nodes(10_000)
+    old = {n: WorkerId("a") if i % 2 else WorkerId("b") for i, n in enumerate(sorted(pool))}
+    live = workers("a", "b", "c")
+    config = AssignmentConfig(max_moves_per_round=1, max_transit_fraction=0.05)
+    plan = AssignmentPolicy(config).plan(pool, live, old)
+    taken = Counter(m.source for m in plan.moves)
+    assert taken[WorkerId("a")] == taken[WorkerId("b")] == 250  # 5 % of each one's 5,000 nodes
+    assert len(plan.moves) == 500 == config.transit_limit(len(pool))
+
+
+def test_transit_limit_counts_handoffs_in_flight_and_has_a_floor() -> None:
+    config = AssignmentConfig(max_moves_per_round=32, max_transit_fraction=0.1)
+    assert config.transit_limit(100) == 32 and config.transit_limit(100_000) == 10_000
+    assert config.source_quota(50) == 32 and config.source_quota(12_500) == 1_250
+    pool = nodes(10_000)
+    old = {n: WorkerId("a") for n in pool}
+    plan = AssignmentPolicy(config).plan(pool, workers("a", "b"), old, in_transit=600)
+    assert len(plan.moves) == 400
+    with pytest.raises(ValueError):
+        AssignmentConfig(max_transit_fraction=1.5)
+
+
+def test_leave_places_all_the_leavers_nodes_in_one_round() -> None:
+    pool = nodes(20_000)
+    live = _many(f"w{i}" for i in range(8))
+    start, _, _ = settle(AssignmentPolicy(), pool, live, {})
+    gone = WorkerId("w0")
+    remaining = {w: i for w, i in live.items() if w != gone}
+    policy = AssignmentPolicy()
+    plan = policy.plan(pool, remaining, {n: w for n, w in start.items() if w != gone})
+    assert set(plan.target.values()) == set(remaining)
+    assert plan.moves == ()  # the freed nodes are placed, no held node needs to move
+    assert plan.skew <= AssignmentConfig().settle_skew
+
+
+def test_rebalancing_moves_the_largest_nodes_first() -> None:
+    pool = {**nodes(1000), **{NodeName(f"big-{i:04d}"): 4.0 for i in range(250)}}
+    old = _many(f"w{i}" for i in range(4))
+    start, _, _ = settle(AssignmentPolicy(), pool, old, {})
+    newcomer = WorkerId("new")
+    live = {**old, newcomer: WorkerInfo()}
+    _, moved, plans = settle(AssignmentPolicy(), pool, live, start)
+    nodes_moved = [m.node for p in plans for m in p.moves]
+    assert sum(n.startswith("big-") for n in nodes_moved) >= 0.9 * moved  # fewest handoffs for the capacity
+    assert moved <= 110  # the newcomer's share is 400 cores: about 100 nodes of 4, not 400 of 1
+    assert plans[-1].skew <= AssignmentConfig().settle_skew

@@ -319,6 +319,12 @@ SETTINGS_CASES = [
         ">= 1",
     ),
     (
+        "transit-fraction-above-one",
+        "rebalance: {maxNodesInTransitFraction: 1.5}\n",
+        "rebalance.maxNodesInTransitFraction",
+        "must be <= 1",
+    ),
+    (
         "moves-per-round-null",
         "rebalance: {maxNodeMovesPerRound: null}\n",
         "rebalance.maxNodeMovesPerRound",

@@ -146,7 +146,10 @@ def test_summary_is_compact_and_names_everything() -> None:
     assert "2. volcano [volcano]: util 0.00-0.69 x1, nodes 1..100" in summary
     assert "moves/sync 50" in summary and "warnings: " in summary
     # Only what acts: the rebalancing the assignment runs on; no lease TTL or wire intervals (process settings).
-    assert "  workers: rebalance when skew > 0.25 until <= 0.1, at most 32 node moves in flight" in summary
+    assert (
+        "  workers: rebalance when skew > 0.25 until <= 0.1, at most max(32, 10% of the pool) nodes in transit"
+        in summary
+    )
     assert "lease" not in summary and "dispatch" not in summary and "candidates" not in summary
     assert len(summary.splitlines()) <= 8
 
@@ -176,7 +179,12 @@ rebalance: {startSkew: 0.5, stopSkew: 0.2, maxNodeMovesPerRound: 3}
     assert settings.rebalance.start_skew == 0.5
     assert settings.rebalance.stop_skew == 0.2
     assert settings.rebalance.max_node_moves_per_round == 3
-    assert settings.to_dict()["rebalance"] == {"startSkew": 0.5, "stopSkew": 0.2, "maxNodeMovesPerRound": 3}
+    assert settings.to_dict()["rebalance"] == {
+        "startSkew": 0.5,
+        "stopSkew": 0.2,
+        "maxNodeMovesPerRound": 3,
+        "maxNodesInTransitFraction": 0.1,
+    }
     assert settings.to_dict()["shards"] == {
         "bandHysteresis": 0.1,
         "rankHysteresis": 0.0,
@@ -215,6 +223,10 @@ def test_rebalance_settings_are_the_assignments_configuration() -> None:
     assert config.assignment_config() == AssignmentConfig(
         skew_threshold=0.4, settle_skew=0.0, max_moves_per_round=5
     )
+    fixed = parse_settings("rebalance: {maxNodeMovesPerRound: 8, maxNodesInTransitFraction: 0}").rebalance
+    assert fixed.assignment_config().transit_limit(100_000) == 8  # the fixed budget of before
+    wide = parse_settings("rebalance: {maxNodesInTransitFraction: 0.25}").rebalance
+    assert wide.assignment_config().transit_limit(100_000) == 25_000
 
 
 @pytest.mark.parametrize(
