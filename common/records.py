@@ -9,13 +9,14 @@ Invariants:
   absurd sizes), and costs time linear in the object's size. A pod whose spec cannot be understood (malformed
   or out-of-range quantity, unknown affinity operator, ...) gets ``parse_error`` set, naming the field, and is
   reported unschedulable with that reason; so does a pod not yet placed that uses a field the engine does not
-  implement (``common.support``: the message names the field). A node with missing or malformed allocatable
-  is treated as having no capacity (``allocatable_error`` says why). Quantities must fit int64
-  (``common.quantity``).
+  implement (``common.support``: the message names the field). A pod not yet placed using inter-pod rules gets
+  ``standalone_only`` set, the message a coordinator refuses it with (a standalone worker honours them). A node
+  with missing or malformed allocatable is treated as having no capacity (``allocatable_error`` says why).
+  Quantities must fit int64 (``common.quantity``).
 - A pod's placement rules are bounded (``MAX_TOLERATIONS``, ``MAX_SELECTOR_TERMS``, ``MAX_REQUIREMENTS``,
-  ``MAX_VALUES``, ``MAX_HOST_PORTS``); a pod beyond one is a parse error naming the field and the limit. The
-  filters run these rules against every node of a shard in one synchronous step, so the limits bound what one
-  pod can cost the event loop (which also keeps the worker's lease alive). kube-apiserver sets no such limits;
+  ``MAX_VALUES``, ``MAX_HOST_PORTS``, ``MAX_POD_TERMS`` for the inter-pod terms and spread constraints); a pod
+  beyond one is a parse error naming the field and the limit. The filters run these rules against every node of
+  a shard in one synchronous step, so the limits bound what one pod can cost the event loop (which also keeps the worker's lease alive). kube-apiserver sets no such limits;
   these are far above real pods (a handful of tolerations and terms) and above what controllers generate.
 - Records are immutable after parsing (the cache replaces them, it never edits them), so they can be shared
   between the cache, the queue and the engine without copies.
@@ -675,6 +676,12 @@ def _inter_pod(spec: dict[str, Any], namespace: str, labels: dict[str, Any]) -> 
     affinity = spec.get("affinity") or {}
     if not isinstance(affinity, dict):
         raise ValueError("spec.affinity must be an object")
+    if not (
+        affinity.get("podAffinity")
+        or affinity.get("podAntiAffinity")
+        or spec.get("topologySpreadConstraints")
+    ):
+        return None  # most pods: no inter-pod rule
     parts: dict[str, Any] = {}
     count = 0
     for name, where in (("podAffinity", _POD_AFFINITY), ("podAntiAffinity", _POD_ANTI_AFFINITY)):

@@ -10,8 +10,8 @@ node's pods for each decision. Here the same numbers are kept current by the cac
   required affinity terms together, as kube-scheduler counts a pod for affinity only when it matches every
   term). Counts are per node and, for each topology key asked for, per domain (the node label's value; pods on
   nodes without that label are not in a domain). A tracker is made the first time a decision needs it (a walk
-  over the pods carrying a label its selector requires, found through a label index; over all pods when the
-  selector requires none) and kept while decisions keep using it; at most ``MAX_TRACKERS`` are kept, the least
+  over the pods carrying a label its selector requires, found through a label index kept for the label keys
+  selectors were anchored on; over all pods when the selector requires none) and kept while decisions keep using it; at most ``MAX_TRACKERS`` are kept, the least
   recently used dropped first.
 - a ``Group`` counts the placed pods carrying one term of their own that an incoming pod is matched against:
   required anti-affinity (the symmetric rule: an existing pod keeps a matching incoming pod out of its domain),
@@ -232,9 +232,10 @@ class TopologyCounts:
         # placed pods' terms that score an incoming pod, by (term, signed weight)
         self._score = _Groups()
         self.score_groups = self._score.groups
-        # (label key, value) -> the accounted pods carrying it, with their node: a new tracker whose selector
-        # requires a label walks only those
+        # (label key, value) -> the accounted pods carrying it, with their node, for the label keys some
+        # tracker's selector was anchored on: a new tracker walks only the pods carrying its anchor label
         self._by_label: dict[tuple[str, str], dict[PodKey, tuple[PodRecord, NodeName]]] = {}
+        self._indexed: set[str] = set()
         self.version = 0
         self.node_version = 0
 
@@ -253,6 +254,7 @@ class TopologyCounts:
         if anchor is not None:
             # only the pods carrying one of the anchor's labels can match
             label, values = anchor
+            self._index_label(label)
             for value in values:
                 for pod, name in self._by_label.get((label, value), {}).values():
                     if t.wants(pod):
@@ -270,6 +272,17 @@ class TopologyCounts:
                 old, old.match[0][1] if len(old.match) == 1 else _first_anchored(old.match)
             )
         return t
+
+    def _index_label(self, label: str) -> None:
+        """Start indexing the pods by ``label`` (one walk over the pods, once per label key)."""
+        if label in self._indexed:
+            return
+        self._indexed.add(label)
+        for name, info in self.nodes.items():
+            for pod in info.pods.values():
+                value = pod.labels.get(label)
+                if value is not None:
+                    self._by_label.setdefault((label, value), {})[pod.key] = (pod, name)
 
     def helps(self, pod: PodRecord) -> bool:
         """Whether ``pod`` matches a tracker some pod's required affinity uses."""
@@ -307,15 +320,18 @@ class TopologyCounts:
         labels = info.node.labels
         helps = False
         by_label = self._by_label
-        for kv in pod.labels.items():
+        for label in self._indexed:
+            value = pod.labels.get(label)
+            if value is None:
+                continue
             if delta > 0:
-                by_label.setdefault(kv, {})[pod.key] = (pod, name)
+                by_label.setdefault((label, value), {})[pod.key] = (pod, name)
             else:
-                bucket = by_label.get(kv)
+                bucket = by_label.get((label, value))
                 if bucket is not None:
                     bucket.pop(pod.key, None)
                     if not bucket:
-                        del by_label[kv]
+                        del by_label[(label, value)]
         if self.trackers:
             for t in self._tracker_index.candidates(pod.labels):
                 if t.wants(pod):

@@ -97,6 +97,9 @@ class InterPodAffinityFilter:
         return state
 
     def applies(self, pod: PodRecord) -> bool:
+        assert self.cache is not None, "InterPodAffinity used without a cache"
+        if pod.inter_pod is None and not self.cache.topology.anti_groups:
+            return False  # the common case, decided without building any state
         return self._prepare(pod) is not None
 
     def filter(self, pod: PodRecord, node: NodeInfo) -> Status | None:
@@ -158,6 +161,9 @@ class InterPodAffinityScore:
         return terms
 
     def applies(self, pod: PodRecord) -> bool:
+        assert self.cache is not None, "InterPodAffinityScore used without a cache"
+        if pod.inter_pod is None and not self.cache.topology.score_groups:
+            return False
         return bool(self._prepare(pod))
 
     def scores(self, pod: PodRecord, nodes: list[NodeInfo]) -> list[float]:

@@ -335,3 +335,35 @@ def test_incremental_counts_equal_a_recount_through_random_changes() -> None:
                     anti_expect[value] = anti_expect.get(value, 0) + 1
         got = {v: c for g in cache.topology.anti_groups.values() for v, c in g.domains.items()}
         assert got == anti_expect, step
+
+
+# ----- parsing ------------------------------------------------------------------------------------------------
+
+
+def test_malformed_inter_pod_rules_are_parse_errors_naming_the_field() -> None:
+    bad_skew = make_pod("a").spread(ZONE, {"app": "s"}, max_skew=0).record()
+    assert bad_skew.parse_error is not None and "maxSkew" in bad_skew.parse_error
+    no_key = make_pod("b").pod_affinity("", {"app": "s"}).record()
+    assert no_key.parse_error is not None and "topologyKey" in no_key.parse_error
+    bad_op = make_pod("c").pod_affinity(
+        HOST, None, expressions=[{"key": "k", "operator": "Gt", "values": ["1"]}]
+    )
+    record = bad_op.record()
+    assert record.parse_error is not None and "invalid operator" in record.parse_error
+    many = make_pod("d")
+    for i in range(65):
+        many.pod_affinity(HOST, {"app": str(i)}, anti=True)
+    record = many.record()
+    assert record.parse_error is not None and "limit of 64" in record.parse_error
+
+
+def test_a_null_label_selector_matches_no_pod_and_an_empty_one_every_pod() -> None:
+    engine = engine_over([make_node("n0").record()])
+    bind(engine, make_pod("x").label("app", "a").on("n0").record())
+    null = make_pod("p").pod_affinity(HOST, None, anti=True)
+    del null.spec["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0][
+        "labelSelector"
+    ]
+    assert engine.schedule(null.record()).node == "n0"
+    empty = make_pod("q").pod_affinity(HOST, None, anti=True).record()
+    assert engine.schedule(empty).node is None
