@@ -106,10 +106,9 @@ class Engine:
             memo = self._static[pod.signature] = {}
         usable = self.cache.usable
         dynamic = self._always
-        if self._sometimes:
-            extra = [f for f in self._sometimes if f.applies(pod)]
-            if extra:
-                dynamic = dynamic + extra
+        for f in self._sometimes:
+            if f.applies(pod):
+                dynamic = [*dynamic, f]
         want = self.feasible_nodes
         feasible: list[NodeInfo] = []
         evaluated = 0
