@@ -720,7 +720,17 @@ def _inter_pod(spec: dict[str, Any], namespace: str, labels: dict[str, Any]) -> 
     )
     if not count:
         return None
-    return InterPod(**parts)
+    rules = InterPod(**parts)
+    selectors = [t.selector for t in (*rules.affinity, *rules.anti_affinity)]
+    selectors += [t.selector for _, t in (*rules.preferred_affinity, *rules.preferred_anti_affinity)]
+    selectors += [c.selector for c in rules.spread]
+    requirements = sum(len(sel.requirements) for sel in selectors)
+    if requirements > MAX_REQUIREMENTS:
+        raise ValueError(
+            f"spec.affinity and spec.topologySpreadConstraints: {requirements} label selector requirements exceed "
+            f"this scheduler's limit of {MAX_REQUIREMENTS}"
+        )
+    return rules
 
 
 def _spread(raw: Any, where: str, labels: dict[str, Any]) -> SpreadConstraint:

@@ -367,3 +367,12 @@ def test_a_null_label_selector_matches_no_pod_and_an_empty_one_every_pod() -> No
     assert engine.schedule(null.record()).node == "n0"
     empty = make_pod("q").pod_affinity(HOST, None, anti=True).record()
     assert engine.schedule(empty).node is None
+
+
+def test_the_label_selector_requirements_of_all_inter_pod_rules_are_bounded_together() -> None:
+    many = make_pod("m")
+    exprs = [{"key": f"k{i}", "operator": "Exists"} for i in range(50)]
+    for _ in range(3):
+        many.pod_affinity(HOST, None, anti=True, expressions=exprs)
+    record = many.record()
+    assert record.parse_error is not None and "label selector requirements" in record.parse_error
