@@ -9,13 +9,14 @@ Invariants:
   absurd sizes), and costs time linear in the object's size. A pod whose spec cannot be understood (malformed
   or out-of-range quantity, unknown affinity operator, ...) gets ``parse_error`` set, naming the field, and is
   reported unschedulable with that reason; so does a pod not yet placed that uses a field the engine does not
-  implement (``common.support``: the message names the field). A node with missing or malformed allocatable
-  is treated as having no capacity (``allocatable_error`` says why). Quantities must fit int64
-  (``common.quantity``).
+  implement (``common.support``: the message names the field). A pod not yet placed using inter-pod rules gets
+  ``standalone_only`` set, the message a coordinator refuses it with (a standalone worker honours them). A node
+  with missing or malformed allocatable is treated as having no capacity (``allocatable_error`` says why).
+  Quantities must fit int64 (``common.quantity``).
 - A pod's placement rules are bounded (``MAX_TOLERATIONS``, ``MAX_SELECTOR_TERMS``, ``MAX_REQUIREMENTS``,
-  ``MAX_VALUES``, ``MAX_HOST_PORTS``); a pod beyond one is a parse error naming the field and the limit. The
-  filters run these rules against every node of a shard in one synchronous step, so the limits bound what one
-  pod can cost the event loop (which also keeps the worker's lease alive). kube-apiserver sets no such limits;
+  ``MAX_VALUES``, ``MAX_HOST_PORTS``, ``MAX_POD_TERMS`` for the inter-pod terms and spread constraints); a pod
+  beyond one is a parse error naming the field and the limit. The filters run these rules against every node of
+  a shard in one synchronous step, so the limits bound what one pod can cost the event loop (which also keeps the worker's lease alive). kube-apiserver sets no such limits;
   these are far above real pods (a handful of tolerations and terms) and above what controllers generate.
 - Records are immutable after parsing (the cache replaces them, it never edits them), so they can be shared
   between the cache, the queue and the engine without copies.
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, NewType
 
 from common.quantity import QuantityError, parse_milli, parse_units
-from common.support import unsupported
+from common.support import standalone_only, unsupported
 
 NodeName = NewType("NodeName", str)
 PodKey = NewType("PodKey", str)  # "namespace/name"
@@ -55,6 +56,8 @@ MAX_REQUIREMENTS = 128
 MAX_VALUES = 10_000  # values over all of the pod's requirements
 MAX_HOST_PORTS = 256  # host ports over all containers
 
+MAX_POD_TERMS = 64  # inter-pod (anti-)affinity terms plus topology spread constraints
+LABEL_SELECTOR_OPERATORS = frozenset({"In", "NotIn", "Exists", "DoesNotExist"})
 NODE_SELECTOR_OPERATORS = frozenset({"In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"})
 TAINT_EFFECTS = frozenset({"NoSchedule", "PreferNoSchedule", "NoExecute"})
 
@@ -271,6 +274,58 @@ class HostPort:
 
 
 @dataclass(frozen=True, slots=True)
+class LabelSelector:
+    """A metav1.LabelSelector: every requirement must match. A null selector (``nothing``) matches no pod,
+    an empty one every pod, as ``metav1.LabelSelectorAsSelector`` makes them."""
+
+    requirements: tuple[Requirement, ...]
+    nothing: bool = False
+
+    def matches(self, labels: dict[str, str]) -> bool:
+        if self.nothing:
+            return False
+        return all(req.matches(labels) for req in self.requirements)
+
+
+@dataclass(frozen=True, slots=True)
+class PodTerm:
+    """One pod (anti-)affinity term, with ``matchLabelKeys``/``mismatchLabelKeys`` merged into the selector.
+    ``namespaces`` None means every namespace (an empty ``namespaceSelector``)."""
+
+    namespaces: frozenset[str] | None
+    selector: LabelSelector
+    topology_key: str
+
+    def matches(self, namespace: str, labels: dict[str, str]) -> bool:
+        ns = self.namespaces
+        return (ns is None or namespace in ns) and self.selector.matches(labels)
+
+
+@dataclass(frozen=True, slots=True)
+class SpreadConstraint:
+    """One topologySpreadConstraint, ``matchLabelKeys`` merged into the selector, defaults applied."""
+
+    max_skew: int
+    topology_key: str
+    hard: bool  # whenUnsatisfiable: DoNotSchedule
+    selector: LabelSelector
+    min_domains: int
+    honor_affinity: bool  # nodeAffinityPolicy: Honor (the default)
+    honor_taints: bool  # nodeTaintsPolicy: Honor (default Ignore)
+
+
+@dataclass(frozen=True, slots=True)
+class InterPod:
+    """A pod's inter-pod rules: pod (anti-)affinity terms and topology spread constraints."""
+
+    affinity: tuple[PodTerm, ...] = ()
+    anti_affinity: tuple[PodTerm, ...] = ()
+    preferred_affinity: tuple[tuple[int, PodTerm], ...] = ()
+    preferred_anti_affinity: tuple[tuple[int, PodTerm], ...] = ()
+    spread: tuple[SpreadConstraint, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class PodRecord:
     """What the scheduler knows of one pod. ``signature`` groups pods with identical placement rules."""
 
@@ -295,6 +350,10 @@ class PodRecord:
     deleting: bool
     parse_error: str | None
     signature: tuple[Any, ...]
+    # pod (anti-)affinity and topology spread; None when the pod states none
+    inter_pod: InterPod | None = None
+    # why a coordinator must refuse the pod (rules only a standalone worker honours), else None
+    standalone_only: str | None = None
 
     @property
     def terminal(self) -> bool:
@@ -542,6 +601,174 @@ def _placement_fields(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _label_selector(raw: Any, where: str) -> LabelSelector:
+    if raw is None:
+        return LabelSelector((), nothing=True)
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where} must be an object")
+    reqs: list[Requirement] = []
+    labels = raw.get("matchLabels") or {}
+    if not isinstance(labels, dict):
+        raise ValueError(f"{where}.matchLabels must be a mapping")
+    for k, v in labels.items():
+        reqs.append(Requirement(str(k), "In", (str(v),)))
+    exprs = _sized(raw.get("matchExpressions"), where + ".matchExpressions", MAX_REQUIREMENTS, "expressions")
+    for item in exprs:
+        if not isinstance(item, dict):
+            raise ValueError(f"{where}.matchExpressions: requirement must be an object")
+        op = item.get("operator", "")
+        key = str(item.get("key", ""))
+        values = tuple(str(v) for v in (item.get("values") or ()))
+        if op not in LABEL_SELECTOR_OPERATORS:
+            raise ValueError(f"{where}.matchExpressions: invalid operator {op!r} for key {key!r}")
+        if op in ("In", "NotIn") and not values:
+            raise ValueError(f"{where}.matchExpressions: operator {op} for key {key!r} needs values")
+        if op in ("Exists", "DoesNotExist") and values:
+            raise ValueError(f"{where}.matchExpressions: operator {op} for key {key!r} takes no values")
+        reqs.append(Requirement(key, op, values))
+    return LabelSelector(tuple(reqs))
+
+
+def _merge_keys(selector: LabelSelector, labels: dict[str, Any], keys: Any, op: str) -> LabelSelector:
+    """``matchLabelKeys`` (``In``) or ``mismatchLabelKeys`` (``NotIn``): for each key the pod carries, a
+    requirement on the pod's own value, ANDed into the selector (as the API server and kube-scheduler do)."""
+    extra = [Requirement(str(k), op, (str(labels[k]),)) for k in keys or () if k in labels]
+    if not extra or selector.nothing:
+        return selector
+    return LabelSelector(selector.requirements + tuple(extra))
+
+
+def _pod_term(raw: Any, where: str, namespace: str, labels: dict[str, Any]) -> PodTerm:
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where} must be an object")
+    key = raw.get("topologyKey")
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"{where}.topologyKey must be a non-empty string")
+    selector = _label_selector(raw.get("labelSelector"), where + ".labelSelector")
+    selector = _merge_keys(selector, labels, raw.get("matchLabelKeys"), "In")
+    selector = _merge_keys(selector, labels, raw.get("mismatchLabelKeys"), "NotIn")
+    names = frozenset(str(n) for n in raw.get("namespaces") or ())
+    ns_selector = raw.get("namespaceSelector")
+    namespaces: frozenset[str] | None
+    if ns_selector is None:
+        namespaces = names or frozenset({namespace})
+    elif (
+        isinstance(ns_selector, dict)
+        and not ns_selector.get("matchLabels")
+        and not ns_selector.get("matchExpressions")
+    ):
+        namespaces = None  # an empty namespaceSelector selects every namespace
+    else:
+        # Selecting namespaces by their labels needs the Namespace objects, which this scheduler does not
+        # watch; a pod not yet placed that asks for it is refused (``common.support``). A placed pod's term
+        # is read as its explicit namespaces only.
+        namespaces = names
+    return PodTerm(namespaces, selector, key)
+
+
+_POD_AFFINITY = "spec.affinity.podAffinity"
+_POD_ANTI_AFFINITY = "spec.affinity.podAntiAffinity"
+_REQ = "requiredDuringSchedulingIgnoredDuringExecution"
+_PREF = "preferredDuringSchedulingIgnoredDuringExecution"
+
+
+def _inter_pod(spec: dict[str, Any], namespace: str, labels: dict[str, Any]) -> InterPod | None:
+    affinity = spec.get("affinity") or {}
+    if not isinstance(affinity, dict):
+        raise ValueError("spec.affinity must be an object")
+    if not (
+        affinity.get("podAffinity")
+        or affinity.get("podAntiAffinity")
+        or spec.get("topologySpreadConstraints")
+    ):
+        return None  # most pods: no inter-pod rule
+    parts: dict[str, Any] = {}
+    count = 0
+    for name, where in (("podAffinity", _POD_AFFINITY), ("podAntiAffinity", _POD_ANTI_AFFINITY)):
+        block = affinity.get(name) or {}
+        if not isinstance(block, dict):
+            raise ValueError(f"{where} must be an object")
+        required = _sized(block.get(_REQ), f"{where}.{_REQ}", MAX_POD_TERMS, "terms")
+        preferred = _sized(block.get(_PREF), f"{where}.{_PREF}", MAX_POD_TERMS, "terms")
+        count += len(required) + len(preferred)
+        terms = tuple(_pod_term(t, f"{where}.{_REQ}[{i}]", namespace, labels) for i, t in enumerate(required))
+        weighted: list[tuple[int, PodTerm]] = []
+        for i, p in enumerate(preferred):
+            if not isinstance(p, dict):
+                raise ValueError(f"{where}.{_PREF}[{i}] must be an object")
+            weight = p.get("weight")
+            if not isinstance(weight, int) or not 1 <= weight <= 100:
+                raise ValueError(f"{where}.{_PREF}[{i}]: weight {weight!r} not in 1..100")
+            term = _pod_term(
+                p.get("podAffinityTerm"), f"{where}.{_PREF}[{i}].podAffinityTerm", namespace, labels
+            )
+            weighted.append((weight, term))
+        prefix = "" if name == "podAffinity" else "anti_"
+        parts[f"{prefix}affinity"] = terms
+        parts[f"preferred_{prefix}affinity"] = tuple(weighted)
+    raw_spread = _sized(
+        spec.get("topologySpreadConstraints"), "spec.topologySpreadConstraints", MAX_POD_TERMS, "constraints"
+    )
+    count += len(raw_spread)
+    if count > MAX_POD_TERMS:
+        raise ValueError(
+            f"spec.affinity and spec.topologySpreadConstraints: {count} inter-pod terms exceed this scheduler's "
+            f"limit of {MAX_POD_TERMS}"
+        )
+    parts["spread"] = tuple(
+        _spread(c, f"spec.topologySpreadConstraints[{i}]", labels) for i, c in enumerate(raw_spread)
+    )
+    if not count:
+        return None
+    rules = InterPod(**parts)
+    selectors = [t.selector for t in (*rules.affinity, *rules.anti_affinity)]
+    selectors += [t.selector for _, t in (*rules.preferred_affinity, *rules.preferred_anti_affinity)]
+    selectors += [c.selector for c in rules.spread]
+    requirements = sum(len(sel.requirements) for sel in selectors)
+    if requirements > MAX_REQUIREMENTS:
+        raise ValueError(
+            f"spec.affinity and spec.topologySpreadConstraints: {requirements} label selector requirements exceed "
+            f"this scheduler's limit of {MAX_REQUIREMENTS}"
+        )
+    return rules
+
+
+def _spread(raw: Any, where: str, labels: dict[str, Any]) -> SpreadConstraint:
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where} must be an object")
+    skew = raw.get("maxSkew")
+    if not isinstance(skew, int) or isinstance(skew, bool) or skew < 1:
+        raise ValueError(f"{where}.maxSkew must be an integer of at least 1")
+    key = raw.get("topologyKey")
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"{where}.topologyKey must be a non-empty string")
+    when = raw.get("whenUnsatisfiable")
+    if when not in ("DoNotSchedule", "ScheduleAnyway"):
+        raise ValueError(f"{where}.whenUnsatisfiable must be DoNotSchedule or ScheduleAnyway")
+    min_domains = raw.get("minDomains")
+    if min_domains is None:
+        min_domains = 1
+    elif not isinstance(min_domains, int) or isinstance(min_domains, bool) or min_domains < 1:
+        raise ValueError(f"{where}.minDomains must be an integer of at least 1")
+    policies = []
+    for field_name, default in (("nodeAffinityPolicy", "Honor"), ("nodeTaintsPolicy", "Ignore")):
+        value = raw.get(field_name) or default
+        if value not in ("Honor", "Ignore"):
+            raise ValueError(f"{where}.{field_name} must be Honor or Ignore")
+        policies.append(value == "Honor")
+    selector = _label_selector(raw.get("labelSelector"), where + ".labelSelector")
+    selector = _merge_keys(selector, labels, raw.get("matchLabelKeys"), "In")
+    return SpreadConstraint(
+        max_skew=skew,
+        topology_key=key,
+        hard=when == "DoNotSchedule",
+        selector=selector,
+        min_domains=min_domains,
+        honor_affinity=policies[0],
+        honor_taints=policies[1],
+    )
+
+
 def pod_from_json(obj: dict[str, Any]) -> PodRecord:
     """Parse a Pod object. Never raises for bad spec content: see ``PodRecord.parse_error``."""
     meta = obj.get("metadata") or {}
@@ -550,14 +777,20 @@ def pod_from_json(obj: dict[str, Any]) -> PodRecord:
     namespace = meta.get("namespace") or "default"
     name = meta.get("name") or ""
     error: str | None = None
+    labels = dict(meta.get("labels") or {})
+    inter_pod: InterPod | None = None
     try:
         fields = _placement_fields(spec)
+        inter_pod = _inter_pod(spec, namespace, labels)
     except (ValueError, TypeError, AttributeError, ArithmeticError, RecursionError) as e:
         # ValueError includes QuantityError; ArithmeticError an overflowing number (int() of an infinite float)
         error = f"invalid pod spec: {e}"
         fields = _empty_pod_fields()
+        inter_pod = None
+    standalone: str | None = None
     if not spec.get("nodeName"):  # a placed pod is not ours to refuse; its requests still count
         error = unsupported(obj) or error
+        standalone = standalone_only(obj)
     gates = tuple(g.get("name", "") for g in spec.get("schedulingGates") or () if isinstance(g, dict))
     signature = (
         fields["node_selector"],
@@ -577,7 +810,7 @@ def pod_from_json(obj: dict[str, Any]) -> PodRecord:
         node_name=spec.get("nodeName") or "",
         phase=status.get("phase") or "Pending",
         priority=priority if isinstance(priority, int) else 0,
-        labels=dict(meta.get("labels") or {}),
+        labels=labels,
         annotations=dict(meta.get("annotations") or {}),
         host_ports=fields["host_ports"],
         requests=fields["requests"],
@@ -589,6 +822,8 @@ def pod_from_json(obj: dict[str, Any]) -> PodRecord:
         deleting=bool(meta.get("deletionTimestamp")),
         parse_error=error,
         signature=signature,
+        inter_pod=inter_pod,
+        standalone_only=standalone,
     )
 
 

@@ -10,9 +10,16 @@ classified here, against what kube-scheduler's default plugins read:
   context, ...), so ignoring it changes no placement;
 - ``REFUSED``: it constrains placement and the engine does not implement it yet. A pod that uses it is
   reported unschedulable, naming the field and pointing to another scheduler, and is never bound.
+- ``STANDALONE``: inter-pod rules (pod affinity and anti-affinity, topology spread). A standalone worker
+  (``agent-scheduler worker`` on the whole cluster) implements them as kube-scheduler does; a coordinator
+  refuses pods using them (``standalone_only``), because such a rule spans shards: one worker cannot see
+  another worker's assumed-but-unbound pods, so two workers deciding at once could both place a pod into the
+  same zone that an anti-affinity or a spread constraint allows only one of, and an existing pod's
+  anti-affinity on another shard's node would be unknown to the deciding worker's filter until bound.
 
 Fields that hold several kinds of things are looked into: ``affinity`` (node affinity is supported, pod
-affinity and anti-affinity are not), ``volumes`` (per volume source, ``VOLUME_SOURCES``), the containers
+affinity and anti-affinity are standalone-only, and refused when a term selects namespaces by label: the worker
+does not watch Namespace objects), ``volumes`` (per volume source, ``VOLUME_SOURCES``), the containers
 (``resources.claims``, ``restartPolicyRules``), pod-level ``resources`` (``claims``) and ``hostUsers``.
 
 Invariants:
@@ -23,8 +30,10 @@ Invariants:
   (``common.records``), which reports it as an invalid spec.
 
 What stays outside this table, because it is not a field of the incoming pod: the symmetric side of inter-pod
-anti-affinity (a pod already running with a required anti-affinity against the incoming pod's labels) and
-kube-scheduler's system default spread constraints (a score only).
+anti-affinity (a pod already running with a required anti-affinity against the incoming pod's labels), which
+the standalone worker honours (``worker.topology``), and kube-scheduler's system default spread constraints (a
+score only, built from the Services and ReplicaSets selecting the pod; this scheduler does not watch those, so
+it applies none, as kube-scheduler does for a pod no such object selects).
 """
 
 from __future__ import annotations
@@ -36,6 +45,8 @@ from typing import Any, Final
 SUPPORTED: Final = "supported"
 IRRELEVANT: Final = "irrelevant"
 REFUSED: Final = "refused"
+#: honoured by a standalone worker, refused under a coordinator (see the module docstring)
+STANDALONE: Final = "standalone-only"
 #: looked into: the verdict depends on what the field holds (see the module docstring)
 INSPECTED: Final = "inspected"
 
@@ -89,7 +100,12 @@ SPEC_FIELDS: Final[dict[str, Field]] = {
             "node, as in kube-scheduler (whose queue holds only pods without a node)",
         ),
         # --- inspected: partly supported ---
-        _f("spec.affinity", INSPECTED, "nodeAffinity supported; podAffinity and podAntiAffinity refused"),
+        _f(
+            "spec.affinity",
+            INSPECTED,
+            "nodeAffinity supported; podAffinity and podAntiAffinity standalone-only (a namespaceSelector that "
+            "is not empty refused)",
+        ),
         _f("spec.volumes", INSPECTED, "per volume source: see VOLUME_SOURCES"),
         _f(
             "spec.containers",
@@ -115,7 +131,11 @@ SPEC_FIELDS: Final[dict[str, Field]] = {
             "requires nodes declaring UserNamespacesHostNetworkSupport, which the engine does not check",
         ),
         # --- refused: they constrain placement and the engine does not implement them yet ---
-        _f("spec.topologySpreadConstraints", REFUSED, "PodTopologySpread filter and score"),
+        _f(
+            "spec.topologySpreadConstraints",
+            STANDALONE,
+            "PodTopologySpread filter (DoNotSchedule) and score (ScheduleAnyway)",
+        ),
         _f("spec.resourceClaims", REFUSED, "DynamicResources (DRA): devices are allocated while scheduling"),
         _f(
             "spec.schedulingGroup",
@@ -251,10 +271,14 @@ AFFINITY_FIELDS: Final[dict[str, Field]] = {
     f.path.removeprefix("spec.affinity."): f
     for f in (
         _f("spec.affinity.nodeAffinity", SUPPORTED, "NodeAffinity filter (required) and score (preferred)"),
-        _f("spec.affinity.podAffinity", REFUSED, "InterPodAffinity filter (required) and score (preferred)"),
+        _f(
+            "spec.affinity.podAffinity",
+            STANDALONE,
+            "InterPodAffinity filter (required) and score (preferred)",
+        ),
         _f(
             "spec.affinity.podAntiAffinity",
-            REFUSED,
+            STANDALONE,
             "InterPodAffinity filter (required) and score (preferred)",
         ),
     )
@@ -283,6 +307,36 @@ def _empty(value: Any) -> bool:
     return value is None or value == "" or (isinstance(value, (list, dict)) and not value)
 
 
+def _selects_namespaces(term: Any) -> bool:
+    selector = term.get("namespaceSelector") if isinstance(term, dict) else None
+    return isinstance(selector, dict) and not (
+        _empty(selector.get("matchLabels")) and _empty(selector.get("matchExpressions"))
+    )
+
+
+def _namespace_selectors(key: str, part: Any) -> list[str]:
+    """The terms of a pod (anti-)affinity that select namespaces by label (unsupported: see the docstring)."""
+    found: list[str] = []
+    if not isinstance(part, dict):
+        return found
+    for kind in (
+        "requiredDuringSchedulingIgnoredDuringExecution",
+        "preferredDuringSchedulingIgnoredDuringExecution",
+    ):
+        terms = part.get(kind)
+        if not isinstance(terms, list):
+            continue
+        for i, item in enumerate(terms):
+            term = (
+                item.get("podAffinityTerm")
+                if kind.startswith("preferred") and isinstance(item, dict)
+                else item
+            )
+            if _selects_namespaces(term):
+                found.append(f"spec.affinity.{key}.{kind}[{i}].namespaceSelector")
+    return found
+
+
 def _affinity(spec: Mapping[str, Any], value: Any) -> list[str]:
     if not isinstance(value, dict):
         return []
@@ -290,6 +344,9 @@ def _affinity(spec: Mapping[str, Any], value: Any) -> list[str]:
     for key, part in value.items():
         known = AFFINITY_FIELDS.get(key)
         if known is not None and known.status == SUPPORTED:
+            continue
+        if known is not None and known.status == STANDALONE:
+            found.extend(_namespace_selectors(key, part))
             continue
         # pod (anti-)affinity with no terms at all constrains nothing
         if isinstance(part, dict) and not any(not _empty(v) for v in part.values()):
@@ -376,10 +433,47 @@ def unsupported_fields(spec: Mapping[str, Any]) -> list[str]:
     return found
 
 
+def _named(fields: list[str]) -> str:
+    return fields[0] if len(fields) == 1 else ", ".join(fields[:-1]) + " and " + fields[-1]
+
+
+def standalone_fields(spec: Mapping[str, Any]) -> list[str]:
+    """The fields of ``spec`` that only a standalone worker honours (``STANDALONE``), each as a path."""
+    found: list[str] = []
+    for key, value in spec.items():
+        known = SPEC_FIELDS.get(key)
+        if known is not None and known.status == STANDALONE and not _empty(value):
+            found.append(known.path)
+    affinity = spec.get("affinity")
+    if isinstance(affinity, dict):
+        for key, part in affinity.items():
+            known = AFFINITY_FIELDS.get(key)
+            if known is None or known.status != STANDALONE or _empty(part):
+                continue
+            if isinstance(part, dict) and not any(not _empty(v) for v in part.values()):
+                continue
+            found.append(known.path)
+    return found
+
+
+def standalone_only(pod: Mapping[str, Any]) -> str | None:
+    """The refusal message a coordinator gives a Pod object (raw JSON) using inter-pod rules, which only a
+    standalone worker honours so far; None when the pod uses none. Never raises."""
+    spec = pod.get("spec")
+    if not isinstance(spec, dict):
+        return None
+    fields = standalone_fields(spec)
+    if not fields:
+        return None
+    return (
+        f"pod uses {_named(fields)}: inter-pod rules are supported by the standalone {PRODUCT} worker only so "
+        f"far, not under a coordinator (they span shards); {REMEDY}"
+    )
+
+
 def refusal_message(fields: list[str]) -> str:
     """What the pod's PodScheduled condition and FailedScheduling event say."""
-    named = fields[0] if len(fields) == 1 else ", ".join(fields[:-1]) + " and " + fields[-1]
-    return f"pod uses {named}, which {PRODUCT} does not support yet; {REMEDY}"
+    return f"pod uses {_named(fields)}, which {PRODUCT} does not support yet; {REMEDY}"
 
 
 def unsupported(pod: Mapping[str, Any]) -> str | None:

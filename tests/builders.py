@@ -92,6 +92,79 @@ class PodBuilder:
         self.spec.setdefault("initContainers", []).append(c)
         return self
 
+    def pod_affinity(
+        self,
+        key: str,
+        selector: dict[str, str] | None = None,
+        *,
+        anti: bool = False,
+        weight: int = 0,
+        expressions: list[dict[str, Any]] | None = None,
+        namespaces: list[str] | None = None,
+        namespace_selector: dict[str, Any] | None = None,
+        match_label_keys: list[str] | None = None,
+        mismatch_label_keys: list[str] | None = None,
+    ) -> PodBuilder:
+        """A pod (anti-)affinity term on topology key ``key``; required unless ``weight`` is given."""
+        term: dict[str, Any] = {"topologyKey": key, "labelSelector": {}}
+        if selector is not None:
+            term["labelSelector"]["matchLabels"] = dict(selector)
+        if expressions is not None:
+            term["labelSelector"]["matchExpressions"] = expressions
+        if namespaces is not None:
+            term["namespaces"] = namespaces
+        if namespace_selector is not None:
+            term["namespaceSelector"] = namespace_selector
+        if match_label_keys is not None:
+            term["matchLabelKeys"] = match_label_keys
+        if mismatch_label_keys is not None:
+            term["mismatchLabelKeys"] = mismatch_label_keys
+        block = self.spec.setdefault("affinity", {}).setdefault(
+            "podAntiAffinity" if anti else "podAffinity", {}
+        )
+        if weight:
+            block.setdefault("preferredDuringSchedulingIgnoredDuringExecution", []).append(
+                {"weight": weight, "podAffinityTerm": term}
+            )
+        else:
+            block.setdefault("requiredDuringSchedulingIgnoredDuringExecution", []).append(term)
+        return self
+
+    def spread(
+        self,
+        key: str,
+        selector: dict[str, str] | None,
+        *,
+        max_skew: int = 1,
+        hard: bool = True,
+        min_domains: int | None = None,
+        node_affinity_policy: str | None = None,
+        node_taints_policy: str | None = None,
+        match_label_keys: list[str] | None = None,
+    ) -> PodBuilder:
+        """A topologySpreadConstraint; ``selector`` None leaves the labelSelector out (it matches no pod)."""
+        c: dict[str, Any] = {
+            "maxSkew": max_skew,
+            "topologyKey": key,
+            "whenUnsatisfiable": "DoNotSchedule" if hard else "ScheduleAnyway",
+        }
+        if selector is not None:
+            c["labelSelector"] = {"matchLabels": dict(selector)}
+        if min_domains is not None:
+            c["minDomains"] = min_domains
+        if node_affinity_policy is not None:
+            c["nodeAffinityPolicy"] = node_affinity_policy
+        if node_taints_policy is not None:
+            c["nodeTaintsPolicy"] = node_taints_policy
+        if match_label_keys is not None:
+            c["matchLabelKeys"] = match_label_keys
+        self.spec.setdefault("topologySpreadConstraints", []).append(c)
+        return self
+
+    def deleting(self) -> PodBuilder:
+        self.obj["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        return self
+
     def gate(self, name: str) -> PodBuilder:
         self.spec.setdefault("schedulingGates", []).append({"name": name})
         return self

@@ -112,7 +112,9 @@ class Binder:
 
     def submit(self, pod: PodRecord, node: NodeName, queued_at: float, attempts: int) -> None:
         self._in_flight[node] = self._in_flight.get(node, 0) + 1
-        self._queue.put_nowait(BindRequest(pod, node, queued_at, attempts, time.time(), submitted_at=self.clock()))
+        self._queue.put_nowait(
+            BindRequest(pod, node, queued_at, attempts, time.time(), submitted_at=self.clock())
+        )
 
     def in_flight(self, node: NodeName | None = None) -> int:
         if node is None:

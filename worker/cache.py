@@ -18,6 +18,9 @@ Invariants:
 - Pods of every scheduler are accounted (they use capacity too); terminal pods are not.
 - ``static_version`` of a NodeInfo changes only when a filter-relevant part of the node record changes, so the
   engine's per-signature static filter verdicts stay valid across capacity changes.
+- ``topology`` (``worker.topology``) is told of every pod accounted or unaccounted (bound or assumed, any
+  scheduler) and of every node label change, so its per-domain counts for the inter-pod rules are always
+  current; a pod that matches some pod's required affinity counts as an event that may help waiting pods.
 
 The cache does no I/O and knows nothing of the API; ``worker.feeds`` feeds it from the watches.
 """
@@ -32,6 +35,7 @@ from common.records import NodeName, NodeRecord, PodKey, PodRecord, Resources
 from worker.index import CapacityIndex
 from worker.nodeinfo import NodeInfo
 from worker.shard import ShardChange, ShardView, WholeCluster
+from worker.topology import TopologyCounts
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +89,8 @@ class Cache:
         self.sessions: dict[str, dict[NodeName, int]] = {}
         # extended resource (nvidia.com/gpu, ...) -> nodes that have some: pods asking for one look only there
         self.scalar_nodes: dict[str, set[NodeName]] = {}
+        # per-topology-domain counts for pod (anti-)affinity and topology spread
+        self.topology = TopologyCounts(self.nodes)
         # Bumped on any change that could make an unschedulable pod schedulable or change a failure reason.
         self.generation = 0
         self.expired = 0
@@ -107,12 +113,15 @@ class Cache:
         if info is None:
             info = self.nodes[name] = NodeInfo(record, session_label=self.session_label)
             self.static_versions[name] = 1
+            self.topology.relabel(name, {}, record.labels)
         else:
             changed = name not in self.known or info.node.static_key != record.static_key
             capacity_changed = info.node.allocatable != record.allocatable
+            old_labels = info.node.labels
             info.set_node(record)
             if changed:
                 self.static_versions[name] = self.static_versions.get(name, 0) + 1
+                self.topology.relabel(name, old_labels, record.labels)
             changed = changed or capacity_changed
         self.known.add(name)
         self._index_scalars(name, record)
@@ -129,10 +138,12 @@ class Cache:
         self.index.remove(name)
         self._index_scalars(name, None)
         self.static_versions[name] = self.static_versions.get(name, 0) + 1
+        old_labels = info.node.labels
         if info.pods:
             info.set_node(_placeholder(name))  # keep accounting until its pods are gone too
         else:
             del self.nodes[name]
+        self.topology.relabel(name, old_labels, {})
         self.generation += 1
 
     def replace_nodes(self, records: list[NodeRecord]) -> None:
@@ -178,15 +189,18 @@ class Cache:
 
     # ----- pods ------------------------------------------------------------------------------------------
 
-    def _account(self, pod: PodRecord, node: NodeName) -> None:
+    def _account(self, pod: PodRecord, node: NodeName) -> bool:
+        """Account ``pod`` on ``node``; True when it may help a pod waiting for pod affinity."""
         info = self._info(node)
         info.add_pod(pod)
+        helps = self.topology.add(pod, info)
         self.pod_node[pod.key] = node
         session = pod.labels.get(self.session_label) if self.session_label else None
         if session:
             nodes = self.sessions.setdefault(session, {})
             nodes[node] = nodes.get(node, 0) + 1
         self._reindex(info)
+        return helps
 
     def _unaccount(self, key: PodKey) -> PodRecord | None:
         node = self.pod_node.pop(key, None)
@@ -194,6 +208,8 @@ class Cache:
             return None
         info = self.nodes[node]
         pod = info.remove_pod(key)
+        if pod is not None:
+            self.topology.remove(pod, info)
         session = pod.labels.get(self.session_label) if pod is not None and self.session_label else None
         if session:
             nodes = self.sessions.get(session, {})
@@ -211,7 +227,8 @@ class Cache:
         return pod
 
     def upsert_pod(self, pod: PodRecord) -> bool:
-        """Apply a pod from the watch. True when capacity was freed (an event that may help waiting pods)."""
+        """Apply a pod from the watch. True when capacity was freed, or a pod that may satisfy a waiting pod's
+        required pod affinity was placed (events that may help waiting pods)."""
         key = pod.key
         if pod.terminal or not pod.node_name:
             if key in self.assumed and not pod.terminal:
@@ -229,14 +246,20 @@ class Cache:
         if current == node:
             info = self.nodes[node]
             old = info.pods.get(key)
-            if old is not None and old.requests == pod.requests and old.labels == pod.labels:
+            if (
+                old is not None
+                and old.requests == pod.requests
+                and old.labels == pod.labels
+                and old.deleting == pod.deleting
+            ):
                 info.pods[key] = pod  # confirmation: nothing changes in the accounting
-                return False
+                # kube-scheduler wakes pods waiting for pod affinity when an assigned pod is added
+                return assumed is not None and self.topology.helps(pod)
         freed = self._unaccount(key) is not None
-        self._account(pod, node)
-        if freed:
+        helps = self._account(pod, node)
+        if freed or helps:
             self.generation += 1
-        return freed
+        return freed or helps
 
     def remove_pod(self, key: PodKey) -> bool:
         self.assumed.pop(key, None)

@@ -7,7 +7,9 @@ How a decision is made, and why it is fast:
 2. Static filters (labels, taints, readiness) are evaluated once per (pod signature, node) and cached until
    that node's record changes, so a burst of identical agent pods pays for them once per node.
 3. Dynamic filters (resources, host ports) run on each candidate; the walk stops after
-   ``feasible_nodes`` feasible nodes (like kube-scheduler's percentage of nodes to score).
+   ``feasible_nodes`` feasible nodes (like kube-scheduler's percentage of nodes to score). A dynamic filter
+   with an ``applies(pod)`` method (the inter-pod rules) runs only for the pods it applies to, so plain pods
+   do not pay for it; plugins with an ``attach(cache)`` method are given the cache once, here.
 4. Score plugins that apply to the pod score those candidates; weighted sum; highest wins, ties by order.
 5. Only when no candidate is feasible does the engine scan every owned node, to count the reasons for the
    failure message. The explanation is memoized per pod shape while the cache does not change, so a burst of
@@ -65,6 +67,12 @@ class Engine:
         self.cache = cache
         self.static_filters = [f for f in filters if f.static]
         self.dynamic_filters = [f for f in filters if not f.static]
+        self._always = [f for f in self.dynamic_filters if not hasattr(f, "applies")]
+        self._sometimes = [f for f in self.dynamic_filters if hasattr(f, "applies")]
+        for plugin in [*filters, *(p for p, _ in scores)]:
+            attach = getattr(plugin, "attach", None)
+            if attach is not None:
+                attach(cache)
         self.scores = scores
         self.feasible_nodes = feasible_nodes
         self.session_label = session_label
@@ -97,7 +105,10 @@ class Engine:
         if memo is None:
             memo = self._static[pod.signature] = {}
         usable = self.cache.usable
-        dynamic = self.dynamic_filters
+        dynamic = self._always
+        for f in self._sometimes:
+            if f.applies(pod):
+                dynamic = [*dynamic, f]
         want = self.feasible_nodes
         feasible: list[NodeInfo] = []
         evaluated = 0
@@ -130,7 +141,7 @@ class Engine:
             if len(feasible) >= want:
                 break
         if not feasible:
-            return self._explain(pod)
+            return self._explain(pod, inter_pod=dynamic is not self._always)
         best = feasible[0] if len(feasible) == 1 else self._best(pod, feasible)
         return Decision(NodeName(best.node.name), Code.SUCCESS, "", evaluated, len(feasible))
 
@@ -156,9 +167,23 @@ class Engine:
                 return st
         return None
 
-    def _explain(self, pod: PodRecord) -> Decision:
+    def _explain(self, pod: PodRecord, *, inter_pod: bool = False) -> Decision:
         r = pod.requests
-        shape = (pod.signature, r.milli_cpu, r.memory, r.ephemeral_storage, tuple(sorted(r.scalar.items())))
+        shape: tuple[Any, ...] = (
+            pod.signature,
+            r.milli_cpu,
+            r.memory,
+            r.ephemeral_storage,
+            tuple(sorted(r.scalar.items())),
+        )
+        if inter_pod:
+            # the verdicts also depend on the pod's labels and on every placed pod
+            shape += (
+                pod.namespace,
+                tuple(sorted(pod.labels.items())),
+                pod.inter_pod,
+                self.cache.topology.version,
+            )
         owned = [
             info
             for name, info in self.cache.nodes.items()

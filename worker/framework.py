@@ -2,12 +2,16 @@
 
 Policy apart from mechanism: the engine, cache and queue never import a concrete plugin; they get plugin
 instances from ``Registry.build(profile)``. A plugin is pure over the pod record and the node's state in the
-cache: it never does I/O and never mutates what it is given.
+cache: it never does I/O and never mutates what it is given. The inter-pod plugins also read the cache's
+per-domain counts (``worker.topology``, given through ``attach(cache)``); asking for a selector's counts may
+make the cache start keeping them, which changes no count.
 
 Two kinds of filter:
 - *static* filters depend only on the node record (labels, taints, readiness) and on the pod's placement
   signature, so the engine caches their verdict per (signature, node) until the node's record changes;
-- dynamic filters (resources, host ports) depend on what is placed on the node and run every time.
+- dynamic filters (resources, host ports, inter-pod rules) depend on what is placed on the node (or, for the
+  inter-pod rules, in its topology domain) and run every time; one with an ``applies(pod)`` method runs only
+  for the pods it applies to.
 
 Status codes, not exceptions, for expected outcomes (kube-scheduler's codes):
 - ``UNSCHEDULABLE``: the node cannot take the pod now; the pod waits in the unschedulable pool and moves back

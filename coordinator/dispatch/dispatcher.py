@@ -21,7 +21,9 @@ Invariants:
   Unschedulable verdict.
 - A worker with ``protocol.MAX_UNACKED`` dispatches awaiting ACK is not chosen; pods that only it could take
   wait (they are not "no" answers) and are queued again as soon as an ACK frees its window.
-- Malformed pods are reported unschedulable at once with their parse error; they are never dispatched.
+- Malformed pods are reported unschedulable at once with their parse error; they are never dispatched. So are
+  pods using inter-pod rules (``PodRecord.standalone_only``): only a standalone worker honours those so far,
+  because they span shards (see ``common.support``).
 """
 
 from __future__ import annotations
@@ -141,8 +143,9 @@ class Dispatcher:
             p = None
         if p is None:
             p = self.table.pods[key] = PendingPod(obj, record, seen_at=self.clock())
-            if record.parse_error is not None:
-                self.reporter.unschedulable(record, record.parse_error)
+            refusal = record.parse_error or record.standalone_only
+            if refusal is not None:
+                self.reporter.unschedulable(record, refusal)
                 p.parked_at = self.clock()
                 return key
             if not record.gated:

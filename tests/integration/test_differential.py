@@ -32,6 +32,20 @@ Ready.
 At the end, the pods the API server shows on the dedicated nodes must be exactly the ones the engine's cache
 holds, so both really did see the same state.
 
+Inter-pod rules (pod affinity and anti-affinity, topology spread) are compared by a second test, over sequences
+of pods: every case is a pod with random labels and random rules on the hostname, ``zone`` or ``tier`` keys
+(required and preferred affinity and anti-affinity, ``matchLabelKeys``/``mismatchLabelKeys``, spread constraints
+with DoNotSchedule or ScheduleAnyway, ``minDomains``, both node inclusion policies), or a plain pod with labels
+that earlier and later rules select. Earlier pods stay where kube-scheduler bound them (now and then one is
+deleted again), so each case is decided over the placements of the ones before. Probes pinned to single nodes
+would change the counts these rules read (a probe is a pod too), so this test does not probe every kind of
+verdict: the engine
+decides, then the pod is created unpinned, and both must agree on whether it fits; when kube-scheduler binds
+it to N, the engine must find N feasible (a placement kube-scheduler makes satisfies the engine's hard
+constraints). The engine's own pick is checked by one pinned probe first, deleted and settled before the pod
+itself is created, unless the pod has a hard spread constraint honouring node affinity (pinning would change
+which domains it counts). ``DIFF_INTERPOD_CASES`` (default 500) sets the number of cases.
+
 Knobs: ``DIFF_CASES`` (default 500), ``DIFF_SEED`` (default 1; also seeds the nodes), ``DIFF_NODES`` (default
 30), ``DIFF_PROBES`` (single-node probes per case, default 4; ``DIFF_NODES`` or more probes every node in every
 case), ``DIFF_REPORT`` (a file to write every disagreement to, in full; the failure shows the first three).
@@ -47,6 +61,7 @@ import os
 import random
 import time
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +79,7 @@ from worker.settings import WorkerSettings
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 CASES = int(os.environ.get("DIFF_CASES", "500"))
+INTERPOD_CASES = int(os.environ.get("DIFF_INTERPOD_CASES", "500"))
 SEED = int(os.environ.get("DIFF_SEED", "1"))
 NODES = int(os.environ.get("DIFF_NODES", "30"))
 PROBES = int(os.environ.get("DIFF_PROBES", "4"))  # single-node probes per case; >= DIFF_NODES probes all
@@ -458,6 +474,11 @@ def _category(verdict: str | None) -> str:
         return "feasible"
     for needle, name in (
         ("invalid pod spec", "invalid"),
+        ("existing pods anti-affinity", "existing-anti-affinity"),
+        ("pod anti-affinity", "anti-affinity"),
+        ("pod affinity", "pod-affinity"),
+        ("spread constraints (missing", "spread-missing-label"),
+        ("spread constraints", "spread-skew"),
         ("taint", "taint"),
         ("affinity", "affinity"),
         ("unschedulable", "cordoned"),
@@ -721,3 +742,205 @@ async def test_engine_agrees_with_kube_scheduler_on_feasibility(
     # The generator must keep producing both outcomes, or the comparison says little.
     assert d.tally.bound > CASES // 5 and d.tally.unschedulable > CASES // 10, summary
     assert d.tally.with_overhead > 0, summary
+
+
+# ----- inter-pod rules ----------------------------------------------------------------------------------------
+
+HOSTNAME = "kubernetes.io/hostname"
+TOPOLOGY_KEYS = [HOSTNAME, HOSTNAME, "zone", "zone", "tier"]
+GROUPS = ["a", "b", "c"]
+SETTLE_AFTER_DELETE = 0.2  # seconds for kube-scheduler's cache to see a deleted pod before the next case
+
+
+def _pod_selector(rng: random.Random) -> dict[str, Any]:
+    r = rng.random()
+    if r < 0.65:
+        return {"matchLabels": {"grp": rng.choice(GROUPS)}}
+    if r < 0.8:
+        return {
+            "matchExpressions": [{"key": "grp", "operator": "In", "values": sorted(rng.sample(GROUPS, 2))}]
+        }
+    if r < 0.87:
+        return {"matchExpressions": [{"key": "grp", "operator": "Exists"}]}
+    if r < 0.94:
+        return {"matchExpressions": [{"key": "grp", "operator": "NotIn", "values": [rng.choice(GROUPS)]}]}
+    return {"matchLabels": {"grp": "absent"}}  # no pod has it
+
+
+def _affinity_term(rng: random.Random) -> dict[str, Any]:
+    term: dict[str, Any] = {"topologyKey": rng.choice(TOPOLOGY_KEYS), "labelSelector": _pod_selector(rng)}
+    r = rng.random()
+    if r < 0.12:
+        term["matchLabelKeys"] = ["ver"]
+    elif r < 0.2:
+        term["mismatchLabelKeys"] = ["ver"]
+    return term
+
+
+def _spread_constraints(rng: random.Random) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    seen: set[tuple[str, str]] = set()
+    for _ in range(rng.choice([1, 1, 1, 2])):
+        key = rng.choice(TOPOLOGY_KEYS)
+        when = "DoNotSchedule" if rng.random() < 0.8 else "ScheduleAnyway"
+        if (key, when) in seen:
+            continue  # the API server refuses a repeated (topologyKey, whenUnsatisfiable)
+        seen.add((key, when))
+        c: dict[str, Any] = {
+            "maxSkew": rng.choice([1, 1, 2, 3]),
+            "topologyKey": key,
+            "whenUnsatisfiable": when,
+            "labelSelector": _pod_selector(rng),
+        }
+        if when == "DoNotSchedule" and rng.random() < 0.2:
+            c["minDomains"] = rng.choice([2, 3, 5, 40])
+        for policy in ("nodeAffinityPolicy", "nodeTaintsPolicy"):
+            if rng.random() < 0.3:
+                c[policy] = rng.choice(["Honor", "Ignore"])
+        if rng.random() < 0.12:
+            c["matchLabelKeys"] = ["ver"]
+        out.append(c)
+    return out
+
+
+def inter_pod_pod(rng: random.Random, name: str, run: str) -> dict[str, Any]:
+    """A small pod with random group labels and, mostly, random inter-pod rules."""
+    pod = plain_pod(rng, name, run)
+    labels = pod["metadata"]["labels"]
+    if rng.random() < 0.85:
+        labels["grp"] = rng.choice(GROUPS)
+    if rng.random() < 0.5:
+        labels["ver"] = rng.choice(["1", "2"])
+    spec = pod["spec"]
+    if rng.random() < 0.1:
+        spec["nodeSelector"] = {"zone": rng.choice(NODE_LABELS["zone"])}
+    if rng.random() < 0.1:
+        spec["tolerations"].append(_toleration(rng))
+    if rng.random() < 0.2:
+        return pod  # a plain pod: something for the rules to count
+    affinity = spec["affinity"]
+    for kind in ("podAffinity", "podAntiAffinity"):
+        chance = 0.3 if kind == "podAffinity" else 0.45
+        block: dict[str, Any] = {}
+        if rng.random() < chance:
+            block["requiredDuringSchedulingIgnoredDuringExecution"] = [
+                _affinity_term(rng) for _ in range(rng.choice([1, 1, 2]))
+            ]
+        if rng.random() < 0.2:
+            block["preferredDuringSchedulingIgnoredDuringExecution"] = [
+                {"weight": rng.randint(1, 100), "podAffinityTerm": _affinity_term(rng)}
+            ]
+        if block:
+            affinity[kind] = block
+    if rng.random() < 0.5:
+        spec["topologySpreadConstraints"] = _spread_constraints(rng)
+    return pod
+
+
+def _pinning_keeps_verdicts(pod: dict[str, Any]) -> bool:
+    """A probe is pinned through node affinity, which a spread constraint honours by default (only the pinned
+    node's domain would count): probe only pods whose hard spread constraints all ignore node affinity."""
+    return all(
+        c.get("whenUnsatisfiable") != "DoNotSchedule" or c.get("nodeAffinityPolicy") == "Ignore"
+        for c in pod["spec"].get("topologySpreadConstraints") or ()
+    )
+
+
+class InterPodDifferential(Differential):
+    def __init__(self, kube: KubeClient, namespace: str, run: str, nodes: list[dict[str, Any]]) -> None:
+        super().__init__(kube, namespace, run, nodes)
+        # the engine's per-node verdicts over all cases, by kind: what the comparison exercised
+        self.verdict_kinds: Counter[str] = Counter()
+        self.probes = 0
+
+    async def inter_case(self, case: int) -> None:
+        rng = random.Random(f"interpod:{SEED}:{case}")
+        name = f"i{case:04d}"
+        pod = inter_pod_pod(rng, name, self.run)
+        dry = await self.kube.post(f"/api/v1/namespaces/{self.namespace}/pods", pod, params={"dryRun": "All"})
+        record = pod_from_json(dry)
+        decision = self.engine.schedule(record)
+        verdicts = {n: self.verdict(record, n) for n in self.diff}
+        problems: list[str] = []
+        involved: set[str] = set()
+        if record.parse_error is not None:
+            problems.append(f"engine refuses the pod: {record.parse_error}")
+        if decision.node is not None:
+            involved.add(decision.node)
+            if verdicts.get(decision.node, "not a dedicated node") is not None:
+                problems.append(
+                    f"engine picked {decision.node}, which filter_all rejects or is not dedicated"
+                )
+        elif any(v is None for v in verdicts.values()):
+            problems.append("engine found no node, but filter_all accepts some")
+        if decision.node in verdicts and _pinning_keeps_verdicts(pod):
+            # kube-scheduler's verdict on the engine's pick, asked alone and settled before the pod itself
+            self.probes += 1
+            probe = await self.probe(pod, f"{name}-p", decision.node)
+            await asyncio.sleep(SETTLE_AFTER_DELETE)
+            if probe.node != decision.node:
+                problems.append(
+                    f"engine picked {decision.node}; kube-scheduler pinned there: {probe.reason} {probe.message}"
+                )
+        out = await self.decide(pod)
+        if out.node is not None:
+            self.tally.bound += 1
+            involved.add(out.node)
+            if decision.node is None:
+                problems.append(f"kube-scheduler bound it to {out.node}; the engine found no node")
+            elif verdicts.get(out.node) is not None:
+                problems.append(f"kube-scheduler bound it to {out.node}; engine: {verdicts.get(out.node)}")
+            self.cache.upsert_pod(pod_from_json(out.obj))
+            self.bound.append(name)
+        else:
+            self.tally.unschedulable += 1
+            if out.reason != "Unschedulable":
+                problems.append(f"kube-scheduler {out.reason}: {out.message}")
+            elif decision.node is not None:
+                problems.append(
+                    f"kube-scheduler: unschedulable ({out.message}); the engine picked {decision.node}"
+                )
+            await self.delete(name)
+        self.verdict_kinds.update(_category(v) for v in verdicts.values())
+        self.tally.cases += 1
+        if problems:
+            self.tally.disagreements.append(self.report(case, problems, pod, dry, involved))
+        if self.bound and rng.random() < DELETE_EARLIER_POD:
+            victim = self.bound.pop(rng.randrange(len(self.bound)))
+            await self.delete(victim)
+            self.cache.remove_pod(PodKey(f"{self.namespace}/{victim}"))
+            self.tally.deleted += 1
+            await asyncio.sleep(SETTLE_AFTER_DELETE)
+
+
+async def test_engine_agrees_with_kube_scheduler_on_inter_pod_rules(
+    kube: KubeClient, namespace: str, diff_nodes: str
+) -> None:
+    started = time.monotonic()
+    nodes = (await kube.get("/api/v1/nodes"))["items"]
+    d = InterPodDifferential(kube, namespace, diff_nodes, nodes)
+    # pods already bound anywhere count for the rules (other namespaces' pods could carry anti-affinity)
+    for obj in (await kube.get("/api/v1/pods"))["items"]:
+        placed = pod_from_json(obj)
+        if placed.node_name and not placed.terminal:
+            d.cache.upsert_pod(placed)
+    watcher = asyncio.create_task(d.outcomes.run())
+    try:
+        for case in range(INTERPOD_CASES):
+            await d.inter_case(case)
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+    summary = (
+        f"{d.tally.cases} inter-pod cases in {time.monotonic() - started:.0f}s: {d.tally.bound} bound, "
+        f"{d.tally.unschedulable} unschedulable, {d.tally.deleted} bound pods deleted again, {d.probes} of the "
+        f"engine's picks confirmed by a pinned probe; engine verdicts "
+        f"per node: {dict(sorted(d.verdict_kinds.items()))}; {len(d.tally.disagreements)} disagreements"
+    )
+    print(summary)
+    if REPORT:
+        _write_report(REPORT, [summary, *d.tally.disagreements])
+    shown = "\n\n".join(d.tally.disagreements[:SHOW_DISAGREEMENTS])
+    assert not d.tally.disagreements, f"{summary}\n\n{shown}"
+    assert d.tally.bound > INTERPOD_CASES // 5 and d.tally.unschedulable > INTERPOD_CASES // 10, summary

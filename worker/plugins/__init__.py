@@ -1,13 +1,14 @@
 """The in-tree plugins and the default profile for agent pods.
 
-The default profile binpacks (MostAllocated), prefers warm nodes and keeps sessions together; weights are
+The default profile binpacks (MostAllocated), prefers warm nodes and keeps sessions together, and honours the
+inter-pod rules (InterPodAffinity, PodTopologySpread; scores weighted 2 as kube-scheduler's); weights are
 configurable per plugin name. ``default_registry()`` is the one place that names every concrete plugin.
 """
 
 from __future__ import annotations
 
 from worker.framework import Profile, Registry
-from worker.plugins import affinity, locality, node_state, ports, resources, taints
+from worker.plugins import affinity, interpod, locality, node_state, ports, resources, spread, taints
 
 
 def default_registry() -> Registry:
@@ -18,6 +19,10 @@ def default_registry() -> Registry:
     r.register("NodeAffinity", affinity.affinity_filter)
     r.register("NodeResourcesFit", resources.fit)
     r.register("NodePorts", ports.node_ports)
+    r.register("InterPodAffinity", interpod.inter_pod_affinity_filter)
+    r.register("PodTopologySpread", spread.pod_topology_spread_filter)
+    r.register("InterPodAffinityScore", interpod.inter_pod_affinity_score)
+    r.register("PodTopologySpreadScore", spread.pod_topology_spread_score)
     r.register("MostAllocated", resources.most_allocated)
     r.register("LeastAllocated", resources.least_allocated)
     r.register("BalancedAllocation", resources.balanced)
@@ -37,6 +42,8 @@ def default_profile() -> Profile:
             "NodeAffinity",
             "NodeResourcesFit",
             "NodePorts",
+            "PodTopologySpread",
+            "InterPodAffinity",
         ],
         scores={
             "MostAllocated": 1,
@@ -45,5 +52,7 @@ def default_profile() -> Profile:
             "NodeAffinityScore": 2,
             "WarmNode": 1,
             "SessionLocality": 2,
+            "InterPodAffinityScore": 2,
+            "PodTopologySpreadScore": 2,
         },
     )

@@ -18,6 +18,7 @@ from common.support import (
     REFUSED,
     REMEDY,
     SPEC_FIELDS,
+    STANDALONE,
     SUPPORTED,
     VOLUME_SOURCES,
     unsupported,
@@ -298,6 +299,52 @@ REFUSED_CASES: list[tuple[str, dict[str, Any], str]] = [
 ]
 
 
+# Inter-pod rules: honoured by a standalone worker, refused under a coordinator (``standalone_only``).
+_STANDALONE_IDS = {
+    "required-pod-anti-affinity",
+    "preferred-pod-anti-affinity",
+    "required-pod-affinity",
+    "preferred-pod-affinity",
+    "pod-affinity-next-to-node-affinity",
+    "topology-spread-do-not-schedule",
+    "topology-spread-schedule-anyway",
+}
+STANDALONE_CASES = [c for c in REFUSED_CASES if c[0] in _STANDALONE_IDS]
+REFUSED_CASES = [c for c in REFUSED_CASES if c[0] not in _STANDALONE_IDS]
+
+
+@pytest.mark.parametrize(
+    ("pod", "field"), [c[1:] for c in STANDALONE_CASES], ids=[c[0] for c in STANDALONE_CASES]
+)
+def test_inter_pod_rules_are_honoured_standalone_and_refused_under_a_coordinator(
+    pod: dict[str, Any], field: str
+) -> None:
+    assert unsupported(pod) is None
+    record = pod_from_json(pod)
+    assert record.parse_error is None
+    assert record.inter_pod is not None
+    assert record.standalone_only == (
+        f"pod uses {field}: inter-pod rules are supported by the standalone agent-scheduler worker only so far, "
+        f"not under a coordinator (they span shards); {REMEDY}"
+    )
+
+
+def test_a_namespace_selector_that_selects_is_refused() -> None:
+    term = dict(POD_TERM, namespaceSelector={"matchLabels": {"team": "a"}})
+    pod = with_spec(affinity={"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}})
+    field = (
+        "spec.affinity.podAntiAffinity.requiredDuringSchedulingIgnoredDuringExecution[0].namespaceSelector"
+    )
+    assert unsupported(pod) == f"pod uses {field}, which agent-scheduler does not support yet; {REMEDY}"
+    everywhere = dict(POD_TERM, namespaceSelector={})
+    pod = with_spec(
+        affinity={"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [everywhere]}}
+    )
+    assert unsupported(pod) is None
+    record = pod_from_json(pod)
+    assert record.inter_pod is not None and record.inter_pod.affinity[0].namespaces is None
+
+
 @pytest.mark.parametrize(("pod", "field"), [c[1:] for c in REFUSED_CASES], ids=[c[0] for c in REFUSED_CASES])
 def test_a_pod_using_a_refused_field_is_refused_naming_it(pod: dict[str, Any], field: str) -> None:
     message = unsupported(pod)
@@ -318,9 +365,8 @@ def test_every_refused_field_is_named_together() -> None:
     )
     pod["spec"]["volumes"].append({"name": "data", "persistentVolumeClaim": {"claimName": "data"}})
     assert unsupported(pod) == (
-        'pod uses spec.volumes[2].persistentVolumeClaim (volume "data"), spec.affinity.podAntiAffinity, '
-        "spec.topologySpreadConstraints and spec.resourceClaims, which agent-scheduler does not support yet; "
-        "use the default scheduler (spec.schedulerName) for this pod"
+        'pod uses spec.volumes[2].persistentVolumeClaim (volume "data") and spec.resourceClaims, which '
+        "agent-scheduler does not support yet; use the default scheduler (spec.schedulerName) for this pod"
     )
 
 
@@ -405,10 +451,10 @@ def test_a_placed_pod_is_never_refused_and_counts_its_requests() -> None:
 
 
 def test_a_refusal_wins_over_an_invalid_spec() -> None:
-    pod = with_spec(topologySpreadConstraints=[{"maxSkew": 1}])
+    pod = with_spec(resourceClaims=[{"name": "gpu", "resourceClaimName": "gpu-0"}])
     pod["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "lots"
     message = pod_from_json(pod).parse_error
-    assert message is not None and message.startswith("pod uses spec.topologySpreadConstraints")
+    assert message is not None and message.startswith("pod uses spec.resourceClaims")
 
 
 @pytest.mark.parametrize(
@@ -435,7 +481,7 @@ def test_the_tables_cover_the_whole_v136_pod_spec() -> None:
     assert set(VOLUME_SOURCES) == VOLUME_SOURCES_V136
     assert set(AFFINITY_FIELDS) == {"nodeAffinity", "podAffinity", "podAntiAffinity"}
     assert set(_CHECKS) == {k for k, f in SPEC_FIELDS.items() if f.status == INSPECTED}
-    assert {f.status for f in SPEC_FIELDS.values()} == {SUPPORTED, IRRELEVANT, REFUSED, INSPECTED}
+    assert {f.status for f in SPEC_FIELDS.values()} == {SUPPORTED, IRRELEVANT, REFUSED, INSPECTED, STANDALONE}
     for table in (SPEC_FIELDS, VOLUME_SOURCES, AFFINITY_FIELDS):
         for f in table.values():
             assert f.why, f.path
@@ -443,16 +489,14 @@ def test_the_tables_cover_the_whole_v136_pod_spec() -> None:
 
 def test_unsupported_fields_lists_paths() -> None:
     spec = api_pod()["spec"]
-    spec["topologySpreadConstraints"] = [{"maxSkew": 1}]
-    assert unsupported_fields(spec) == ["spec.topologySpreadConstraints"]
+    spec["resourceClaims"] = [{"name": "gpu"}]
+    assert unsupported_fields(spec) == ["spec.resourceClaims"]
 
 
 def test_the_engine_reports_a_refused_pod_unschedulable_with_the_message() -> None:
     engine = engine_over([make_node("n").record()])
     pod = make_pod("p").req(cpu="100m")
-    pod.spec["topologySpreadConstraints"] = [
-        {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "DoNotSchedule"}
-    ]
+    pod.spec["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "gpu-0"}]
     decision = engine.schedule(pod.record())
     assert decision.node is None
-    assert decision.message.startswith("pod uses spec.topologySpreadConstraints, which agent-scheduler")
+    assert decision.message.startswith("pod uses spec.resourceClaims, which agent-scheduler")

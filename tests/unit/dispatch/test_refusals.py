@@ -1,5 +1,6 @@
-"""The leader's side of a refusal: a pod using a placement field the engine does not support is reported at
-once with the field named, and never dispatched to a worker (not even after the retry period)."""
+"""The leader's side of a refusal: a pod using a placement field the engine does not support, or an inter-pod
+rule only a standalone worker honours, is reported at once with the field named, and never dispatched to a
+worker (not even after the retry period)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ async def test_a_refused_pod_is_reported_at_once_and_never_dispatched(rig: Rig) 
     [(reported, message)] = rig.reporter.verdicts
     assert reported == PodKey("default/spread")
     assert message.startswith(
-        "pod uses spec.topologySpreadConstraints, which agent-scheduler does not support"
+        "pod uses spec.topologySpreadConstraints: inter-pod rules are supported by the standalone "
+        "agent-scheduler worker only so far"
     )
     rig.clock.advance(UNSCHEDULABLE_RETRY * 2)
     assert rig.d.retry_parked(force=True) == 0
