@@ -7,7 +7,8 @@ default registry: one process, one set.
 The server answers ``/metrics``, ``/healthz`` (the caller's liveness check passes: the process is not wedged,
 its API credentials are accepted; a failing check means "restart me") and ``/readyz`` (the caller's readiness
 check passes: caches synced, not fenced, or for a coordinator, leading and making progress or a healthy
-standby). A check returns True/False, or a string saying what is wrong (which fails it).
+standby). A check returns True/False, a string saying what is wrong (which fails it), or ``Ready(note)``: it
+passes, and the body says what the operator should know (e.g. "owns no nodes: ...").
 """
 
 from __future__ import annotations
@@ -23,12 +24,12 @@ _LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5
 
 schedule_attempts = Counter(
     "scheduler_schedule_attempts_total",
-    "Scheduling attempts by result (scheduled, unschedulable, error).",
+    "Scheduling attempts by result (scheduled, unschedulable, error) and profile (the scheduler name).",
     ["result", "profile"],
 )
 attempt_duration = Histogram(
     "scheduler_scheduling_attempt_duration_seconds",
-    "Scheduling attempt latency (decision only, without binding), by result.",
+    "Scheduling attempt latency (decision only, without binding), by result and profile (the scheduler name).",
     ["result", "profile"],
     buckets=_LATENCY_BUCKETS,
 )
@@ -70,6 +71,10 @@ assumed_expired = Counter(
 )
 
 
+class Ready(str):
+    """A passing verdict that carries a note for the response body."""
+
+
 Check = Callable[[], bool | str]
 
 
@@ -77,6 +82,8 @@ def _answer(check: Check, failed: str) -> web.Response:
     verdict = check()
     if verdict is True:
         return web.Response(text="ok")
+    if isinstance(verdict, Ready):
+        return web.Response(text=f"ok: {verdict}" if verdict else "ok")
     return web.Response(status=503, text=verdict if isinstance(verdict, str) and verdict else failed)
 
 

@@ -113,6 +113,9 @@ class Scheduler:
             node_selector=s.node_selector,
             watch_pending=watch_pending,
         )
+        self.profile = (
+            s.scheduler_name
+        )  # the ``profile`` label of the scheduling metrics, as kube-scheduler's
         self.decisions = 0
         self.unschedulable = 0
         self.paused = False
@@ -144,12 +147,12 @@ class Scheduler:
             self.queue.done(qp, scheduled=True)
             self.binder.submit(pod, decision.node, qp.added_at, qp.attempts)
             log.debug("assumed", extra={"pod": key, "node": decision.node})
-            metrics.schedule_attempts.labels("scheduled", "agent").inc()
-            metrics.attempt_duration.labels("scheduled", "agent").observe(elapsed)
+            metrics.schedule_attempts.labels("scheduled", self.profile).inc()
+            metrics.attempt_duration.labels("scheduled", self.profile).observe(elapsed)
             return decision
         result = "error" if decision.code == Code.ERROR else "unschedulable"
-        metrics.schedule_attempts.labels(result, "agent").inc()
-        metrics.attempt_duration.labels(result, "agent").observe(elapsed)
+        metrics.schedule_attempts.labels(result, self.profile).inc()
+        metrics.attempt_duration.labels(result, self.profile).observe(elapsed)
         self.unschedulable += 1
         log.debug("unschedulable: %s", decision.message, extra={"pod": key})
         if self.watch_pending:

@@ -28,8 +28,9 @@ turns True only once the first list is in, never on an empty store.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -37,6 +38,7 @@ from common.backoff import api_retry
 from common.kube import ApiError, Conflict, KubeClient, NotFound, ServerError, TooManyRequests
 from common.records import NodeName
 from common.watching import Reflector
+from coordinator.metrics import nodeshard_write_errors
 from coordinator.nodeshards import bodies
 from coordinator.nodeshards.bodies import NodeShard, NodeShardFormatError
 
@@ -137,6 +139,10 @@ class NodeShardStore:
 
     async def write_spec(self, name: str, nodes: Iterable[NodeName]) -> bool:
         """Make shard ``name`` desire exactly ``nodes``; True when a write happened."""
+        with _counting_errors("spec"):
+            return await self._write_spec(name, nodes)
+
+    async def _write_spec(self, name: str, nodes: Iterable[NodeName]) -> bool:
         wanted = frozenset(nodes)
         if not self.available:
             return False
@@ -170,7 +176,19 @@ class NodeShardStore:
         Skipped when the stored status already says the same, unless ``first`` (stamp ``lastUpdateTime`` once,
         so readers can tell "nothing in use" from "nobody publishes").
         """
-        in_use, to_add, to_remove = frozenset(in_use), frozenset(to_add), frozenset(to_remove)
+        with _counting_errors("status"):
+            return await self._write_status(
+                name, frozenset(in_use), frozenset(to_add), frozenset(to_remove), first
+            )
+
+    async def _write_status(
+        self,
+        name: str,
+        in_use: frozenset[NodeName],
+        to_add: frozenset[NodeName],
+        to_remove: frozenset[NodeName],
+        first: bool,
+    ) -> bool:
         shard = self.shards.get(name)
         if not self.available or shard is None:
             return False
@@ -258,3 +276,16 @@ class NodeShardStore:
 def _newer(a: str, b: str) -> bool:
     """Whether resourceVersion ``a`` is later than ``b`` (numeric when both are; else never)."""
     return a.isdigit() and b.isdigit() and int(a) > int(b)
+
+
+@contextlib.contextmanager
+def _counting_errors(part: str) -> Iterator[None]:
+    """Count a failed NodeShard write (``agent_scheduler_coordinator_nodeshard_write_errors_total``)."""
+    try:
+        yield
+    except Conflict:
+        nodeshard_write_errors.labels(part, "conflict").inc()
+        raise
+    except ApiError:
+        nodeshard_write_errors.labels(part, "error").inc()
+        raise

@@ -58,6 +58,7 @@ from common.etcd.schema import (
 )
 from common.records import NodeName
 from coordinator.leadership.election import LeaderTerm
+from coordinator.metrics import HandoffTimer
 from coordinator.workershards import handoff
 from coordinator.workershards.assignment import AssignmentPolicy, WorkerInfo
 from coordinator.workershards.pools import PoolSource
@@ -92,8 +93,10 @@ class ShardMapLeader:
         policy: AssignmentPolicy | None = None,
         interval: float = DEFAULT_INTERVAL,
         wall_clock: Callable[[], float] = time.time,
+        handoffs: HandoffTimer | None = None,
     ) -> None:
         self._client = client
+        self._handoffs = handoffs or HandoffTimer()
         self._term = term
         self._pool = pool
         self._keys = keys or KeyLayout()
@@ -139,6 +142,19 @@ class ShardMapLeader:
             except RecordError:
                 continue  # logged by the round that reads it
         return frozenset(nodes)
+
+    def granted_counts(self) -> dict[WorkerId, int]:
+        """Worker -> nodes granted to it in the mirrored map (read-only; for the coordinator's metrics)."""
+        counts: dict[WorkerId, int] = {}
+        for key, kv in list(self._mirror.items.items()):
+            parsed = self._keys.parse(key)
+            if parsed is None or parsed[0] is not KeyFamily.ASSIGNMENT:
+                continue
+            try:
+                counts[WorkerId(parsed[1])] = len(ShardAssignment.decode(kv.value).granted)
+            except RecordError:
+                continue  # logged by the round that reads it
+        return counts
 
     @property
     def in_transit(self) -> int:
@@ -276,6 +292,7 @@ class ShardMapLeader:
         if resp.succeeded:
             self.writes += 1
             self._epoch = epoch
+            self._handoffs.written(snap.assignments, {w: diff[w] for w in order})
             log.info("shard map epoch %d: %d assignments written", epoch, len(order))
             # Plan the next round on a copy that includes this write, or its compare would fail.
             await wait_first(

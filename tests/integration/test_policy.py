@@ -209,7 +209,9 @@ async def test_without_configmap_and_flag_keeps_the_label_pool(rig: Rig) -> None
 async def test_rbac_manifest_is_enough_for_coordinator_and_worker(
     rig: Rig, kube: KubeClient, cluster: Cluster, namespace: str
 ) -> None:
-    created = await service_account_kubeconfig(kube, cluster, namespace, rig.tmp / "sa.kubeconfig")
+    created = await service_account_kubeconfig(
+        kube, cluster, namespace, rig.tmp / "sa.kubeconfig", configmap=rig.configmap
+    )
     try:
         rig.kubeconfig = rig.tmp / "sa.kubeconfig"
         n = await rig.manage(4)
