@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import yaml
 
@@ -640,3 +641,46 @@ async def test_agent_and_batch_pods_never_share_a_node_outside_the_handoff(
 async def _move_warmth(rig: Rig, old: str, new: str) -> None:
     await rig.label(new, rig.warm_label, "true")
     await rig.label(old, rig.warm_label, None)
+
+
+async def test_an_empty_agent_pool_says_why(
+    rig: Rig, kube: KubeClient, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No node carries the agent node selector's label: the leader posts an ``AgentPoolEmpty`` Warning on its
+    own Pod (downward-API environment) naming the selector, stays Ready with the reason in its ``/readyz`` body,
+    and a worker granted nothing says so in its own ``/readyz`` body."""
+    monkeypatch.setenv("POD_NAME", "coordinator-0")
+    monkeypatch.setenv("POD_NAMESPACE", namespace)
+    rig.coordinator(policy_flags=False)  # the label pool; no node has been labelled
+    worker = rig.worker("w0")
+
+    async def warned() -> list[dict[str, Any]]:
+        return [
+            e for e in await rig.events("AgentPoolEmpty") if e["involvedObject"]["name"] == "coordinator-0"
+        ]
+
+    (event, *_) = await eventually(warned, HANG, "AgentPoolEmpty event on the coordinator's pod")
+    assert event["type"] == "Warning" and event["involvedObject"]["kind"] == "Pod"
+    assert f"no node matches the agent node selector '{rig.managed_label}=true'" in event["message"]
+
+    async def readyz(address: str) -> tuple[int, str]:
+        async with aiohttp.ClientSession() as s, s.get(f"http://{address}/readyz") as r:
+            return r.status, await r.text()
+
+    leader = (await rig.status())["leader_address"]
+    status, text = await readyz(leader)
+    assert status == 200 and text.startswith("ok: leading; the agent pool is empty: no node matches"), text
+    found = await eventually(
+        lambda: asyncio.to_thread(
+            lambda: re.search(r"metrics on \['([^']+)'\]", worker.log_path.read_text())
+        ),
+        HANG,
+        "the worker's metrics address",
+    )
+    assert found is not None
+
+    async def worker_says() -> str | None:
+        status, text = await readyz(found.group(1))
+        return text if status == 200 and "owns no nodes" in text else None
+
+    await eventually(worker_says, HANG, "the worker's /readyz saying it owns no nodes")
