@@ -113,9 +113,8 @@ class Scheduler:
             node_selector=s.node_selector,
             watch_pending=watch_pending,
         )
-        self.profile = (
-            s.scheduler_name
-        )  # the ``profile`` label of the scheduling metrics, as kube-scheduler's
+        # the ``profile`` label of the scheduling metrics: the scheduler name, as in kube-scheduler
+        self.profile = s.scheduler_name
         self.decisions = 0
         self.unschedulable = 0
         self.paused = False

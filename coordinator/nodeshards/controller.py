@@ -36,6 +36,9 @@ Invariants:
   the assignment in the pass that sees it, so the shard map's next round uses it. Before, the assignment keeps
   the configuration it was built with (the defaults).
 
+When the pool is empty, ``why_empty`` says why (for ``coordinator.leadership.emptypool``): no node selected, the
+policy giving the agent shard none, or its nodes still in another shard's ``status.nodesInUse``.
+
 What it does not do: grant nodes to workers (``coordinator.workershards.shardmap``), or judge the ConfigMap
 (``coordinator.nodeshards.configsource``).
 """

@@ -15,7 +15,8 @@ Writes to an existing shard are conditional: they carry the ``metadata.resourceV
 on (optimistic concurrency), so a write computed from a stale copy - a deposed leader's late status write that
 would shrink ``nodesInUse``, or one racing another writer - fails with 409 instead of overwriting newer state.
 On 409 the store re-reads the shard (listeners are told) and raises ``Conflict``; the caller recomputes from the
-fresh copy on its next pass.
+fresh copy on its next pass. Every failed write is counted by part and reason
+(``agent_scheduler_coordinator_nodeshard_write_errors_total``, ``coordinator.metrics``).
 
 Consistency: decisions use the watch cache, except where another scheduler's concurrent claim matters
 (``confirm_in_use_except``, a quorum read after our own write).
