@@ -648,7 +648,8 @@ async def test_an_empty_agent_pool_says_why(
 ) -> None:
     """No node carries the agent node selector's label: the leader posts an ``AgentPoolEmpty`` Warning on its
     own Pod (downward-API environment) naming the selector, stays Ready with the reason in its ``/readyz`` body,
-    and a worker granted nothing says so in its own ``/readyz`` body."""
+    and a worker granted nothing says so in its own ``/readyz`` body; the leader's metrics say the same, and
+    follow when a node joins the pool."""
     monkeypatch.setenv("POD_NAME", "coordinator-0")
     monkeypatch.setenv("POD_NAMESPACE", namespace)
     rig.coordinator(policy_flags=False)  # the label pool; no node has been labelled
@@ -684,3 +685,29 @@ async def test_an_empty_agent_pool_says_why(
         return text if status == 200 and "owns no nodes" in text else None
 
     await eventually(worker_says, HANG, "the worker's /readyz saying it owns no nodes")
+
+    async def scrape() -> str:
+        async with aiohttp.ClientSession() as s, s.get(f"http://{leader}/metrics") as r:
+            assert r.status == 200
+            return await r.text()
+
+    text = await scrape()
+    assert "agent_scheduler_coordinator_is_leader 1.0" in text
+    assert "agent_scheduler_agent_pool_nodes 0.0" in text
+    assert re.search(r"^agent_scheduler_coordinator_leader_term [1-9]", text, re.M)
+    # A node joins the pool: the gauges follow and the worker's note goes away.
+    (node,) = await rig.manage(1)
+
+    async def granted() -> bool:
+        text = await scrape()
+        return (
+            "agent_scheduler_agent_pool_nodes 1.0" in text
+            and 'agent_scheduler_coordinator_worker_nodes{worker="w0"} 1.0' in text
+        )
+
+    await eventually(granted, HANG, f"{node} in the pool and granted to w0")
+
+    async def plain_ok() -> bool:
+        return await readyz(leader) == (200, "ok") and await readyz(found.group(1)) == (200, "ok")
+
+    await eventually(plain_ok, HANG, "the leader's and the worker's /readyz without a note")
