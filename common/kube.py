@@ -45,6 +45,8 @@ from kubernetes.config.exec_provider import ExecProvider
 from kubernetes.config.incluster_config import SERVICE_TOKEN_FILENAME
 from kubernetes.config.kube_config import ConfigNode
 
+from common import restmetrics
+
 log = logging.getLogger(__name__)
 
 # The largest watch event read. The API server refuses request bodies over 3 MiB (its MaxRequestBodyBytes) and
@@ -424,7 +426,7 @@ class KubeClient:
             headers=headers,
             connector=aiohttp.TCPConnector(limit=max_connections, ssl=ssl_ctx, keepalive_timeout=60),
             json_serialize=lambda o: orjson.dumps(o).decode(),
-            trace_configs=[self._auth_trace()],
+            trace_configs=[self._auth_trace(), restmetrics.trace()],
         )
 
     def _auth_trace(self) -> aiohttp.TraceConfig:

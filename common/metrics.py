@@ -27,7 +27,8 @@ leader's stages and a worker's stages are two views of one path, never to be sum
 The server answers ``/metrics``, ``/healthz`` (the caller's liveness check passes: the process is not wedged,
 its API credentials are accepted; a failing check means "restart me") and ``/readyz`` (the caller's readiness
 check passes: caches synced, not fenced, or for a coordinator, leading and making progress or a healthy
-standby). A check returns True/False, or a string saying what is wrong (which fails it).
+standby). A check returns True/False, a string saying what is wrong (which fails it), or ``Ready(note)``: it
+passes, and the body says what the operator should know (e.g. "owns no nodes: ...").
 """
 
 from __future__ import annotations
@@ -49,12 +50,12 @@ STAGE_METRIC = "agent_scheduler_pod_scheduling_stage_duration_seconds"
 
 schedule_attempts = Counter(
     "scheduler_schedule_attempts_total",
-    "Scheduling attempts by result (scheduled, unschedulable, error).",
+    "Scheduling attempts by result (scheduled, unschedulable, error) and profile (the scheduler name).",
     ["result", "profile"],
 )
 attempt_duration = Histogram(
     "scheduler_scheduling_attempt_duration_seconds",
-    "Scheduling attempt latency (decision only, without binding), by result.",
+    "Scheduling attempt latency (decision only, without binding), by result and profile (the scheduler name).",
     ["result", "profile"],
     buckets=_LATENCY_BUCKETS,
 )
@@ -107,6 +108,10 @@ def observe_stage(stage: str, seconds: float) -> None:
     pod_stage_duration.labels(stage).observe(max(0.0, seconds))
 
 
+class Ready(str):
+    """A passing verdict that carries a note for the response body."""
+
+
 Check = Callable[[], bool | str]
 
 
@@ -114,6 +119,8 @@ def _answer(check: Check, failed: str) -> web.Response:
     verdict = check()
     if verdict is True:
         return web.Response(text="ok")
+    if isinstance(verdict, Ready):
+        return web.Response(text=f"ok: {verdict}" if verdict else "ok")
     return web.Response(status=503, text=verdict if isinstance(verdict, str) and verdict else failed)
 
 

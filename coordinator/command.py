@@ -8,7 +8,8 @@ shard-policy ConfigMap (``--policy-configmap``, ``--policy-namespace``) narrows 
 be TLS with client certificates and/or etcd auth (``common.etcd.flags``).
 
 Probes: ``/readyz`` passes while this replica leads and its term makes progress, or stands by with a healthy
-lease (either is a replica doing its job); ``/healthz`` fails when the process is wedged (the campaign ended,
+lease (either is a replica doing its job); a leader whose agent pool is empty stays ready and says why in the
+body (``coordinator.leadership.emptypool``); ``/healthz`` fails when the process is wedged (the campaign ended,
 or a stalled term could not step down) or the API server has refused its credentials for a lasting time.
 """
 
@@ -31,6 +32,7 @@ from common.keyring import load_keys
 from common.kube import KubeClient, load_credentials
 from common.wellknown import DEFAULT_ETCD_PREFIX, DEFAULT_SCHEDULER_NAME
 from coordinator.leadership.election import LeaderElection, run_as_leader
+from coordinator.leadership.emptypool import PoolVerdict
 from coordinator.leadership.progress import DEFAULT_BOUND
 from coordinator.leadership.term import LeaderOptions, run_term
 from coordinator.nodeshards import ShardingOptions
@@ -88,8 +90,16 @@ def sharding_options(args: argparse.Namespace) -> ShardingOptions | None:
 class Probes:
     """The coordinator's readiness and liveness, from the election, the current term and the API client."""
 
-    def __init__(self, election: LeaderElection, client: KubeClient, *, progress_bound: float) -> None:
+    def __init__(
+        self,
+        election: LeaderElection,
+        client: KubeClient,
+        *,
+        progress_bound: float,
+        pool: PoolVerdict | None = None,
+    ) -> None:
         self.election = election
+        self.pool = pool or PoolVerdict()
         self.client = client
         self.progress_bound = progress_bound
         self.campaign: asyncio.Task[None] | None = None
@@ -98,7 +108,10 @@ class Probes:
         term = self.election.term
         if term is not None:
             stalled = term.progress.stalled()
-            return True if stalled is None else f"leading, but {stalled}"
+            if stalled is not None:
+                return f"leading, but {stalled}"
+            # An empty pool leaves the leader ready: a standby taking over would not fill it.
+            return metrics.Ready(f"leading; {self.pool.reason}") if self.pool.reason else True
         if self.election.standing_by:
             return True
         return "neither leading nor standing by with a healthy lease"
@@ -154,7 +167,7 @@ async def _main(args: argparse.Namespace) -> int:
             dispatch_keys=load_keys(args.dispatch_secret_file),
             progress_bound=args.progress_timeout,
         )
-        probes = Probes(election, client, progress_bound=args.progress_timeout)
+        probes = Probes(election, client, progress_bound=args.progress_timeout, pool=options.pool_verdict)
         log.info(
             "coordinator %s campaigning (etcd %s, prefix %s)", candidate, args.etcd_endpoints, keys.prefix
         )

@@ -2,6 +2,8 @@
 # Renders the plain manifests in manifests/ from the Helm chart, the one source of truth:
 #   agent-scheduler.yaml     everything but the CRD and the policy ConfigMap (values: plain-values.yaml)
 #   configmap-sharding.yaml  the example shard-policy ConfigMap
+#   rbac.yaml                the ServiceAccounts and RBAC per role alone (the local-cluster tests and the
+#                            benchmarks apply these rules; reviewers read them)
 #   crds/                    the chart's CRDs, copied
 # Usage: manifests/render.sh [OUT_DIR]   (default: manifests/; HELM overrides the helm binary)
 set -euo pipefail
@@ -36,6 +38,13 @@ mkdir -p "$out/crds"
   "$helm" template agent-scheduler "$chart" --namespace agent-scheduler -f "$here/plain-values.yaml" \
     --set sharding.createConfigMap=true --show-only templates/sharding-configmap.yaml
 } > "$out/configmap-sharding.yaml.tmp"
+{
+  header "The ServiceAccounts and least-privilege RBAC of each role, as in agent-scheduler.yaml (also applied by the
+# local-cluster tests and the benchmarks, which bind these rules to the identity they run as)."
+  "$helm" template agent-scheduler "$chart" --namespace agent-scheduler -f "$here/plain-values.yaml" \
+    --show-only templates/serviceaccounts.yaml --show-only templates/rbac.yaml
+} > "$out/rbac.yaml.tmp"
 mv "$out/agent-scheduler.yaml.tmp" "$out/agent-scheduler.yaml"
+mv "$out/rbac.yaml.tmp" "$out/rbac.yaml"
 mv "$out/configmap-sharding.yaml.tmp" "$out/configmap-sharding.yaml"
 cp "$chart"/crds/*.yaml "$out/crds/"

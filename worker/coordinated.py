@@ -144,8 +144,17 @@ class CoordinatedWorker:
         """May the leader dispatch to us? Not while fenced or draining."""
         return not self.draining and self.shard.healthy
 
-    def ready(self) -> bool:
-        return self.sched.ready() and self.shard.healthy
+    def ready(self) -> bool | str:
+        if not (self.sched.ready() and self.shard.healthy):
+            return False
+        if not self.shard.owned():
+            # Ready all the same: a restart would not bring nodes; the leader's /readyz says why if the pool
+            # is empty.
+            return metrics.Ready(
+                "owns no nodes: the coordinator granted none (the agent pool is empty, or every node is "
+                "held by other workers)"
+            )
+        return True
 
     async def run(self) -> int:
         """Run until SIGTERM/SIGINT, then drain: no new decisions, every node given back once its bindings

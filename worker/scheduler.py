@@ -116,6 +116,8 @@ class Scheduler:
             node_selector=s.node_selector,
             watch_pending=watch_pending,
         )
+        # the ``profile`` label of the scheduling metrics: the scheduler name, as in kube-scheduler
+        self.profile = s.scheduler_name
         self.decisions = 0
         self.unschedulable = 0
         self.paused = False
@@ -148,12 +150,12 @@ class Scheduler:
             self.binder.submit(pod, decision.node, qp.added_at, qp.attempts)
             metrics.observe_stage("decided", start + elapsed - qp.added_at)
             log.debug("assumed", extra={"pod": key, "node": decision.node})
-            metrics.schedule_attempts.labels("scheduled", "agent").inc()
-            metrics.attempt_duration.labels("scheduled", "agent").observe(elapsed)
+            metrics.schedule_attempts.labels("scheduled", self.profile).inc()
+            metrics.attempt_duration.labels("scheduled", self.profile).observe(elapsed)
             return decision
         result = "error" if decision.code == Code.ERROR else "unschedulable"
-        metrics.schedule_attempts.labels(result, "agent").inc()
-        metrics.attempt_duration.labels(result, "agent").observe(elapsed)
+        metrics.schedule_attempts.labels(result, self.profile).inc()
+        metrics.attempt_duration.labels(result, self.profile).observe(elapsed)
         self.unschedulable += 1
         log.debug("unschedulable: %s", decision.message, extra={"pod": key})
         if self.watch_pending:

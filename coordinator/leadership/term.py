@@ -12,6 +12,10 @@ earlier term of this process.
 The term registers its progress signals (``coordinator.leadership.progress``): the shard map must complete
 rounds, and the pending-pod watch must stay connected. If either stalls for ``progress_bound`` seconds, the
 leader steps down instead of holding the lease while nothing is dispatched.
+
+While it leads, the term shows itself to the coordinator's metrics (``coordinator.metrics.COLLECTOR``: term,
+epoch, dispatch backlog, nodes per worker, pool size) and says why when the agent pool stays empty
+(``coordinator.leadership.emptypool``).
 """
 
 from __future__ import annotations
@@ -29,12 +33,15 @@ from common.keyring import Keys
 from common.kube import KubeClient
 from common.reporting import Reporter
 from common.wellknown import DEFAULT_SCHEDULER_NAME
+from coordinator import metrics
 from coordinator.dispatch import Dispatcher
 from coordinator.leadership.election import LeaderTerm
+from coordinator.leadership.emptypool import EmptyPoolNotice, PoolVerdict, own_pod
 from coordinator.leadership.progress import DEFAULT_BOUND, advancing, reflector_healthy
 from coordinator.nodeshards import ShardingController, ShardingOptions
+from coordinator.nodeshards.eventsender import EventSender
 from coordinator.workershards.assignment import AssignmentPolicy
-from coordinator.workershards.pools import LabelPool, PolicyPool
+from coordinator.workershards.pools import LabelPool, PolicyPool, label_pool_reason
 from coordinator.workershards.shardmap import ShardMapLeader
 
 log = logging.getLogger(__name__)
@@ -49,6 +56,7 @@ class LeaderOptions:
     sharding: ShardingOptions | None = None  # the shard-policy ConfigMap; None: the label pool only
     dispatch_keys: Keys | None = None  # the dispatch channel's shared secret (common.keyring); None: none
     progress_bound: float = DEFAULT_BOUND  # seconds a progress signal may stall before the leader steps down
+    pool_verdict: PoolVerdict = field(default_factory=PoolVerdict)  # why the pool is empty, for /readyz
 
 
 async def run_term(term: LeaderTerm, etcd: Etcd3Client, client: KubeClient, options: LeaderOptions) -> None:
@@ -95,11 +103,38 @@ async def run_term(term: LeaderTerm, etcd: Etcd3Client, client: KubeClient, opti
             workers[rec.worker_id] = rec.address
         dispatcher.set_workers(workers)
 
+    view = metrics.TermView(
+        term=term.create_revision,
+        epoch=lambda: shardmap.epoch,
+        backlog=lambda: metrics.DispatchBacklog(
+            pending=len(dispatcher.table),
+            parked=dispatcher.table.parked(),
+            in_flight={wid: len(w.in_flight) for wid, w in dispatcher.workers.items()},
+            redispatched=dispatcher.redispatched,
+        ),
+        nodes_per_worker=shardmap.granted_counts,
+        agent_pool=lambda: len(pool()),
+    )
+    notice = EmptyPoolNotice(
+        size=lambda: len(pool()),
+        explain=sharding.why_empty
+        if sharding is not None
+        else lambda: label_pool_reason(options.node_selector),
+        target=lambda: (sharding.policy_configmap() if sharding is not None else None) or own_pod(),
+        events=EventSender(
+            client,
+            component=options.sharding.component if options.sharding else "agent-scheduler-coordinator",
+            instance=term.record.candidate_id,
+        ),
+        verdict=options.pool_verdict,
+    )
+
     term.progress.add("shard map rounds", advancing(lambda: shardmap.rounds), options.progress_bound)
     term.progress.add("pending-pod watch", reflector_healthy(dispatcher.reflector), options.progress_bound)
     members = KeyMirror(
         etcd, options.keys.members_prefix, prefix=True, on_change=members_changed, name="members"
     )
+    metrics.COLLECTOR.lead(view)
     try:
         async with asyncio.TaskGroup() as tg:
             if sharding is not None:
@@ -112,5 +147,7 @@ async def run_term(term: LeaderTerm, etcd: Etcd3Client, client: KubeClient, opti
             tg.create_task(members.run())
             tg.create_task(reporter.run())
             tg.create_task(dispatcher.run())
+            tg.create_task(notice.run())
     finally:
+        metrics.COLLECTOR.step_down(view)
         dispatcher.close()

@@ -36,6 +36,9 @@ Invariants:
   the assignment in the pass that sees it, so the shard map's next round uses it. Before, the assignment keeps
   the configuration it was built with (the defaults).
 
+When the pool is empty, ``why_empty`` says why (for ``coordinator.leadership.emptypool``): no node selected, the
+policy giving the agent shard none, or its nodes still in another shard's ``status.nodesInUse``.
+
 What it does not do: grant nodes to workers (``coordinator.workershards.shardmap``), or judge the ConfigMap
 (``coordinator.nodeshards.configsource``).
 """
@@ -55,6 +58,7 @@ from common.aiotools import wait_first
 from common.backoff import api_retry
 from common.etcd.keys import KeyLayout
 from common.etcd.kv import DEFAULT_TIMEOUT, ETCD_FAILURES, describe, kv_service
+from common.events import ObjectRef
 from common.kube import ApiError, KubeClient
 from common.records import NodeName
 from common.watching import Reflector
@@ -72,7 +76,7 @@ from coordinator.nodeshards.published import PolicyRecord, policy_key
 from coordinator.nodeshards.store import NodeShardStore
 from coordinator.nodeshards.usage import BOUND_LIVE_PODS, RequestTable, views
 from coordinator.workershards.assignment import AssignmentPolicy
-from coordinator.workershards.pools import NodeTable, PolicyPool, pool_weights
+from coordinator.workershards.pools import NodeTable, PolicyPool, label_pool_reason, pool_weights
 
 log = logging.getLogger(__name__)
 
@@ -305,6 +309,34 @@ class ShardingController:
             # New nodes: confirm after our claim that no other scheduler claimed them meanwhile.
             offer -= await self.shards.confirm_in_use_except(agent)
         self.pool.set(pool_weights(self.nodes.nodes, offer))
+
+    # ---- saying why the pool is empty ----
+
+    def why_empty(self) -> str:
+        """Why the pool is empty, for ``coordinator.leadership.emptypool`` (read-only)."""
+        policy, agent = self.source.current, self.source.agent
+        selector = self._options.node_selector
+        managed = f"nodes matching {selector!r}" if selector else "nodes"
+        if not self.nodes.nodes:
+            return label_pool_reason(selector)
+        if policy is None or agent is None:
+            return f"none of the {len(self.nodes.nodes)} {managed} is offered yet"
+        desired = self.desired(agent.name)
+        if not desired:
+            return (
+                f"the shard policy ({self.source.origin}) gives the agent shard {agent.name!r} none of the "
+                f"{len(self.nodes.nodes)} {managed}"
+            )
+        return (
+            f"the {len(desired)} nodes the shard policy gives the agent shard {agent.name!r} are still in use by "
+            "other shards (their NodeShard status.nodesInUse)"
+        )
+
+    def policy_configmap(self) -> ObjectRef | None:
+        """The ConfigMap whose policy is in force, or None when no policy from a ConfigMap is."""
+        if self.source.current is None or not self.source.origin.startswith("configmap"):
+            return None
+        return ObjectRef("v1", "ConfigMap", self.source.namespace, self.source.name)
 
     # ---- the record for `status` ----
 

@@ -15,7 +15,8 @@ Writes to an existing shard are conditional: they carry the ``metadata.resourceV
 on (optimistic concurrency), so a write computed from a stale copy - a deposed leader's late status write that
 would shrink ``nodesInUse``, or one racing another writer - fails with 409 instead of overwriting newer state.
 On 409 the store re-reads the shard (listeners are told) and raises ``Conflict``; the caller recomputes from the
-fresh copy on its next pass.
+fresh copy on its next pass. Every failed write is counted by part and reason
+(``agent_scheduler_coordinator_nodeshard_write_errors_total``, ``coordinator.metrics``).
 
 Consistency: decisions use the watch cache, except where another scheduler's concurrent claim matters
 (``confirm_in_use_except``, a quorum read after our own write).
@@ -28,8 +29,9 @@ turns True only once the first list is in, never on an empty store.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -37,6 +39,7 @@ from common.backoff import api_retry
 from common.kube import ApiError, Conflict, KubeClient, NotFound, ServerError, TooManyRequests
 from common.records import NodeName
 from common.watching import Reflector
+from coordinator.metrics import nodeshard_write_errors
 from coordinator.nodeshards import bodies
 from coordinator.nodeshards.bodies import NodeShard, NodeShardFormatError
 
@@ -137,6 +140,10 @@ class NodeShardStore:
 
     async def write_spec(self, name: str, nodes: Iterable[NodeName]) -> bool:
         """Make shard ``name`` desire exactly ``nodes``; True when a write happened."""
+        with _counting_errors("spec"):
+            return await self._write_spec(name, nodes)
+
+    async def _write_spec(self, name: str, nodes: Iterable[NodeName]) -> bool:
         wanted = frozenset(nodes)
         if not self.available:
             return False
@@ -170,7 +177,19 @@ class NodeShardStore:
         Skipped when the stored status already says the same, unless ``first`` (stamp ``lastUpdateTime`` once,
         so readers can tell "nothing in use" from "nobody publishes").
         """
-        in_use, to_add, to_remove = frozenset(in_use), frozenset(to_add), frozenset(to_remove)
+        with _counting_errors("status"):
+            return await self._write_status(
+                name, frozenset(in_use), frozenset(to_add), frozenset(to_remove), first
+            )
+
+    async def _write_status(
+        self,
+        name: str,
+        in_use: frozenset[NodeName],
+        to_add: frozenset[NodeName],
+        to_remove: frozenset[NodeName],
+        first: bool,
+    ) -> bool:
         shard = self.shards.get(name)
         if not self.available or shard is None:
             return False
@@ -258,3 +277,16 @@ class NodeShardStore:
 def _newer(a: str, b: str) -> bool:
     """Whether resourceVersion ``a`` is later than ``b`` (numeric when both are; else never)."""
     return a.isdigit() and b.isdigit() and int(a) > int(b)
+
+
+@contextlib.contextmanager
+def _counting_errors(part: str) -> Iterator[None]:
+    """Count a failed NodeShard write (``agent_scheduler_coordinator_nodeshard_write_errors_total``)."""
+    try:
+        yield
+    except Conflict:
+        nodeshard_write_errors.labels(part, "conflict").inc()
+        raise
+    except ApiError:
+        nodeshard_write_errors.labels(part, "error").inc()
+        raise

@@ -53,6 +53,13 @@ def pool_weights(nodes: Mapping[NodeName, NodeFacts], names: Iterable[NodeName])
     return {n: nodes[n].weight for n in names if n in nodes}
 
 
+def label_pool_reason(selector: str) -> str:
+    """Why a label-selected pool is empty (for the operator: events and readiness)."""
+    if selector:
+        return f"no node matches the agent node selector {selector!r}"
+    return "the cluster has no nodes"
+
+
 class NodeTable:
     """Watch handler (``common.watching.WatchHandler``) of a set of nodes: allocatable CPU and labels.
 

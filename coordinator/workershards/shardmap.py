@@ -61,6 +61,7 @@ from common.etcd.schema import (
 )
 from common.records import NodeName
 from coordinator.leadership.election import LeaderTerm
+from coordinator.metrics import HandoffTimer
 from coordinator.workershards import handoff
 from coordinator.workershards.assignment import AssignmentPolicy, WorkerInfo
 from coordinator.workershards.pools import PoolSource
@@ -97,8 +98,10 @@ class ShardMapLeader:
         wall_clock: Callable[[], float] = time.time,
         clock: Callable[[], float] = time.monotonic,
         grant_delay: float = MAX_BIND_TIME,
+        handoffs: HandoffTimer | None = None,
     ) -> None:
         self._client = client
+        self._handoffs = handoffs or HandoffTimer()
         self._term = term
         self._pool = pool
         self._keys = keys or KeyLayout()
@@ -163,6 +166,19 @@ class ShardMapLeader:
             except RecordError:
                 continue  # logged by the round that reads it
         return frozenset(nodes)
+
+    def granted_counts(self) -> dict[WorkerId, int]:
+        """Worker -> nodes granted to it in the mirrored map (read-only; for the coordinator's metrics)."""
+        counts: dict[WorkerId, int] = {}
+        for key, kv in list(self._mirror.items.items()):
+            parsed = self._keys.parse(key)
+            if parsed is None or parsed[0] is not KeyFamily.ASSIGNMENT:
+                continue
+            try:
+                counts[WorkerId(parsed[1])] = len(ShardAssignment.decode(kv.value).granted)
+            except RecordError:
+                continue  # logged by the round that reads it
+        return counts
 
     @property
     def in_transit(self) -> int:
@@ -307,6 +323,7 @@ class ShardMapLeader:
         if resp.succeeded:
             self.writes += 1
             self._epoch = epoch
+            self._handoffs.written(snap.assignments, {w: diff[w] for w in order})
             log.info("shard map epoch %d: %d assignments written", epoch, len(order))
             # Plan the next round on a copy that includes this write, or its compare would fail.
             await wait_first(

@@ -14,7 +14,8 @@ Every cluster runs kube-scheduler, because the mix workload's batch pods are the
 is not the scheduler under test it runs at qps 5000 and is not measured.
 
 Fair identity: our processes use the kubeconfig of the user kube-scheduler runs as (``system:kube-scheduler``),
-after ``grant_agent_rbac`` bound the product's ClusterRole (``manifests/rbac.yaml``) to that user too; so every
+after ``grant_agent_rbac`` bound the rules of both roles (``manifests/rbac.yaml``, rendered from the chart) to that
+user too; so every
 scheduler goes through the same API priority-and-fairness level and none is exempt as an admin would be.
 
 Processes are started with the scale tooling's one launcher (``scale.cluster.processes``: their own session, a
@@ -212,8 +213,23 @@ def scheduler_kubeconfig(cluster: Cluster) -> Path:
     return cluster.layout.component_kubeconfig(SCHEDULER)
 
 
+def agent_rules(docs: list[dict[str, Any]], *, configmap: str | None = None) -> list[dict[str, Any]]:
+    """The rules of every ClusterRole and Role in the chart's rendered RBAC (``manifests/rbac.yaml``): what one
+    identity running both roles needs. A Role's rules name its namespace's objects; as cluster-wide rules they
+    keep their ``resourceNames`` (``configmap``, when given, replaces the ConfigMap's name)."""
+    rules: list[dict[str, Any]] = []
+    for doc in docs:
+        if doc.get("kind") not in ("ClusterRole", "Role"):
+            continue
+        for rule in doc.get("rules") or []:
+            named = configmap and "configmaps" in rule.get("resources", []) and rule.get("resourceNames")
+            rules.append({**rule, "resourceNames": [configmap]} if named else rule)
+    return rules
+
+
 async def grant_agent_rbac(client: KubeClient, rbac_file: Path = RBAC_FILE) -> str:
-    """Create the product's ClusterRole from ``rbac_file`` and bind it to ``system:kube-scheduler``.
+    """Create a ClusterRole with the rules of both roles from ``rbac_file`` and bind it to
+    ``system:kube-scheduler``.
 
     Returns "" when done, else why not (the caller then runs our processes as admin and says so)."""
     try:
@@ -221,10 +237,15 @@ async def grant_agent_rbac(client: KubeClient, rbac_file: Path = RBAC_FILE) -> s
         docs = [d for d in yaml.safe_load_all(text) if d]
     except (OSError, yaml.YAMLError) as e:
         return f"cannot read {rbac_file}: {e}"
-    role = next((d for d in docs if d.get("kind") == "ClusterRole"), None)
-    if role is None:
+    rules = agent_rules(docs)
+    if not rules:
         return f"{rbac_file} has no ClusterRole"
-    role = {**role, "metadata": {"name": RBAC_BINDING}}
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": RBAC_BINDING},
+        "rules": rules,
+    }
     binding = {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "ClusterRoleBinding",

@@ -33,6 +33,7 @@ from common.kube import Conflict, Gone, KubeClient, NotFound, TooManyRequests
 from coordinator.nodeshards import bodies
 from coordinator.nodeshards.bodies import NodeShard, parse_nodeshard
 from coordinator.status import collect
+from scale.bench.schedulers import agent_rules
 from scale.cluster import Cluster
 from tests.integration.support import SchedulerProcess
 
@@ -237,25 +238,35 @@ class Rig:
 
 
 async def service_account_kubeconfig(
-    kube: KubeClient, cluster: Cluster, namespace: str, path: Path
+    kube: KubeClient, cluster: Cluster, namespace: str, path: Path, *, configmap: str
 ) -> list[str]:
-    """Apply manifests/rbac.yaml with the service account in ``namespace`` (cluster objects renamed after it),
-    and write a kubeconfig authenticating as that account. Returns the cluster-scoped object paths to delete."""
+    """Create a service account ``agent-scheduler`` in ``namespace`` holding the rules of both roles from
+    manifests/rbac.yaml (the chart's RBAC; the policy ConfigMap's rule names ``configmap``), and write a
+    kubeconfig authenticating as that account. Returns the cluster-scoped object paths to delete."""
+    docs = [d for d in yaml.safe_load_all((ROOT / "manifests" / "rbac.yaml").read_text()) if d]
+    account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "agent-scheduler"}}
+    await kube.post(f"/api/v1/namespaces/{namespace}/serviceaccounts", account)
+    name = f"{namespace}-rbac"
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": name},
+        "rules": agent_rules(docs, configmap=configmap),
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": "agent-scheduler", "namespace": namespace}],
+    }
     created = []
-    for doc in yaml.safe_load_all((ROOT / "manifests" / "rbac.yaml").read_text()):
-        if doc["kind"] == "ServiceAccount":
-            doc["metadata"]["namespace"] = namespace
-            await kube.post(f"/api/v1/namespaces/{namespace}/serviceaccounts", doc)
-            continue
-        doc["metadata"]["name"] = f"{namespace}-rbac"
-        if doc["kind"] == "ClusterRole":
-            collection = "/apis/rbac.authorization.k8s.io/v1/clusterroles"
-        else:
-            collection = "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings"
-            doc["roleRef"]["name"] = f"{namespace}-rbac"
-            doc["subjects"][0]["namespace"] = namespace
-        await kube.post(collection, doc)
-        created.append(f"{collection}/{namespace}-rbac")
+    for collection, body in (
+        ("/apis/rbac.authorization.k8s.io/v1/clusterroles", role),
+        ("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", binding),
+    ):
+        await kube.post(collection, body)
+        created.append(f"{collection}/{name}")
     token = await kube.post(
         f"/api/v1/namespaces/{namespace}/serviceaccounts/agent-scheduler/token",
         {

@@ -6,7 +6,8 @@
   and nothing a scheduler must never do (read Secrets, create or delete pods, write nodes, read other
   ConfigMaps);
 - ``/metrics`` with delegated auth answers only callers bound to the chart's metrics-reader role;
-- a coordinator and a worker running on the host as the chart's ServiceAccounts schedule with no refusal;
+- a coordinator and a worker running on the host as the chart's ServiceAccounts, with the chart's rendered
+  configuration and a TLS etcd requiring client certificates, schedule with no refusal;
 - installed into a ``restricted`` namespace, every Deployment and the StatefulSet reach their replicas on kwok
   nodes (with kube-controller-manager in the local cluster; skipped, saying so, without it);
 - ``helm install`` / ``upgrade`` / ``uninstall`` work against the API server, and an upgrade keeps the
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import subprocess
@@ -35,8 +37,10 @@ import yaml
 from common import metrics, metricsauth
 from common.kube import ApiError, KubeClient, NotFound
 from scale.cluster import Cluster
-from tests.integration.policy_rig import Rig, ensure_crd, eventually, small_pod
-from tests.integration.support import all_bound, create_pods, wait_for
+from tests.integration.etcd_pki import etcd_tls
+from tests.integration.etcd_server import EtcdServer
+from tests.integration.policy_rig import TTL, Rig, ensure_crd, eventually, small_pod
+from tests.integration.support import SchedulerProcess, all_bound, create_pods, wait_for
 from tests.unit.install.chart import CHART, HELM, helm
 
 pytestmark = pytest.mark.integration
@@ -50,6 +54,21 @@ COLLECTIONS = {
     "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
     "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
 }
+
+
+def rendered_config(namespace: str, directory: Path, *values: str) -> dict[str, Path]:
+    """Each role's configuration file as the chart renders it into its ConfigMap (``--config``)."""
+    sets = [a for v in values for a in ("--set", v)]
+    text = helm(
+        "template", "agent-scheduler", CHART, "--namespace", namespace, *sets,
+        "--show-only", "templates/config.yaml",
+    )  # fmt: skip
+    (configmap,) = [d for d in yaml.safe_load_all(text) if d]
+    files = {}
+    for role in ("coordinator", "worker"):
+        files[role] = directory / f"{role}.yaml"
+        files[role].write_text(configmap["data"][f"{role}.yaml"])
+    return files
 
 
 def rendered_rbac(fullname: str, namespace: str) -> list[dict[str, Any]]:
@@ -362,14 +381,18 @@ async def test_the_roles_schedule_as_the_charts_service_accounts(
     kube: KubeClient, namespace: str, cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A coordinator and a worker run on the host as the chart's two ServiceAccounts (tokens from the
-    TokenRequest API, the chart's RBAC only, ``/metrics`` with delegated auth): the shard policy is read, the
-    NodeShards written, a burst of agent pods bound, and no request is refused."""
+    TokenRequest API, the chart's RBAC only, ``/metrics`` with delegated auth), each with its role's settings
+    as the chart renders them (``--config``, JSON logs) and against an etcd that speaks TLS and requires
+    client certificates, as the chart's etcd does: the shard policy is read, the NodeShards written, a burst of
+    agent pods bound, and no request is refused."""
     fullname = f"sa-{uuid.uuid4().hex[:8]}"
     cluster_scoped: list[str] = []
     rig = Rig(cluster, kube, namespace, tmp_path)
     rig.configmap = POLICY  # the one ConfigMap the coordinator's Role names
     monkeypatch.setenv(metricsauth.ENV, "delegated")
+    etcd = EtcdServer(tmp_path / "etcd", tls=etcd_tls(tmp_path / "pki"))
     try:
+        etcd.start()
         for doc in rendered_rbac(fullname, namespace):
             collection = COLLECTIONS[doc["kind"]].format(ns=namespace)
             await kube.post(collection, doc)
@@ -420,10 +443,26 @@ enableNodeEventTrigger: true
 """
             }
         )
-        rig.kubeconfig = kubeconfigs["coordinator"]
-        rig.coordinator()
-        rig.kubeconfig = kubeconfigs["worker"]
-        rig.worker("w0")
+        configs = rendered_config(
+            namespace,
+            tmp_path,
+            f"schedulerName={rig.scheduler_name}",
+            f"leaseTTL={TTL}",
+            f"coordinator.agentNodeSelector={rig.managed_label}=true",
+        )
+        tls = etcd.tls
+        assert tls is not None
+        for role, name, own in (
+            ("coordinator", "coordinator", ["--metrics-address=127.0.0.1:0"]),
+            ("worker", "w0", ["--metrics-address=127.0.0.1:0", "--listen=127.0.0.1:0"]),
+        ):
+            args = [
+                "--log-format=json", "--log-level=INFO", role, f"--config={configs[role]}",
+                f"--kubeconfig={kubeconfigs[role]}", f"--id={name}", *own,
+                f"--etcd-endpoints={etcd.url}", f"--etcd-prefix={rig.prefix}", f"--etcd-cafile={tls.ca}",
+                f"--etcd-certfile={tls.client_cert}", f"--etcd-keyfile={tls.client_key}",
+            ]  # fmt: skip
+            rig.procs[name] = SchedulerProcess(args, tmp_path / f"{name}.log")
         pods = [small_pod(f"agent-{i}", scheduler=rig.scheduler_name, kind="agent") for i in range(20)]
         await create_pods(kube, namespace, pods)
         bound = await wait_for(kube, namespace, all_bound(len(pods)), timeout=HANG, what="agent pods bound")
@@ -435,8 +474,11 @@ enableNodeEventTrigger: true
             text = proc.log_path.read_text()
             # An API error reads "403 Forbidden: ..." (``common.kube.ApiError``).
             assert not re.search(r"\b403( \w+)?:", text) and "Forbidden" not in text, proc.tail()
+            lines = [json.loads(line) for line in text.splitlines() if line.strip()]  # JSON, as in the chart
+            assert lines, proc.tail()
     finally:
         failures = await rig.close()
+        etcd.stop()
         for path in cluster_scoped:
             with contextlib.suppress(NotFound):
                 await kube.delete(path)

@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import yaml
 
@@ -209,7 +210,9 @@ async def test_without_configmap_and_flag_keeps_the_label_pool(rig: Rig) -> None
 async def test_rbac_manifest_is_enough_for_coordinator_and_worker(
     rig: Rig, kube: KubeClient, cluster: Cluster, namespace: str
 ) -> None:
-    created = await service_account_kubeconfig(kube, cluster, namespace, rig.tmp / "sa.kubeconfig")
+    created = await service_account_kubeconfig(
+        kube, cluster, namespace, rig.tmp / "sa.kubeconfig", configmap=rig.configmap
+    )
     try:
         rig.kubeconfig = rig.tmp / "sa.kubeconfig"
         n = await rig.manage(4)
@@ -638,3 +641,73 @@ async def test_agent_and_batch_pods_never_share_a_node_outside_the_handoff(
 async def _move_warmth(rig: Rig, old: str, new: str) -> None:
     await rig.label(new, rig.warm_label, "true")
     await rig.label(old, rig.warm_label, None)
+
+
+async def test_an_empty_agent_pool_says_why(
+    rig: Rig, kube: KubeClient, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No node carries the agent node selector's label: the leader posts an ``AgentPoolEmpty`` Warning on its
+    own Pod (downward-API environment) naming the selector, stays Ready with the reason in its ``/readyz`` body,
+    and a worker granted nothing says so in its own ``/readyz`` body; the leader's metrics say the same, and
+    follow when a node joins the pool."""
+    monkeypatch.setenv("POD_NAME", "coordinator-0")
+    monkeypatch.setenv("POD_NAMESPACE", namespace)
+    rig.coordinator(policy_flags=False)  # the label pool; no node has been labelled
+    worker = rig.worker("w0")
+
+    async def warned() -> list[dict[str, Any]]:
+        return [
+            e for e in await rig.events("AgentPoolEmpty") if e["involvedObject"]["name"] == "coordinator-0"
+        ]
+
+    (event, *_) = await eventually(warned, HANG, "AgentPoolEmpty event on the coordinator's pod")
+    assert event["type"] == "Warning" and event["involvedObject"]["kind"] == "Pod"
+    assert f"no node matches the agent node selector '{rig.managed_label}=true'" in event["message"]
+
+    async def readyz(address: str) -> tuple[int, str]:
+        async with aiohttp.ClientSession() as s, s.get(f"http://{address}/readyz") as r:
+            return r.status, await r.text()
+
+    leader = (await rig.status())["leader_address"]
+    status, text = await readyz(leader)
+    assert status == 200 and text.startswith("ok: leading; the agent pool is empty: no node matches"), text
+    found = await eventually(
+        lambda: asyncio.to_thread(
+            lambda: re.search(r"metrics on \['([^']+)'\]", worker.log_path.read_text())
+        ),
+        HANG,
+        "the worker's metrics address",
+    )
+    assert found is not None
+
+    async def worker_says() -> str | None:
+        status, text = await readyz(found.group(1))
+        return text if status == 200 and "owns no nodes" in text else None
+
+    await eventually(worker_says, HANG, "the worker's /readyz saying it owns no nodes")
+
+    async def scrape() -> str:
+        async with aiohttp.ClientSession() as s, s.get(f"http://{leader}/metrics") as r:
+            assert r.status == 200
+            return await r.text()
+
+    text = await scrape()
+    assert "agent_scheduler_coordinator_is_leader 1.0" in text
+    assert "agent_scheduler_agent_pool_nodes 0.0" in text
+    assert re.search(r"^agent_scheduler_coordinator_leader_term [1-9]", text, re.M)
+    # A node joins the pool: the gauges follow and the worker's note goes away.
+    (node,) = await rig.manage(1)
+
+    async def granted() -> bool:
+        text = await scrape()
+        return (
+            "agent_scheduler_agent_pool_nodes 1.0" in text
+            and 'agent_scheduler_coordinator_worker_nodes{worker="w0"} 1.0' in text
+        )
+
+    await eventually(granted, HANG, f"{node} in the pool and granted to w0")
+
+    async def plain_ok() -> bool:
+        return await readyz(leader) == (200, "ok") and await readyz(found.group(1)) == (200, "ok")
+
+    await eventually(plain_ok, HANG, "the leader's and the worker's /readyz without a note")

@@ -16,6 +16,7 @@ import yaml
 from prometheus_client import REGISTRY
 
 import common.metrics  # noqa: F401  (registers the exported metrics)
+import coordinator.metrics  # noqa: F401  (the coordinator's own)
 from agent_scheduler import cli
 from tests.unit.install.chart import CHART, ROOT, find, helm, one, render
 from worker.coordinated import DRAIN_TIMEOUT
@@ -55,7 +56,13 @@ def test_committed_manifests_are_a_fresh_render(tmp_path: Path) -> None:
         [str(ROOT / "manifests" / "render.sh"), str(tmp_path)], capture_output=True, text=True, check=False
     )
     assert done.returncode == 0, done.stderr
-    for name in ("agent-scheduler.yaml", "configmap-sharding.yaml", "crds/nodeshards.shard.volcano.sh.yaml"):
+    names = (
+        "agent-scheduler.yaml",
+        "configmap-sharding.yaml",
+        "rbac.yaml",
+        "crds/nodeshards.shard.volcano.sh.yaml",
+    )
+    for name in names:
         assert filecmp.cmp(tmp_path / name, ROOT / "manifests" / name, shallow=False), (
             f"manifests/{name} differs from the chart: run `make manifests` and commit"
         )
@@ -381,7 +388,12 @@ def test_dashboard_and_alerts_use_exported_metrics() -> None:
         "AgentSchedulerPodsStuckPending",
         "AgentSchedulerWorkerOwnsNoNodes",
         "AgentSchedulerShardImbalance",
+        "AgentSchedulerNoLeader",
+        "AgentSchedulerAgentPoolEmpty",
     } <= set(alerts)
+    assert "max(agent_scheduler_coordinator_is_leader" in alerts["AgentSchedulerNoLeader"]
+    titles = {p["title"] for p in dashboard["panels"]}
+    assert {"Coordinator leader and failovers", "Dispatch backlog", "Node handoff duration"} <= titles
     exported = _exported()
     for expr in exprs + list(alerts.values()):
         used = _metric_names(expr)

@@ -203,3 +203,40 @@ async def test_the_rebalance_settings_in_force_drive_the_worker_assignment() -> 
     )
     await one_pass(ctl)
     assert assignment.config.skew_threshold == 0.5
+
+
+async def test_an_empty_pool_is_explained_and_the_policy_configmap_is_the_event_target() -> None:
+    api = FakeApi()
+    ctl = controller(api, frozenset)
+    ref = ctl.policy_configmap()
+    assert ref is not None and (ref.kind, ref.namespace, ref.name) == ("ConfigMap", "ns", "cm")
+    await one_pass(ctl)
+    api.set_in_use("batch", ["n0", "n1", "n2"])  # the batch side still uses every node the agent shard gets
+    ctl.shards.replace(list(api.objects.values()))
+    await one_pass(ctl)
+    assert not ctl.pool.nodes()
+    assert "are still in use by other shards" in ctl.why_empty()
+    ctl.nodes.replace([])
+    assert ctl.why_empty() == "the cluster has no nodes"
+
+
+async def test_volcanos_default_policy_on_idle_nodes_is_explained() -> None:
+    # Volcano's default gives the agent scheduler only busy nodes: on idle ones, none. No ConfigMap: the event
+    # goes elsewhere (the coordinator's Pod).
+    term = SimpleNamespace(active=True, record=SimpleNamespace(candidate_id="c"), lost=asyncio.Event())
+    ctl = ShardingController(
+        FakeApi(),  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        term,  # type: ignore[arg-type]
+        ShardingOptions(configmap="cm", namespace="ns", scheduler_name="agent", use_default=True),
+        pool=PolicyPool(),
+        held=frozenset,
+        keys=KeyLayout("/t"),
+        assignment=AssignmentPolicy(),
+    )
+    ctl.shards.available = True
+    ctl.nodes.replace([node_obj(f"n{i}", "8") for i in range(4)])
+    await one_pass(ctl)
+    assert not ctl.pool.nodes() and ctl.policy_configmap() is None
+    assert "the shard policy (built-in default) gives the agent shard" in ctl.why_empty()
+    assert "none of the 4 nodes" in ctl.why_empty()

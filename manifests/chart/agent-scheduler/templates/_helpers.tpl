@@ -85,6 +85,7 @@ readinessProbe:
 {{/* Environment, volume mounts and volumes every scheduler container shares. */}}
 {{- define "as.commonEnv" -}}
 - {name: POD_NAME, valueFrom: {fieldRef: {fieldPath: metadata.name}}}
+- {name: POD_NAMESPACE, valueFrom: {fieldRef: {fieldPath: metadata.namespace}}}
 - {name: AGENT_SCHEDULER_ETCD, value: {{ include "as.etcdEndpoints" . | quote }}}
 - {name: AGENT_SCHEDULER_DISPATCH_SECRET_FILE, value: /etc/agent-scheduler/dispatch/secret}
 - {name: AGENT_SCHEDULER_METRICS_AUTH, value: {{ .Values.metrics.auth | quote }}}

@@ -1,0 +1,58 @@
+"""client-go's REST client metrics, for every request of a ``common.kube.KubeClient`` (watches included):
+``rest_client_requests_total{code,method,host}`` and ``rest_client_request_duration_seconds{verb,host}``,
+with client-go's names, labels and meaning, so dashboards built for Kubernetes components read them as they
+are. A request that got no response counts under ``code="<error>"``; the duration runs from sending the
+request to the response headers (for a watch, until the stream opened).
+
+Observed by an aiohttp trace (``trace()``), so nothing on the request path calls into this module.
+Cardinality: one host per process, a handful of methods and codes.
+"""
+
+from __future__ import annotations
+
+import time
+
+import aiohttp
+from prometheus_client import Counter, Histogram
+
+_BUCKETS = (0.005, 0.025, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60)
+
+requests = Counter(
+    "rest_client_requests",
+    "Number of HTTP requests to the API server, partitioned by status code, method, and host.",
+    ["code", "method", "host"],
+)
+request_duration = Histogram(
+    "rest_client_request_duration_seconds",
+    "Request latency in seconds, broken down by verb and host.",
+    ["verb", "host"],
+    buckets=_BUCKETS,
+)
+
+
+def _host(url: object) -> str:
+    authority = getattr(url, "raw_authority", None) or getattr(url, "host", None)
+    return str(authority or "")
+
+
+def trace() -> aiohttp.TraceConfig:
+    """The trace that observes each request of a session."""
+
+    async def start(_: object, ctx: object, params: aiohttp.TraceRequestStartParams) -> None:
+        ctx.started = time.monotonic()  # type: ignore[attr-defined]
+
+    async def end(_: object, ctx: object, params: aiohttp.TraceRequestEndParams) -> None:
+        host = _host(params.url)
+        requests.labels(str(params.response.status), params.method, host).inc()
+        started = getattr(ctx, "started", None)
+        if started is not None:
+            request_duration.labels(params.method, host).observe(time.monotonic() - started)
+
+    async def failed(_: object, ctx: object, params: aiohttp.TraceRequestExceptionParams) -> None:
+        requests.labels("<error>", params.method, _host(params.url)).inc()
+
+    config = aiohttp.TraceConfig()
+    config.on_request_start.append(start)
+    config.on_request_end.append(end)
+    config.on_request_exception.append(failed)
+    return config
