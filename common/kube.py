@@ -222,7 +222,9 @@ def load_credentials(kubeconfig: str | None) -> Credentials:
     auth = (cfg.api_key or {}).get("authorization") or (cfg.api_key or {}).get("BearerToken")
     token = None
     if auth:
-        token = auth.split(" ", 1)[1] if auth.lower().startswith("bearer ") else auth
+        # Stripped as ``FileToken`` strips it: a token file written with a trailing newline (a hand-made Secret)
+        # would otherwise make the first header invalid until the first re-read.
+        token = (auth.split(" ", 1)[1] if auth.lower().startswith("bearer ") else auth).strip() or None
     expires_at = None
     if isinstance(source, ExecToken):
         # The loader ran the plugin once already but does not say when its credential expires: run it again

@@ -9,6 +9,7 @@ import contextlib
 import signal
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +21,22 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class SchedulerProcess:
-    """``agent-scheduler <args>`` in its own process; logs to a file; stopped by its PID."""
+    """``agent-scheduler <args>`` in its own process; logs to a file; stopped by its PID.
 
-    def __init__(self, args: list[str], log_path: Path) -> None:
+    ``wrapper`` is a command line put in front (it must ``exec`` the scheduler in place, so that the recorded PID
+    stays the scheduler's); ``env`` replaces the environment."""
+
+    def __init__(
+        self,
+        args: list[str],
+        log_path: Path,
+        *,
+        wrapper: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.log_path = log_path
-        self.record = spawn(
-            log_path.stem, [sys.executable, "-m", "agent_scheduler.cli", *args], log_path, cwd=ROOT
-        )
+        command = [*wrapper, sys.executable, "-m", "agent_scheduler.cli", *args]
+        self.record = spawn(log_path.stem, command, log_path, env=env, cwd=ROOT)
 
     @property
     def pid(self) -> int:

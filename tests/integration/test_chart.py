@@ -6,8 +6,10 @@
   and nothing a scheduler must never do (read Secrets, create or delete pods, write nodes, read other
   ConfigMaps);
 - ``/metrics`` with delegated auth answers only callers bound to the chart's metrics-reader role;
-- a coordinator and a worker running on the host as the chart's ServiceAccounts, with the chart's rendered
-  configuration and a TLS etcd requiring client certificates, schedule with no refusal;
+- a coordinator and a worker running on the host as the chart's ServiceAccounts, through the in-cluster path a
+  pod takes (``KUBERNETES_SERVICE_HOST``/``PORT`` and the account's files under
+  ``/var/run/secrets/kubernetes.io/serviceaccount``, in a mount namespace of their own), with the chart's
+  rendered configuration and a TLS etcd requiring client certificates, schedule with no refusal;
 - installed into a ``restricted`` namespace, every Deployment and the StatefulSet reach their replicas on kwok
   nodes (with kube-controller-manager in the local cluster; skipped, saying so, without it);
 - ``helm install`` / ``upgrade`` / ``uninstall`` work against the API server, and an upgrade keeps the
@@ -21,16 +23,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import re
+import shutil
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
+import psutil
 import pytest
 import yaml
 
@@ -178,6 +185,39 @@ async def test_each_service_account_may_do_its_job_and_nothing_dangerous(
         for path in cluster_scoped:
             with contextlib.suppress(NotFound):
                 await kube.delete(path)
+
+
+# A pod's view of its ServiceAccount for a process on the host, without touching the host's /run: in a mount
+# namespace of its own (private propagation, so no mount reaches the host) a tmpfs goes over /run/secrets, or over
+# /run when the host has none (a scheduler needs nothing from /run), the account's three files are copied to the
+# fixed in-cluster path, and the shell execs the scheduler, so the PID the launcher recorded is the scheduler's
+# (``unshare`` without ``--fork`` execs its command in place). ``mount -n``: libmount's utab lives under /run.
+IN_POD = """set -e
+source=$1
+shift
+if [ -d /run/secrets ]; then top=/run/secrets; else top=/run; fi
+mount -n -t tmpfs -o mode=0755 tmpfs "$top"
+mkdir -p /run/secrets/kubernetes.io/serviceaccount
+cp "$source/token" "$source/ca.crt" "$source/namespace" /run/secrets/kubernetes.io/serviceaccount/
+exec "$@"
+"""
+
+
+def in_pod(account: Path) -> list[str]:
+    """The wrapper that runs a command as a pod of ``account`` (a directory with token, ca.crt, namespace)."""
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", IN_POD, "sh", str(account)]
+
+
+def _host_has_run_secrets() -> bool:
+    return os.path.lexists("/run/secrets")
+
+
+async def _is_the_scheduler(proc: SchedulerProcess) -> bool:
+    """Whether the recorded PID now runs the scheduler itself (not ``unshare`` or the shell around it)."""
+    assert proc.alive(), proc.tail()
+    with contextlib.suppress(psutil.NoSuchProcess):
+        return psutil.Process(proc.pid).cmdline()[:3] == [sys.executable, "-m", "agent_scheduler.cli"]
+    return False
 
 
 async def token_of(kube: KubeClient, namespace: str, account: str) -> str:
@@ -380,11 +420,16 @@ async def test_helm_install_upgrade_keeps_generated_secrets_and_uninstall_remove
 async def test_the_roles_schedule_as_the_charts_service_accounts(
     kube: KubeClient, namespace: str, cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A coordinator and a worker run on the host as the chart's two ServiceAccounts (tokens from the
-    TokenRequest API, the chart's RBAC only, ``/metrics`` with delegated auth), each with its role's settings
+    """A coordinator and a worker run on the host as the chart's two ServiceAccounts, as pods see them: no
+    kubeconfig, the API server named by ``KUBERNETES_SERVICE_HOST``/``PORT``, and a token from the TokenRequest
+    API, the cluster's CA and the namespace at the fixed in-cluster path (``in_pod``); the chart's RBAC only,
+    ``/metrics`` with delegated auth; each with its role's settings
     as the chart renders them (``--config``, JSON logs) and against an etcd that speaks TLS and requires
     client certificates, as the chart's etcd does: the shard policy is read, the NodeShards written, a burst of
     agent pods bound, and no request is refused."""
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare (util-linux): the roles need a mount namespace of their own")
+    host_had_secrets = _host_has_run_secrets()
     fullname = f"sa-{uuid.uuid4().hex[:8]}"
     cluster_scoped: list[str] = []
     rig = Rig(cluster, kube, namespace, tmp_path)
@@ -398,31 +443,14 @@ async def test_the_roles_schedule_as_the_charts_service_accounts(
             await kube.post(collection, doc)
             if "{ns}" not in COLLECTIONS[doc["kind"]]:
                 cluster_scoped.append(f"{collection}/{doc['metadata']['name']}")
-        kubeconfigs = {}
+        accounts = {}
         for role in ("coordinator", "worker"):
+            accounts[role] = tmp_path / f"{role}-serviceaccount"
+            accounts[role].mkdir()
             token = await token_of(kube, namespace, f"{fullname}-{role}")
-            path = tmp_path / f"{role}.kubeconfig"
-            path.write_text(
-                yaml.safe_dump(
-                    {
-                        "apiVersion": "v1",
-                        "kind": "Config",
-                        "clusters": [
-                            {
-                                "name": "local",
-                                "cluster": {
-                                    "server": cluster.server,
-                                    "certificate-authority": str(cluster.ca_file),
-                                },
-                            }
-                        ],
-                        "users": [{"name": role, "user": {"token": token}}],
-                        "contexts": [{"name": role, "context": {"cluster": "local", "user": role}}],
-                        "current-context": role,
-                    }
-                )
-            )
-            kubeconfigs[role] = path
+            (accounts[role] / "token").write_text(token)
+            (accounts[role] / "ca.crt").write_bytes(cluster.ca_file.read_bytes())
+            (accounts[role] / "namespace").write_text(namespace)
         await ensure_crd(kube)
         nodes = await rig.manage(4)
         await rig.forget_shards({rig.scheduler_name, rig.batch_name})
@@ -452,17 +480,27 @@ enableNodeEventTrigger: true
         )
         tls = etcd.tls
         assert tls is not None
+        api = urlsplit(cluster.server)
+        assert api.hostname and api.port
+        pod_env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+        pod_env |= {"KUBERNETES_SERVICE_HOST": api.hostname, "KUBERNETES_SERVICE_PORT": str(api.port)}
         for role, name, own in (
             ("coordinator", "coordinator", ["--metrics-address=127.0.0.1:0"]),
             ("worker", "w0", ["--metrics-address=127.0.0.1:0", "--listen=127.0.0.1:0"]),
         ):
             args = [
                 "--log-format=json", "--log-level=INFO", role, f"--config={configs[role]}",
-                f"--kubeconfig={kubeconfigs[role]}", f"--id={name}", *own,
+                f"--id={name}", *own,
                 f"--etcd-endpoints={etcd.url}", f"--etcd-prefix={rig.prefix}", f"--etcd-cafile={tls.ca}",
                 f"--etcd-certfile={tls.client_cert}", f"--etcd-keyfile={tls.client_key}",
             ]  # fmt: skip
-            rig.procs[name] = SchedulerProcess(args, tmp_path / f"{name}.log")
+            rig.procs[name] = SchedulerProcess(
+                args, tmp_path / f"{name}.log", wrapper=in_pod(accounts[role]), env=pod_env
+            )
+        for proc in rig.procs.values():
+            await eventually(
+                functools.partial(_is_the_scheduler, proc), HANG, "the recorded PID runs the scheduler"
+            )
         pods = [small_pod(f"agent-{i}", scheduler=rig.scheduler_name, kind="agent") for i in range(20)]
         await create_pods(kube, namespace, pods)
         bound = await wait_for(kube, namespace, all_bound(len(pods)), timeout=HANG, what="agent pods bound")
@@ -483,6 +521,8 @@ enableNodeEventTrigger: true
             with contextlib.suppress(NotFound):
                 await kube.delete(path)
     assert not failures, "\n".join(failures)
+    assert not any(p.alive() for p in rig.procs.values()), "stopping the recorded PIDs stopped the schedulers"
+    assert _host_has_run_secrets() == host_had_secrets, "the host's /run was left as it was"
 
 
 async def test_the_chart_reaches_its_replicas_in_a_restricted_namespace(

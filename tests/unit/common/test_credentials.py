@@ -151,6 +151,27 @@ def test_a_kubeconfig_token_file_becomes_a_refreshable_source(tmp_path: Path) ->
     assert creds.token_source == FileToken(str(tmp_path / "token"))
 
 
+def test_in_cluster_credentials_read_the_service_account_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No kubeconfig: the pod's service-account token (stripped, as every later re-read strips it) and CA, and
+    the API server the ``KUBERNETES_SERVICE_*`` variables name; the token file stays the refreshable source."""
+    from kubernetes.config import incluster_config
+
+    token, ca = tmp_path / "token", tmp_path / "ca.crt"
+    token.write_text("abc\n")
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    monkeypatch.setattr(incluster_config, "SERVICE_TOKEN_FILENAME", str(token))
+    monkeypatch.setattr(incluster_config, "SERVICE_CERT_FILENAME", str(ca))
+    monkeypatch.setattr("common.kube.SERVICE_TOKEN_FILENAME", str(token))
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "6443")
+    creds = load_credentials(None)
+    assert creds.server == "https://127.0.0.1:6443"
+    assert creds.token == "abc" and creds.ca_file == str(ca) and creds.verify
+    assert creds.token_source == FileToken(str(token))
+
+
 def _exec_plugin(tmp_path: Path, token: str, expiry: str) -> Path:
     script = tmp_path / "plugin.py"
     status = {"token": token, "expirationTimestamp": expiry}
