@@ -15,6 +15,7 @@ from typing import Any
 
 from common.kube import KubeClient
 from scale.audit import Audit, audit_capacity  # noqa: F401 - re-exported: the tests import the audit here
+from scale.cluster import Cluster
 from scale.cluster.processes import is_running, spawn, stop, tail
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,6 +52,28 @@ class SchedulerProcess:
 
     def tail(self, lines: int = 40) -> str:
         return tail(self.log_path, lines)
+
+
+def start_worker(
+    cluster: Cluster,
+    tmp_path: Path,
+    name: str,
+    *,
+    kubeconfig: Path | None = None,
+    worker_id: str = "test-worker",
+) -> SchedulerProcess:
+    """A standalone worker for scheduler name ``name`` on the test cluster, logging to ``tmp_path``."""
+    return SchedulerProcess(
+        [
+            "--log-level=INFO",
+            "worker",
+            "--standalone",
+            f"--kubeconfig={kubeconfig or cluster.kubeconfig}",
+            f"--scheduler-name={name}",
+            f"--id={worker_id}",
+        ],
+        tmp_path / f"{name}.log",
+    )
 
 
 async def create_pods(

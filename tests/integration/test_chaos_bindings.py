@@ -49,6 +49,7 @@ from tests.integration.support import (
     audit_capacity,
     create_pods,
     list_pods,
+    start_worker,
     wait_for,
 )
 from tests.integration.test_chaos_dispatch import SecureDeployment
@@ -377,17 +378,7 @@ async def test_bindings_denied_in_one_namespace_then_allowed(
 @pytest.fixture
 def standalone(cluster: Cluster, tmp_path: Path) -> Iterator[tuple[SchedulerProcess, str]]:
     name = f"agent-gate-{uuid.uuid4().hex[:6]}"
-    proc = SchedulerProcess(
-        [
-            "--log-level=INFO",
-            "worker",
-            "--standalone",
-            f"--kubeconfig={cluster.kubeconfig}",
-            f"--scheduler-name={name}",
-            "--id=gate-worker",
-        ],
-        tmp_path / f"{name}.log",
-    )
+    proc = start_worker(cluster, tmp_path, name, worker_id="gate-worker")
     try:
         yield proc, name
     finally:

@@ -26,7 +26,14 @@ from common.records import MAX_TOLERATIONS
 from scale.cluster import Cluster
 from scale.cluster.nodes import make_node
 from tests.builders import make_pod
-from tests.integration.support import SchedulerProcess, all_bound, create_pods, list_pods, wait_for
+from tests.integration.support import (
+    SchedulerProcess,
+    all_bound,
+    create_pods,
+    list_pods,
+    start_worker,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -42,17 +49,7 @@ def scheduler_name() -> str:
 
 @pytest.fixture
 def worker(cluster: Cluster, tmp_path: Path, scheduler_name: str) -> Iterator[SchedulerProcess]:
-    proc = SchedulerProcess(
-        [
-            "--log-level=INFO",
-            "worker",
-            "--standalone",
-            f"--kubeconfig={cluster.kubeconfig}",
-            f"--scheduler-name={scheduler_name}",
-            "--id=hostile-worker",
-        ],
-        tmp_path / f"{scheduler_name}.log",
-    )
+    proc = start_worker(cluster, tmp_path, scheduler_name, worker_id="hostile-worker")
     yield proc
     assert proc.stop() == 0, proc.tail()
 

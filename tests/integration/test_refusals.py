@@ -24,7 +24,7 @@ import pytest
 from common.kube import KubeClient
 from scale.cluster import Cluster
 from tests.builders import make_pod
-from tests.integration.support import SchedulerProcess, create_pods, list_pods, wait_for
+from tests.integration.support import SchedulerProcess, create_pods, list_pods, start_worker, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -40,17 +40,7 @@ def scheduler_name() -> str:
 
 @pytest.fixture
 def worker(cluster: Cluster, tmp_path: Path, scheduler_name: str) -> Iterator[SchedulerProcess]:
-    proc = SchedulerProcess(
-        [
-            "--log-level=INFO",
-            "worker",
-            "--standalone",
-            f"--kubeconfig={cluster.kubeconfig}",
-            f"--scheduler-name={scheduler_name}",
-            "--id=refusal-worker",
-        ],
-        tmp_path / f"{scheduler_name}.log",
-    )
+    proc = start_worker(cluster, tmp_path, scheduler_name, worker_id="refusal-worker")
     yield proc
     assert proc.stop() == 0, proc.tail()
 

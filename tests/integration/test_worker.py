@@ -26,28 +26,13 @@ from tests.integration.support import (
     audit_capacity,
     create_pods,
     list_pods,
+    start_worker,
     wait_for,
 )
 
 pytestmark = pytest.mark.integration
 
 BOUND_TIMEOUT = 180.0  # a guard against hanging, not a speed requirement
-
-
-def start_worker(
-    cluster: Cluster, tmp_path: Path, name: str, kubeconfig: Path | None = None
-) -> SchedulerProcess:
-    return SchedulerProcess(
-        [
-            "--log-level=INFO",
-            "worker",
-            "--standalone",
-            f"--kubeconfig={kubeconfig or cluster.kubeconfig}",
-            f"--scheduler-name={name}",
-            "--id=test-worker",
-        ],
-        tmp_path / f"{name}.log",
-    )
 
 
 @pytest.fixture
@@ -163,7 +148,7 @@ async def test_watch_cut_mid_burst_loses_and_duplicates_nothing(
             user="admin",
         )
     )
-    proc = start_worker(cluster, tmp_path, scheduler_name, kubeconfig)
+    proc = start_worker(cluster, tmp_path, scheduler_name, kubeconfig=kubeconfig)
     try:
         pods = [agent_pod(i, namespace=namespace, scheduler_name=scheduler_name) for i in range(1000)]
         creating = asyncio.create_task(create_pods(kube, namespace, pods, concurrency=8))
