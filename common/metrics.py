@@ -103,9 +103,15 @@ pod_stage_duration = Histogram(
 )
 
 
+# Label children resolved once: every bound pod observes several stages, and ``labels()`` is a locked dict
+# lookup per call.
+_STAGE_CHILDREN = {stage: pod_stage_duration.labels(stage) for stage in (*LEADER_STAGES, *WORKER_STAGES)}
+
+
 def observe_stage(stage: str, seconds: float) -> None:
     """One pod's time in ``stage`` (one of ``LEADER_STAGES`` or ``WORKER_STAGES``); never negative."""
-    pod_stage_duration.labels(stage).observe(max(0.0, seconds))
+    child = _STAGE_CHILDREN.get(stage) or pod_stage_duration.labels(stage)
+    child.observe(max(0.0, seconds))
 
 
 class Ready(str):

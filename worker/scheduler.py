@@ -118,6 +118,15 @@ class Scheduler:
         )
         # the ``profile`` label of the scheduling metrics: the scheduler name, as in kube-scheduler
         self.profile = s.scheduler_name
+        # Label children of the per-decision metrics, resolved once (``labels()`` costs a locked lookup).
+        self._attempts = {
+            r: (
+                metrics.schedule_attempts.labels(r, self.profile),
+                metrics.attempt_duration.labels(r, self.profile),
+            )
+            for r in ("scheduled", "unschedulable", "error")
+        }
+        self._index = {hit: metrics.index_lookups.labels("hit" if hit else "miss") for hit in (True, False)}
         self.decisions = 0
         self.unschedulable = 0
         self.paused = False
@@ -143,19 +152,20 @@ class Scheduler:
         elapsed = self.clock() - start
         self.decisions += 1
         metrics.nodes_evaluated.observe(decision.evaluated)
-        metrics.index_lookups.labels("hit" if decision.index_hit else "miss").inc()
+        self._index[decision.index_hit].inc()
         if decision.node is not None:
             self.cache.assume(pod, decision.node)
             self.queue.done(qp, scheduled=True)
             self.binder.submit(pod, decision.node, qp.added_at, qp.attempts)
             metrics.observe_stage("decided", start + elapsed - qp.added_at)
             log.debug("assumed", extra={"pod": key, "node": decision.node})
-            metrics.schedule_attempts.labels("scheduled", self.profile).inc()
-            metrics.attempt_duration.labels("scheduled", self.profile).observe(elapsed)
+            count, duration = self._attempts["scheduled"]
+            count.inc()
+            duration.observe(elapsed)
             return decision
-        result = "error" if decision.code == Code.ERROR else "unschedulable"
-        metrics.schedule_attempts.labels(result, self.profile).inc()
-        metrics.attempt_duration.labels(result, self.profile).observe(elapsed)
+        count, duration = self._attempts["error" if decision.code == Code.ERROR else "unschedulable"]
+        count.inc()
+        duration.observe(elapsed)
         self.unschedulable += 1
         log.debug("unschedulable: %s", decision.message, extra={"pod": key})
         if self.watch_pending:
