@@ -95,6 +95,15 @@ reports_dropped = Counter(
 assumed_expired = Counter(
     "agent_scheduler_assumed_expired_total", "Assumed pods whose binding the watch never confirmed."
 )
+# kube-scheduler's preemption metrics: every PostFilter call, and the victims of each preemption carried out
+preemption_attempts = Counter(
+    "scheduler_preemption_attempts", "Total preemption attempts in the cluster till now"
+)
+preemption_victims = Histogram(
+    "scheduler_preemption_victims",
+    "Number of selected preemption victims",
+    buckets=tuple(float(2**k) for k in range(7)),  # kube-scheduler's ExponentialBuckets(1, 2, 7)
+)
 pod_stage_duration = Histogram(
     STAGE_METRIC,
     "Latency of each stage of a bound pod's path, by stage (see common.metrics for each stage's ends).",

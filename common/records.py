@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, NewType
 
 from common.quantity import QuantityError, parse_milli, parse_units
@@ -354,6 +355,13 @@ class PodRecord:
     inter_pod: InterPod | None = None
     # why a coordinator must refuse the pod (rules only a standalone worker honours), else None
     standalone_only: str | None = None
+    # preemption (worker.preemption): status.nominatedNodeName; spec.preemptionPolicy Never; status.startTime
+    # (epoch seconds, None before the kubelet starts it); a DisruptionTarget=True condition of reason
+    # PreemptionByScheduler (the pod is being preempted by a scheduler)
+    nominated_node: str = ""
+    preempt_never: bool = False
+    start_time: float | None = None
+    preempted: bool = False
 
     @property
     def terminal(self) -> bool:
@@ -824,7 +832,34 @@ def pod_from_json(obj: dict[str, Any]) -> PodRecord:
         signature=signature,
         inter_pod=inter_pod,
         standalone_only=standalone,
+        nominated_node=str(status.get("nominatedNodeName") or ""),
+        preempt_never=spec.get("preemptionPolicy") == "Never",
+        start_time=_start_time(status.get("startTime")),
+        preempted=any(
+            isinstance(c, dict)
+            and c.get("type") == "DisruptionTarget"
+            and c.get("status") == "True"
+            and c.get("reason") == "PreemptionByScheduler"
+            for c in status.get("conditions") or ()
+        ),
     )
+
+
+def _start_time(raw: Any) -> float | None:
+    """``status.startTime`` as epoch seconds; None when absent or malformed (kube-scheduler then uses now)."""
+    if not isinstance(raw, str):
+        return None
+    try:
+        moment = datetime.fromisoformat(raw)
+    except ValueError:
+        return None
+    return moment.timestamp() if moment.tzinfo is not None else None
+
+
+def label_selector(raw: Any, where: str) -> LabelSelector:
+    """A metav1.LabelSelector (``matchLabels``, ``matchExpressions``); null matches nothing. Raises
+    ``ValueError`` for a malformed one."""
+    return _label_selector(raw, where)
 
 
 def node_from_json(obj: dict[str, Any]) -> NodeRecord:

@@ -174,6 +174,27 @@ class PodBuilder:
         self.obj["status"] = {"phase": "Running"}
         return self
 
+    def started(self, stamp: str) -> PodBuilder:
+        """``status.startTime`` (RFC 3339); call after ``on``."""
+        self.obj.setdefault("status", {})["startTime"] = stamp
+        return self
+
+    def never_preempt(self) -> PodBuilder:
+        self.spec["preemptionPolicy"] = "Never"
+        return self
+
+    def nominated(self, node: str) -> PodBuilder:
+        self.obj.setdefault("status", {})["nominatedNodeName"] = node
+        return self
+
+    def preempted(self) -> PodBuilder:
+        """Terminating because a scheduler preempted it (deletionTimestamp and the DisruptionTarget condition)."""
+        self.deleting()
+        self.obj.setdefault("status", {}).setdefault("conditions", []).append(
+            {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}
+        )
+        return self
+
     def json(self) -> dict[str, Any]:
         return copy.deepcopy(self.obj)
 

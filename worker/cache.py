@@ -22,6 +22,17 @@ Invariants:
   scheduler) and of every node label change, so its per-domain counts for the inter-pod rules are always
   current; a pod that matches some pod's required affinity counts as an event that may help waiting pods.
 
+Nominations (kube-scheduler's PodNominator): a pending pod nominated to a node (``status.nominatedNodeName``
+seen in the watch, or set by this worker's own preemption before its patch lands) is kept in ``nominated``
+until it is assumed, deleted, bound, or its nomination is cleared. It holds no capacity in ``NodeInfo``;
+the engine adds the nominated pods of equal or higher priority to a node while filtering a pod there
+(``worker.engine``), so the capacity freed for a preemptor is not taken by a lower-priority pod.
+
+What-if evaluation (preemption): ``set_aside`` and ``put_back`` take a pod off its node's ``NodeInfo`` and the
+topology counts and put it back, without touching the index, the pod map or the generation. They exist for
+synchronous dry runs only (``worker.preemption``): every ``set_aside`` is undone by a ``put_back`` before the
+caller yields to the event loop, so no other code ever sees the intermediate state.
+
 The cache does no I/O and knows nothing of the API; ``worker.feeds`` feeds it from the watches.
 """
 
@@ -91,6 +102,9 @@ class Cache:
         self.scalar_nodes: dict[str, set[NodeName]] = {}
         # per-topology-domain counts for pod (anti-)affinity and topology spread
         self.topology = TopologyCounts(self.nodes)
+        # node -> pending pods nominated to it (kube-scheduler's nominator), and the reverse
+        self.nominated: dict[NodeName, dict[PodKey, PodRecord]] = {}
+        self.nominated_node: dict[PodKey, NodeName] = {}
         # Bumped on any change that could make an unschedulable pod schedulable or change a failure reason.
         self.generation = 0
         self.expired = 0
@@ -281,6 +295,7 @@ class Cache:
     def assume(self, pod: PodRecord, node: NodeName) -> None:
         if pod.key in self.assumed or pod.key in self.pod_node:
             raise ValueError(f"pod {pod.key} is already assumed or placed")
+        self.unnominate(pod.key)
         self.assumed[pod.key] = Assumed(pod, node, None)
         self._account(pod, node)
 
@@ -305,6 +320,48 @@ class Cache:
         self.expired += len(gone)
         return gone
 
+    # ----- nominations -----------------------------------------------------------------------------------
+
+    def nominate(self, pod: PodRecord, node: NodeName) -> None:
+        """``pod`` (pending) is nominated to ``node``: pods of lower priority must leave it the room."""
+        self.unnominate(pod.key)
+        self.nominated.setdefault(node, {})[pod.key] = pod
+        self.nominated_node[pod.key] = node
+        self.generation += 1
+
+    def unnominate(self, key: PodKey) -> NodeName | None:
+        """Drop ``key``'s nomination (it was placed, deleted or its nomination cleared); the node it had."""
+        node = self.nominated_node.pop(key, None)
+        if node is None:
+            return None
+        pods = self.nominated.get(node)
+        if pods is not None:
+            pods.pop(key, None)
+            if not pods:
+                del self.nominated[node]
+        self.generation += 1  # the room it held is free for others again
+        return node
+
+    def nominated_for(self, pod: PodRecord, node: NodeName) -> list[PodRecord]:
+        """Pods nominated to ``node`` that ``pod`` must leave room for: priority at least ``pod``'s, not itself."""
+        pods = self.nominated.get(node)
+        if not pods:
+            return []
+        return [p for k, p in pods.items() if k != pod.key and p.priority >= pod.priority]
+
+    # ----- what-if (see the module docstring) ----------------------------------------------------------------
+
+    def set_aside(self, info: NodeInfo, pod: PodRecord) -> None:
+        """Take ``pod`` off ``info`` and out of the topology counts, for a dry run; undo with ``put_back``."""
+        if info.remove_pod(pod.key) is not None:
+            self.topology.remove(pod, info)
+
+    def put_back(self, info: NodeInfo, pod: PodRecord) -> None:
+        """Add ``pod`` to ``info`` and the topology counts for a dry run (a pod set aside, or a nominated pod
+        counted while filtering); undo with ``set_aside``."""
+        info.add_pod(pod)
+        self.topology.add(pod, info)
+
     def session_nodes(self, session: str) -> list[NodeInfo]:
         return [self.nodes[n] for n in self.sessions.get(session, ()) if n in self.index]
 
@@ -314,5 +371,6 @@ class Cache:
             "indexed_nodes": len(self.index),
             "pods": len(self.pod_node),
             "assumed": len(self.assumed),
+            "nominated": len(self.nominated_node),
             "expired": self.expired,
         }

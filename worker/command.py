@@ -102,7 +102,12 @@ async def run_standalone(settings: WorkerSettings) -> int:
     ) as client:
         reporter = new_reporter(client, settings)
         sched = Scheduler(
-            client, settings, shard=WholeCluster(), outcomes=PodReports(reporter), reporter=reporter
+            client,
+            settings,
+            shard=WholeCluster(),
+            outcomes=PodReports(reporter),
+            reporter=reporter,
+            preempt=True,
         )
         runner = await metrics.serve(
             settings.metrics_host, settings.metrics_port, sched.ready, client.auth.healthy

@@ -15,6 +15,12 @@ How a decision is made, and why it is fast:
    failure message. The explanation is memoized per pod shape while the cache does not change, so a burst of
    pods that cannot fit does not rescan the cluster per pod.
 
+Nominated pods (kube-scheduler's RunFilterPluginsWithNominatedPods): on a node to which pending pods of equal
+or higher priority are nominated (``Cache.nominated``), the dynamic filters run first with those pods counted
+there, then, if that passes, without them (a nominated pod that is not bound yet must not satisfy an affinity
+either). A pod with a nomination of its own is tried on that node first and goes there if it fits, as
+kube-scheduler does. Nodes without nominations pay one dict lookup for this.
+
 The engine never mutates the cache: assuming the result is the caller's job (``worker.scheduler``).
 """
 
@@ -126,15 +132,24 @@ class Engine:
                 if first:
                     seen = {i.node.name for i in first}
                     candidates = _chain(first, candidates, seen)
+        nominated = self.cache.nominated
+        mine = pod.nominated_node or self.cache.nominated_node.get(pod.key)
+        if mine:
+            info = self.cache.nodes.get(NodeName(mine))
+            if info is not None and usable(info.node.name) and self.verdict(pod, info) is None:
+                return Decision(NodeName(mine), Code.SUCCESS, "", 1, 1)
         for info in candidates:
             evaluated += 1
             if self._static_verdict(pod, info, memo) is not None:
                 continue
-            ok = True
-            for f in dynamic:
-                if f.filter(pod, info) is not None:
-                    ok = False
-                    break
+            if nominated and info.node.name in nominated:
+                ok = self._dynamic_verdict(pod, info) is None
+            else:
+                ok = True
+                for f in dynamic:
+                    if f.filter(pod, info) is not None:
+                        ok = False
+                        break
             if not ok or not usable(info.node.name):
                 continue
             feasible.append(info)
@@ -167,6 +182,39 @@ class Engine:
                 return st
         return None
 
+    def verdict(self, pod: PodRecord, info: NodeInfo) -> Status | None:
+        """Every filter for ``pod`` on ``info`` as the decision runs them: static (memoized per signature),
+        then dynamic with the node's nominated pods (see the module docstring). None when it fits."""
+        memo = self._static.get(pod.signature)
+        if memo is None:
+            memo = self._static[pod.signature] = {}
+        st = self._static_verdict(pod, info, memo)
+        return st if st is not None else self._dynamic_verdict(pod, info)
+
+    def _dynamic_verdict(self, pod: PodRecord, info: NodeInfo) -> Status | None:
+        cache = self.cache
+        nominated = cache.nominated_for(pod, NodeName(info.node.name)) if cache.nominated else []
+        if nominated:
+            for p in nominated:
+                cache.put_back(info, p)
+            try:
+                st = self._dynamic_only(pod, info)
+            finally:
+                for p in nominated:
+                    cache.set_aside(info, p)
+            if st is not None:
+                return st
+        return self._dynamic_only(pod, info)
+
+    def _dynamic_only(self, pod: PodRecord, info: NodeInfo) -> Status | None:
+        # Every dynamic filter, ``applies`` or not: a filter that does not apply passes anyway, and what it
+        # applies to may differ while pods are counted or set aside (nominated pods, preemption dry runs).
+        for f in self.dynamic_filters:
+            st = f.filter(pod, info)
+            if st is not None:
+                return st
+        return None
+
     def _explain(self, pod: PodRecord, *, inter_pod: bool = False) -> Decision:
         r = pod.requests
         shape: tuple[Any, ...] = (
@@ -184,6 +232,9 @@ class Engine:
                 pod.inter_pod,
                 self.cache.topology.version,
             )
+        if self.cache.nominated:
+            # verdicts then depend on which nominated pods this pod must leave room for
+            shape += (pod.priority, pod.key if pod.key in self.cache.nominated_node else None)
         owned = [
             info
             for name, info in self.cache.nodes.items()
@@ -197,7 +248,7 @@ class Engine:
         resolvable = False
         placeable: NodeInfo | None = None
         for info in owned:
-            st = self.filter_all(pod, info)
+            st = self.verdict(pod, info)
             if st is None:
                 placeable = info  # the index missed it (should not happen); use it rather than fail
                 break

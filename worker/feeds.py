@@ -8,6 +8,11 @@
 - ``Watches``: both reflectors, and the ``worker.shard.PodWatch`` view the shard's catch-up of newly granted
   nodes waits on (the watch's progress, a consistent LIST per node, and a direct apply when the watch lags).
 
+Nominations: a pending pod of our scheduler name whose ``status.nominatedNodeName`` is set is nominated in the
+cache (its room reserved, ``worker.cache``), so a nomination made by another worker, or by this one before a
+restart, is honoured; an update without one keeps the cache's nomination (this worker's own may be ahead of
+its patch), and placement or deletion ends it.
+
 Invariant: the cache is only written here (from the API server's view) and by the scheduler's own
 assumptions; nothing here decides.
 """
@@ -67,7 +72,11 @@ class PodFeed:
             return
         if pod.node_name or pod.deleting:
             self.queue.delete(pod.key)
+            self.cache.unnominate(pod.key)
             return
+        nominated = pod.nominated_node or self.cache.nominated_node.get(pod.key)
+        if nominated:
+            self.cache.nominate(pod, NodeName(nominated))  # the newest record holds the room
         if self.watch_pending and not self.cache.is_assumed(pod.key):
             new = pod.key not in self.queue
             self.queue.add(pod)
@@ -80,12 +89,16 @@ class PodFeed:
         self.cache.replace_pods([p for p in pods if p.node_name and not p.terminal])
         for p in pods:
             self.admit(p, seen_at)
+        listed = {p.key for p in pods if not p.node_name and not p.deleting and not p.terminal}
+        for key in [k for k in self.cache.nominated_node if k not in listed]:
+            self.cache.unnominate(key)
 
     def event(self, kind: str, obj: dict[str, Any]) -> None:
         seen_at = self.queue.clock()
         pod = pod_from_json(obj)
         if kind == "DELETED" or pod.terminal:
             self.queue.delete(pod.key)
+            self.cache.unnominate(pod.key)
             self.reporter.forget(pod.key)
             if self.cache.remove_pod(pod.key):
                 self.queue.move_all()

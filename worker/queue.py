@@ -218,6 +218,13 @@ class SchedulingQueue:
             self._place(qp, "backoff" if qp.backoff_until > now else "active")
         return len(pods)
 
+    def activate(self, key: PodKey) -> None:
+        """Move one pod out of the unschedulable pool now (its own preemption finished: kube-scheduler's
+        Activate); a pod elsewhere is left where it is."""
+        qp = self._unschedulable.get(key)
+        if qp is not None:
+            self._place(qp, "active")
+
     # ----- introspection ---------------------------------------------------------------------------------
 
     def __contains__(self, key: PodKey) -> bool:

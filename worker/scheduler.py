@@ -13,6 +13,10 @@ Seams, all given to the constructor (so the coordinator can drive a worker witho
   with backoff; otherwise pods arrive through ``submit`` and an unschedulable or refused one leaves the
   queue, handed back to the leader with the verdict (the leader retries a refused one with backoff).
 
+- ``preempt``: when no node fits, try preemption (``worker.preemption``; standalone only: under a
+  coordinator a shard's "no" is not the cluster's, so a coordinated worker never preempts on its own). It adds
+  a watch of PodDisruptionBudgets, synced before the first decision.
+
 Invariants: a pod is assumed at most once (the cache refuses a second assume); a pod already placed or
 assumed is never scheduled again; every failed binding returns its capacity (see ``worker.binder``).
 """
@@ -29,13 +33,16 @@ from common import metrics
 from common.kube import KubeClient
 from common.records import PodKey, PodRecord
 from common.reporting import Reporter
+from common.watching import Reflector
 from worker.binder import Binder
+from worker.budgets import Budgets
 from worker.cache import Cache
 from worker.engine import Decision, Engine
 from worker.feeds import Watches
 from worker.framework import Code
 from worker.outcomes import Outcomes
 from worker.plugins import default_profile, default_registry
+from worker.preemption import Evaluator, Executor, Preemption
 from worker.queue import QueuedPod, SchedulingQueue
 from worker.settings import WorkerSettings
 from worker.shard import ShardChange, ShardView
@@ -76,6 +83,7 @@ class Scheduler:
         outcomes: Outcomes,
         reporter: Reporter,
         watch_pending: bool = True,
+        preempt: bool = False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client = client
@@ -116,6 +124,23 @@ class Scheduler:
             node_selector=s.node_selector,
             watch_pending=watch_pending,
         )
+        self.preemption: Preemption | None = None
+        self.budgets: Reflector | None = None
+        if preempt:
+            budgets = Budgets()
+            self.budgets = Reflector(
+                client, "/apis/policy/v1/poddisruptionbudgets", budgets, name="poddisruptionbudgets"
+            )
+            self.preemption = Preemption(
+                self.cache,
+                Evaluator(self.cache, self.engine, budgets),
+                Executor(
+                    client,
+                    component=s.scheduler_name,
+                    instance=settings.worker_id or s.scheduler_name,
+                    done=self.queue.activate,
+                ),
+            )
         # the ``profile`` label of the scheduling metrics: the scheduler name, as in kube-scheduler
         self.profile = s.scheduler_name
         # Label children of the per-decision metrics, resolved once (``labels()`` costs a locked lookup).
@@ -147,8 +172,20 @@ class Scheduler:
         if self.cache.is_assumed(key) or key in self.cache.pod_node:
             self.queue.done(qp, scheduled=True)
             return None
+        preemption = self.preemption
+        if preemption is not None and preemption.busy(key):
+            # its preemption is still being carried out: not tried until it ends (kube-scheduler's PreEnqueue)
+            self.queue.done(qp, scheduled=False, message=qp.last_message)
+            return None
         start = self.clock()
         decision = self.engine.schedule(pod)
+        if (
+            decision.node is None
+            and preemption is not None
+            and decision.code != Code.ERROR
+            and pod.parse_error is None
+        ):
+            decision = preemption.post_filter(pod, decision)
         elapsed = self.clock() - start
         self.decisions += 1
         metrics.nodes_evaluated.observe(decision.evaluated)
@@ -222,6 +259,10 @@ class Scheduler:
         """Run until cancelled. Pods are only scheduled once both caches have synced."""
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self.watches.nodes.run())
+            if self.budgets is not None and self.preemption is not None:
+                tg.create_task(self.budgets.run())
+                tg.create_task(self.preemption.executor.run())
+                await self.budgets.synced.wait()
             await self.watches.nodes.synced.wait()
             tg.create_task(self.watches.pods.run())
             await self.watches.pods.synced.wait()

@@ -8,27 +8,41 @@ Three mixes: ``plain`` agent pods, ``mix`` (a fifth each with node affinity and 
 ``interpod``: sandbox pools of ``POOL_SIZE`` pods, a third spread over zones (maxSkew 1, DoNotSchedule), a
 third with required anti-affinity on the hostname against their pool, a third with both a zone spread
 (ScheduleAnyway) and preferred hostname anti-affinity; so every pool's counts are read and updated per pod.
+
+A fourth, ``preempt``: every node is first filled with lowest-priority placeholder pods (``BALLOON`` each, as
+many as its CPU holds), then high-priority agent pods of the same size arrive, so every one of them needs a victim. A decision
+there is the whole of what the worker does on its decision path: the failed filter pass, preemption's dry run
+and choice (``worker.preemption.Evaluator``, kube-scheduler's candidate counts), the nomination, and, once the
+victims are gone from the cache (as the watch would show them), the placement on the nominated node. At most
+``PREEMPT_PODS`` preemptors are run (each decision costs far more than a plain one).
 """
 
 from __future__ import annotations
 
 import gc
 import json
+import random
 import statistics
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from common.records import node_from_json, pod_from_json
+from common.records import PodRecord, node_from_json, pod_from_json
 from scale.cluster.nodes import LABEL_ZONE, generate_nodes
 from scale.workload import agent_pod
+from worker.budgets import Budgets
 from worker.cache import Cache
+from worker.engine import Decision, Engine
+from worker.preemption import Evaluator
 from worker.scheduler import build_engine
 from worker.settings import WorkerSettings
 
 POOL_SIZE = 8
 HOSTNAME = "kubernetes.io/hostname"
-MIXES = ("plain", "mix", "interpod")
+MIXES = ("plain", "mix", "interpod", "preempt")
+BALLOON = {"cpu": "1", "memory": "2Gi"}  # one placeholder pod of the preempt mix
+PREEMPTOR_PRIORITY = 1000
+PREEMPT_PODS = 1000
 
 
 def interpod_pod(index: int, *, seed: int = 0) -> dict[str, Any]:
@@ -78,7 +92,30 @@ def interpod_pod(index: int, *, seed: int = 0) -> dict[str, Any]:
 def _pod(index: int, mix: str, seed: int) -> dict[str, Any]:
     if mix == "interpod":
         return interpod_pod(index, seed=seed)
-    return agent_pod(index, mix=mix == "mix", seed=seed)
+    pod = agent_pod(index, mix=mix == "mix", seed=seed)
+    if mix == "preempt":
+        # the size of a placeholder: the room one victim frees is taken whole, so the next pod needs its own
+        pod["spec"]["priority"] = PREEMPTOR_PRIORITY
+        pod["spec"]["containers"][0]["resources"]["requests"] = dict(BALLOON)
+    return pod
+
+
+def fill_with_balloons(cache: Cache) -> int:
+    """Bind lowest-priority placeholders on every node until its CPU is full; how many were placed."""
+    placed = 0
+    for name in sorted(cache.known):
+        info = cache.nodes[name]
+        count = min(info.node.allocatable.milli_cpu // 1000, info.node.allocatable.pods - len(info.pods))
+        for i in range(count):
+            obj = agent_pod(placed, prefix="balloon")
+            obj["metadata"]["name"] = f"balloon-{name}-{i}"
+            obj["spec"]["nodeName"] = name
+            obj["spec"]["priority"] = -1
+            obj["spec"]["containers"][0]["resources"]["requests"] = dict(BALLOON)
+            obj["status"] = {"phase": "Running"}
+            cache.upsert_pod(pod_from_json(obj))
+            placed += 1
+    return placed
 
 
 @dataclass(slots=True)
@@ -108,6 +145,11 @@ def run_engine_bench(
     for obj in generate_nodes(nodes, seed=seed):
         cache.upsert_node(node_from_json(obj))
     engine = build_engine(settings, cache)
+    evaluator: Evaluator | None = None
+    if kind == "preempt":
+        fill_with_balloons(cache)
+        evaluator = Evaluator(cache, engine, Budgets(), rng=random.Random(seed))
+        pods = min(pods, PREEMPT_PODS)
     records = [pod_from_json(_pod(i, kind, seed)) for i in range(pods)]
     latencies: list[float] = []
     evaluated = 0
@@ -119,6 +161,8 @@ def run_engine_bench(
         for pod in records:
             t0 = time.perf_counter()
             d = engine.schedule(pod)
+            if d.node is None and evaluator is not None:
+                d = _preempt(engine, evaluator, pod, d)
             if d.node is not None:
                 cache.assume(pod, d.node)
                 placed += 1
@@ -141,6 +185,17 @@ def run_engine_bench(
         nodes_evaluated_mean=round(evaluated / pods, 1),
         full_scans=engine.full_scans,
     )
+
+
+def _preempt(engine: Engine, evaluator: Evaluator, pod: PodRecord, failed: Decision) -> Decision:
+    """The preemption path of one decision (see the module docstring)."""
+    found = evaluator.evaluate(pod).candidate
+    if found is None:
+        return failed
+    engine.cache.nominate(pod, found.node)
+    for victim in found.victims:  # the watch shows them gone
+        engine.cache.remove_pod(victim.key)
+    return engine.schedule(pod)
 
 
 def main(node_counts: list[int], pods: int, *, as_json: bool, feasible_nodes: int) -> int:

@@ -1,0 +1,333 @@
+"""Preemption in the standalone engine (worker.preemption): victims, reprieve, budgets, the choice of node,
+eligibility, nominations and the kube-scheduler-shaped messages."""
+
+from __future__ import annotations
+
+import random
+from typing import Any, cast
+
+from common.kube import KubeClient
+from common.records import NodeName, PodKey, PodRecord
+from tests.builders import make_node, make_pod
+from tests.unit.worker.helpers import engine_over
+from worker.budgets import Budgets, budget_from_json
+from worker.engine import Decision, Engine
+from worker.preemption import (
+    Candidate,
+    Evaluator,
+    Executor,
+    Preemption,
+    Summary,
+    pick,
+)
+
+HOST = "kubernetes.io/hostname"
+NOW = 1_900_000_000.0
+
+
+def running(
+    name: str, node: str, cpu: str, priority: int, started: str = "2026-01-01T00:00:00Z"
+) -> PodRecord:
+    return make_pod(name).req(cpu=cpu).priority(priority).on(node).started(started).record()
+
+
+def setup(
+    nodes: dict[str, str], pods: list[PodRecord], budgets: Budgets | None = None
+) -> tuple[Engine, Evaluator]:
+    engine = engine_over([make_node(n, cpu=cpu).record() for n, cpu in nodes.items()])
+    for p in pods:
+        engine.cache.upsert_pod(p)
+    ev = Evaluator(engine.cache, engine, budgets or Budgets(), rng=random.Random(0), wall=lambda: NOW)
+    return engine, ev
+
+
+def names(c: Candidate | None) -> list[str]:
+    assert c is not None
+    return [p.name for p in c.victims]
+
+
+def fingerprint(engine: Engine) -> Any:
+    cache = engine.cache
+    return (
+        {
+            n: (
+                dict(i.requested.__dict__) if hasattr(i.requested, "__dict__") else repr(i.requested),
+                sorted(i.pods),
+            )
+            for n, i in cache.nodes.items()
+        },
+        {
+            k: (dict(t.nodes), {key: dict(d) for key, d in t.domains.items()})
+            for k, t in cache.topology.trackers.items()
+        },
+        len(cache.index),
+    )
+
+
+def test_minimal_victims_reprieve_most_important_first() -> None:
+    pods = [running("low1", "n0", "1", 1), running("low2", "n0", "1", 2), running("mid", "n0", "2", 3)]
+    engine, ev = setup({"n0": "4"}, pods)
+    pod = make_pod("hi").req(cpu="2").priority(10).record()
+    assert engine.schedule(pod).node is None
+    v = ev.evaluate(pod)
+    assert v.message == ""
+    assert names(v.candidate) == ["low2", "low1"]  # "mid" reprieved: it is the most important
+    assert v.candidate is not None and v.candidate.pdb_violations == 0
+
+
+def test_dry_run_leaves_the_cache_exactly_as_it_was() -> None:
+    pods = [
+        make_pod("a").req(cpu="1").priority(1).label("app", "x").on("n0").record(),
+        make_pod("b").req(cpu="1").priority(1).label("app", "x").on("n1").record(),
+    ]
+    engine, ev = setup({"n0": "1", "n1": "1"}, pods)
+    spread = make_pod("s").req(cpu="1").priority(5).label("app", "x").spread(HOST, {"app": "x"}).record()
+    ev.evaluate(spread)  # the first dry run may start counting for the spread selector (no count changes)
+    before = fingerprint(engine)
+    generation = engine.cache.generation
+    ev.evaluate(spread)
+    assert fingerprint(engine) == before
+    tracker = next(iter(engine.cache.topology.trackers.values()))
+    assert tracker.nodes == {"n0": 1, "n1": 1}
+    assert engine.cache.generation == generation
+
+
+def test_equal_or_higher_priority_pods_are_never_victims() -> None:
+    engine, ev = setup({"n0": "2"}, [running("same", "n0", "2", 10)])
+    pod = make_pod("p").req(cpu="1").priority(10).record()
+    d = engine.schedule(pod)
+    v = ev.evaluate(pod)
+    assert v.candidate is None
+    assert v.message == "0/1 nodes are available: 1 No preemption victims found for incoming pod."
+    assert d.message == "0/1 nodes are available: 1 Insufficient cpu."
+
+
+def test_unresolvable_nodes_are_not_helpful() -> None:
+    engine = engine_over(
+        [make_node("n0", cpu="1").record(), make_node("n1", cpu="1").taint("k", "v").record()]
+    )
+    engine.cache.upsert_pod(running("low", "n0", "1", 0))
+    engine.cache.upsert_pod(running("low2", "n1", "1", 0))
+    ev = Evaluator(engine.cache, engine, Budgets(), rng=random.Random(0), wall=lambda: NOW)
+    big = make_pod("big").req(cpu="2").priority(9).record()  # more than any node has: unresolvable
+    v = ev.evaluate(big)
+    assert v.message == "0/2 nodes are available: 2 Preemption is not helpful for scheduling."
+    small = make_pod("small").req(cpu="1").priority(9).record()
+    v = ev.evaluate(small)
+    assert v.candidate is not None and v.candidate.node == "n0"
+
+
+def test_node_choice_lowest_highest_victim_priority() -> None:
+    pods = [running("a", "n0", "2", 5), running("b", "n1", "1", 3), running("c", "n1", "1", 3)]
+    _, ev = setup({"n0": "2", "n1": "2"}, pods)
+    v = ev.evaluate(make_pod("p").req(cpu="2").priority(10).record())
+    assert v.candidate is not None and v.candidate.node == "n1"
+
+
+def test_node_choice_smallest_priority_sum_then_fewest_victims() -> None:
+    pods = [
+        running("a", "n0", "1", 3),
+        running("b", "n0", "1", 3),
+        running("c", "n1", "1", 3),
+        running("d", "n1", "1", 1),
+    ]
+    _, ev = setup({"n0": "2", "n1": "2"}, pods)
+    v = ev.evaluate(make_pod("p").req(cpu="2").priority(10).record())
+    assert v.candidate is not None and v.candidate.node == "n1"  # sum 3+1 < 3+3
+    pods = [running("a", "n0", "1", 3), running("b", "n0", "1", 3), running("c", "n1", "2", 3)]
+    _, ev = setup({"n0": "2", "n1": "2"}, pods)
+    v = ev.evaluate(make_pod("p").req(cpu="2").priority(10).record())
+    assert v.candidate is not None and v.candidate.node == "n1"  # one victim, not two... sum decides first
+    assert names(v.candidate) == ["c"]
+
+
+def test_node_choice_latest_start_time() -> None:
+    pods = [
+        running("old", "n0", "2", 3, "2026-01-01T00:00:00Z"),
+        running("new", "n1", "2", 3, "2026-01-02T00:00:00Z"),
+    ]
+    _, ev = setup({"n0": "2", "n1": "2"}, pods)
+    v = ev.evaluate(make_pod("p").req(cpu="2").priority(10).record())
+    assert v.candidate is not None and v.candidate.node == "n1"
+
+
+def test_pick_order_of_criteria() -> None:
+    def s(node: str, *rank: float) -> Summary:
+        pdb, high, total, n, start = rank
+        return Summary(NodeName(node), int(pdb), int(high), int(total), int(n), start)
+
+    assert pick([s("a", 1, 0, 0, 1, 0), s("b", 0, 9, 9, 9, 0)]) == 1
+    assert pick([s("a", 0, 5, 0, 1, 0), s("b", 0, 4, 9, 9, 0)]) == 1
+    assert pick([s("a", 0, 4, 9, 1, 0), s("b", 0, 4, 8, 9, 0)]) == 1
+    assert pick([s("a", 0, 4, 8, 2, 0), s("b", 0, 4, 8, 1, 0)]) == 1
+    assert pick([s("a", 0, 4, 8, 1, 5), s("b", 0, 4, 8, 1, 6)]) == 1
+    assert pick([s("a", 0, 4, 8, 1, 5), s("b", 0, 4, 8, 1, 5)]) == 0
+
+
+def pdb(name: str, labels: dict[str, str], allowed: int, disrupted: tuple[str, ...] = ()) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"selector": {"matchLabels": labels}},
+        "status": {
+            "disruptionsAllowed": allowed,
+            "disruptedPods": {p: "2026-01-01T00:00:00Z" for p in disrupted},
+        },
+    }
+
+
+def test_budgets_split_in_order_and_disrupted_pods_use_no_allowance() -> None:
+    b = Budgets()
+    b.replace([pdb("one", {"app": "db"}, 1, ("c",))])
+    pods = [make_pod(n).label("app", "db").record() for n in ("a", "b", "c")] + [make_pod("d").record()]
+    violating, fine = b.split(pods)
+    assert [p.name for p in violating] == ["b"]
+    assert [p.name for p in fine] == ["a", "c", "d"]
+    assert budget_from_json({"metadata": {"name": "x"}, "spec": {"selector": {}}}).selector is None
+
+
+def test_budget_violations_steer_the_node_choice_and_are_reprieved_first() -> None:
+    pods = [
+        make_pod("guarded").req(cpu="2").priority(1).label("app", "db").on("n0").record(),
+        make_pod("free").req(cpu="2").priority(3).on("n1").record(),
+    ]
+    b = Budgets()
+    b.replace([pdb("db", {"app": "db"}, 0)])
+    _, ev = setup({"n0": "2", "n1": "2"}, pods, b)
+    v = ev.evaluate(make_pod("p").req(cpu="2").priority(10).record())
+    # n0's victim has the lower priority, but evicting it violates the budget
+    assert v.candidate is not None and v.candidate.node == "n1" and v.candidate.pdb_violations == 0
+
+
+def test_only_a_budget_violating_candidate_is_still_taken() -> None:
+    pods = [make_pod("guarded").req(cpu="2").priority(1).label("app", "db").on("n0").record()]
+    b = Budgets()
+    b.replace([pdb("db", {"app": "db"}, 0)])
+    _, ev = setup({"n0": "2"}, pods, b)
+    v = ev.evaluate(make_pod("p").req(cpu="2").priority(10).record())
+    assert v.candidate is not None and v.candidate.pdb_violations == 1
+
+
+def test_preemption_policy_never_and_terminating_victims_on_the_nominated_node() -> None:
+    engine, ev = setup({"n0": "2"}, [running("low", "n0", "2", 1)])
+    never = make_pod("n").req(cpu="2").priority(10).never_preempt().record()
+    assert ev.evaluate(never).message == "not eligible due to preemptionPolicy=Never."
+    engine.cache.upsert_pod(make_pod("low").req(cpu="2").priority(1).on("n0").preempted().record())
+    waiting = make_pod("w").req(cpu="2").priority(10).nominated("n0").record()
+    assert ev.evaluate(waiting).message == "not eligible due to a terminating pod on the nominated node."
+    # without the nomination the same pod may preempt again (the terminating pod is still a victim)
+    fresh = make_pod("w2").req(cpu="2").priority(10).record()
+    assert ev.evaluate(fresh).candidate is not None
+
+
+def test_victim_with_anti_affinity_against_the_preemptor_is_removed_by_the_dry_run() -> None:
+    blocker = (
+        make_pod("blocker")
+        .req(cpu="100m")
+        .priority(1)
+        .label("app", "b")
+        .pod_affinity(HOST, {"app": "p"}, anti=True)
+        .on("n0")
+        .record()
+    )
+    engine, ev = setup({"n0": "4"}, [blocker])
+    pod = make_pod("p").req(cpu="1").priority(10).label("app", "p").record()
+    d = engine.schedule(pod)
+    assert "existing pods anti-affinity" in d.message
+    v = ev.evaluate(pod)
+    assert names(v.candidate) == ["blocker"]
+
+
+def test_spread_counts_see_the_victims_removed() -> None:
+    # two zones-by-hostname nodes; n0 holds two matching low pods; maxSkew 1 forbids a third there
+    pods = [
+        make_pod(f"x{i}").req(cpu="1").priority(1).label("app", "x").on("n0").record() for i in range(2)
+    ] + [make_pod("y").req(cpu="4").priority(50).label("app", "x").on("n1").record()]
+    engine, ev = setup({"n0": "4", "n1": "4"}, pods)
+    pod = make_pod("p").req(cpu="1").priority(10).label("app", "x").spread(HOST, {"app": "x"}).record()
+    d = engine.schedule(pod)
+    assert d.node is None
+    v = ev.evaluate(pod)
+    # one victim suffices on n0: counts become n0=1, n1=1, and the pod's own +1 gives skew 1
+    assert v.candidate is not None and v.candidate.node == "n0" and len(v.candidate.victims) == 1
+
+
+def test_host_port_victim() -> None:
+    holder = make_pod("holder").priority(1).host_port(8080).on("n0").record()
+    engine, ev = setup({"n0": "4"}, [holder])
+    pod = make_pod("p").priority(10).host_port(8080).record()
+    assert engine.schedule(pod).node is None
+    assert names(ev.evaluate(pod).candidate) == ["holder"]
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.activated: list[PodKey] = []
+
+
+def preemption_over(engine: Engine, ev: Evaluator) -> Preemption:
+    rec = Recorder()
+    executor = Executor(
+        cast(KubeClient, None), component="agent-scheduler", instance="t", done=rec.activated.append
+    )
+    return Preemption(engine.cache, ev, executor)
+
+
+def test_post_filter_nominates_reserves_and_composes_messages() -> None:
+    engine, ev = setup(
+        {"n0": "2", "n1": "1"}, [running("low", "n0", "2", 1), running("other", "n1", "1", 100)]
+    )
+    pre = preemption_over(engine, ev)
+    pod = make_pod("hi").req(cpu="2").priority(10).record()
+    d = engine.schedule(pod)
+    out = pre.post_filter(pod, d)
+    assert out.message == d.message == "0/2 nodes are available: 2 Insufficient cpu."
+    assert engine.cache.nominated_node[pod.key] == "n0"
+    assert pre.busy(pod.key)
+    # the victim goes: a lower-priority pod may not take the room, the preemptor (or a higher one) may
+    engine.cache.remove_pod(PodKey("default/low"))
+    lower = make_pod("lower").req(cpu="1").priority(5).record()
+    assert engine.schedule(lower).node is None
+    # equal priority leaves the room too (kube-scheduler adds nominated pods of priority >= the pod's)
+    assert engine.schedule(make_pod("peer").req(cpu="1").priority(10).record()).node is None
+    assert engine.schedule(make_pod("higher").req(cpu="1").priority(11).record()).node == "n0"
+    assert engine.schedule(pod).node == "n0"  # its nominated node first
+    engine.cache.assume(pod, NodeName("n0"))
+    assert pod.key not in engine.cache.nominated_node
+
+
+def test_post_filter_message_suffixes() -> None:
+    engine, ev = setup(
+        {"n0": "1", "n1": "1", "n2": "1"}, [running(f"p{i}", f"n{i}", "1", 50) for i in range(3)]
+    )
+    pre = preemption_over(engine, ev)
+    pod = make_pod("x").req(cpu="1").priority(10).record()
+    out = pre.post_filter(pod, engine.schedule(pod))
+    assert out.message == (
+        "0/3 nodes are available: 3 Insufficient cpu. preemption: 0/3 nodes are available: "
+        "3 No preemption victims found for incoming pod."
+    )
+    never = make_pod("y").req(cpu="1").priority(100).never_preempt().record()
+    out = pre.post_filter(never, engine.schedule(never))
+    assert out.message == (
+        "0/3 nodes are available: 3 Insufficient cpu. preemption: not eligible due to preemptionPolicy=Never."
+    )
+
+
+def test_nominated_pod_from_the_watch_reserves_room() -> None:
+    engine, _ = setup({"n0": "2"}, [])
+    nominated = make_pod("nom").req(cpu="2").priority(10).nominated("n0").record()
+    engine.cache.nominate(nominated, NodeName("n0"))
+    assert engine.schedule(make_pod("low").req(cpu="1").priority(1).record()).node is None
+    d: Decision = engine.schedule(make_pod("high").req(cpu="1").priority(20).record())
+    assert d.node == "n0"
+
+
+def test_lower_nominations_on_the_chosen_node_are_cleared() -> None:
+    engine, ev = setup({"n0": "2"}, [running("low", "n0", "2", 1)])
+    small = make_pod("small").req(cpu="1").priority(5).record()
+    engine.cache.nominate(small, NodeName("n0"))
+    pre = preemption_over(engine, ev)
+    pod = make_pod("hi").req(cpu="2").priority(10).record()
+    pre.post_filter(pod, engine.schedule(pod))
+    assert small.key not in engine.cache.nominated_node
+    assert engine.cache.nominated_node[pod.key] == "n0"

@@ -1,0 +1,435 @@
+"""Preemption, with kube-scheduler's DefaultPreemption semantics (PostFilter), inside one worker's nodes.
+
+When the engine finds no node for a pod (``Preemption.post_filter``, called by ``worker.scheduler``):
+
+1. Eligibility: a pod with ``preemptionPolicy: Never`` never preempts; a pod nominated to a node that still
+   has a lower-priority pod terminating because a scheduler preempted it (deletionTimestamp and the
+   ``DisruptionTarget`` condition of reason ``PreemptionByScheduler``) waits for it instead of preempting
+   again, unless its nominated node is now unresolvable for it. Nor does a pod whose earlier preemption is
+   still being carried out (``Executor.busy``: kube-scheduler's PreEnqueue check of async preemption).
+2. Potential nodes: the usable nodes whose verdict is Unschedulable (not UnschedulableAndUnresolvable: a
+   taint, a node selector, a missing topology key cannot be cured by removing pods).
+3. Dry run per node (kube-scheduler's SelectVictimsOnNode), from a random offset, until ``max(10% of the
+   potential nodes, 100)`` candidates are found with at least one that violates no budget: every pod of
+   lower priority is set aside; if the pod does not fit even then, the node is not a candidate. Otherwise
+   the set-aside pods are put back one by one, most important first (priority, then the earlier start
+   time), PodDisruptionBudget-violating ones first (``worker.budgets``); a pod the preemptor still fits with
+   stays (is reprieved), the others are the victims.
+   "With the victims removed" is evaluated on the live cache, not a copy of it: ``Cache.set_aside`` /
+   ``put_back`` take a pod off its node and out of the topology counts (``worker.topology``), so every filter
+   -- resources, host ports, inter-pod affinity and anti-affinity, topology spread -- sees the node as it would
+   be, and the counts are exact. All of it is synchronous, and every pod is put back before the dry run
+   returns, so nothing else ever sees the intermediate state; the cost is that of the pods moved, not of the
+   world.
+4. Choice among candidates (kube-scheduler's pickOneNodeForPreemption): fewest budget violations, then the
+   lowest highest-victim priority, the smallest sum of victim priorities, the fewest victims, the latest
+   start among the highest-priority victims, then the first found.
+5. Nomination at once (in memory, ``Cache.nominate``): from this decision on, pods of lower priority are
+   filtered as if the preemptor were on that node (``worker.engine``), so the room being freed is reserved
+   for it until it binds, is deleted, or preempts elsewhere. Lower-priority pods nominated to the same node
+   lose their nomination.
+6. The API work runs off the decision path (``Executor``, like kube-scheduler's async preemption): the
+   preemptor's ``status.nominatedNodeName`` is patched (so a restarted worker, or the next owner of the node,
+   honours the nomination from its watch); lower-priority pods nominated there are cleared; each victim not
+   already terminating gets the ``DisruptionTarget`` condition, a graceful delete and a ``Preempted`` event
+   naming the preemptor's UID and the node. The preemptor is not tried again until that finishes; then it
+   waits, like any unschedulable pod, for the victims' deletion to free the room.
+
+The message: on success, the failure stays the plain one (the pod is not bound yet); otherwise kube-scheduler's
+``preemption: ...`` suffix: "not eligible due to preemptionPolicy=Never.", "not eligible due to a terminating
+pod on the nominated node.", or a node histogram such as "0/3 nodes are available: 1 No preemption victims
+found for incoming pod, 2 Preemption is not helpful for scheduling.".
+
+Metrics: ``scheduler_preemption_attempts_total`` counts every post-filter call (eligible or not), and
+``scheduler_preemption_victims`` observes the victims of each preemption carried out, as kube-scheduler's.
+
+Under a coordinator a worker does NOT preempt on its own (the scheduler is built without ``Preemption``): its
+shard saying no does not mean the cluster has no room, and a worker only knows its own shard's victims. The
+leader says so in the pod's message. The protocol designed for it (issue 12 item 3), not implemented yet:
+- RESULT ``unschedulable`` gains an optional ``preemption`` summary, the best candidate of that shard found by
+  steps 1-4 (``Summary``: node, budget violations, highest victim priority, priority sum, victim count,
+  earliest start of the highest-priority victims); no pod lists cross the wire, and the worker nominates or
+  evicts nothing at this point.
+- When every live shard has said no, the leader picks the best summary with the same order (``better``) and
+  sends that worker a PREEMPT instruction (pod key, uid, node). The worker re-runs the dry run on that node
+  only (its cache may have moved on); if the node still is a candidate it carries out steps 5-6 and answers
+  RESULT ``nominated``, else ``unschedulable`` with a fresh summary, and the leader retries the choice.
+- A nomination survives a worker's death and a node's handoff because it is in the pod's status: the next
+  owner's watch sees ``nominatedNodeName`` and reserves the room (``worker.feeds``), and the leader
+  dispatches a nominated pod to the owner of its nominated node first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from common import metrics
+from common.events import NORMAL, ObjectRef, event_body, events_path, rfc3339
+from common.kube import ApiError, KubeClient, NotFound
+from common.records import NodeName, PodKey, PodRecord
+from common.reporting import unschedulable_message
+from worker.budgets import Budgets
+from worker.cache import Cache
+from worker.engine import Decision, Engine
+from worker.framework import Code, Status
+from worker.nodeinfo import NodeInfo
+
+log = logging.getLogger(__name__)
+
+MIN_CANDIDATE_NODES_PERCENTAGE = 10  # kube-scheduler's DefaultPreemptionArgs defaults
+MIN_CANDIDATE_NODES_ABSOLUTE = 100
+EXECUTORS = 16  # preemptions carried out at once
+
+NOT_HELPFUL = "Preemption is not helpful for scheduling"
+NO_VICTIMS = Status.unresolvable("No preemption victims found for incoming pod")
+NEVER = "not eligible due to preemptionPolicy=Never."
+TERMINATING = "not eligible due to a terminating pod on the nominated node."
+_PRIORITY_OFFSET = 2**31  # kube-scheduler adds MaxInt32+1 so that negative priorities sum sensibly
+
+
+def importance(pod: PodRecord, now: float) -> tuple[int, float]:
+    """Sort key, most important first: higher priority, then the earlier start (a pod not started yet, as
+    kube-scheduler's GetPodStartTime, counts as starting now)."""
+    return (-pod.priority, pod.start_time if pod.start_time is not None else now)
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """What chooses between candidate nodes; all a shard would send its leader (see the module docstring)."""
+
+    node: NodeName
+    pdb_violations: int
+    highest_priority: int
+    priority_sum: int
+    victims: int
+    earliest_start: float  # of the highest-priority victims
+
+    def rank(self) -> tuple[int, int, int, int, float]:
+        """Smaller is better, criterion by criterion (kube-scheduler's pickOneNodeForPreemption)."""
+        return (
+            self.pdb_violations,
+            self.highest_priority,
+            self.priority_sum,
+            self.victims,
+            -self.earliest_start,
+        )
+
+
+def better(a: Summary, b: Summary) -> bool:
+    """Is candidate ``a`` strictly preferred to ``b``?"""
+    return a.rank() < b.rank()
+
+
+def pick(summaries: Sequence[Summary]) -> int:
+    """Index of the preferred candidate; among equals the first."""
+    best = 0
+    for i in range(1, len(summaries)):
+        if better(summaries[i], summaries[best]):
+            best = i
+    return best
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    node: NodeName
+    victims: tuple[PodRecord, ...]  # most important first
+    pdb_violations: int
+
+    def summary(self, now: float) -> Summary:
+        top = max(v.priority for v in self.victims)
+        starts = [
+            v.start_time if v.start_time is not None else now for v in self.victims if v.priority == top
+        ]
+        return Summary(
+            node=self.node,
+            pdb_violations=self.pdb_violations,
+            highest_priority=top,
+            priority_sum=sum(v.priority + _PRIORITY_OFFSET for v in self.victims),
+            victims=len(self.victims),
+            earliest_start=min(starts),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The outcome of one post-filter: a candidate to carry out, or why not (the text after "preemption: ")."""
+
+    candidate: Candidate | None
+    message: str
+    clear_nomination: bool = False  # no candidate at all: the pod's nomination, if any, is dropped
+
+
+class Evaluator:
+    """Steps 1-4 of the module docstring, over the live cache; no I/O."""
+
+    def __init__(
+        self,
+        cache: Cache,
+        engine: Engine,
+        budgets: Budgets,
+        *,
+        min_percentage: int = MIN_CANDIDATE_NODES_PERCENTAGE,
+        min_absolute: int = MIN_CANDIDATE_NODES_ABSOLUTE,
+        rng: random.Random | None = None,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.cache = cache
+        self.engine = engine
+        self.budgets = budgets
+        self.min_percentage = min_percentage
+        self.min_absolute = min_absolute
+        self.rng = rng or random.Random()
+        self.wall = wall
+        self.dry_runs = 0
+
+    def ineligible(self, pod: PodRecord) -> str | None:
+        """Why ``pod`` may not preempt now (kube-scheduler's PodEligibleToPreemptOthers), else None."""
+        if pod.preempt_never:
+            return NEVER
+        name = pod.nominated_node or self.cache.nominated_node.get(pod.key)
+        if name:
+            info = self.cache.nodes.get(NodeName(name))
+            if info is not None and name in self.cache.known:
+                st = self.engine.verdict(pod, info)
+                if st is not None and st.code == Code.UNRESOLVABLE:
+                    return None
+                for p in info.pods.values():
+                    if p.priority < pod.priority and p.deleting and p.preempted:
+                        return TERMINATING
+        return None
+
+    def owned(self) -> list[NodeInfo]:
+        cache = self.cache
+        return [info for name, info in cache.nodes.items() if name in cache.known and cache.usable(name)]
+
+    def evaluate(self, pod: PodRecord) -> Verdict:
+        why = self.ineligible(pod)
+        if why is not None:
+            return Verdict(None, why)
+        nodes = self.owned()
+        potential: list[NodeInfo] = []
+        for info in nodes:
+            st = self.engine.verdict(pod, info)
+            if st is not None and st.code == Code.UNSCHEDULABLE:
+                potential.append(info)
+        reasons: dict[str, int] = {}
+        if potential:
+            wanted = max(len(potential) * self.min_percentage // 100, self.min_absolute)
+            wanted = min(wanted, len(potential))
+            offset = self.rng.randrange(len(potential))
+            fine: list[Candidate] = []
+            violating: list[Candidate] = []
+            now = self.wall()
+            for i in range(len(potential)):
+                info = potential[(offset + i) % len(potential)]
+                found = self.select_victims(pod, info, now)
+                if isinstance(found, Status):
+                    for r in found.reasons:
+                        reasons[r] = reasons.get(r, 0) + 1
+                    continue
+                group = fine if found.pdb_violations == 0 else violating
+                if len(group) < wanted:
+                    group.append(found)
+                if fine and len(fine) + len(violating) >= wanted:
+                    break
+            candidates = fine + violating
+            if candidates:
+                summaries = [c.summary(now) for c in candidates]
+                return Verdict(candidates[pick(summaries)], "")
+        # no candidate: every potential node was examined and has its reasons; the others are "not helpful"
+        absent = len(nodes) - len(potential)
+        if absent:
+            reasons[NOT_HELPFUL] = reasons.get(NOT_HELPFUL, 0) + absent
+        return Verdict(None, unschedulable_message(len(nodes), reasons), clear_nomination=True)
+
+    def select_victims(self, pod: PodRecord, info: NodeInfo, now: float) -> Candidate | Status:
+        """The fewest pods to remove from ``info`` for ``pod`` to fit (kube-scheduler's SelectVictimsOnNode),
+        or why removing pods cannot help there. The cache is as before when this returns."""
+        self.dry_runs += 1
+        lower = [p for p in info.pods.values() if p.priority < pod.priority]
+        if not lower:
+            return NO_VICTIMS
+        cache = self.cache
+        engine = self.engine
+        aside: dict[PodKey, PodRecord] = {}
+        try:
+            for p in lower:
+                cache.set_aside(info, p)
+                aside[p.key] = p
+            st = engine.verdict(pod, info)
+            if st is not None:
+                return st
+            lower.sort(key=lambda p: importance(p, now))
+            violating, fine = self.budgets.split(lower)
+            victims: list[PodRecord] = []
+            violations = 0
+            for group, counts in ((violating, True), (fine, False)):
+                for p in group:
+                    cache.put_back(info, p)
+                    del aside[p.key]
+                    if engine.verdict(pod, info) is not None:
+                        cache.set_aside(info, p)
+                        aside[p.key] = p
+                        victims.append(p)
+                        violations += counts
+            if violating and fine:
+                victims.sort(key=lambda p: importance(p, now))
+        finally:
+            for p in aside.values():
+                cache.put_back(info, p)
+        if not victims:
+            # the pod fits with nothing removed: only nominated pods kept it out (kube-scheduler's error)
+            return Status(Code.ERROR, (f"expected at least one victim pod on node {info.node.name}",))
+        return Candidate(NodeName(info.node.name), tuple(victims), violations)
+
+
+class Executor:
+    """Step 6 of the module docstring: the API calls of a preemption, off the decision path."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        *,
+        component: str,
+        instance: str,
+        done: Callable[[PodKey], None],
+    ) -> None:
+        self.client = client
+        self.component = component
+        self.instance = instance
+        self.done = done  # the preemptor may be tried again (the queue's activate)
+        self._work: asyncio.Queue[tuple[PodRecord, Candidate | None, list[PodRecord]]] = asyncio.Queue()
+        self._busy: set[PodKey] = set()
+        self.carried_out = 0
+        self.errors = 0
+
+    def busy(self, key: PodKey) -> bool:
+        return key in self._busy
+
+    def submit(self, pod: PodRecord, candidate: Candidate, lower: list[PodRecord]) -> None:
+        """Carry out ``candidate`` for ``pod``; ``lower``: lower-priority pods nominated there, to clear."""
+        self._busy.add(pod.key)
+        self._work.put_nowait((pod, candidate, lower))
+
+    def clear(self, pod: PodRecord) -> None:
+        """Drop ``pod``'s nomination in the API (preemption cannot help it any more)."""
+        self._work.put_nowait((pod, None, []))
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as tg:
+            for _ in range(EXECUTORS):
+                tg.create_task(self._loop())
+
+    async def _loop(self) -> None:
+        while True:
+            pod, candidate, lower = await self._work.get()
+            try:
+                if candidate is None:
+                    await self._nominate(pod, None)
+                else:
+                    await self._carry_out(pod, candidate, lower)
+            except ApiError as e:
+                self.errors += 1
+                log.warning("preemption for %s: %s", pod.key, e)
+            finally:
+                if candidate is not None:
+                    self._busy.discard(pod.key)
+                    self.done(pod.key)
+
+    async def _carry_out(self, pod: PodRecord, c: Candidate, lower: list[PodRecord]) -> None:
+        metrics.preemption_victims.observe(len(c.victims))
+        await self._nominate(pod, c.node)
+        for other in lower:
+            await self._nominate(other, None)
+        results = await asyncio.gather(
+            *(self._evict(pod, c.node, v) for v in c.victims if not v.deleting), return_exceptions=True
+        )
+        failed = [r for r in results if isinstance(r, BaseException)]
+        self.carried_out += 1
+        if failed:
+            raise failed[0]
+
+    async def _nominate(self, pod: PodRecord, node: NodeName | None) -> None:
+        path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/status"
+        with contextlib.suppress(NotFound):  # the pod is gone: nothing to nominate
+            await self.client.patch(path, {"status": {"nominatedNodeName": node}}, kind="merge")
+
+    async def _evict(self, preemptor: PodRecord, node: NodeName, victim: PodRecord) -> None:
+        path = f"/api/v1/namespaces/{victim.namespace}/pods/{victim.name}"
+        condition = {
+            "type": "DisruptionTarget",
+            "status": "True",
+            "reason": "PreemptionByScheduler",
+            "message": f"{self.component}: preempting to accommodate a higher priority pod",
+            "lastTransitionTime": rfc3339(),
+        }
+        try:
+            await self.client.patch(
+                path + "/status", {"status": {"conditions": [condition]}}, kind="strategic"
+            )
+            await self.client.delete(path)
+        except NotFound:
+            return  # already gone: nothing to preempt
+        body = event_body(
+            ObjectRef.pod(victim.namespace, victim.name, victim.uid),
+            type_=NORMAL,
+            reason="Preempted",
+            message=f"Preempted by pod {preemptor.uid} on node {node}",
+            component=self.component,
+            instance=self.instance,
+        )
+        body["action"] = "Preempting"
+        body["related"] = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "namespace": preemptor.namespace,
+            "name": preemptor.name,
+            "uid": preemptor.uid,
+        }
+        try:
+            await self.client.post(events_path(victim.namespace), body)
+        except ApiError as e:
+            log.warning("pod %s: could not record Preempted event: %s", victim.key, e)
+
+
+class Preemption:
+    """The post-filter the scheduler calls when no node fits (see the module docstring)."""
+
+    def __init__(self, cache: Cache, evaluator: Evaluator, executor: Executor) -> None:
+        self.cache = cache
+        self.evaluator = evaluator
+        self.executor = executor
+
+    def busy(self, key: PodKey) -> bool:
+        return self.executor.busy(key)
+
+    def post_filter(self, pod: PodRecord, decision: Decision) -> Decision:
+        """Try preemption for ``pod``, which ``decision`` found no node for; the decision to report."""
+        metrics.preemption_attempts.inc()
+        verdict = self.evaluator.evaluate(pod)
+        c = verdict.candidate
+        if c is None:
+            if verdict.clear_nomination:
+                had = self.cache.unnominate(pod.key) is not None
+                if had or pod.nominated_node:
+                    self.executor.clear(pod)
+            return replace(decision, message=f"{decision.message} preemption: {verdict.message}")
+        lower = [p for p in self.cache.nominated.get(c.node, {}).values() if p.priority < pod.priority]
+        for p in lower:
+            self.cache.unnominate(p.key)
+        self.cache.nominate(pod, c.node)
+        self.executor.submit(pod, c, lower)
+        log.info(
+            "preempting %d pod(s) on %s for %s",
+            len(c.victims),
+            c.node,
+            pod.key,
+            extra={"pod": pod.key, "node": c.node},
+        )
+        return decision
