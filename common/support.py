@@ -78,7 +78,8 @@ SPEC_FIELDS: Final[dict[str, Field]] = {
         _f(
             "spec.priority",
             SUPPORTED,
-            "PrioritySort: queue order (no preemption: a pod that fits nowhere waits)",
+            "PrioritySort: queue order; DefaultPreemption in a standalone worker (worker/preemption.py); "
+            "under a coordinator a pod that fits nowhere waits, and its message says preemption was not tried",
         ),
         _f(
             "spec.priorityClassName",
@@ -180,8 +181,8 @@ SPEC_FIELDS: Final[dict[str, Field]] = {
         ),
         _f(
             "spec.preemptionPolicy",
-            IRRELEVANT,
-            "only says whether the pod may preempt others; this engine never preempts",
+            SUPPORTED,
+            "DefaultPreemption: a pod with Never does not preempt (standalone; a coordinated worker never preempts)",
         ),
     )
 }

@@ -78,6 +78,12 @@ class PendingPod:
         self.parked_at, self.tried, self.reasons, self.nodes = None, set(), {}, 0
 
 
+# Said, never silently skipped: workers under a coordinator do not preempt (issue 12 item 3 is designed in
+# worker/preemption.py, not implemented), so a pod no shard fits waits even if evicting lower-priority pods
+# would make room. kube-scheduler's "preemption: ..." suffix, saying why.
+NO_PREEMPTION = "preemption: not attempted: only a standalone worker preempts so far."
+
+
 def verdict(pod: PendingPod, workers: Mapping[str, Worker]) -> str | None:
     """The unschedulable message if no live worker can take ``pod`` (see the module docstring), else None."""
     live = {wid for wid, w in workers.items() if w.ready and w.nodes > 0}
@@ -93,7 +99,9 @@ def verdict(pod: PendingPod, workers: Mapping[str, Worker]) -> str | None:
         n = workers[wid].nodes
         nodes += n
         reasons["Insufficient cpu"] = reasons.get("Insufficient cpu", 0) + n
-    return unschedulable_message(nodes, reasons) if nodes else "no worker owns any node"
+    if not nodes:
+        return "no worker owns any node"
+    return f"{unschedulable_message(nodes, reasons)} {NO_PREEMPTION}"
 
 
 class PendingTable:

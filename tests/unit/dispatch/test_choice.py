@@ -7,7 +7,7 @@ import random
 from common import protocol
 from common.records import PodKey
 from coordinator.dispatch.choice import Worker, choose
-from coordinator.dispatch.pending import PendingPod, verdict
+from coordinator.dispatch.pending import NO_PREEMPTION, PendingPod, verdict
 from tests.builders import PodBuilder
 from tests.unit.dispatch.fakes import GIB
 
@@ -95,7 +95,7 @@ def test_verdict_waits_for_every_live_shard() -> None:
     p.answered_no("a", protocol.Result.unschedulable(1, "", nodes=2, reasons={"x": 2}, message=""))
     assert verdict(p, workers) is None
     p.answered_no("b", protocol.Result.unschedulable(2, "", nodes=3, reasons={"x": 1, "y": 2}, message=""))
-    assert verdict(p, workers) == "0/5 nodes are available: 3 x, 2 y."
+    assert verdict(p, workers) == "0/5 nodes are available: 3 x, 2 y. " + NO_PREEMPTION
 
 
 def test_verdict_waits_for_a_settling_shard_that_has_not_answered() -> None:
@@ -104,7 +104,7 @@ def test_verdict_waits_for_a_settling_shard_that_has_not_answered() -> None:
     for settling in (worker("b", nodes=0, syncing=1), worker("b", summarised=False)):
         assert verdict(p, {"a": worker("a"), "b": settling}) is None
     gone = worker("b", connected=False, summarised=False)  # not connected: not settling, not live
-    assert verdict(p, {"a": worker("a"), "b": gone}) == "0/2 nodes are available: 2 x."
+    assert verdict(p, {"a": worker("a"), "b": gone}) == "0/2 nodes are available: 2 x. " + NO_PREEMPTION
 
 
 def test_no_verdict_without_a_live_worker() -> None:

@@ -8,7 +8,7 @@ from typing import Any
 from common import protocol
 from common.records import PodKey
 from coordinator.dispatch import UNSCHEDULABLE_RETRY
-from coordinator.dispatch.pending import DISPATCH_TIMEOUT, REJECT_BACKOFF, REJECT_BACKOFF_MAX
+from coordinator.dispatch.pending import DISPATCH_TIMEOUT, NO_PREEMPTION, REJECT_BACKOFF, REJECT_BACKOFF_MAX
 from tests.builders import PodBuilder
 from tests.unit.dispatch.fakes import GIB, Rig
 
@@ -101,7 +101,10 @@ async def test_unschedulable_only_when_every_live_shard_said_no(rig: Rig) -> Non
     other.unschedulable(second.id, nodes=nodes[other], reasons={"node(s) had untolerated taint": 2})
     rig.step()
     assert rig.reporter.verdicts == [
-        (key("a"), "0/5 nodes are available: 1 Insufficient cpu, 2 node(s) had untolerated taint.")
+        (
+            key("a"),
+            "0/5 nodes are available: 1 Insufficient cpu, 2 node(s) had untolerated taint. " + NO_PREEMPTION,
+        )
     ]
     p = rig.d.table.pods[key("a")]
     assert p.parked_at == rig.clock.now and p.worker is None
@@ -118,7 +121,7 @@ async def test_a_shard_whose_summary_rules_the_pod_out_counts_as_a_no(rig: Rig) 
     w1.unschedulable(sent.id, nodes=2, reasons={"Insufficient memory": 2})
     rig.step()
     assert rig.reporter.verdicts == [
-        (key("a"), "0/7 nodes are available: 5 Insufficient cpu, 2 Insufficient memory.")
+        (key("a"), "0/7 nodes are available: 5 Insufficient cpu, 2 Insufficient memory. " + NO_PREEMPTION)
     ]
     assert w2.dispatches() == []
 
