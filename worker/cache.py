@@ -351,16 +351,19 @@ class Cache:
 
     # ----- what-if (see the module docstring) ----------------------------------------------------------------
 
-    def set_aside(self, info: NodeInfo, pod: PodRecord) -> None:
-        """Take ``pod`` off ``info`` and out of the topology counts, for a dry run; undo with ``put_back``."""
-        if info.remove_pod(pod.key) is not None:
+    def set_aside(self, info: NodeInfo, pod: PodRecord, *, counts: bool = True) -> None:
+        """Take ``pod`` off ``info`` and out of the topology counts, for a dry run; undo with ``put_back``.
+        ``counts=False`` leaves the topology counts alone: only for a dry run whose every ``set_aside`` and
+        ``put_back`` passes it, and whose filters read no count (the caller's proof)."""
+        if info.remove_pod(pod.key) is not None and counts:
             self.topology.remove(pod, info)
 
-    def put_back(self, info: NodeInfo, pod: PodRecord) -> None:
+    def put_back(self, info: NodeInfo, pod: PodRecord, *, counts: bool = True) -> None:
         """Add ``pod`` to ``info`` and the topology counts for a dry run (a pod set aside, or a nominated pod
         counted while filtering); undo with ``set_aside``."""
         info.add_pod(pod)
-        self.topology.add(pod, info)
+        if counts:
+            self.topology.add(pod, info)
 
     def session_nodes(self, session: str) -> list[NodeInfo]:
         return [self.nodes[n] for n in self.sessions.get(session, ()) if n in self.index]

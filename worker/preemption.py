@@ -257,10 +257,14 @@ class Evaluator:
             return NO_VICTIMS
         cache = self.cache
         engine = self.engine
+        # The inter-pod filters read the topology counts only for a pod with inter-pod rules of its own, or
+        # when some placed pod has a required anti-affinity term (which may match it); otherwise no filter
+        # reads a count, and moving the pods in and out of NodeInfo alone is the same dry run, for less.
+        counts = pod.inter_pod is not None or bool(cache.topology.anti_groups)
         aside: dict[PodKey, PodRecord] = {}
         try:
             for p in lower:
-                cache.set_aside(info, p)
+                cache.set_aside(info, p, counts=counts)
                 aside[p.key] = p
             st = engine.verdict(pod, info)
             if st is not None:
@@ -269,20 +273,20 @@ class Evaluator:
             violating, fine = self.budgets.split(lower)
             victims: list[PodRecord] = []
             violations = 0
-            for group, counts in ((violating, True), (fine, False)):
+            for group, violates in ((violating, True), (fine, False)):
                 for p in group:
-                    cache.put_back(info, p)
+                    cache.put_back(info, p, counts=counts)
                     del aside[p.key]
                     if engine.verdict(pod, info) is not None:
-                        cache.set_aside(info, p)
+                        cache.set_aside(info, p, counts=counts)
                         aside[p.key] = p
                         victims.append(p)
-                        violations += counts
+                        violations += violates
             if violating and fine:
                 victims.sort(key=lambda p: importance(p, now))
         finally:
             for p in aside.values():
-                cache.put_back(info, p)
+                cache.put_back(info, p, counts=counts)
         if not victims:
             # the pod fits with nothing removed: only nominated pods kept it out (kube-scheduler's error)
             return Status(Code.ERROR, (f"expected at least one victim pod on node {info.node.name}",))

@@ -24,10 +24,10 @@ import json
 import random
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from common.records import PodRecord, node_from_json, pod_from_json
+from common.records import PodKey, PodRecord, node_from_json, pod_from_json
 from scale.cluster.nodes import LABEL_ZONE, generate_nodes
 from scale.workload import agent_pod
 from worker.budgets import Budgets
@@ -102,18 +102,27 @@ def _pod(index: int, mix: str, seed: int) -> dict[str, Any]:
 
 def fill_with_balloons(cache: Cache) -> int:
     """Bind lowest-priority placeholders on every node until its CPU is full; how many were placed."""
+    obj = agent_pod(0, prefix="balloon")
+    obj["spec"]["priority"] = -1
+    obj["spec"]["containers"][0]["resources"]["requests"] = dict(BALLOON)
+    obj["status"] = {"phase": "Running"}
+    template = pod_from_json(obj)  # parsed once; each placeholder is a copy with its own name and node
+    milli = template.requests.milli_cpu
     placed = 0
     for name in sorted(cache.known):
         info = cache.nodes[name]
-        count = min(info.node.allocatable.milli_cpu // 1000, info.node.allocatable.pods - len(info.pods))
+        count = min(info.node.allocatable.milli_cpu // milli, info.node.allocatable.pods - len(info.pods))
         for i in range(count):
-            obj = agent_pod(placed, prefix="balloon")
-            obj["metadata"]["name"] = f"balloon-{name}-{i}"
-            obj["spec"]["nodeName"] = name
-            obj["spec"]["priority"] = -1
-            obj["spec"]["containers"][0]["resources"]["requests"] = dict(BALLOON)
-            obj["status"] = {"phase": "Running"}
-            cache.upsert_pod(pod_from_json(obj))
+            pod_name = f"balloon-{name}-{i}"
+            cache.upsert_pod(
+                replace(
+                    template,
+                    key=PodKey(f"{template.namespace}/{pod_name}"),
+                    name=pod_name,
+                    uid=pod_name,
+                    node_name=name,
+                )
+            )
             placed += 1
     return placed
 
