@@ -68,6 +68,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from common import metrics
 from common.events import NORMAL, ObjectRef, event_body, events_path, rfc3339
@@ -85,6 +86,7 @@ log = logging.getLogger(__name__)
 MIN_CANDIDATE_NODES_PERCENTAGE = 10  # kube-scheduler's DefaultPreemptionArgs defaults
 MIN_CANDIDATE_NODES_ABSOLUTE = 100
 EXECUTORS = 16  # preemptions carried out at once
+HOPELESS_KEPT = 4096  # pod shapes whose "preemption cannot help" verdict is kept
 
 NOT_HELPFUL = "Preemption is not helpful for scheduling"
 NO_VICTIMS = Status.unresolvable("No preemption victims found for incoming pod")
@@ -187,6 +189,7 @@ class Evaluator:
         self.rng = rng or random.Random()
         self.wall = wall
         self.dry_runs = 0
+        self._hopeless: dict[tuple[Any, ...], tuple[tuple[int, int], Verdict]] = {}
 
     def ineligible(self, pod: PodRecord) -> str | None:
         """Why ``pod`` may not preempt now (kube-scheduler's PodEligibleToPreemptOthers), else None."""
@@ -212,6 +215,34 @@ class Evaluator:
         why = self.ineligible(pod)
         if why is not None:
             return Verdict(None, why)
+        # A burst of pods that preemption cannot help must not cost a scan of every node each: a verdict
+        # without a candidate is kept per pod shape while nothing it depends on changed (the cache's
+        # generation covers nodes, nominations and freed capacity; the topology version every pod accounted or
+        # unaccounted, so a new lower-priority pod, a possible victim, invalidates it).
+        r = pod.requests
+        shape = (
+            pod.signature,
+            (r.milli_cpu, r.memory, r.ephemeral_storage, tuple(sorted(r.scalar.items()))),
+            pod.priority,
+            pod.namespace,
+            tuple(sorted(pod.labels.items()))
+            if pod.inter_pod is not None or self.cache.topology.anti_groups
+            else (),
+            pod.inter_pod,
+        )
+        nominated = bool(pod.nominated_node) or pod.key in self.cache.nominated_node
+        state = (self.cache.generation, self.cache.topology.version)
+        kept = self._hopeless.get(shape)
+        if kept is not None and kept[0] == state and not nominated:
+            return kept[1]
+        verdict = self._evaluate(pod)
+        if verdict.candidate is None and not nominated:
+            if len(self._hopeless) >= HOPELESS_KEPT:
+                self._hopeless.clear()
+            self._hopeless[shape] = ((self.cache.generation, self.cache.topology.version), verdict)
+        return verdict
+
+    def _evaluate(self, pod: PodRecord) -> Verdict:
         nodes = self.owned()
         potential: list[NodeInfo] = []
         for info in nodes:

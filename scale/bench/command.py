@@ -22,6 +22,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     e.add_argument("--pods", type=int, default=20000)
     e.add_argument("--feasible-nodes", type=int, default=16)
+    e.add_argument(
+        "--mix",
+        action="append",
+        choices=("plain", "mix", "interpod", "preempt"),
+        help="workload mix (repeatable; default all; preempt runs at most 1,000 pods)",
+    )
     e.add_argument("--json", action="store_true", help="one JSON object per line")
 
     c = subs.add_parser(
@@ -102,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
             args.pods,
             as_json=args.json,
             feasible_nodes=args.feasible_nodes,
+            mixes=args.mix,
         )
     if args.bench == "cluster":
         from scale.bench import cluster

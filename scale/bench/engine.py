@@ -207,13 +207,20 @@ def _preempt(engine: Engine, evaluator: Evaluator, pod: PodRecord, failed: Decis
     return engine.schedule(pod)
 
 
-def main(node_counts: list[int], pods: int, *, as_json: bool, feasible_nodes: int) -> int:
+def main(
+    node_counts: list[int],
+    pods: int,
+    *,
+    as_json: bool,
+    feasible_nodes: int,
+    mixes: list[str] | None = None,
+) -> int:
     if not as_json:
         print(
             f"{'nodes':>6} {'mix':>8} {'pods':>7} {'placed':>7} {'pods/s':>9} {'p50 us':>8} {'p99 us':>8} {'cpu us/pod':>10} {'evaluated':>9}"
         )
     for n in node_counts:
-        for mix in MIXES:
+        for mix in mixes or MIXES:
             r = run_engine_bench(n, pods, mix=mix, feasible_nodes=feasible_nodes)
             if as_json:
                 print(json.dumps(asdict(r)), flush=True)

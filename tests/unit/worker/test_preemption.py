@@ -331,3 +331,29 @@ def test_lower_nominations_on_the_chosen_node_are_cleared() -> None:
     pre.post_filter(pod, engine.schedule(pod))
     assert small.key not in engine.cache.nominated_node
     assert engine.cache.nominated_node[pod.key] == "n0"
+
+
+def test_hopeless_verdicts_are_kept_until_a_possible_victim_arrives() -> None:
+    engine, ev = setup({"n0": "1", "n1": "1"}, [running("a", "n0", "1", 50), running("b", "n1", "1", 50)])
+    first = make_pod("x").req(cpu="1").priority(10).record()
+    assert ev.evaluate(first).candidate is None
+    runs = ev.dry_runs
+    again = make_pod("y").req(cpu="1").priority(10).record()
+    assert ev.evaluate(again).message == ev.evaluate(first).message
+    assert ev.dry_runs == runs  # the burst's second pod did not scan again
+    engine.cache.remove_pod(PodKey("default/b"))
+    engine.cache.upsert_pod(running("c", "n1", "1", 1))
+    assert ev.evaluate(again).candidate is not None
+
+
+def test_attempts_and_victims_metrics() -> None:
+    from common import metrics
+
+    engine, ev = setup({"n0": "2"}, [running("low", "n0", "2", 1)])
+    pre = preemption_over(engine, ev)
+    before = metrics.preemption_attempts._value.get()
+    pod = make_pod("hi").req(cpu="2").priority(10).record()
+    pre.post_filter(pod, engine.schedule(pod))
+    never = make_pod("nv").req(cpu="2").priority(10).never_preempt().record()
+    pre.post_filter(never, engine.schedule(never))
+    assert metrics.preemption_attempts._value.get() == before + 2
