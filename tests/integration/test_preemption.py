@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -133,7 +134,8 @@ def scheduler_name() -> str:
 def worker(cluster: Cluster, tmp_path: Path, scheduler_name: str) -> Iterator[SchedulerProcess]:
     proc = start_worker(cluster, tmp_path, scheduler_name)
     yield proc
-    assert proc.stop() == 0, proc.tail()
+    if proc.alive():  # one test kills it on purpose
+        assert proc.stop() == 0, proc.tail()
 
 
 class Nodes:
@@ -400,3 +402,63 @@ async def test_nomination_from_the_watch_reserves_room_against_lower_priority(ri
     assert obj["spec"]["nodeName"] == node
     low_now = await get_pod(kube, namespace, "low")
     assert low_now is not None and not low_now["spec"].get("nodeName")
+
+
+async def test_worker_killed_after_evicting_the_next_one_honours_the_nomination(
+    rig: Rig, cluster: Cluster, tmp_path: Path
+) -> None:
+    kube, namespace, classes, name = rig.kube, rig.namespace, rig.classes, rig.scheduler_name
+    set_id = uuid.uuid4().hex[:6]
+    first, second = await rig.nodes.make(set_id, ["2", "2"])
+    # The victim on the first node stays terminating (a finalizer) until the test lets it go, so the worker
+    # can be killed between eviction and binding. The second node holds a possible victim too.
+    held = pod("held", set_id, classes["low"], "2", scheduler=KUBE)
+    held["spec"]["nodeName"] = first
+    held["metadata"]["finalizers"] = ["example.com/hold"]
+    other = pod("other", set_id, classes["low2"], "2", scheduler=KUBE)
+    other["spec"]["nodeName"] = second
+    for obj in (held, other):
+        await kube.post(f"/api/v1/namespaces/{namespace}/pods", obj)
+    await asyncio.sleep(1.1)
+    await kube.post(
+        f"/api/v1/namespaces/{namespace}/pods", pod("preemptor", set_id, classes["high"], "2", scheduler=name)
+    )
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        victim = await get_pod(kube, namespace, "held")
+        preemptor = await get_pod(kube, namespace, "preemptor")
+        assert victim is not None and preemptor is not None
+        if (
+            victim["metadata"].get("deletionTimestamp")
+            and preemptor["status"].get("nominatedNodeName") == first
+        ):
+            break
+        assert time.monotonic() < deadline, rig.worker.tail()
+        await asyncio.sleep(0.1)
+    rig.worker.stop(signal.SIGKILL)
+    successor = start_worker(cluster, tmp_path / "successor", name, worker_id="successor")
+    try:
+        # a lower-priority pod that may not preempt, and would fit where the victim was
+        await kube.post(
+            f"/api/v1/namespaces/{namespace}/pods",
+            pod("lower", set_id, classes["mid-never"], "2", scheduler=name),
+        )
+        await asyncio.sleep(3.0)  # the successor has synced and tried both pods while the victim terminates
+        still = await get_pod(kube, namespace, "other")
+        assert still is not None and not still["metadata"].get("deletionTimestamp"), "preempted a second time"
+        await kube.patch(
+            f"/api/v1/namespaces/{namespace}/pods/held", {"metadata": {"finalizers": None}}, kind="merge"
+        )
+        deadline = time.monotonic() + TIMEOUT
+        while True:
+            preemptor = await get_pod(kube, namespace, "preemptor")
+            assert preemptor is not None
+            if preemptor["spec"].get("nodeName"):
+                break
+            assert time.monotonic() < deadline, successor.tail()
+            await asyncio.sleep(0.2)
+        assert preemptor["spec"]["nodeName"] == first
+        lower = await get_pod(kube, namespace, "lower")
+        assert lower is not None and not lower["spec"].get("nodeName")
+    finally:
+        assert successor.stop() == 0, successor.tail()
