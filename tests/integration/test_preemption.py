@@ -55,6 +55,7 @@ class Scenario:
     never: bool = False
     anti_affinity: dict[str, str] | None = None  # required hostname anti-affinity against these labels
     budgets: list[dict[str, str]] = field(default_factory=list)  # maxUnavailable 0 over these labels
+    stagger: bool = False  # start the placed pods a second apart (start times are whole seconds)
 
 
 SCENARIOS = [
@@ -89,6 +90,13 @@ SCENARIOS = [
         [("blocker", 0, "low", "100m", {"app": "blocker"}), ("full", 1, "low2", "2", {})],
         "1",
         anti_affinity={"app": "blocker"},
+    ),
+    Scenario(
+        "priority-tie-latest-start",
+        ["2", "2"],
+        [("older", 0, "low", "2", {}), ("newer", 1, "low", "2", {})],
+        "2",
+        stagger=True,
     ),
     Scenario("never-preempts", ["2"], [("held", 0, "low", "2", {})], "2", never=True),
     Scenario("no-lower-priority-victims", ["2"], [("peer", 0, "top", "2", {})], "2"),
@@ -225,6 +233,16 @@ async def get_pod(kube: KubeClient, namespace: str, name: str) -> dict[str, Any]
     return obj
 
 
+async def wait_running(kube: KubeClient, namespace: str, name: str) -> None:
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        obj = await get_pod(kube, namespace, name)
+        if obj is not None and obj.get("status", {}).get("startTime"):
+            return
+        assert time.monotonic() < deadline, f"{name} never started"
+        await asyncio.sleep(0.1)
+
+
 def condition_message(obj: dict[str, Any]) -> str:
     for c in obj.get("status", {}).get("conditions") or ():
         if c.get("type") == "PodScheduled" and c.get("status") == "False":
@@ -251,6 +269,9 @@ async def run_scenario(rig: Rig, s: Scenario, scheduler: str) -> Outcome:
         obj = pod(prefix + name, set_id, classes[klass], cpu, scheduler=KUBE, labels=labels)
         obj["spec"]["nodeName"] = names[index]
         await kube.post(f"/api/v1/namespaces/{namespace}/pods", obj)
+        if s.stagger:
+            await wait_running(kube, namespace, prefix + name)
+            await asyncio.sleep(1.1)
     # kwok starts them (Running, startTime) before the preemptor arrives; start times differ by creation order
     deadline = time.monotonic() + TIMEOUT
     while True:
