@@ -324,6 +324,9 @@ class Cache:
 
     def nominate(self, pod: PodRecord, node: NodeName) -> None:
         """``pod`` (pending) is nominated to ``node``: pods of lower priority must leave it the room."""
+        if self.nominated_node.get(pod.key) == node:
+            self.nominated[node][pod.key] = pod  # a newer record of the same nomination: nothing else changes
+            return
         self.unnominate(pod.key)
         self.nominated.setdefault(node, {})[pod.key] = pod
         self.nominated_node[pod.key] = node
