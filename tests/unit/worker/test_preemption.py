@@ -357,3 +357,36 @@ def test_attempts_and_victims_metrics() -> None:
     never = make_pod("nv").req(cpu="2").priority(10).never_preempt().record()
     pre.post_filter(never, engine.schedule(never))
     assert metrics.preemption_attempts._value.get() == before + 2
+
+
+class _NoReports:
+    def forget(self, key: PodKey) -> None:
+        pass
+
+
+def test_feed_nominations_follow_the_watch() -> None:
+    from common.wellknown import DEFAULT_SCHEDULER_NAME
+    from worker.cache import Cache
+    from worker.feeds import PodFeed
+    from worker.queue import SchedulingQueue
+
+    cache = Cache()
+    feed = PodFeed(
+        cache,
+        SchedulingQueue(lambda: 0.0),
+        cast(Any, _NoReports()),
+        scheduler_name=DEFAULT_SCHEDULER_NAME,
+        watch_pending=False,  # under a coordinator too: a nomination left by another worker is honoured
+    )
+    feed.event("ADDED", make_pod("p").req(cpu="1").priority(5).nominated("n0").json())
+    assert cache.nominated_node[PodKey("default/p")] == "n0"
+    feed.event("MODIFIED", make_pod("p").req(cpu="1").priority(5).json())  # our patch not seen yet: kept
+    assert cache.nominated_node[PodKey("default/p")] == "n0"
+    feed.event("MODIFIED", make_pod("p").req(cpu="1").priority(5).on("n0").json())
+    assert PodKey("default/p") not in cache.nominated_node
+    feed.event("ADDED", make_pod("q").req(cpu="1").nominated("n1").json())
+    feed.replace([])  # a relist without it: gone
+    assert not cache.nominated
+    feed.event("ADDED", make_pod("r").req(cpu="1").nominated("n1").json())
+    feed.event("DELETED", make_pod("r").req(cpu="1").nominated("n1").json())
+    assert not cache.nominated
