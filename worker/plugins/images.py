@@ -59,23 +59,29 @@ class ImageLocality:
 
     def scores(self, pod: PodRecord, nodes: list[NodeInfo]) -> list[float]:
         total_nodes = len(self._known)
-        if not total_nodes:
-            return [0.0] * len(nodes)
-        # Per image of the pod: its spread-scaled size, computed once for all candidates.
+        # Per image of the pod some node lists: its spread-scaled size, computed once for all candidates.
         present: list[tuple[str, int]] = []
-        for name in pod.images:
-            state = self._images.get(name)
-            present.append((name, 0 if state is None else scaled_size(state[0], state[1], total_nodes)))
+        if total_nodes:
+            for name in pod.images:
+                state = self._images.get(name)
+                if state is not None:
+                    scaled = scaled_size(state[0], state[1], total_nodes)
+                    if scaled:
+                        present.append((name, scaled))
+        if sum(s for _, s in present) <= MIN_THRESHOLD:
+            return [0.0] * len(nodes)  # not even a node with all of them gets above the minimum
         containers = len(pod.images)
+        # Nodes pulled alike share one image list (records intern them): score each list once per call.
+        memo: dict[int, float] = {}
         out: list[float] = []
         for info in nodes:
-            names = info.node.images.names
-            total = 0
-            if names:
-                for name, scaled in present:
-                    if scaled and name in names:
-                        total += scaled
-            out.append(float(image_score(total, containers)))
+            images = info.node.images
+            score = memo.get(id(images))
+            if score is None:
+                names = images.names
+                total = sum(scaled for name, scaled in present if name in names)
+                score = memo[id(images)] = float(image_score(total, containers))
+            out.append(score)
         return out
 
 
