@@ -21,11 +21,18 @@ Invariants:
 - Records are immutable after parsing (the cache replaces them, it never edits them), so they can be shared
   between the cache, the queue and the engine without copies.
 - ``Resources`` values are integers: CPU in millicores, everything else in whole units.
+- A node's ``status.images`` is kept as ``NodeImages`` (names and sizes only), capped as a kubelet reports
+  them (``MAX_NODE_IMAGES`` images of ``MAX_IMAGE_NAMES`` names each; a kubelet lists the largest first) and
+  interned: names are ``sys.intern``-ed and equal lists are one shared object, so 5,000 nodes pulled alike
+  cost one list, and an unchanged list on a status update is the same object (the cache's image counts skip
+  it by identity). A pod not yet placed keeps its containers' images (init containers first), normalized as
+  kube-scheduler's ImageLocality normalizes them; placed pods keep none.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NewType
@@ -56,6 +63,11 @@ MAX_SELECTOR_TERMS = 100  # required nodeSelectorTerms, and preferred terms, eac
 MAX_REQUIREMENTS = 128
 MAX_VALUES = 10_000  # values over all of the pod's requirements
 MAX_HOST_PORTS = 256  # host ports over all containers
+
+# kubelet's defaults: --node-status-max-images=50 (largest first) and at most 5 names per image
+MAX_NODE_IMAGES = 50
+MAX_IMAGE_NAMES = 5
+MAX_POD_IMAGES = 256  # containers whose images one pod record keeps (a pod has a handful)
 
 MAX_POD_TERMS = 64  # inter-pod (anti-)affinity terms plus topology spread constraints
 LABEL_SELECTOR_OPERATORS = frozenset({"In", "NotIn", "Exists", "DoesNotExist"})
@@ -362,6 +374,8 @@ class PodRecord:
     preempt_never: bool = False
     start_time: float | None = None
     preempted: bool = False
+    # normalized images of the init containers and containers, for ImageLocality; () once placed
+    images: tuple[str, ...] = ()
 
     @property
     def terminal(self) -> bool:
@@ -370,6 +384,19 @@ class PodRecord:
     @property
     def gated(self) -> bool:
         return bool(self.scheduling_gates)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeImages:
+    """A node's images: ``names[i]`` is one name of an image of ``sizes[i]`` bytes. Names are unique per node
+    (the first listing wins) and interned; membership is a C-level scan of ``names``, cheaper in memory than
+    a set at the sizes kubelets report."""
+
+    names: tuple[str, ...] = ()
+    sizes: tuple[int, ...] = ()
+
+
+NO_IMAGES = NodeImages()
 
 
 @dataclass(frozen=True, slots=True)
@@ -385,6 +412,69 @@ class NodeRecord:
     allocatable_error: str | None
     # Only what filters and the static-feasibility cache depend on; capacity changes do not alter it.
     static_key: tuple[Any, ...]
+    # status.images; scores only, so not part of static_key
+    images: NodeImages = NO_IMAGES
+
+
+# equal image lists -> one shared object; cleared when it grows past the bound (sharing is an optimisation)
+_INTERNED_IMAGES: dict[tuple[tuple[str, ...], tuple[int, ...]], NodeImages] = {}
+_INTERNED_IMAGES_MAX = 8192
+
+
+def node_images(raw: Any) -> NodeImages:
+    """``status.images`` as ``NodeImages``; malformed entries are skipped, never an error (a node's images
+    only ever change a score)."""
+    if not isinstance(raw, list) or not raw:
+        return NO_IMAGES
+    names: list[str] = []
+    sizes: list[int] = []
+    seen: set[str] = set()
+    for image in raw[:MAX_NODE_IMAGES]:
+        if not isinstance(image, dict):
+            continue
+        size = image.get("sizeBytes")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            size = 0
+        size = min(size, 2**63 - 1)
+        image_names = image.get("names")
+        if not isinstance(image_names, list):
+            continue
+        for name in image_names[:MAX_IMAGE_NAMES]:
+            if isinstance(name, str) and name and name not in seen:
+                seen.add(name)
+                names.append(sys.intern(name))
+                sizes.append(size)
+    if not names:
+        return NO_IMAGES
+    key = (tuple(names), tuple(sizes))
+    shared = _INTERNED_IMAGES.get(key)
+    if shared is None:
+        if len(_INTERNED_IMAGES) >= _INTERNED_IMAGES_MAX:
+            _INTERNED_IMAGES.clear()
+        shared = _INTERNED_IMAGES[key] = NodeImages(*key)
+    return shared
+
+
+def normalized_image(name: str) -> str:
+    """The name a node's status lists an image under, as kube-scheduler's ImageLocality derives it from a
+    container's ``image``: ``:latest`` appended when the reference has no tag after its last path part."""
+    if name.rfind(":") <= name.rfind("/"):
+        name += ":latest"
+    return sys.intern(name)
+
+
+def _pod_images(spec: dict[str, Any]) -> tuple[str, ...]:
+    out: list[str] = []
+    for part in ("initContainers", "containers"):
+        containers = spec.get(part)
+        if not isinstance(containers, list):
+            continue
+        for c in containers:
+            if len(out) == MAX_POD_IMAGES:
+                return tuple(out)
+            image = c.get("image") if isinstance(c, dict) else None
+            out.append(normalized_image(image if isinstance(image, str) else ""))
+    return tuple(out)
 
 
 def _requirements(raw: Any, where: str) -> tuple[Requirement, ...]:
@@ -796,9 +886,11 @@ def pod_from_json(obj: dict[str, Any]) -> PodRecord:
         fields = _empty_pod_fields()
         inter_pod = None
     standalone: str | None = None
+    images: tuple[str, ...] = ()
     if not spec.get("nodeName"):  # a placed pod is not ours to refuse; its requests still count
         error = unsupported(obj) or error
         standalone = standalone_only(obj)
+        images = _pod_images(spec)
     gates = tuple(g.get("name", "") for g in spec.get("schedulingGates") or () if isinstance(g, dict))
     signature = (
         fields["node_selector"],
@@ -842,6 +934,7 @@ def pod_from_json(obj: dict[str, Any]) -> PodRecord:
             and c.get("reason") == "PreemptionByScheduler"
             for c in status.get("conditions") or ()
         ),
+        images=images,
     )
 
 
@@ -897,4 +990,5 @@ def node_from_json(obj: dict[str, Any]) -> NodeRecord:
         allocatable=allocatable,
         allocatable_error=error,
         static_key=(tuple(sorted(labels.items())), taints, unschedulable, ready),
+        images=node_images(status.get("images")),
     )

@@ -112,8 +112,8 @@ SPEC_FIELDS: Final[dict[str, Field]] = {
             "spec.containers",
             INSPECTED,
             "resources.requests and ports[].hostPort supported (NodeResourcesFit, NodePorts); resources.claims "
-            "(DRA) and restartPolicyRules with RestartAllContainers (NodeDeclaredFeatures) refused; the rest "
-            "(image, env, probes, ...) is irrelevant",
+            "(DRA) and restartPolicyRules with RestartAllContainers (NodeDeclaredFeatures) refused; image scores "
+            "only (ImageLocality); the rest (env, probes, ...) is irrelevant",
         ),
         _f(
             "spec.initContainers",

@@ -7,9 +7,11 @@ One implementation for the demo and the benchmarks:
   it sees an expected pod with ``spec.nodeName`` set, it stamps that pod's ``bound`` time. A watch event
   arrives a few milliseconds after the binding is stored, for every scheduler alike; ``creationTimestamp`` is
   not used (one-second resolution).
-- ``wait_bound`` waits until every created pod is bound, or binds stop coming, or a deadline passes.
+- ``wait_bound`` waits until every created pod is bound, or binds stop coming, or a deadline passes;
+  ``wait_running`` the same for the bound pods' ``status.phase`` Running (the first time it is seen:
+  ``running``), for runs that time create -> running.
 
-Invariants: a pod's ``bound`` is stamped once (later events, relists and deletions do not move it); a pod the
+Invariants: a pod's ``bound`` and ``running`` are each stamped once (later events, relists and deletions do not move it); a pod the
 generator did not ``expect`` is ignored. Time comes from the injected clock (``time.monotonic`` by default).
 """
 
@@ -39,6 +41,8 @@ class PodTimes:
     error: str = ""
     #: when the pod could first be scheduled, if later than ``sent`` (backlog: the scheduler's release)
     eligible: float = math.nan
+    #: when the pod was first seen Running
+    running: float = math.nan
 
     @property
     def is_bound(self) -> bool:
@@ -47,8 +51,16 @@ class PodTimes:
     @property
     def latency(self) -> float:
         """Seconds from create sent (or from when it became eligible, if later) to bind seen; nan if unbound."""
-        start = self.sent if math.isnan(self.eligible) else max(self.sent, self.eligible)
-        return self.bound - start
+        return self.bound - self.start
+
+    @property
+    def start(self) -> float:
+        return self.sent if math.isnan(self.eligible) else max(self.sent, self.eligible)
+
+    @property
+    def running_latency(self) -> float:
+        """Seconds from create sent (or eligible) to Running seen; nan if not seen Running."""
+        return self.running - self.start
 
 
 class BindWatch:
@@ -60,6 +72,8 @@ class BindWatch:
         self.bound = 0
         self.last_bind = math.nan
         self.deleted = 0
+        self.running = 0
+        self.last_running = math.nan
 
     def expect(self, name: str, kind: str) -> PodTimes:
         times = self.pods.get(name)
@@ -73,13 +87,17 @@ class BindWatch:
             return
         name = (obj.get("metadata") or {}).get("name") or ""
         times = self.pods.get(name)
-        if times is None or times.is_bound:
+        if times is None:
             return
         now = self.clock()
-        times.bound = now
-        times.node = str(node)
-        self.bound += 1
-        self.last_bind = now
+        if not times.is_bound:
+            times.bound = now
+            times.node = str(node)
+            self.bound += 1
+            self.last_bind = now
+        if math.isnan(times.running) and (obj.get("status") or {}).get("phase") == "Running":
+            times.running = self.last_running = now
+            self.running += 1
 
     def replace(self, objects: list[dict[str, Any]]) -> None:
         for obj in objects:
@@ -115,6 +133,27 @@ async def wait_bound(
             return True
         now = clock()
         last = watch.last_bind if not math.isnan(watch.last_bind) else since
+        if now - max(last, since) > stall_s or now > deadline:
+            return False
+        await asyncio.sleep(POLL)
+
+
+async def wait_running(
+    watch: BindWatch,
+    *,
+    stall_s: float,
+    timeout_s: float,
+    since: float,
+    clock: Clock = time.monotonic,
+) -> bool:
+    """Wait until every bound pod was seen Running (True), or none started for ``stall_s`` seconds after
+    ``since``, or ``timeout_s`` passed (False)."""
+    deadline = since + timeout_s
+    while True:
+        if watch.running >= watch.bound:
+            return True
+        now = clock()
+        last = watch.last_running if not math.isnan(watch.last_running) else since
         if now - max(last, since) > stall_s or now > deadline:
             return False
         await asyncio.sleep(POLL)

@@ -12,7 +12,7 @@ import random
 from typing import Any
 
 from common.wellknown import DEFAULT_SCHEDULER_NAME, SESSION_LABEL
-from scale.cluster.nodes import LABEL_POOL, LABEL_ZONE, ZONES
+from scale.cluster.nodes import AGENT_IMAGE, LABEL_POOL, LABEL_ZONE, ZONES
 
 CPU_CHOICES = ("100m", "200m", "250m", "500m")
 MEMORY_CHOICES = ("128Mi", "256Mi", "512Mi")
@@ -32,7 +32,7 @@ def agent_pod(
     name = f"{prefix}-{index:06d}"
     container: dict[str, Any] = {
         "name": "sandbox",
-        "image": "registry.local/agent-sandbox:1",
+        "image": AGENT_IMAGE,
         "resources": {"requests": {"cpu": rng.choice(CPU_CHOICES), "memory": rng.choice(MEMORY_CHOICES)}},
     }
     spec: dict[str, Any] = {

@@ -27,6 +27,10 @@ class PodBuilder:
         spec: dict[str, Any] = self.obj["spec"]
         return spec
 
+    def image(self, image: str, container: int = 0) -> PodBuilder:
+        self.spec["containers"][container]["image"] = image
+        return self
+
     def req(self, **resources: str) -> PodBuilder:
         reqs = self.spec["containers"][0]["resources"]["requests"]
         for name, value in resources.items():
@@ -226,6 +230,11 @@ class NodeBuilder:
 
     def extended(self, name: str, amount: str) -> NodeBuilder:
         self.obj["status"]["allocatable"][name] = amount
+        return self
+
+    def image(self, size: int, *names: str) -> NodeBuilder:
+        """One entry of ``status.images`` (a kubelet lists the largest first; callers keep that order)."""
+        self.obj["status"].setdefault("images", []).append({"names": list(names), "sizeBytes": size})
         return self
 
     def cordon(self) -> NodeBuilder:

@@ -18,6 +18,8 @@ Invariants:
 - Pods of every scheduler are accounted (they use capacity too); terminal pods are not.
 - ``static_version`` of a NodeInfo changes only when a filter-relevant part of the node record changes, so the
   engine's per-signature static filter verdicts stay valid across capacity changes.
+- ``images`` (``worker.images``) holds the image counts of exactly the known nodes' current records: every
+  record a node gets or loses passes through ``images.update``.
 - ``topology`` (``worker.topology``) is told of every pod accounted or unaccounted (bound or assumed, any
   scheduler) and of every node label change, so its per-domain counts for the inter-pod rules are always
   current; a pod that matches some pod's required affinity counts as an event that may help waiting pods.
@@ -42,7 +44,8 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from common.records import NodeName, NodeRecord, PodKey, PodRecord, Resources
+from common.records import NO_IMAGES, NodeName, NodeRecord, PodKey, PodRecord, Resources
+from worker.images import ImageStates
 from worker.index import CapacityIndex
 from worker.nodeinfo import NodeInfo
 from worker.shard import ShardChange, ShardView, WholeCluster
@@ -105,6 +108,8 @@ class Cache:
         # node -> pending pods nominated to it (kube-scheduler's nominator), and the reverse
         self.nominated: dict[NodeName, dict[PodKey, PodRecord]] = {}
         self.nominated_node: dict[PodKey, NodeName] = {}
+        # image name -> (size, nodes listing it), over the known nodes, for ImageLocality
+        self.images = ImageStates()
         # Bumped on any change that could make an unschedulable pod schedulable or change a failure reason.
         self.generation = 0
         self.expired = 0
@@ -128,7 +133,10 @@ class Cache:
             info = self.nodes[name] = NodeInfo(record, session_label=self.session_label)
             self.static_versions[name] = 1
             self.topology.relabel(name, {}, record.labels)
+            self.images.update(NO_IMAGES, record.images)
         else:
+            # a placeholder lists no images, so this is right for a node first seen through its pods too
+            self.images.update(info.node.images, record.images)
             changed = name not in self.known or info.node.static_key != record.static_key
             capacity_changed = info.node.allocatable != record.allocatable
             old_labels = info.node.labels
@@ -153,6 +161,7 @@ class Cache:
         self._index_scalars(name, None)
         self.static_versions[name] = self.static_versions.get(name, 0) + 1
         old_labels = info.node.labels
+        self.images.update(info.node.images, NO_IMAGES)
         if info.pods:
             info.set_node(_placeholder(name))  # keep accounting until its pods are gone too
         else:

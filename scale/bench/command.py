@@ -72,6 +72,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="seconds to wait before each run for other processes to quieten (default 120; --quick 15; 0: off)",
     )
+    c.add_argument(
+        "--pull-delay",
+        type=float,
+        default=None,
+        help="simulated seconds to pull each image an agent pod's node lacks; create->running is then "
+        "reported (default 2; 0: no pulls, create->bound only)",
+    )
+    c.add_argument(
+        "--prepulled",
+        type=float,
+        default=None,
+        help="share of fleet nodes besides the warm ones that already list the agent image (default 0.2)",
+    )
 
     s = subs.add_parser(
         "simulate",
@@ -128,6 +141,8 @@ def run(args: argparse.Namespace) -> int:
             timeout_s=args.timeout,
             repeat=args.repeat,
             quiet_wait_s=args.quiet_wait,
+            pull_delay_s=args.pull_delay,
+            prepulled=args.prepulled,
         )
     if args.bench == "simulate":
         from scale.bench import simulate

@@ -9,7 +9,9 @@ Two halves share one clock (``time.monotonic`` unless a test injects another):
   recorded with its error and counts as unbound.
 
 ``scale.tracking.wait_bound`` then waits until every created pod is bound, or binds stop coming for ``stall_s``
-seconds, or ``timeout_s`` passes: the caller decides what "unbound" means by choosing those.
+seconds, or ``timeout_s`` passes: the caller decides what "unbound" means by choosing those. With
+``pull_delay_s`` (simulated image pulls, ``scale.bench.pulls``), the same watch also feeds the image puller,
+and the run then waits (``wait_running``, same limits) until the bound pods are Running.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from typing import Any
 from common.backoff import Backoff
 from common.kube import ApiError, Conflict, KubeClient, ServerError, TooManyRequests
 from common.watching import Reflector
+from scale.bench.pulls import ImagePuller
 from scale.bench.workloads import Arrival
-from scale.tracking import BindWatch, Clock, PodTimes, wait_bound
+from scale.tracking import BindWatch, Clock, PodTimes, wait_bound, wait_running
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +128,11 @@ class Observation:
     agent: list[PodTimes]
     batch: list[PodTimes]
     offered_span_s: float
+    #: simulated pulls: pods that waited for at least one, pulls started, failed writes; running all seen
+    pods_waiting_for_pulls: int = 0
+    pulls: int = 0
+    pull_errors: int = 0
+    running_complete: bool = True
 
 
 async def run(
@@ -136,6 +144,7 @@ async def run(
     stall_s: float,
     timeout_s: float,
     release: Callable[[], None] | None = None,
+    pull_delay_s: float = 0.0,
     clock: Clock = time.monotonic,
 ) -> Observation:
     """Watch the namespace, create ``plan``, wait for the binds; the whole measured window of one run.
@@ -143,8 +152,15 @@ async def run(
     With ``release`` (the backlog workload: the scheduler is paused), every create is done first, then
     ``release()`` is called; that moment is the run's origin and each pod's ``eligible`` time."""
     watch = BindWatch(clock)
-    reflector = Reflector(client, f"/api/v1/namespaces/{namespace}/pods", watch, name=f"bench:{namespace}")
+    puller: ImagePuller | None = None
+    handler: BindWatch | _Both = watch
+    if pull_delay_s > 0:
+        puller = ImagePuller(client, pull_delay_s=pull_delay_s, clock=clock)
+        await puller.load_nodes()
+        handler = _Both(watch, puller)
+    reflector = Reflector(client, f"/api/v1/namespaces/{namespace}/pods", handler, name=f"bench:{namespace}")
     watcher = asyncio.create_task(reflector.run(), name="bench-watch")
+    running_complete = True
     try:
         await asyncio.wait_for(reflector.synced.wait(), 60.0)
         driven = await drive(client, namespace, plan, watch, concurrency=concurrency, clock=clock)
@@ -156,11 +172,17 @@ async def run(
                 times.eligible = since
             release()
         complete = await wait_bound(watch, stall_s=stall_s, timeout_s=timeout_s, since=since, clock=clock)
+        if puller is not None:
+            running_complete = await wait_running(
+                watch, stall_s=stall_s, timeout_s=timeout_s, since=since, clock=clock
+            )
         end = clock()
     finally:
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
+        if puller is not None:
+            await puller.close()
     return Observation(
         origin=driven.origin,
         end=end,
@@ -168,4 +190,24 @@ async def run(
         agent=watch.of_kind("agent"),
         batch=watch.of_kind("batch"),
         offered_span_s=driven.last_sent - driven.origin,
+        pods_waiting_for_pulls=puller.pods_waiting if puller is not None else 0,
+        pulls=puller.pulls if puller is not None else 0,
+        pull_errors=puller.errors if puller is not None else 0,
+        running_complete=running_complete,
     )
+
+
+class _Both:
+    """One namespace watch feeding the bind timer and the image puller."""
+
+    def __init__(self, watch: BindWatch, puller: ImagePuller) -> None:
+        self.watch = watch
+        self.puller = puller
+
+    def replace(self, objects: list[dict[str, Any]]) -> None:
+        self.watch.replace(objects)
+        self.puller.replace(objects)
+
+    def event(self, kind: str, obj: dict[str, Any]) -> None:
+        self.watch.event(kind, obj)
+        self.puller.event(kind, obj)

@@ -147,24 +147,32 @@ def table(results: Sequence[RunResult]) -> str:
     """The results as one Markdown table, rows grouped by node count and workload."""
     head = (
         "| nodes | workload | scheduler | pods | unbound | offered/s | pods/s | p50 ms | p90 ms | p99 ms | max ms "
-        "| sched CPU-s/1k pods | sched peak RSS MiB | apiserver CPU-s | other host CPU-s |\n"
-        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "| create→running p50/p99 ms | sched CPU-s/1k pods | sched peak RSS MiB | apiserver CPU-s "
+        "| other host CPU-s |\n"
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     )
     rows = [head]
     for r in sorted(results, key=lambda r: (r.nodes, _workload_order(r.workload), r.scheduler)):
         if r.error:
             rows.append(
                 f"| {r.nodes} | {r.workload} | {r.scheduler} | {r.pods} | {r.unbound} | failed: {r.error[:80]} |"
-                + " |" * 9
+                + " |" * 10
             )
             continue
         rows.append(
             f"| {r.nodes} | {r.workload} | {r.scheduler} | {r.pods} | {r.unbound} | {_fmt(r.offered_per_s)} "
             f"| **{_fmt(r.pods_per_s)}** | {_fmt(r.p50_ms)} | {_fmt(r.p90_ms)} | **{_fmt(r.p99_ms)}** | {_fmt(r.max_ms)} "
-            f"| {_fmt(r.cpu_s_per_1k_pods, 2)} | {_fmt(r.peak_rss_mb)} | {_fmt(r.apiserver_cpu_s, 1)} "
+            f"| {_running(r)} | {_fmt(r.cpu_s_per_1k_pods, 2)} | {_fmt(r.peak_rss_mb)} | {_fmt(r.apiserver_cpu_s, 1)} "
             f"| {_fmt(r.host_other_cpu_s, 1)} |"
         )
     return "\n".join(rows)
+
+
+def _running(r: RunResult) -> str:
+    """create -> running, where image pulls were simulated; how many pods waited for a pull."""
+    if not r.running:
+        return "-"
+    return f"{_fmt(r.running_p50_ms)} / {_fmt(r.running_p99_ms)} ({r.pods_waiting_for_pulls} pulled)"
 
 
 def _workload_order(name: str) -> int:

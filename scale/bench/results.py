@@ -12,6 +12,10 @@ Definitions (the report and the docs use the same words):
 - sustained throughput (``pods_per_s``): binds per second between the moments 10 % and 90 % of the bound
   pods were bound, so start-up and the tail of stragglers do not dilute it. ``pods_per_s_overall`` divides
   all binds by the time from the first create sent to the last bind.
+- create -> running (``running_p50_ms``/``running_p99_ms``): from the same start to the moment the watch first
+  showed the pod Running; measured only in runs that simulate image pulls (``params.pull_delay_s`` > 0,
+  ``scale.bench.pulls``), where it includes the pulls the node needed (``pods_waiting_for_pulls`` of the pods
+  waited for one; ``pulls`` were started). 0 when not measured.
 - percentiles interpolate linearly between order statistics (numpy's default).
 """
 
@@ -167,6 +171,11 @@ class RunResult:
     batch_bound: int = 0
     batch_p99_ms: float = 0.0
     create_errors: int = 0
+    running: int = 0
+    running_p50_ms: float = 0.0
+    running_p99_ms: float = 0.0
+    pods_waiting_for_pulls: int = 0
+    pulls: int = 0
     params: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     cdf_ms: list[float] = field(default_factory=list)
@@ -243,6 +252,8 @@ def summarize(
     params: Mapping[str, Any] | None = None,
     notes: Sequence[str] = (),
     started_at: str = "",
+    pods_waiting_for_pulls: int = 0,
+    pulls: int = 0,
 ) -> RunResult:
     """Fold one run's observations into a ``RunResult``.
 
@@ -261,6 +272,8 @@ def summarize(
     offered = len(sent) / (last_sent - first_sent) if last_sent > first_sent else 0.0
     overall_span = (max(bound_times) - first_sent) if bound_times else 0.0
     batch_bound = [p for p in batch if p.is_bound]
+    started = [max(0.0, p.running_latency) for p in bound if not math.isnan(p.running)]
+    running = latency_stats(started) if started else None
     sched = usage.get("scheduler", Usage())
     measured = sum(u.cpu_s for u in usage.values())
     return RunResult(
@@ -295,6 +308,11 @@ def summarize(
         batch_bound=len(batch_bound),
         batch_p99_ms=latency_stats(max(0.0, p.latency) for p in batch_bound).p99_ms,
         create_errors=sum(1 for p in [*agent, *batch] if p.error),
+        running=len(started),
+        running_p50_ms=running.p50_ms if running is not None else 0.0,
+        running_p99_ms=running.p99_ms if running is not None else 0.0,
+        pods_waiting_for_pulls=pods_waiting_for_pulls,
+        pulls=pulls,
         params=dict(params or {}),
         notes=list(notes),
         cdf_ms=cdf(latencies),

@@ -10,6 +10,10 @@ both keyed on the ``LIFETIME_ANNOTATION`` the churn workload puts on its pods (o
 - ``bench-pod-remove``: a Succeeded pod with the annotation is deleted (kwok deletes with grace period 0), as a
   Job controller with a TTL would.
 
+And one for simulated image pulls (``scale.bench.pulls``): pods carrying ``PULL_ANNOTATION`` are left alone by
+the cluster's ``pod-ready`` until the load generator's puller has written their ``PULL_DELAY_ANNOTATION``;
+``bench-pod-pull`` then makes them Running (the status ``pod-ready`` writes) that long after.
+
 kwok takes its Stages either from its ``--config`` file or from Stage objects in the API server, not both
 (``--enable-crds=Stage`` refuses a config that has stages). The local cluster runs kwok with a config file, so
 ``install`` rewrites that file with the cluster's stages plus these and restarts kwok (by its recorded PID),
@@ -20,12 +24,18 @@ from __future__ import annotations
 
 import logging
 
+from scale.bench.pulls import PULL_ANNOTATION, PULL_DELAY_ANNOTATION
 from scale.bench.workloads import LIFETIME_ANNOTATION
 from scale.cluster import Cluster
 from scale.cluster import components as cluster_components
 from scale.cluster.lifecycle import start_component
 from scale.cluster.processes import terminate
-from scale.cluster.stages import POD_SUCCEEDED_STATUS, kwok_config
+from scale.cluster.stages import (
+    POD_NOT_READY_SELECTOR,
+    POD_RUNNING_STATUS,
+    POD_SUCCEEDED_STATUS,
+    kwok_config,
+)
 
 log = logging.getLogger(__name__)
 
@@ -80,12 +90,41 @@ spec:
     delete: true
 """
 
-BENCH_STAGES = (POD_EXPIRE, POD_REMOVE)
+POD_PULL = (
+    """\
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: bench-pod-pull
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Pod
+  selector:
+    matchExpressions:
+"""
+    + POD_NOT_READY_SELECTOR
+    + f"""\
+    - key: '.metadata.annotations["{PULL_DELAY_ANNOTATION}"]'
+      operator: 'Exists'
+  delay:
+    durationMilliseconds: 0
+    durationFrom:
+      expressionFrom: '.metadata.annotations["{PULL_DELAY_ANNOTATION}"]'
+  next:
+    statusTemplate: |
+"""
+    + POD_RUNNING_STATUS
+)
+
+BENCH_STAGES = (POD_EXPIRE, POD_REMOVE, POD_PULL)
 
 
 def bench_kwok_config(*, pod_parallelism: int) -> str:
-    """The cluster's kwok configuration with the bench stages appended."""
-    return "---\n".join([kwok_config(pod_parallelism=pod_parallelism), *BENCH_STAGES])
+    """The cluster's kwok configuration (``pod-ready`` leaving pulling pods alone) with the bench stages."""
+    return "---\n".join(
+        [kwok_config(pod_parallelism=pod_parallelism, pod_ready_unless=PULL_ANNOTATION), *BENCH_STAGES]
+    )
 
 
 def install(cluster: Cluster) -> None:

@@ -17,6 +17,10 @@ when (seconds after the workload starts), identical for every scheduler so that 
   batch nodes, so two schedulers share the cluster.
 
 Agent pods are ``scale.workload.agent_pod`` (100m–500m CPU, 128–512Mi); batch pods ask for 1 CPU / 2Gi.
+
+With ``pull_delay_s`` > 0 every agent pod carries ``scale.bench.pulls.PULL_ANNOTATION``: it starts only after
+the images its node lacks are pulled (simulated, ``pull_delay_s`` per image), so create -> running shows what
+image locality saves.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from scale.bench.pulls import PULL_ANNOTATION
 from scale.cluster.nodes import LABEL_POOL
 from scale.workload import agent_pod
 
@@ -64,10 +69,18 @@ class WorkloadSpec:
     paused: bool = False
     #: creates in flight at once
     create_concurrency: int = 64
+    #: seconds a node takes to pull one image an agent pod needs and it lacks (0: no pulls simulated)
+    pull_delay_s: float = 0.0
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.pods < 0 or self.rate < 0 or self.lifetime_s < 0 or self.batch_rate < 0:
+        if (
+            self.pods < 0
+            or self.rate < 0
+            or self.lifetime_s < 0
+            or self.batch_rate < 0
+            or self.pull_delay_s < 0
+        ):
             raise ValueError(f"workload {self.name}: counts and rates must be >= 0")
         if self.create_concurrency < 1:
             raise ValueError(f"workload {self.name}: create_concurrency must be >= 1")
@@ -85,6 +98,7 @@ class WorkloadSpec:
             "mix": self.mix,
             "paused": self.paused,
             "create_concurrency": self.create_concurrency,
+            "pull_delay_s": self.pull_delay_s,
             "seed": self.seed,
         }
 
@@ -191,6 +205,8 @@ def arrivals(
         meta = pod["metadata"]
         meta["labels"][RUN_LABEL] = spec.name
         annotations: dict[str, str] = meta.setdefault("annotations", {})
+        if spec.pull_delay_s > 0:
+            annotations[PULL_ANNOTATION] = "true"
         if spec.lifetime_s > 0:
             lifetime = spec.lifetime_s * rng.uniform(0.5, 1.5)
             annotations[LIFETIME_ANNOTATION] = f"{lifetime * 1000:.0f}ms"

@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from scale.cluster.nodes import DEFAULT_SEED
+from scale.cluster.nodes import DEFAULT_SEED, PREPULLED_FRACTION
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_DIR = PROJECT_ROOT / ".local" / "cluster"
@@ -52,6 +52,8 @@ class ClusterOptions:
     scheduler_burst: int = 100
     #: seed of the node generator (``nodes.generate_nodes``).
     node_seed: int = DEFAULT_SEED
+    #: share of fleet nodes besides the warm ones that list the agent images (``nodes.make_node``).
+    prepulled_fraction: float = PREPULLED_FRACTION
     #: node creation requests in flight.
     node_concurrency: int = 64
     #: etcd fsyncs its WAL. Off by default: a throwaway cluster does not need durability, and fsync latency

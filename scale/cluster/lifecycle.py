@@ -178,7 +178,8 @@ class Cluster:
         """Create fleet nodes ``start .. start+count-1`` (default: after the ones made so far); returns new ones."""
         first = self.state.nodes if start is None else start
         chosen_seed = self.state.node_seed if seed is None else seed
-        nodes = (make_node(i, seed=chosen_seed) for i in range(first, first + count))
+        prepulled = self.options.prepulled_fraction
+        nodes = (make_node(i, seed=chosen_seed, prepulled=prepulled) for i in range(first, first + count))
         async with self.client() as client:
             created = await create_nodes(client, nodes, concurrency=self.options.node_concurrency)
         self.state.nodes = max(self.state.nodes, first + count)

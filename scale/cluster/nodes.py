@@ -19,6 +19,10 @@ Mix (fractions are probabilities per node, so small clusters deviate a little):
 - 5 % batch nodes: 32 CPU / 128Gi, tainted ``dedicated=batch:NoSchedule``.
 - the rest general purpose: 30 % 16 CPU / 64Gi, 50 % 32 CPU / 128Gi, 20 % 64 CPU / 256Gi.
 - every node: 110 pods, 3 zones round-robin, ``node.volcano.sh/warmup=true`` on about 10 %.
+- images (``status.images``, as a kubelet reports them, largest first): every node lists the base images
+  (``BASE_IMAGES``); the warm nodes and a share ``prepulled`` of the others (default ``PREPULLED_FRACTION``)
+  also list the agent images (``AGENT_IMAGES``: the sandbox image agent pods run). The share is drawn from a
+  second RNG of ``(seed, i)``, so it changes no node's shape, labels or taints.
 """
 
 from __future__ import annotations
@@ -56,6 +60,13 @@ PODS_PER_NODE = 110
 GPU_FRACTION = 0.05
 BATCH_FRACTION = 0.05
 WARMUP_FRACTION = 0.10
+PREPULLED_FRACTION = 0.20
+
+#: the image agent pods run (``scale.workload.agent_pod``)
+AGENT_IMAGE = "registry.local/agent-sandbox:1"
+# (names, size in bytes) of the images pre-pulled nodes list
+AGENT_IMAGES: tuple[tuple[tuple[str, ...], int], ...] = (((AGENT_IMAGE,), 2 * 1024**3),)
+BASE_IMAGES: tuple[tuple[tuple[str, ...], int], ...] = ((("registry.k8s.io/pause:3.10",), 736 * 1024),)
 
 DEFAULT_CONCURRENCY = 64
 CREATE_RETRIES = 8
@@ -106,11 +117,17 @@ def choose_shape(rng: random.Random) -> NodeShape:
 
 
 def make_node(
-    index: int, *, seed: int = DEFAULT_SEED, prefix: str = DEFAULT_PREFIX, now: str | None = None
+    index: int,
+    *,
+    seed: int = DEFAULT_SEED,
+    prefix: str = DEFAULT_PREFIX,
+    now: str | None = None,
+    prepulled: float = PREPULLED_FRACTION,
 ) -> dict[str, Any]:
     """Node ``index`` of the deterministic fleet, as a complete Node object with Ready status.
 
-    ``now`` (RFC 3339) stamps the conditions; the current time when omitted.
+    ``now`` (RFC 3339) stamps the conditions; the current time when omitted. ``prepulled`` is the share of
+    nodes besides the warm ones that list the agent images.
     """
     rng = random.Random(f"{seed}:{index}")
     shape = choose_shape(rng)
@@ -145,6 +162,8 @@ def make_node(
         key, value, effect = shape.taint
         spec["taints"] = [{"key": key, "value": value, "effect": effect}]
     now = now or rfc3339()
+    has_agent_images = warm or random.Random(f"{seed}:{index}:images").random() < prepulled
+    images = sorted([*BASE_IMAGES, *(AGENT_IMAGES if has_agent_images else ())], key=lambda i: -i[1])
     return {
         "apiVersion": "v1",
         "kind": "Node",
@@ -185,18 +204,24 @@ def make_node(
                 "systemUUID": "",
                 "bootID": "",
             },
+            "images": [{"names": list(names), "sizeBytes": size} for names, size in images],
         },
     }
 
 
 def generate_nodes(
-    count: int, *, seed: int = DEFAULT_SEED, prefix: str = DEFAULT_PREFIX, now: str | None = None
+    count: int,
+    *,
+    seed: int = DEFAULT_SEED,
+    prefix: str = DEFAULT_PREFIX,
+    now: str | None = None,
+    prepulled: float = PREPULLED_FRACTION,
 ) -> list[dict[str, Any]]:
     """Nodes ``0 .. count-1`` of the deterministic fleet for ``seed`` (identical for equal arguments and ``now``)."""
     if count < 0:
         raise ValueError(f"node count must be >= 0, got {count}")
     stamp = now or rfc3339()
-    return [make_node(i, seed=seed, prefix=prefix, now=stamp) for i in range(count)]
+    return [make_node(i, seed=seed, prefix=prefix, now=stamp, prepulled=prepulled) for i in range(count)]
 
 
 def _pod_cidr(index: int) -> str:

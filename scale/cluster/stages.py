@@ -159,7 +159,19 @@ spec:
 {conditions}  immediateNextStage: true
 """
 
-POD_READY = """\
+#: the selector of a pod kwok has not made Running yet (``pod-ready``; also the bench's pull stage)
+POD_NOT_READY_SELECTOR = """\
+    - key: '.metadata.deletionTimestamp'
+      operator: 'DoesNotExist'
+    - key: '.status.phase'
+      operator: 'In'
+      values: ['Pending']
+    - key: '.status.conditions.[] | select( .type == "Ready" ) | .status'
+      operator: 'NotIn'
+      values: ['True']
+"""
+
+POD_READY_HEAD = """\
 apiVersion: kwok.x-k8s.io/v1alpha1
 kind: Stage
 metadata:
@@ -170,16 +182,11 @@ spec:
     kind: Pod
   selector:
     matchExpressions:
-    - key: '.metadata.deletionTimestamp'
-      operator: 'DoesNotExist'
-    - key: '.status.phase'
-      operator: 'In'
-      values: ['Pending']
-    - key: '.status.conditions.[] | select( .type == "Ready" ) | .status'
-      operator: 'NotIn'
-      values: ['True']
-  next:
-    statusTemplate: |
+"""
+
+#: a pod that started: conditions Ready, containers running, IPs, phase Running (``pod-ready``; also the
+#: bench's pull stage, ``scale.bench.stages``)
+POD_RUNNING_STATUS = """\
       {{ $now := Now }}
       conditions:
       - lastTransitionTime: {{ $now | Quote }}
@@ -239,6 +246,27 @@ spec:
       startTime: {{ $now | Quote }}
 """
 
+
+def pod_ready(*, unless_annotation: str = "") -> str:
+    """The ``pod-ready`` Stage; with ``unless_annotation``, pods carrying that annotation are left to another
+    stage (the bench's simulated image pulls)."""
+    skip = ""
+    if unless_annotation:
+        skip = f"""\
+    - key: '.metadata.annotations["{unless_annotation}"]'
+      operator: 'DoesNotExist'
+"""
+    return (
+        POD_READY_HEAD
+        + POD_NOT_READY_SELECTOR
+        + skip
+        + "  next:\n    statusTemplate: |\n"
+        + POD_RUNNING_STATUS
+    )
+
+
+POD_READY = pod_ready()
+
 POD_COMPLETE = (
     """\
 apiVersion: kwok.x-k8s.io/v1alpha1
@@ -289,8 +317,11 @@ def kwok_config(
     node_parallelism: int = 4,
     heartbeat_ms: int = NODE_HEARTBEAT_MS,
     heartbeat_jitter_ms: int = NODE_HEARTBEAT_JITTER_MS,
+    pod_ready_unless: str = "",
 ) -> str:
-    """The multi-document YAML for ``kwok --config``: the controller's options and every Stage."""
+    """The multi-document YAML for ``kwok --config``: the controller's options and every Stage.
+
+    ``pod_ready_unless``: an annotation whose pods ``pod-ready`` leaves alone (see ``pod_ready``)."""
     documents = [
         KWOK_CONFIGURATION.format(pod_parallelism=pod_parallelism, node_parallelism=node_parallelism),
         NODE_INITIALIZE,
@@ -299,7 +330,7 @@ def kwok_config(
             heartbeat_jitter_ms=max(heartbeat_ms, heartbeat_jitter_ms),
             conditions=NODE_CONDITIONS_STATUS,
         ),
-        POD_READY,
+        pod_ready(unless_annotation=pod_ready_unless),
         POD_COMPLETE,
         POD_DELETE,
     ]

@@ -1,4 +1,5 @@
-"""``agent-scheduler bench cluster`` end to end on a tiny cluster: two schedulers, backlog and churn.
+"""``agent-scheduler bench cluster`` end to end on a tiny cluster: two schedulers, backlog and churn, with
+simulated image pulls (create -> running).
 
 Runs the real command as a subprocess (its own clusters on free ports, stopped at the end) and checks the
 results directory: every run in ``results.json`` with sane numbers, and the report with its plots. No
@@ -23,6 +24,7 @@ SCHEDULERS = ("agent-standalone", "kube-scheduler-qps5000")
 WORKLOADS = ("backlog", "churn")
 NODES = 50
 PODS = 200
+PULL_DELAY_S = 3.0
 GUARD_TIMEOUT = 900  # against a hang, not a speed requirement
 
 
@@ -42,6 +44,9 @@ def test_tiny_bench_writes_results_and_report(tmp_path: Path) -> None:
         "--rate=40",
         "--no-volcano",
         "--quiet-wait=0",
+        # only the warm nodes (about 10 %) hold the agent image: pods placed elsewhere wait for a pull
+        "--prepulled=0",
+        f"--pull-delay={PULL_DELAY_S}",
         f"--out={out}",
     ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=GUARD_TIMEOUT, check=False)
@@ -63,6 +68,16 @@ def test_tiny_bench_writes_results_and_report(tmp_path: Path) -> None:
         assert r.peak_rss_mb > 10
         assert r.apiserver_cpu_s > 0
         assert len(r.cdf_ms) == 101 and r.timeline[-1][1] == PODS
+        # simulated pulls (on by default): every pod was seen running, no sooner than bound
+        assert r.params["pull_delay_s"] > 0 and r.running == PODS, r.notes
+        assert r.p50_ms <= r.running_p50_ms and r.p99_ms <= r.running_p99_ms
+    # 200 pods do not fit on the few warm nodes under either scheduler's scores: some waited for a pull, and
+    # the bench's pull stage held them back at least that long
+    assert sum(r.pods_waiting_for_pulls for r in results) > 0
+    for r in results:
+        assert r.pods_waiting_for_pulls <= r.pulls * r.pods
+        if r.pods_waiting_for_pulls >= 3:  # more than 1 % of the pods: the p99 is one of them
+            assert r.running_p99_ms >= PULL_DELAY_S * 1000, r
     churn = [r for r in results if r.workload == "churn"]
     assert all(r.params["lifetime_s"] > 0 for r in churn)
     backlog = [r for r in results if r.workload == "backlog"]
@@ -78,6 +93,7 @@ def test_tiny_bench_writes_results_and_report(tmp_path: Path) -> None:
     report = (out / "report.md").read_text()
     assert "## Goals" in report and "## Results" in report
     assert "## Where the time goes: per-stage latency" in report
+    assert "create→running" in report
     for png in (f"latency-cdf-{NODES}.png", f"bound-over-time-{NODES}.png", f"stages-{NODES}.png"):
         assert (out / png).stat().st_size > 1000
         assert png in report

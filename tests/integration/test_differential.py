@@ -46,6 +46,16 @@ constraints). The engine's own pick is checked by one pinned probe first, delete
 itself is created, unless the pod has a hard spread constraint honouring node affinity (pinning would change
 which domains it counts). ``DIFF_INTERPOD_CASES`` (default 500) sets the number of cases.
 
+ImageLocality is compared by a third test, where image locality alone decides: ``DIFF_IMAGE_NODES`` (default 8)
+dedicated nodes identical in every way but ``status.images`` (random subsets of a catalogue, with tagged,
+``:latest`` and digest names, sizes scaled to the cluster's node count so the spread-scaled sums cover the
+whole score range), kept empty (each pod is deleted, and the deletion settled, before the next case), so every
+other score kube-scheduler and the engine compute is equal on them. Each case is a pod of one to three
+containers (sometimes an init container) whose images are tagged, untagged (normalized to ``:latest``),
+digests, or on no node; kube-scheduler must bind it to a node of the engine's highest ImageLocality score, and
+the engine must pick one too. The engine's cache holds every node of the cluster, as kube-scheduler's snapshot
+does (the spread ratio divides by all of them). ``DIFF_IMAGE_CASES`` (default 60) sets the number of cases.
+
 Knobs: ``DIFF_CASES`` (default 500), ``DIFF_SEED`` (default 1; also seeds the nodes), ``DIFF_NODES`` (default
 30), ``DIFF_PROBES`` (single-node probes per case, default 4; ``DIFF_NODES`` or more probes every node in every
 case), ``DIFF_REPORT`` (a file to write every disagreement to, in full; the failure shows the first three).
@@ -56,6 +66,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import hashlib
 import json
 import os
 import random
@@ -944,3 +955,157 @@ async def test_engine_agrees_with_kube_scheduler_on_inter_pod_rules(
     shown = "\n\n".join(d.tally.disagreements[:SHOW_DISAGREEMENTS])
     assert not d.tally.disagreements, f"{summary}\n\n{shown}"
     assert d.tally.bound > INTERPOD_CASES // 5 and d.tally.unschedulable > INTERPOD_CASES // 10, summary
+
+
+# ----- image locality ------------------------------------------------------------------------------------------
+
+IMAGE_CASES = int(os.environ.get("DIFF_IMAGE_CASES", "60"))
+IMAGE_NODES = int(os.environ.get("DIFF_IMAGE_NODES", "8"))
+IMAGE_CATALOGUE = 8
+MIB = 1024 * 1024
+
+
+def _digest(text: str) -> str:
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def image_catalogue(rng: random.Random, run: str, total_nodes: int) -> list[tuple[str, list[str], int]]:
+    """(repository, names a node lists, size): sizes scaled so that size x holders / all nodes spans the
+    score's range (23 MiB .. 1000 MiB per container) for the few dedicated nodes that hold an image."""
+    out = []
+    for i in range(IMAGE_CATALOGUE):
+        repo = f"registry.diff.example/{run}/img{i}"
+        names = [f"{repo}:v1", f"{repo}@{_digest(repo)}"]
+        if rng.random() < 0.5:
+            names.insert(0, f"{repo}:latest")
+        # about 3 of the dedicated nodes hold each image: size x 3 / all nodes is this "per holder" amount
+        per_holder = rng.randint(10, 900) * MIB
+        out.append((repo, names, per_holder * total_nodes // 3))
+    return out
+
+
+def image_node(
+    rng: random.Random, index: int, run: str, catalogue: list[tuple[str, list[str], int]]
+) -> dict[str, Any]:
+    name = f"diffimg-{run}-{index:02d}"
+    obj = make_fleet_node(FLEET_INDEX_OFFSET + 100 + index, prefix=f"diffimg-{run}")
+    obj["metadata"]["name"] = name
+    obj["status"]["addresses"] = [a for a in obj["status"]["addresses"] if a["type"] != "Hostname"] + [
+        {"type": "Hostname", "address": name}
+    ]
+    obj["metadata"]["labels"] = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", POOL_LABEL: run}
+    obj["spec"]["taints"] = [{"key": ISOLATION_TAINT, "value": run, "effect": "NoSchedule"}]
+    alloc = {"cpu": "32", "memory": "128Gi", "pods": "110", "ephemeral-storage": "500Gi"}
+    obj["status"]["allocatable"] = dict(alloc)
+    obj["status"]["capacity"] = dict(alloc)
+    held = [(names, size) for _, names, size in catalogue if rng.random() < 0.4]
+    held.sort(key=lambda h: -h[1])  # a kubelet lists the largest first
+    obj["status"]["images"] = [{"names": names, "sizeBytes": size} for names, size in held]
+    return obj
+
+
+def image_pod(
+    rng: random.Random, name: str, run: str, catalogue: list[tuple[str, list[str], int]]
+) -> dict[str, Any]:
+    def reference() -> str:
+        repo, names, _ = rng.choice(catalogue)
+        r = rng.random()
+        if r < 0.1:
+            return f"{repo}:v9"  # on no node
+        if r < 0.3:
+            return repo  # normalized to :latest, which only some images are listed under
+        if r < 0.5:
+            return names[-1]  # the digest
+        return f"{repo}:v1"
+
+    pod = plain_pod(rng, name, run)
+    spec = pod["spec"]
+    spec["containers"] = [
+        {"name": f"c{i}", "image": reference(), "resources": {"requests": {"cpu": "100m"}}}
+        for i in range(rng.choice([1, 2, 2, 3]))
+    ]
+    if rng.random() < 0.25:
+        spec["initContainers"] = [{"name": "init", "image": reference()}]
+    return pod
+
+
+@pytest.fixture
+async def image_nodes(kube: KubeClient) -> AsyncIterator[tuple[str, list[tuple[str, list[str], int]]]]:
+    run = uuid.uuid4().hex[:6]
+    rng = random.Random(f"image-nodes:{SEED}")
+    total = len((await kube.get("/api/v1/nodes"))["items"]) + IMAGE_NODES
+    catalogue = image_catalogue(rng, run, total)
+    nodes = [image_node(rng, i, run, catalogue) for i in range(IMAGE_NODES)]
+    try:
+        await asyncio.gather(*(kube.post("/api/v1/nodes", n) for n in nodes))
+        yield run, catalogue
+    finally:
+        for n in nodes:
+            with contextlib.suppress(NotFound):
+                await kube.delete(f"/api/v1/nodes/{n['metadata']['name']}")
+
+
+async def _gone(kube: KubeClient, path: str) -> None:
+    for _ in range(200):
+        try:
+            await kube.get(path)
+        except NotFound:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{path} was not deleted")
+
+
+async def test_engine_agrees_with_kube_scheduler_on_image_locality(
+    kube: KubeClient, namespace: str, image_nodes: tuple[str, list[tuple[str, list[str], int]]]
+) -> None:
+    run, catalogue = image_nodes
+    nodes = (await kube.get("/api/v1/nodes"))["items"]
+    d = Differential(kube, namespace, run, nodes)
+    assert len(d.diff) == IMAGE_NODES
+    assert any(d.cache.nodes[NodeName(n)].node.images.names for n in d.diff), "the API server kept no images"
+    plugin = next(p for p, _ in d.engine.scores if p.name == "ImageLocality")
+    decided = 0  # cases with one node of highest score: image locality alone chose it
+    narrowed = 0  # cases where image locality left only some of the nodes in the running
+    watcher = asyncio.create_task(d.outcomes.run())
+    try:
+        for case in range(IMAGE_CASES):
+            rng = random.Random(f"image:{SEED}:{case}")
+            name = f"img{case:04d}"
+            pod = image_pod(rng, name, run, catalogue)
+            dry = await kube.post(f"/api/v1/namespaces/{namespace}/pods", pod, params={"dryRun": "All"})
+            record = pod_from_json(dry)
+            infos = [d.cache.nodes[NodeName(n)] for n in d.diff]
+            scores = dict(zip(d.diff, plugin.scores(record, infos), strict=True))
+            top = max(scores.values())
+            best = {n for n, v in scores.items() if v == top}
+            decided += len(best) == 1
+            narrowed += top > 0 and len(best) < len(d.diff)
+            decision = d.engine.schedule(record)
+            out = await d.decide(pod)
+            problems = []
+            if decision.node not in best:
+                problems.append(
+                    f"engine picked {decision.node}; highest ImageLocality {sorted(best)} ({top})"
+                )
+            if out.node not in best:
+                problems.append(f"kube-scheduler bound it to {out.node} ({out.reason} {out.message})")
+            if problems:
+                problems.append(f"engine ImageLocality scores: {scores}")
+                d.tally.disagreements.append(d.report(case, problems, pod, dry, {n for n in best if n}))
+            d.tally.cases += 1
+            await d.delete(name)
+            await _gone(kube, f"/api/v1/namespaces/{namespace}/pods/{name}")
+            await asyncio.sleep(SETTLE_AFTER_DELETE)  # kube-scheduler's cache sees the node empty again
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+    summary = (
+        f"{d.tally.cases} image-locality cases: {narrowed} narrowed to some nodes by image locality, "
+        f"{decided} of them to one node; "
+        f"{len(d.tally.disagreements)} disagreements"
+    )
+    print(summary)
+    shown = "\n\n".join(d.tally.disagreements[:SHOW_DISAGREEMENTS])
+    assert not d.tally.disagreements, f"{summary}\n\n{shown}"
+    assert narrowed > IMAGE_CASES // 2 and decided > IMAGE_CASES // 10, summary

@@ -1,14 +1,25 @@
 """The in-tree plugins and the default profile for agent pods.
 
-The default profile binpacks (MostAllocated), prefers warm nodes and keeps sessions together, and honours the
-inter-pod rules (InterPodAffinity, PodTopologySpread; scores weighted 2 as kube-scheduler's); weights are
-configurable per plugin name. ``default_registry()`` is the one place that names every concrete plugin.
+The default profile binpacks (MostAllocated), prefers warm nodes and nodes that already hold the pod's images
+(ImageLocality, weight 1 as kube-scheduler's), keeps sessions together, and honours the inter-pod rules
+(InterPodAffinity, PodTopologySpread; scores weighted 2 as kube-scheduler's); weights are configurable per
+plugin name. ``default_registry()`` is the one place that names every concrete plugin.
 """
 
 from __future__ import annotations
 
 from worker.framework import Profile, Registry
-from worker.plugins import affinity, interpod, locality, node_state, ports, resources, spread, taints
+from worker.plugins import (
+    affinity,
+    images,
+    interpod,
+    locality,
+    node_state,
+    ports,
+    resources,
+    spread,
+    taints,
+)
 
 
 def default_registry() -> Registry:
@@ -29,6 +40,7 @@ def default_registry() -> Registry:
     r.register("TaintTolerationScore", taints.taint_score)
     r.register("NodeAffinityScore", affinity.affinity_score)
     r.register("WarmNode", locality.warm_node)
+    r.register("ImageLocality", images.image_locality)
     r.register("SessionLocality", locality.session_locality)
     return r
 
@@ -51,6 +63,7 @@ def default_profile() -> Profile:
             "TaintTolerationScore": 3,
             "NodeAffinityScore": 2,
             "WarmNode": 1,
+            "ImageLocality": 1,
             "SessionLocality": 2,
             "InterPodAffinityScore": 2,
             "PodTopologySpreadScore": 2,

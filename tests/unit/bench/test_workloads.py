@@ -9,6 +9,7 @@ import statistics
 import pytest
 import yaml
 
+from scale.bench.pulls import PULL_ANNOTATION, PULL_DELAY_ANNOTATION
 from scale.bench.stages import BENCH_STAGES, bench_kwok_config
 from scale.bench.workloads import (
     AGENT,
@@ -118,4 +119,25 @@ def test_the_bench_kwok_config_adds_the_lifetime_stages_to_the_clusters() -> Non
     assert any(LIFETIME_ANNOTATION in k for k in keys)
     remove = next(d for d in docs if d.get("metadata", {}).get("name") == "bench-pod-remove")
     assert remove["spec"]["next"]["delete"] is True
-    assert len(BENCH_STAGES) == 2
+    assert len(BENCH_STAGES) == 3
+
+
+def test_pulling_pods_wait_for_their_delay_instead_of_pod_ready() -> None:
+    docs = list(yaml.safe_load_all(bench_kwok_config(pod_parallelism=8)))
+    by_name = {d["metadata"]["name"]: d for d in docs if d.get("kind") == "Stage"}
+    ready_keys = [e for e in by_name["pod-ready"]["spec"]["selector"]["matchExpressions"]]
+    assert {"key": f'.metadata.annotations["{PULL_ANNOTATION}"]', "operator": "DoesNotExist"} in ready_keys
+    pull = by_name["bench-pod-pull"]["spec"]
+    assert PULL_DELAY_ANNOTATION in pull["delay"]["durationFrom"]["expressionFrom"]
+    assert any(PULL_DELAY_ANNOTATION in e["key"] for e in pull["selector"]["matchExpressions"])
+    # the same Running status pod-ready writes
+    assert pull["next"]["statusTemplate"] == by_name["pod-ready"]["spec"]["next"]["statusTemplate"]
+
+
+def test_agent_pods_carry_the_pull_marker_only_when_pulls_are_simulated() -> None:
+    plain = arrivals(WorkloadSpec(name="s", pods=3), namespace="ns", scheduler_name="x")
+    assert all(PULL_ANNOTATION not in a.pod["metadata"].get("annotations", {}) for a in plain)
+    spec = WorkloadSpec(name="s", pods=3, pull_delay_s=2.0, batch_rate=5.0, rate=10.0)
+    pulled = arrivals(spec, namespace="ns", scheduler_name="x")
+    for a in pulled:
+        assert (PULL_ANNOTATION in a.pod["metadata"].get("annotations", {})) == (a.kind == "agent")

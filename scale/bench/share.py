@@ -1,0 +1,110 @@
+"""The ``share`` workload's arrival plan (issue 15 item 1), pure and deterministic: agent sandboxes in waves over
+a standing backlog of batch pods. Scaffolding: ``bench cluster`` does not run it yet (it refuses
+``--workloads share`` with the reason); see "Next steps" below.
+
+Time is *simulated* and compressed: ``ShareSpec.compression`` simulated seconds pass per real second, so ten
+simulated minutes of waves (the issue's minimum) take one real minute at the default 10. Every time in the plan
+(arrival offsets, lifetime annotations) is already real, i.e. divided by the compression.
+
+- Agent pods (``scale.workload.agent_pod``, the agent scheduler's name) arrive in waves: each
+  ``wave_period_s`` starts with a burst of ``wave_burst_s`` during which they arrive as a Poisson process at
+  ``wave_rate`` per simulated second, then a quiet rest of the period. Each lives a log-uniform time between
+  ``lifetime_min_s`` and ``lifetime_max_s`` simulated seconds after it runs (seconds to minutes), carried in the
+  lifetime annotation the bench's kwok stages act on (``scale.bench.stages``), so capacity frees as it would.
+- Batch pods (``scale.bench.workloads.batch_pod``: 1 CPU / 2Gi, the default scheduler) are a backlog of
+  ``batch_backlog`` pods queued at the start, each running ``batch_runtime_s`` simulated seconds. They carry no
+  node constraint here: the batch side (a stand-in following Volcano's NodeShard protocol, like
+  ``tests/integration/policy_rig.BatchStandIn``) releases them in waves, each restricted (required node
+  affinity on ``metadata.name``) to the nodes of the batch NodeShard it has confirmed at that safe point.
+
+Invariants: the plan depends only on the spec (same spec, same pods, same times); agent arrivals fall inside
+burst windows only; every lifetime is within its bounds after compression.
+
+Next steps (not done): (1) move the batch stand-in from the tests into ``scale/bench`` and drive the backlog
+through it; (2) run the agent side as a coordinator with the sharding ConfigMap, three configurations in one
+run: a static split (fixed agent and batch node sets: a policy whose node sets do not move), Volcano's example
+policy as shipped, and the tuned policy; (3) record per configuration the allocation over time (CPU and memory,
+mean and p10), agent create->bound and create->running p50/p99, batch queue wait (created -> released -> bound),
+node moves per minute and handoff durations (NodeShard status timeline, as the policy tests' recorder does), and
+the largest free CPU block per pool; (4) the report and ``docs/policies.md``.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+from scale.bench.workloads import AGENT, BATCH, LIFETIME_ANNOTATION, RUN_LABEL, Arrival, batch_pod
+from scale.workload import agent_pod
+
+SHARE = "share"
+MIN_SIMULATED_S = 600.0  # the issue asks for at least ten simulated minutes of waves
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ShareSpec:
+    """Parameters of the share workload; times in simulated seconds (see the module docstring)."""
+
+    simulated_s: float = MIN_SIMULATED_S
+    compression: float = 10.0
+    wave_period_s: float = 120.0
+    wave_burst_s: float = 20.0
+    wave_rate: float = 10.0
+    lifetime_min_s: float = 5.0
+    lifetime_max_s: float = 300.0
+    batch_backlog: int = 400
+    batch_runtime_s: float = 240.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.simulated_s < MIN_SIMULATED_S:
+            raise ValueError(f"share: at least {MIN_SIMULATED_S:.0f} simulated seconds of waves")
+        if self.compression <= 0 or self.wave_rate <= 0 or self.batch_runtime_s <= 0:
+            raise ValueError("share: compression, wave_rate and batch_runtime_s must be > 0")
+        if not 0 < self.wave_burst_s <= self.wave_period_s:
+            raise ValueError("share: 0 < wave_burst_s <= wave_period_s")
+        if not 0 < self.lifetime_min_s <= self.lifetime_max_s:
+            raise ValueError("share: 0 < lifetime_min_s <= lifetime_max_s")
+        if self.batch_backlog < 0:
+            raise ValueError("share: batch_backlog must be >= 0")
+
+    def real(self, simulated: float) -> float:
+        return simulated / self.compression
+
+
+@dataclass(frozen=True, slots=True)
+class SharePlan:
+    agents: list[Arrival]  # at real offsets, sorted by time
+    batch_backlog: list[Arrival]  # all at 0: queued for the batch side to release
+
+
+def share_plan(spec: ShareSpec, *, namespace: str, scheduler_name: str) -> SharePlan:
+    rng = random.Random(f"share:{spec.seed}")
+    agents: list[Arrival] = []
+    index = 0
+    start = 0.0
+    while start < spec.simulated_s:
+        t = start
+        end = min(start + spec.wave_burst_s, spec.simulated_s)
+        while True:
+            t += rng.expovariate(spec.wave_rate)
+            if t >= end:
+                break
+            pod = agent_pod(index, namespace=namespace, scheduler_name=scheduler_name, seed=spec.seed)
+            life = math.exp(rng.uniform(math.log(spec.lifetime_min_s), math.log(spec.lifetime_max_s)))
+            pod["metadata"]["labels"][RUN_LABEL] = SHARE
+            annotations = pod["metadata"].setdefault("annotations", {})
+            annotations[LIFETIME_ANNOTATION] = f"{spec.real(life) * 1000:.0f}ms"
+            agents.append(Arrival(round(spec.real(t), 6), AGENT, pod))
+            index += 1
+        start += spec.wave_period_s
+    batch: list[Arrival] = []
+    for i in range(spec.batch_backlog):
+        pod = batch_pod(i, namespace=namespace)
+        pod["metadata"]["labels"][RUN_LABEL] = SHARE
+        pod["metadata"]["annotations"] = {
+            LIFETIME_ANNOTATION: f"{spec.real(spec.batch_runtime_s) * 1000:.0f}ms"
+        }
+        batch.append(Arrival(0.0, BATCH, pod))
+    return SharePlan(agents, batch)
