@@ -2,13 +2,17 @@
 
 The default profile binpacks (MostAllocated), prefers warm nodes and keeps sessions together, and honours the
 inter-pod rules (InterPodAffinity, PodTopologySpread; scores weighted 2 as kube-scheduler's); weights are
-configurable per plugin name. ``default_registry()`` is the one place that names every concrete plugin.
+configurable per plugin name. ``default_registry()`` is the one place that names every concrete plugin;
+``spread_defaults`` validates PodTopologySpread's arguments (the worker's configured default constraints).
 """
 
 from __future__ import annotations
 
 from worker.framework import Profile, Registry
 from worker.plugins import affinity, interpod, locality, node_state, ports, resources, spread, taints
+from worker.plugins.spread import SpreadDefaults, spread_defaults
+
+__all__ = ["SpreadDefaults", "default_profile", "default_registry", "spread_defaults"]
 
 
 def default_registry() -> Registry:
