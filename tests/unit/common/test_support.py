@@ -339,7 +339,9 @@ def test_a_namespace_selector_is_supported_standalone_and_parsed() -> None:
     selected = parsed.inter_pod.anti_affinity[0]
     assert selected.namespaces == frozenset({"other"})
     assert selected.namespace_selector is not None
-    assert selected.matches("x", {"app": "agent"}, {"team": "a"}) == selected.selector.matches({"app": "agent"})
+    assert selected.matches("x", {"app": "agent"}, {"team": "a"}) == selected.selector.matches(
+        {"app": "agent"}
+    )
     assert not selected.matches("x", {"app": "agent"}, {"team": "b"})
     everywhere = dict(POD_TERM, namespaceSelector={})
     pod = with_spec(
