@@ -337,4 +337,6 @@ class Cache:
             "pods": len(self.pod_node),
             "assumed": len(self.assumed),
             "expired": self.expired,
+            "namespaces": len(self.topology.namespace_labels),
+            **self.workloads.statistics(),
         }

@@ -183,6 +183,7 @@ class Engine:
                 tuple(sorted(pod.labels.items())),
                 pod.inter_pod,
                 self.cache.topology.version,
+                self.cache.workloads.version,  # default spread constraints: their selector may change
             )
         owned = [
             info

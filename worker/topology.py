@@ -60,6 +60,18 @@ Match = tuple[Part, ...]
 NamespaceLabels = dict[str, dict[str, str]]
 
 
+def incoming(
+    namespaces: frozenset[str] | None, selector: LabelSelector, ns_selector: LabelSelector | None
+) -> Part:
+    """The part for one term of the pod being decided, as kube-scheduler v1.36 matches it: its PreFilter adds
+    the namespaces the ``namespaceSelector`` selects to the term's names but keeps the selector on (it resets a
+    copy), and matches placed pods against it with no namespace labels; so a selector that an empty label set
+    satisfies (only ``DoesNotExist`` or ``NotIn`` requirements) selects every namespace."""
+    if ns_selector is not None and ns_selector.matches({}):
+        return (None, selector, None)
+    return (namespaces, selector, ns_selector)
+
+
 def matches(match: Match, pod: PodRecord, ns_labels: dict[str, str] | None = None) -> bool:
     """Whether ``pod`` matches every part; ``ns_labels`` are the labels of its Namespace object, None when
     that is not known. As kube-scheduler unrolls an incoming pod's ``namespaceSelector`` into the names of the

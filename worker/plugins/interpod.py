@@ -22,8 +22,9 @@ Plugins get the cache through ``attach`` (the engine calls it).
 Namespaces as kube-scheduler reads them: a term applies to the namespaces it names, or the pod's own when it
 names none and has no ``namespaceSelector``; an empty ``namespaceSelector`` ({}) means every namespace; a
 non-empty one adds the namespaces whose labels it matches: for the incoming pod's terms the Namespace objects
-that exist (kube unrolls the selector into their names), for a placed pod's terms the incoming pod's
-Namespace labels (empty when it has no object). The counts follow Namespace label changes
+that exist (kube unrolls the selector into their names; one that an empty label set satisfies selects every
+namespace there, see ``worker.topology.incoming``), for a placed pod's terms the incoming pod's Namespace
+labels (empty when it has no object). The counts follow Namespace label changes
 (``worker.topology``)."""
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from common.records import PodRecord
 from worker.framework import Status
 from worker.nodeinfo import NodeInfo
-from worker.topology import matches
+from worker.topology import incoming, matches
 
 if TYPE_CHECKING:
     from worker.cache import Cache
@@ -87,7 +88,7 @@ class InterPodAffinityFilter:
         first = False
         if rules is not None and rules.affinity:
             # kube-scheduler counts a pod for the affinity only when it matches every term
-            match = tuple((t.namespaces, t.selector, t.namespace_selector) for t in rules.affinity)
+            match = tuple(incoming(t.namespaces, t.selector, t.namespace_selector) for t in rules.affinity)
             tracker = topology.tracker(match, live_only=False)
             tracker.affinity = True
             affinity = [(t.topology_key, tracker.counts(t.topology_key, nodes)) for t in rules.affinity]
@@ -97,7 +98,7 @@ class InterPodAffinityFilter:
         if rules is not None:
             for t in rules.anti_affinity:
                 tracker = topology.tracker(
-                    ((t.namespaces, t.selector, t.namespace_selector),), live_only=False
+                    (incoming(t.namespaces, t.selector, t.namespace_selector),), live_only=False
                 )
                 anti.append((t.topology_key, tracker.counts(t.topology_key, nodes)))
         existing = [(g.term.topology_key, g.domains) for g in topology.anti_against(pod)]
@@ -162,7 +163,7 @@ class InterPodAffinityScore:
             for sign, weighted in ((1, rules.preferred_affinity), (-1, rules.preferred_anti_affinity)):
                 for weight, t in weighted:
                     tracker = topology.tracker(
-                        ((t.namespaces, t.selector, t.namespace_selector),), live_only=False
+                        (incoming(t.namespaces, t.selector, t.namespace_selector),), live_only=False
                     )
                     terms.append((t.topology_key, tracker.counts(t.topology_key, nodes), sign * weight))
         for g in topology.scoring(pod):

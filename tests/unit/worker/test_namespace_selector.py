@@ -132,3 +132,19 @@ def test_incoming_pods_preferred_anti_affinity_with_a_namespace_selector_scores(
     assert engine.schedule(pod.record()).node == "n1"
     engine.cache.upsert_namespace("red", {"team": "b"})
     assert engine.schedule(pod.record()).node == "n0"
+
+
+def test_an_incoming_selector_satisfied_by_no_labels_selects_every_namespace_as_kube_does() -> None:
+    # kube-scheduler v1.36 keeps such a selector on the incoming pod's term and matches it against no labels
+    engine = two_nodes()
+    engine.cache.upsert_pod(make_pod("r", "red").label("app", "db").on("n0").record())
+    no_team = {"matchExpressions": [{"key": "team", "operator": "DoesNotExist"}]}
+    anti = make_pod("p", "mine").pod_affinity(HOST, {"app": "db"}, anti=True, namespace_selector=no_team)
+    assert engine.schedule(anti.record()).node == "n1"  # red has a team, yet its pod counts
+    # a placed pod's such term is matched with the incoming pod's own Namespace labels
+    guard = make_pod("g", "blue").label("app", "guard")
+    guard.pod_affinity(HOST, {"app": "web"}, anti=True, namespace_selector=no_team)
+    engine.cache.upsert_pod(guard.on("n1").record())
+    n1 = engine.cache.nodes[NodeName("n1")]
+    assert engine.filter_all(make_pod("w", "red").label("app", "web").record(), n1) is None
+    assert engine.filter_all(make_pod("w", "mine").label("app", "web").record(), n1) is not None
