@@ -46,6 +46,11 @@ constraints). The engine's own pick is checked by one pinned probe first, delete
 itself is created, unless the pod has a hard spread constraint honouring node affinity (pinning would change
 which domains it counts). ``DIFF_INTERPOD_CASES`` (default 500) sets the number of cases.
 
+Two more tests use the same machinery: ``namespaceSelector`` terms (``DIFF_NAMESPACE_CASES``, default 150: pods
+of other namespaces bound directly, namespaces relabelled between cases), and kube-scheduler's default topology
+spread constraints (``DIFF_SPREAD_STEPS``, default 60: pods of a Service, a ReplicaSet and a StatefulSet on
+identical nodes, where the spread score decides the placement); see their sections below.
+
 Knobs: ``DIFF_CASES`` (default 500), ``DIFF_SEED`` (default 1; also seeds the nodes), ``DIFF_NODES`` (default
 30), ``DIFF_PROBES`` (single-node probes per case, default 4; ``DIFF_NODES`` or more probes every node in every
 case), ``DIFF_REPORT`` (a file to write every disagreement to, in full; the failure shows the first three).
@@ -1207,9 +1212,9 @@ class SpreadDifferential:
             self.cache.workloads.upsert(kind, created)
         await asyncio.sleep(SETTLE_INFORMERS)
 
-    def spread_best(self, record: PodRecord) -> tuple[set[str], NodeName | None, bool]:
+    def spread_best(self, record: PodRecord) -> tuple[set[str], NodeName | None, bool | None]:
         """The feasible nodes the engine's spread score ranks highest, the engine's pick, and whether the
-        spread score told the nodes apart at all."""
+        spread score told the nodes apart at all (None: the engine gives the pod no spread constraint)."""
         decision = self.engine.schedule(record)
         feasible = [
             self.cache.nodes[NodeName(n)]
@@ -1217,8 +1222,10 @@ class SpreadDifferential:
             if self.engine.filter_all(record, self.cache.nodes[NodeName(n)]) is None
         ]
         spread = next(p for p, _ in self.engine.scores if p.name == "PodTopologySpreadScore")
-        if not feasible or not spread.applies(record):
-            return {i.node.name for i in feasible}, decision.node, False
+        if not spread.applies(record):
+            return {i.node.name for i in feasible}, decision.node, None
+        if not feasible:
+            return set(), decision.node, False
         scores = spread.scores(record, feasible)
         top = max(scores)
         return (
@@ -1231,9 +1238,13 @@ class SpreadDifferential:
         best, pick, decided = self.spread_best(record)
         node = bound["spec"].get("nodeName")
         self.compared += 1
-        self.decided_by_spread += decided
+        self.decided_by_spread += bool(decided)
         self.by_source[source] += 1
         problems = []
+        if decided is None:
+            problems.append(
+                "the engine applies no spread constraint; kube-scheduler's defaults select the pod"
+            )
         if node not in best:
             problems.append(f"kube-scheduler bound it to {node}; the engine's best by spread: {sorted(best)}")
         if pick not in best:
