@@ -132,6 +132,8 @@ class WorkloadSelectors:
 
     def default_selector(self, pod: PodRecord) -> LabelSelector | None:
         """kube-scheduler's DefaultSelector for ``pod``; None when it is empty (no default constraint)."""
+        if pod.controller is None and pod.namespace not in self.services:
+            return None  # most agent pods: nothing can select them, decided without building anything
         merged: dict[str, str] = {}
         for selector in self.services.get(pod.namespace, {}).values():
             if all(pod.labels.get(k) == v for k, v in selector):

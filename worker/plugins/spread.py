@@ -133,6 +133,8 @@ class _Spread:
             return (), False
         assert self.cache is not None, "PodTopologySpread used without a cache"
         workloads = self.cache.workloads
+        if pod.controller is None and pod.namespace not in workloads.services:
+            return (), False  # nothing can select the pod (the common agent pod): no default constraint
         last, version, constraints = self._defaulted
         if last is not pod or version != workloads.version:
             selector = workloads.default_selector(pod)
