@@ -7,8 +7,16 @@
     scoreWeight: [MostAllocated=2]
 
 The fields are the role's own flags in camelCase (``--kube-api-qps`` is ``kubeApiQps``), so the file can say
-exactly what the command line can, and nothing else. A flag given on the command line overrides the file (a
-repeatable flag such as ``--score-weight`` adds to the file's list).
+exactly what the command line can, plus the structured sections no flag can express (``SECTIONS``): the
+worker's ``podTopologySpread``, kube-scheduler's PodTopologySpreadArgs for pods stating no constraint:
+
+    podTopologySpread:
+      defaultingType: List             # System (the default: kube-scheduler's) or List
+      defaultConstraints:              # with List; [] turns default constraints off
+      - {maxSkew: 1, topologyKey: topology.kubernetes.io/zone, whenUnsatisfiable: ScheduleAnyway}
+
+A flag given on the command line overrides the file (a repeatable flag such as ``--score-weight`` adds to the
+file's list).
 
 Invariants: the document is validated before anything starts, against the flags' own types and choices; an
 error names the file and the field path (``worker.yaml: leaseTtl: expected an integer, got 'ten'``) and is one
@@ -28,6 +36,30 @@ KINDS = {"worker": "WorkerConfiguration", "coordinator": "CoordinatorConfigurati
 MAX_BYTES = 256 * 1024
 # Flags that are not settings of the role (where the settings come from, per-process identity is allowed).
 NOT_CONFIGURABLE = frozenset({"help", "config"})
+
+
+def _pod_topology_spread(value: Any) -> dict[str, Any]:
+    from worker.plugins import spread_defaults  # the plugin's own validation, as kube-scheduler's
+
+    if not isinstance(value, dict):
+        raise ConfigError(f"podTopologySpread: expected a mapping, got {_describe(value)}")
+    unknown = sorted(str(k) for k in value if k not in ("defaultingType", "defaultConstraints"))
+    if unknown:
+        raise ConfigError(
+            f"podTopologySpread.{unknown[0]}: unknown field (known: defaultConstraints, defaultingType)"
+        )
+    try:
+        spread_defaults(value)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"podTopologySpread.{e}") from None
+    return {
+        "spread_defaulting": value.get("defaultingType") or "System",
+        "spread_default_constraints": list(value.get("defaultConstraints") or []),
+    }
+
+
+# role -> field -> its validator, which returns argparse defaults (dest -> value)
+SECTIONS: dict[str, dict[str, Any]] = {"worker": {"podTopologySpread": _pod_topology_spread}}
 
 
 class ConfigError(Exception):
@@ -118,9 +150,14 @@ def load(path: str, role: str, parser: argparse.ArgumentParser) -> dict[str, Any
         fields = configurable(parser)
         out: dict[str, Any] = {}
         for name, value in doc.items():
+            section = SECTIONS.get(role, {}).get(str(name))
+            if section is not None:
+                out.update(section(value))
+                continue
             action = fields.get(str(name))
             if action is None:
-                raise ConfigError(f"{name}: unknown field (known: {', '.join(sorted(fields))})")
+                known = sorted([*fields, *SECTIONS.get(role, {})])
+                raise ConfigError(f"{name}: unknown field (known: {', '.join(known)})")
             out[action.dest] = _convert(str(name), action, value)
         return out
     except ConfigError as e:

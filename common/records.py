@@ -303,15 +303,26 @@ class LabelSelector:
 @dataclass(frozen=True, slots=True)
 class PodTerm:
     """One pod (anti-)affinity term, with ``matchLabelKeys``/``mismatchLabelKeys`` merged into the selector.
-    ``namespaces`` None means every namespace (an empty ``namespaceSelector``)."""
+    ``namespaces`` None means every namespace (an empty ``namespaceSelector``); otherwise a pod's namespace
+    must be in ``namespaces`` or, when ``namespace_selector`` is set (a non-empty ``namespaceSelector``), carry
+    labels it matches (kube-scheduler's ``AffinityTerm.Matches``)."""
 
     namespaces: frozenset[str] | None
     selector: LabelSelector
     topology_key: str
+    namespace_selector: LabelSelector | None = None
 
-    def matches(self, namespace: str, labels: dict[str, str]) -> bool:
+    def matches(
+        self, namespace: str, labels: dict[str, str], ns_labels: dict[str, str] | None = None
+    ) -> bool:
+        """``ns_labels``: the labels of the pod's Namespace object, None when it is not known (a
+        ``namespace_selector`` then selects it only if it matches no labels at all)."""
         ns = self.namespaces
-        return (ns is None or namespace in ns) and self.selector.matches(labels)
+        if ns is not None and namespace not in ns:
+            sel = self.namespace_selector
+            if sel is None or not sel.matches(ns_labels or {}):
+                return False
+        return self.selector.matches(labels)
 
 
 @dataclass(frozen=True, slots=True)
@@ -376,6 +387,8 @@ class PodRecord:
     preempted: bool = False
     # normalized images of the init containers and containers, for ImageLocality; () once placed
     images: tuple[str, ...] = ()
+    # the controller owner reference (apiVersion, kind, name), for kube's default spread selector
+    controller: tuple[str, str, str] | None = None
 
     @property
     def terminal(self) -> bool:
@@ -727,6 +740,16 @@ def _label_selector(raw: Any, where: str) -> LabelSelector:
     return LabelSelector(tuple(reqs))
 
 
+def spread_constraint_from_json(raw: Any, where: str) -> SpreadConstraint:
+    """One topologySpreadConstraint outside a pod (a configured default); raises ValueError when malformed."""
+    return _spread(raw, where, {})
+
+
+def label_selector_from_json(raw: Any, where: str) -> LabelSelector:
+    """A metav1.LabelSelector (of a ReplicaSet, a StatefulSet, ...); raises ValueError when malformed."""
+    return _label_selector(raw, where)
+
+
 def _merge_keys(selector: LabelSelector, labels: dict[str, Any], keys: Any, op: str) -> LabelSelector:
     """``matchLabelKeys`` (``In``) or ``mismatchLabelKeys`` (``NotIn``): for each key the pod carries, a
     requirement on the pod's own value, ANDed into the selector (as the API server and kube-scheduler do)."""
@@ -757,10 +780,9 @@ def _pod_term(raw: Any, where: str, namespace: str, labels: dict[str, Any]) -> P
     ):
         namespaces = None  # an empty namespaceSelector selects every namespace
     else:
-        # Selecting namespaces by their labels needs the Namespace objects, which this scheduler does not
-        # watch; a pod not yet placed that asks for it is refused (``common.support``). A placed pod's term
-        # is read as its explicit namespaces only.
-        namespaces = names
+        # namespaces selected by their labels: matched against the Namespace objects the worker watches
+        # (``worker.topology``), in addition to the explicit names
+        return PodTerm(names, selector, key, _label_selector(ns_selector, where + ".namespaceSelector"))
     return PodTerm(namespaces, selector, key)
 
 
@@ -935,6 +957,7 @@ def pod_from_json(obj: dict[str, Any]) -> PodRecord:
             for c in status.get("conditions") or ()
         ),
         images=images,
+        controller=_controller(meta),
     )
 
 
@@ -953,6 +976,14 @@ def label_selector(raw: Any, where: str) -> LabelSelector:
     """A metav1.LabelSelector (``matchLabels``, ``matchExpressions``); null matches nothing. Raises
     ``ValueError`` for a malformed one."""
     return _label_selector(raw, where)
+
+
+def _controller(meta: dict[str, Any]) -> tuple[str, str, str] | None:
+    """The owner reference with ``controller: true`` (metav1.GetControllerOf), if any."""
+    for ref in meta.get("ownerReferences") or ():
+        if isinstance(ref, dict) and ref.get("controller") is True:
+            return (str(ref.get("apiVersion") or ""), str(ref.get("kind") or ""), str(ref.get("name") or ""))
+    return None
 
 
 def node_from_json(obj: dict[str, Any]) -> NodeRecord:

@@ -18,8 +18,8 @@ classified here, against what kube-scheduler's default plugins read:
   anti-affinity on another shard's node would be unknown to the deciding worker's filter until bound.
 
 Fields that hold several kinds of things are looked into: ``affinity`` (node affinity is supported, pod
-affinity and anti-affinity are standalone-only, and refused when a term selects namespaces by label: the worker
-does not watch Namespace objects), ``volumes`` (per volume source, ``VOLUME_SOURCES``), the containers
+affinity and anti-affinity are standalone-only, ``namespaces`` and ``namespaceSelector`` included: the worker
+watches Namespace objects), ``volumes`` (per volume source, ``VOLUME_SOURCES``), the containers
 (``resources.claims``, ``restartPolicyRules``), pod-level ``resources`` (``claims``) and ``hostUsers``.
 
 Invariants:
@@ -31,9 +31,11 @@ Invariants:
 
 What stays outside this table, because it is not a field of the incoming pod: the symmetric side of inter-pod
 anti-affinity (a pod already running with a required anti-affinity against the incoming pod's labels), which
-the standalone worker honours (``worker.topology``), and kube-scheduler's system default spread constraints (a
-score only, built from the Services and ReplicaSets selecting the pod; this scheduler does not watch those, so
-it applies none, as kube-scheduler does for a pod no such object selects).
+the standalone worker honours (``worker.topology``), and kube-scheduler's default spread constraints for a pod
+stating none (``worker.plugins.spread``): by default kube's System defaults (hostname maxSkew 3, zone maxSkew 5,
+ScheduleAnyway: a score only), with the selector built from the Services, ReplicationControllers, ReplicaSets
+and StatefulSets selecting the pod (``worker.workloads``), as kube-scheduler applies them; configurable as its
+PodTopologySpreadArgs (``defaultingType: List``; an empty list applies none).
 """
 
 from __future__ import annotations
@@ -104,8 +106,8 @@ SPEC_FIELDS: Final[dict[str, Field]] = {
         _f(
             "spec.affinity",
             INSPECTED,
-            "nodeAffinity supported; podAffinity and podAntiAffinity standalone-only (a namespaceSelector that "
-            "is not empty refused)",
+            "nodeAffinity supported; podAffinity and podAntiAffinity standalone-only (namespaces and "
+            "namespaceSelector included)",
         ),
         _f("spec.volumes", INSPECTED, "per volume source: see VOLUME_SOURCES"),
         _f(
@@ -308,46 +310,13 @@ def _empty(value: Any) -> bool:
     return value is None or value == "" or (isinstance(value, (list, dict)) and not value)
 
 
-def _selects_namespaces(term: Any) -> bool:
-    selector = term.get("namespaceSelector") if isinstance(term, dict) else None
-    return isinstance(selector, dict) and not (
-        _empty(selector.get("matchLabels")) and _empty(selector.get("matchExpressions"))
-    )
-
-
-def _namespace_selectors(key: str, part: Any) -> list[str]:
-    """The terms of a pod (anti-)affinity that select namespaces by label (unsupported: see the docstring)."""
-    found: list[str] = []
-    if not isinstance(part, dict):
-        return found
-    for kind in (
-        "requiredDuringSchedulingIgnoredDuringExecution",
-        "preferredDuringSchedulingIgnoredDuringExecution",
-    ):
-        terms = part.get(kind)
-        if not isinstance(terms, list):
-            continue
-        for i, item in enumerate(terms):
-            term = (
-                item.get("podAffinityTerm")
-                if kind.startswith("preferred") and isinstance(item, dict)
-                else item
-            )
-            if _selects_namespaces(term):
-                found.append(f"spec.affinity.{key}.{kind}[{i}].namespaceSelector")
-    return found
-
-
 def _affinity(spec: Mapping[str, Any], value: Any) -> list[str]:
     if not isinstance(value, dict):
         return []
     found: list[str] = []
     for key, part in value.items():
         known = AFFINITY_FIELDS.get(key)
-        if known is not None and known.status == SUPPORTED:
-            continue
-        if known is not None and known.status == STANDALONE:
-            found.extend(_namespace_selectors(key, part))
+        if known is not None and known.status in (SUPPORTED, STANDALONE):
             continue
         # pod (anti-)affinity with no terms at all constrains nothing
         if isinstance(part, dict) and not any(not _empty(v) for v in part.values()):

@@ -173,6 +173,18 @@ class PodBuilder:
         self.spec.setdefault("schedulingGates", []).append({"name": name})
         return self
 
+    def owned_by(self, kind: str, name: str, api_version: str = "apps/v1", uid: str = "") -> PodBuilder:
+        """A controller owner reference (as a ReplicaSet or StatefulSet sets on its pods)."""
+        ref = {
+            "apiVersion": api_version,
+            "kind": kind,
+            "name": name,
+            "uid": uid or f"uid-{kind}-{name}",
+            "controller": True,
+        }
+        self.obj["metadata"].setdefault("ownerReferences", []).append(ref)
+        return self
+
     def on(self, node: str) -> PodBuilder:
         self.spec["nodeName"] = node
         self.obj["status"] = {"phase": "Running"}

@@ -23,6 +23,10 @@ Invariants:
 - ``topology`` (``worker.topology``) is told of every pod accounted or unaccounted (bound or assumed, any
   scheduler) and of every node label change, so its per-domain counts for the inter-pod rules are always
   current; a pod that matches some pod's required affinity counts as an event that may help waiting pods.
+  It is also told of every Namespace's labels (for ``namespaceSelector`` terms): a Namespace change that
+  makes a pod count for some pod's required affinity is such an event too.
+- ``workloads`` (``worker.workloads``) holds the selectors of the Services and controllers that kube's
+  default topology spread constraints are built from; nothing else.
 
 Nominations (kube-scheduler's PodNominator): a pending pod nominated to a node (``status.nominatedNodeName``
 seen in the watch, or set by this worker's own preemption before its patch lands) is kept in ``nominated``
@@ -50,6 +54,7 @@ from worker.index import CapacityIndex
 from worker.nodeinfo import NodeInfo
 from worker.shard import ShardChange, ShardView, WholeCluster
 from worker.topology import TopologyCounts
+from worker.workloads import WorkloadSelectors
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +115,8 @@ class Cache:
         self.nominated_node: dict[PodKey, NodeName] = {}
         # image name -> (size, nodes listing it), over the known nodes, for ImageLocality
         self.images = ImageStates()
+        # selectors of Services and controllers, for the default topology spread constraints
+        self.workloads = WorkloadSelectors()
         # Bumped on any change that could make an unschedulable pod schedulable or change a failure reason.
         self.generation = 0
         self.expired = 0
@@ -209,6 +216,21 @@ class Cache:
 
     def static_version(self, name: NodeName) -> int:
         return self.static_versions.get(name, 0)
+
+    # ----- namespaces ------------------------------------------------------------------------------------
+
+    def upsert_namespace(self, name: str, labels: dict[str, str] | None) -> bool:
+        """A Namespace's labels (None: deleted). True when it may help a pod waiting for pod affinity."""
+        helps = self.topology.set_namespace(name, labels)
+        if helps:
+            self.generation += 1
+        return helps
+
+    def replace_namespaces(self, namespaces: dict[str, dict[str, str]]) -> bool:
+        helps = self.topology.replace_namespaces(namespaces)
+        if helps:
+            self.generation += 1
+        return helps
 
     # ----- pods ------------------------------------------------------------------------------------------
 
@@ -388,4 +410,6 @@ class Cache:
             "assumed": len(self.assumed),
             "nominated": len(self.nominated_node),
             "expired": self.expired,
+            "namespaces": len(self.topology.namespace_labels),
+            **self.workloads.statistics(),
         }

@@ -70,6 +70,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="allow a dispatch listener beyond loopback without --dispatch-secret-file",
     )
     add_security_arguments(p)
+    # no flags: set only by the --config file's podTopologySpread section (agent_scheduler.config)
+    p.set_defaults(spread_defaulting="System", spread_default_constraints=[])
 
 
 def settings_from(args: argparse.Namespace) -> WorkerSettings:
@@ -83,6 +85,8 @@ def settings_from(args: argparse.Namespace) -> WorkerSettings:
     s.scheduling.strategy = args.strategy
     s.scheduling.session_label = args.session_label
     s.scheduling.warm_label = args.warm_label
+    s.scheduling.spread_defaulting = args.spread_defaulting
+    s.scheduling.spread_default_constraints = list(args.spread_default_constraints)
     for item in args.score_weight:
         name, _, weight = item.partition("=")
         s.scheduling.score_weights[name] = int(weight)

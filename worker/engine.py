@@ -231,6 +231,7 @@ class Engine:
                 tuple(sorted(pod.labels.items())),
                 pod.inter_pod,
                 self.cache.topology.version,
+                self.cache.workloads.version,  # default spread constraints: their selector may change
             )
         if self.cache.nominated:
             # verdicts then depend on which nominated pods this pod must leave room for

@@ -5,7 +5,12 @@
 - ``PodFeed``: every non-terminal pod into the cache (pods of every scheduler use capacity); with
   ``watch_pending`` (standalone) also every pending pod of our scheduler name into the queue. Freed capacity
   wakes the unschedulable pods; a deleted pod leaves the queue and the reporter.
-- ``Watches``: both reflectors, and the ``worker.shard.PodWatch`` view the shard's catch-up of newly granted
+- ``NamespaceFeed``: every Namespace's labels into the cache (``namespaceSelector`` terms of pod (anti-)affinity);
+  a change that may satisfy a waiting pod's required affinity wakes the unschedulable pods.
+- ``WorkloadFeed``: the selectors of Services, ReplicationControllers, ReplicaSets and StatefulSets into the
+  cache's ``workloads`` (kube's default topology spread constraints); watched only when a default constraint
+  is configured.
+- ``Watches``: the reflectors, and the ``worker.shard.PodWatch`` view the shard's catch-up of newly granted
   nodes waits on (the watch's progress, a consistent LIST per node, and a direct apply when the watch lags).
 
 Nominations: a pending pod of our scheduler name whose ``status.nominatedNodeName`` is set is nominated in the
@@ -28,6 +33,15 @@ from common.reporting import Reporter
 from common.watching import Reflector
 from worker.cache import Cache
 from worker.queue import SchedulingQueue
+from worker.workloads import REPLICA_SET, REPLICATION_CONTROLLER, SERVICE, STATEFUL_SET
+
+# kind -> the collection path of the objects whose selectors the default spread constraints read
+WORKLOAD_PATHS = {
+    SERVICE: "/api/v1/services",
+    REPLICATION_CONTROLLER: "/api/v1/replicationcontrollers",
+    REPLICA_SET: "/apis/apps/v1/replicasets",
+    STATEFUL_SET: "/apis/apps/v1/statefulsets",
+}
 
 POD_PARAMS = {"fieldSelector": "status.phase!=Succeeded,status.phase!=Failed"}
 
@@ -47,6 +61,49 @@ class NodeFeed:
             self.cache.remove_node(record.name)
         elif self.cache.upsert_node(record):
             self.queue.move_all()
+
+
+def _namespace_labels(obj: dict[str, Any]) -> tuple[str, dict[str, str]]:
+    meta = obj.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    return str(meta.get("name") or ""), {str(k): str(v) for k, v in labels.items()} if isinstance(
+        labels, dict
+    ) else {}
+
+
+class NamespaceFeed:
+    def __init__(self, cache: Cache, queue: SchedulingQueue) -> None:
+        self.cache = cache
+        self.queue = queue
+
+    def replace(self, objects: list[dict[str, Any]]) -> None:
+        if self.cache.replace_namespaces(dict(_namespace_labels(o) for o in objects)):
+            self.queue.move_all()
+
+    def event(self, kind: str, obj: dict[str, Any]) -> None:
+        name, labels = _namespace_labels(obj)
+        if self.cache.upsert_namespace(name, None if kind == "DELETED" else labels):
+            self.queue.move_all()
+
+
+class WorkloadFeed:
+    """One kind's selectors (scores only: a change wakes no pod, as kube-scheduler's queue is not moved)."""
+
+    def __init__(self, cache: Cache, kind: str) -> None:
+        self.cache = cache
+        self.kind = kind
+
+    def replace(self, objects: list[dict[str, Any]]) -> None:
+        self.cache.workloads.replace(self.kind, objects)
+
+    def event(self, kind: str, obj: dict[str, Any]) -> None:
+        if kind == "DELETED":
+            meta = obj.get("metadata") or {}
+            self.cache.workloads.remove(
+                self.kind, str(meta.get("namespace") or "default"), str(meta.get("name"))
+            )
+        else:
+            self.cache.workloads.upsert(self.kind, obj)
 
 
 class PodFeed:
@@ -109,7 +166,8 @@ class PodFeed:
 
 
 class Watches:
-    """The node and pod reflectors of one worker (the pod one only after the node one has synced)."""
+    """The reflectors of one worker: nodes, then Namespaces and (``watch_workloads``) the objects the default
+    spread constraints are built from, then pods (each group only after the one before has synced)."""
 
     def __init__(
         self,
@@ -121,6 +179,7 @@ class Watches:
         scheduler_name: str,
         node_selector: str,
         watch_pending: bool,
+        watch_workloads: bool = True,
     ) -> None:
         self.client = client
         self.cache = cache
@@ -135,9 +194,21 @@ class Watches:
         self.nodes = Reflector(
             client, "/api/v1/nodes", NodeFeed(cache, queue), params=node_params, name="nodes"
         )
+        self.others = [
+            Reflector(client, "/api/v1/namespaces", NamespaceFeed(cache, queue), name="namespaces")
+        ]
+        if watch_workloads:
+            self.others += [
+                Reflector(client, path, WorkloadFeed(cache, kind), name=path.rsplit("/", 1)[1])
+                for kind, path in WORKLOAD_PATHS.items()
+            ]
 
     def synced(self) -> bool:
-        return self.pods.synced.is_set() and self.nodes.synced.is_set()
+        return (
+            self.pods.synced.is_set()
+            and self.nodes.synced.is_set()
+            and all(r.synced.is_set() for r in self.others)
+        )
 
     # ----- worker.shard.PodWatch -------------------------------------------------------------------------
 

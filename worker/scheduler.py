@@ -41,7 +41,7 @@ from worker.engine import Decision, Engine
 from worker.feeds import Watches
 from worker.framework import Code
 from worker.outcomes import Outcomes
-from worker.plugins import default_profile, default_registry
+from worker.plugins import default_profile, default_registry, spread_defaults
 from worker.preemption import Evaluator, Executor, Preemption
 from worker.queue import QueuedPod, SchedulingQueue
 from worker.settings import WorkerSettings
@@ -53,6 +53,12 @@ YIELD_EVERY = 64  # decisions between yields to the event loop, so watches and b
 HOUSEKEEPING_PERIOD = 0.05
 EXPIRY_PERIOD = 1.0
 UNSCHEDULABLE_FLUSH_PERIOD = 30.0
+
+
+def spread_args(settings: WorkerSettings) -> dict[str, Any]:
+    """The PodTopologySpread plugins' arguments (kube-scheduler's PodTopologySpreadArgs)."""
+    s = settings.scheduling
+    return {"defaultingType": s.spread_defaulting, "defaultConstraints": s.spread_default_constraints}
 
 
 def build_engine(settings: WorkerSettings, cache: Cache) -> Engine:
@@ -67,6 +73,7 @@ def build_engine(settings: WorkerSettings, cache: Cache) -> Engine:
     warm_key, _, warm_value = s.warm_label.partition("=")
     profile.args["WarmNode"] = {"label": warm_key, "value": warm_value or "true"}
     profile.args["SessionLocality"] = {"label": s.session_label}
+    profile.args["PodTopologySpread"] = profile.args["PodTopologySpreadScore"] = spread_args(settings)
     filters, scores = default_registry().build(profile)
     return Engine(cache, filters, scores, feasible_nodes=s.feasible_nodes, session_label=s.session_label)
 
@@ -104,6 +111,13 @@ class Scheduler:
         # After the cache (subscribers are called in order): re-indexed first, then the waiting pods retry.
         shard.subscribe(self._shard_changed)
         self.engine = build_engine(settings, self.cache)
+        defaults = spread_defaults(spread_args(settings))
+        if not watch_pending and any(c.hard for c in defaults.constraints):
+            # a default DoNotSchedule constraint spans shards, and the leader cannot see which pods get it
+            raise ValueError(
+                "default topology spread constraints with whenUnsatisfiable DoNotSchedule are supported by a "
+                "standalone worker only"
+            )
         self.binder = Binder(
             client,
             self.cache,
@@ -123,6 +137,8 @@ class Scheduler:
             scheduler_name=s.scheduler_name,
             node_selector=s.node_selector,
             watch_pending=watch_pending,
+            # no default constraint: the Services and controllers are not needed, not watched
+            watch_workloads=bool(defaults.constraints),
         )
         self.preemption: Preemption | None = None
         self.budgets: Reflector | None = None
@@ -264,6 +280,10 @@ class Scheduler:
                 tg.create_task(self.preemption.executor.run())
                 await self.budgets.synced.wait()
             await self.watches.nodes.synced.wait()
+            for reflector in self.watches.others:
+                tg.create_task(reflector.run())
+            for reflector in self.watches.others:
+                await reflector.synced.wait()
             tg.create_task(self.watches.pods.run())
             await self.watches.pods.synced.wait()
             log.info("caches synced: %s", self.cache.statistics())

@@ -7,6 +7,7 @@ objects; library code receives them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(slots=True)
@@ -37,6 +38,11 @@ class SchedulingSettings:
     """Pods sharing this label's value prefer the nodes their session already runs on."""
     node_selector: str = ""
     """Standalone mode: only nodes matching this label selector are used."""
+    spread_defaulting: str = "System"
+    """kube-scheduler's PodTopologySpreadArgs ``defaultingType`` for pods stating no spread constraint:
+    System (hostname maxSkew 3, zone maxSkew 5, ScheduleAnyway) or List (``spread_default_constraints``)."""
+    spread_default_constraints: list[dict[str, Any]] = field(default_factory=list)
+    """With List: the default constraints (topologySpreadConstraints without a selector); empty: none."""
 
 
 @dataclass(slots=True)

@@ -20,6 +20,13 @@ node's pods for each decision. Here the same numbers are kept current by the cac
   weights, negative for anti-affinity). Groups are always
   maintained, one per distinct (term, weight).
 
+Namespaces: a selector part names namespaces (``None``: all) and may also select them by label (a non-empty
+``namespaceSelector``), against ``namespace_labels`` (the Namespace objects, fed by ``worker.feeds``). A
+Namespace created, relabelled or deleted (``set_namespace``) re-checks only the pods of that namespace against
+only the trackers that select namespaces by label, and moves the ones whose verdict changed; for that, while
+such a tracker is kept, the accounted pods are also indexed by namespace. Groups need nothing: which incoming
+pod a placed pod's term matches is decided per decision, with the incoming pod's Namespace labels.
+
 Trackers and groups are found for a pod through ``_LabelIndex`` (by one ``key In [values]`` requirement of
 the selector, when it has one), so accounting a pod costs the selectors that could match it, not all of them.
 
@@ -28,7 +35,9 @@ Invariants:
   pods excluded when ``T.live_only``: PodTopologySpread does not count them, InterPodAffinity does); each
   ``T.domains[key][v]`` is the sum of ``T.nodes[N]`` over nodes labelled ``key=v``. The same for groups with
   the group's own topology key. Zero counts are deleted, so an empty mapping means no pod at all.
-- ``version`` changes whenever any count or any node's labels change, so per-decision state computed from these
+- A tracker's counts are those of ``matches`` under the current ``namespace_labels`` (a namespace without an
+  object is selected by name only).
+- ``version`` changes whenever any count, any node's labels or any Namespace's labels change, so per-decision state computed from these
   counts is valid exactly while it is unchanged; ``node_version`` whenever a node is added, removed or relabelled
   (the set of domains and which nodes a pod's spread counts include).
 """
@@ -44,13 +53,35 @@ from worker.nodeinfo import NodeInfo
 
 MAX_TRACKERS = 4096
 
-Part = tuple[frozenset[str] | None, LabelSelector]
+# (namespaces, label selector, namespace selector): the pod's namespace is in ``namespaces`` (None: any) or
+# its Namespace object's labels match the namespace selector (None: none selected that way)
+Part = tuple[frozenset[str] | None, LabelSelector, LabelSelector | None]
 Match = tuple[Part, ...]
+NamespaceLabels = dict[str, dict[str, str]]
 
 
-def matches(match: Match, pod: PodRecord) -> bool:
-    for namespaces, selector in match:
-        if namespaces is not None and pod.namespace not in namespaces:
+def incoming(
+    namespaces: frozenset[str] | None, selector: LabelSelector, ns_selector: LabelSelector | None
+) -> Part:
+    """The part for one term of the pod being decided, as kube-scheduler v1.36 matches it: its PreFilter adds
+    the namespaces the ``namespaceSelector`` selects to the term's names but keeps the selector on (it resets a
+    copy), and matches placed pods against it with no namespace labels; so a selector that an empty label set
+    satisfies (only ``DoesNotExist`` or ``NotIn`` requirements) selects every namespace."""
+    if ns_selector is not None and ns_selector.matches({}):
+        return (None, selector, None)
+    return (namespaces, selector, ns_selector)
+
+
+def matches(match: Match, pod: PodRecord, ns_labels: dict[str, str] | None = None) -> bool:
+    """Whether ``pod`` matches every part; ``ns_labels`` are the labels of its Namespace object, None when
+    that is not known. As kube-scheduler unrolls an incoming pod's ``namespaceSelector`` into the names of the
+    Namespace objects it selects, a namespace without an object is never selected by label."""
+    for namespaces, selector, ns_selector in match:
+        if (
+            namespaces is not None
+            and pod.namespace not in namespaces
+            and (ns_selector is None or ns_labels is None or not ns_selector.matches(ns_labels))
+        ):
             return False
         if not selector.matches(pod.labels):
             return False
@@ -68,11 +99,14 @@ def _bump(counts: dict[str, int], value: str, delta: int) -> None:
 class Tracker:
     """Pods matching ``match``, per node and per domain of the topology keys asked for."""
 
-    __slots__ = ("affinity", "domains", "live_only", "match", "nodes")
+    __slots__ = ("affinity", "by_namespace_labels", "domains", "live_only", "match", "namespaces", "nodes")
 
-    def __init__(self, match: Match, live_only: bool) -> None:
+    def __init__(self, match: Match, live_only: bool, namespaces: NamespaceLabels) -> None:
         self.match = match
         self.live_only = live_only
+        self.namespaces = namespaces  # the counts' Namespace labels, shared (read, never written here)
+        # some part selects namespaces by label: the counts depend on Namespace labels too
+        self.by_namespace_labels = any(ns_selector is not None for _, _, ns_selector in match)
         self.affinity = False  # some pod's required affinity uses it: a matching pod may help a waiting one
         self.nodes: dict[NodeName, int] = {}
         self.domains: dict[str, dict[str, int]] = {}
@@ -89,7 +123,11 @@ class Tracker:
         return d
 
     def wants(self, pod: PodRecord) -> bool:
-        return not (self.live_only and pod.deleting) and matches(self.match, pod)
+        return self.wants_in(pod, self.namespaces.get(pod.namespace))
+
+    def wants_in(self, pod: PodRecord, ns_labels: dict[str, str] | None) -> bool:
+        """``wants`` with the pod's Namespace labels given (before or after a Namespace change)."""
+        return not (self.live_only and pod.deleting) and matches(self.match, pod, ns_labels)
 
     def change(self, name: NodeName, labels: dict[str, str], delta: int) -> None:
         _bump_node(self.nodes, name, delta)
@@ -236,6 +274,12 @@ class TopologyCounts:
         # tracker's selector was anchored on: a new tracker walks only the pods carrying its anchor label
         self._by_label: dict[tuple[str, str], dict[PodKey, tuple[PodRecord, NodeName]]] = {}
         self._indexed: set[str] = set()
+        # Namespace name -> its labels (the Namespace objects the worker watches), for namespaceSelectors
+        self.namespace_labels: NamespaceLabels = {}
+        # trackers whose match selects namespaces by label, and, while there is one, the accounted pods by
+        # namespace: a Namespace relabelled re-checks only its own pods against only these trackers
+        self._ns_trackers: dict[int, Tracker] = {}
+        self._by_namespace: dict[str, dict[PodKey, tuple[PodRecord, NodeName]]] | None = None
         self.version = 0
         self.node_version = 0
 
@@ -248,7 +292,10 @@ class TopologyCounts:
         if t is not None:
             self.trackers.move_to_end(key)
             return t
-        t = Tracker(match, live_only)
+        t = Tracker(match, live_only, self.namespace_labels)
+        if t.by_namespace_labels:
+            self._index_namespaces()
+            self._ns_trackers[id(t)] = t
         anchored = match[0][1] if len(match) == 1 else _first_anchored(match)
         anchor = _anchor(anchored)
         if anchor is not None:
@@ -268,6 +315,9 @@ class TopologyCounts:
         self._tracker_index.add(t, anchored)
         if len(self.trackers) > MAX_TRACKERS:
             _, old = self.trackers.popitem(last=False)
+            self._ns_trackers.pop(id(old), None)
+            if not self._ns_trackers:
+                self._by_namespace = None
             self._tracker_index.remove(
                 old, old.match[0][1] if len(old.match) == 1 else _first_anchored(old.match)
             )
@@ -284,6 +334,16 @@ class TopologyCounts:
                 if value is not None:
                     self._by_label.setdefault((label, value), {})[pod.key] = (pod, name)
 
+    def _index_namespaces(self) -> None:
+        """Start indexing the accounted pods by namespace (one walk over the pods)."""
+        if self._by_namespace is not None:
+            return
+        index: dict[str, dict[PodKey, tuple[PodRecord, NodeName]]] = {}
+        for name, info in self.nodes.items():
+            for pod in info.pods.values():
+                index.setdefault(pod.namespace, {})[pod.key] = (pod, name)
+        self._by_namespace = index
+
     def helps(self, pod: PodRecord) -> bool:
         """Whether ``pod`` matches a tracker some pod's required affinity uses."""
         return any(t.affinity and t.wants(pod) for t in self._tracker_index.candidates(pod.labels))
@@ -293,7 +353,9 @@ class TopologyCounts:
         if not self.anti_groups:
             return
         for g in self._anti.index.candidates(pod.labels):
-            if g.domains and g.term.matches(pod.namespace, pod.labels):
+            if g.domains and g.term.matches(
+                pod.namespace, pod.labels, self.namespace_labels.get(pod.namespace)
+            ):
                 yield g
 
     def scoring(self, pod: PodRecord) -> Iterator[Group]:
@@ -301,7 +363,9 @@ class TopologyCounts:
         if not self.score_groups:
             return
         for g in self._score.index.candidates(pod.labels):
-            if g.domains and g.term.matches(pod.namespace, pod.labels):
+            if g.domains and g.term.matches(
+                pod.namespace, pod.labels, self.namespace_labels.get(pod.namespace)
+            ):
                 yield g
 
     # ----- kept current by the cache ------------------------------------------------------------------------
@@ -332,6 +396,16 @@ class TopologyCounts:
                     bucket.pop(pod.key, None)
                     if not bucket:
                         del by_label[(label, value)]
+        by_namespace = self._by_namespace
+        if by_namespace is not None:
+            if delta > 0:
+                by_namespace.setdefault(pod.namespace, {})[pod.key] = (pod, name)
+            else:
+                pods = by_namespace.get(pod.namespace)
+                if pods is not None:
+                    pods.pop(pod.key, None)
+                    if not pods:
+                        del by_namespace[pod.namespace]
         if self.trackers:
             for t in self._tracker_index.candidates(pod.labels):
                 if t.wants(pod):
@@ -362,6 +436,39 @@ class TopologyCounts:
             for g in groups:
                 g.relabel(name, old, new)
 
+    def set_namespace(self, name: str, labels: dict[str, str] | None) -> bool:
+        """Namespace ``name`` now has ``labels`` (None: it was deleted). The trackers selecting namespaces by
+        label count or uncount the pods of that namespace whose match changed. True when a pod started to
+        count for some pod's required affinity (it may make a waiting pod schedulable)."""
+        old = self.namespace_labels.get(name)
+        if old == labels:
+            return False
+        self.version += 1
+        if labels is None:
+            del self.namespace_labels[name]
+        else:
+            self.namespace_labels[name] = labels
+        helps = False
+        pods = self._by_namespace.get(name) if self._by_namespace is not None else None
+        if not pods:
+            return False
+        for t in self._ns_trackers.values():
+            for pod, node in pods.values():
+                before, after = t.wants_in(pod, old), t.wants_in(pod, labels)
+                if before != after:
+                    t.change(node, self.nodes[node].node.labels, 1 if after else -1)
+                    helps = helps or (after and t.affinity)
+        return helps
+
+    def replace_namespaces(self, namespaces: dict[str, dict[str, str]]) -> bool:
+        """Every Namespace (a relist): the ones not listed are gone."""
+        helps = False
+        for name in [n for n in self.namespace_labels if n not in namespaces]:
+            helps = self.set_namespace(name, None) or helps
+        for name, labels in namespaces.items():
+            helps = self.set_namespace(name, labels) or helps
+        return helps
+
     def statistics(self) -> dict[str, int]:
         return {
             "trackers": len(self.trackers),
@@ -372,7 +479,7 @@ class TopologyCounts:
 
 def _first_anchored(match: Match) -> LabelSelector:
     """For a conjunction, the first part's selector with an anchor (any part must match, so any anchors it)."""
-    for _, selector in match:
+    for _, selector, _ in match:
         if _anchor(selector) is not None:
             return selector
     return match[0][1]

@@ -56,6 +56,11 @@ digests, or on no node; kube-scheduler must bind it to a node of the engine's hi
 the engine must pick one too. The engine's cache holds every node of the cluster, as kube-scheduler's snapshot
 does (the spread ratio divides by all of them). ``DIFF_IMAGE_CASES`` (default 60) sets the number of cases.
 
+Two more tests use the same machinery: ``namespaceSelector`` terms (``DIFF_NAMESPACE_CASES``, default 150: pods
+of other namespaces bound directly, namespaces relabelled between cases), and kube-scheduler's default topology
+spread constraints (``DIFF_SPREAD_STEPS``, default 60: pods of a Service, a ReplicaSet and a StatefulSet on
+identical nodes, where the spread score decides the placement); see their sections below.
+
 Knobs: ``DIFF_CASES`` (default 500), ``DIFF_SEED`` (default 1; also seeds the nodes), ``DIFF_NODES`` (default
 30), ``DIFF_PROBES`` (single-node probes per case, default 4; ``DIFF_NODES`` or more probes every node in every
 case), ``DIFF_REPORT`` (a file to write every disagreement to, in full; the failure shows the first three).
@@ -83,6 +88,7 @@ import pytest
 from common.kube import Gone, KubeClient, NotFound, ServerError
 from common.records import NodeName, PodKey, PodRecord, node_from_json, pod_from_json
 from scale.cluster import make_node as make_fleet_node
+from tests.conftest import delete_namespace
 from worker.cache import Cache
 from worker.scheduler import build_engine
 from worker.settings import WorkerSettings
@@ -864,10 +870,13 @@ class InterPodDifferential(Differential):
         self.verdict_kinds: Counter[str] = Counter()
         self.probes = 0
 
-    async def inter_case(self, case: int) -> None:
-        rng = random.Random(f"interpod:{SEED}:{case}")
+    def generate(self, rng: random.Random, name: str) -> dict[str, Any]:
+        return inter_pod_pod(rng, name, self.run)
+
+    async def inter_case(self, case: int, *, seed: str = "interpod") -> None:
+        rng = random.Random(f"{seed}:{SEED}:{case}")
         name = f"i{case:04d}"
-        pod = inter_pod_pod(rng, name, self.run)
+        pod = self.generate(rng, name)
         dry = await self.kube.post(f"/api/v1/namespaces/{self.namespace}/pods", pod, params={"dryRun": "All"})
         record = pod_from_json(dry)
         decision = self.engine.schedule(record)
@@ -1109,3 +1118,372 @@ async def test_engine_agrees_with_kube_scheduler_on_image_locality(
     shown = "\n\n".join(d.tally.disagreements[:SHOW_DISAGREEMENTS])
     assert not d.tally.disagreements, f"{summary}\n\n{shown}"
     assert narrowed > IMAGE_CASES // 2 and decided > IMAGE_CASES // 10, summary
+
+
+# ----- namespaceSelector --------------------------------------------------------------------------------------
+#
+# The inter-pod comparison again, with terms that select namespaces by label. Three more namespaces beside the
+# test's hold pods bound directly to the dedicated nodes (``spec.nodeName``: no scheduler decides them; some
+# carry required anti-affinity or preferred terms selecting namespaces by label, for the symmetric rule and the
+# score); now and then a namespace (the test's own included) is relabelled, and both schedulers are given a
+# moment to see it before the next case. The engine's cache is fed the same Namespaces, as a worker's watch does.
+
+NAMESPACE_CASES = int(os.environ.get("DIFF_NAMESPACE_CASES", "150"))
+TEAMS = ["a", "b"]
+RELABEL_NAMESPACE = 0.08  # chance per case to relabel a namespace
+FOREIGN_POD = 0.3  # chance per case to bind a pod directly in another namespace first
+SETTLE_INFORMERS = 0.5  # seconds for kube-scheduler's informers to see a change made outside its queue
+
+
+def _namespace_selector(rng: random.Random) -> dict[str, Any]:
+    r = rng.random()
+    if r < 0.4:
+        return {"matchLabels": {"team": rng.choice(TEAMS)}}
+    if r < 0.55:
+        return {"matchExpressions": [{"key": "team", "operator": "In", "values": TEAMS}]}
+    if r < 0.7:
+        return {"matchExpressions": [{"key": "team", "operator": "DoesNotExist"}]}
+    if r < 0.8:
+        return {"matchExpressions": [{"key": "team", "operator": "NotIn", "values": [rng.choice(TEAMS)]}]}
+    if r < 0.9:
+        return {}  # every namespace
+    return {"matchLabels": {"team": "nobody"}}
+
+
+def _with_namespace_selectors(rng: random.Random, spec: dict[str, Any], others: list[str]) -> None:
+    """Give most pod (anti-)affinity terms in ``spec`` a namespaceSelector, some also a namespaces list."""
+    for kind in ("podAffinity", "podAntiAffinity"):
+        block = (spec.get("affinity") or {}).get(kind) or {}
+        terms = list(block.get("requiredDuringSchedulingIgnoredDuringExecution") or ())
+        terms += [
+            p["podAffinityTerm"] for p in block.get("preferredDuringSchedulingIgnoredDuringExecution") or ()
+        ]
+        for term in terms:
+            if rng.random() < 0.75:
+                term["namespaceSelector"] = _namespace_selector(rng)
+            if rng.random() < 0.2:
+                term["namespaces"] = [rng.choice(others)]
+
+
+@pytest.fixture
+async def other_namespaces(kube: KubeClient, namespace: str) -> AsyncIterator[list[str]]:
+    names = [f"{namespace}-o{i}" for i in range(3)]
+    try:
+        for i, name in enumerate(names):
+            labels = {"team": TEAMS[i]} if i < len(TEAMS) else {}
+            await kube.post(
+                "/api/v1/namespaces",
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}},
+            )
+        yield names
+    finally:
+        for name in names:
+            await delete_namespace(kube, name)
+
+
+class NamespaceDifferential(InterPodDifferential):
+    def __init__(
+        self, kube: KubeClient, namespace: str, run: str, nodes: list[dict[str, Any]], others: list[str]
+    ) -> None:
+        super().__init__(kube, namespace, run, nodes)
+        self.others = others
+        self.relabelled = 0
+        self.foreign = 0
+
+    def generate(self, rng: random.Random, name: str) -> dict[str, Any]:
+        pod = inter_pod_pod(rng, name, self.run)
+        _with_namespace_selectors(rng, pod["spec"], self.others)
+        return pod
+
+    async def load_namespaces(self) -> None:
+        for obj in (await self.kube.get("/api/v1/namespaces"))["items"]:
+            meta = obj["metadata"]
+            self.cache.upsert_namespace(meta["name"], dict(meta.get("labels") or {}))
+
+    async def relabel(self, rng: random.Random) -> None:
+        name = rng.choice([self.namespace, *self.others])
+        team = rng.choice([*TEAMS, None])
+        obj = await self.kube.patch(f"/api/v1/namespaces/{name}", {"metadata": {"labels": {"team": team}}})
+        self.cache.upsert_namespace(name, dict(obj["metadata"].get("labels") or {}))
+        self.relabelled += 1
+        await asyncio.sleep(SETTLE_INFORMERS)
+
+    async def bind_foreign(self, rng: random.Random, case: int) -> None:
+        """A pod bound directly to a dedicated node in another namespace, maybe with namespaceSelector terms."""
+        pod = inter_pod_pod(rng, f"f{case:04d}", self.run)
+        spec = pod["spec"]
+        spec.pop("topologySpreadConstraints", None)
+        affinity = spec["affinity"]
+        affinity.pop("podAffinity", None)  # a bound pod's own required affinity is never checked again
+        _with_namespace_selectors(rng, spec, [self.namespace, *self.others])
+        spec["nodeName"] = rng.choice(self.diff)
+        namespace = rng.choice(self.others)
+        created = await self.kube.post(f"/api/v1/namespaces/{namespace}/pods", pod)
+        self.cache.upsert_pod(pod_from_json(created))
+        self.foreign += 1
+        await asyncio.sleep(SETTLE_INFORMERS)
+
+    async def namespace_case(self, case: int) -> None:
+        rng = random.Random(f"namespaces:{SEED}:{case}")
+        if rng.random() < RELABEL_NAMESPACE:
+            await self.relabel(rng)
+        if rng.random() < FOREIGN_POD:
+            await self.bind_foreign(rng, case)
+        await self.inter_case(case, seed="namespace-pods")
+
+
+async def test_engine_agrees_with_kube_scheduler_on_namespace_selectors(
+    kube: KubeClient, namespace: str, diff_nodes: str, other_namespaces: list[str]
+) -> None:
+    started = time.monotonic()
+    nodes = (await kube.get("/api/v1/nodes"))["items"]
+    d = NamespaceDifferential(kube, namespace, diff_nodes, nodes, other_namespaces)
+    await d.load_namespaces()
+    for obj in (await kube.get("/api/v1/pods"))["items"]:
+        placed = pod_from_json(obj)
+        if placed.node_name and not placed.terminal:
+            d.cache.upsert_pod(placed)
+    watcher = asyncio.create_task(d.outcomes.run())
+    try:
+        for case in range(NAMESPACE_CASES):
+            await d.namespace_case(case)
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+    summary = (
+        f"{d.tally.cases} namespaceSelector cases in {time.monotonic() - started:.0f}s: {d.tally.bound} bound, "
+        f"{d.tally.unschedulable} unschedulable, {d.foreign} pods bound directly in other namespaces, "
+        f"{d.relabelled} namespaces relabelled, {d.probes} of the engine's picks confirmed by a pinned probe; "
+        f"engine verdicts per node: {dict(sorted(d.verdict_kinds.items()))}; "
+        f"{len(d.tally.disagreements)} disagreements"
+    )
+    print(summary)
+    if REPORT:
+        _write_report(REPORT, [summary, *d.tally.disagreements])
+    shown = "\n\n".join(d.tally.disagreements[:SHOW_DISAGREEMENTS])
+    assert not d.tally.disagreements, f"{summary}\n\n{shown}"
+    assert d.tally.bound > NAMESPACE_CASES // 5 and d.tally.unschedulable > NAMESPACE_CASES // 10, summary
+    assert d.relabelled > 0 and d.foreign > 0, summary
+
+
+# ----- default topology spread constraints --------------------------------------------------------------------
+#
+# kube-scheduler's default configuration spreads a pod that states no constraint over hostnames (maxSkew 3) and
+# zones (maxSkew 5) among the pods of the Services and controllers selecting it: a score. To compare placements
+# where that score decides, the pods run on their own identical nodes (one without a zone label: kube still
+# scores it on its hostname), each holding one ballast pod from the start, with requests so small that no
+# other score of either scheduler tells the nodes apart. Pods come from a Service's selector (created by the
+# test), a ReplicaSet and a StatefulSet (scaled up one pod at a time; kube-controller-manager creates the pod,
+# kube-scheduler binds it, and the engine decides on it as it was before binding, over the same state).
+# kube-scheduler breaks ties at random: its node must be one the engine's spread score ranks highest, and the
+# engine's own pick too.
+
+SPREAD_STEPS = int(os.environ.get("DIFF_SPREAD_STEPS", "60"))
+SPREAD_ZONES = ["z1", "z1", "z2", "z2", "z3", "z3", None]
+ZONE_LABEL = "topology.kubernetes.io/zone"
+TINY = {"cpu": "1m", "memory": "1Mi"}
+
+
+def _spread_node(index: int, run: str, zone: str | None) -> dict[str, Any]:
+    name = f"spread-{run}-{index}"
+    obj = make_fleet_node(FLEET_INDEX_OFFSET + 100 + index, prefix=f"spread-{run}")
+    obj["metadata"]["name"] = name
+    labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", POOL_LABEL: run}
+    if zone is not None:
+        labels[ZONE_LABEL] = zone
+    obj["metadata"]["labels"] = labels
+    obj["spec"]["taints"] = [{"key": ISOLATION_TAINT, "value": run, "effect": "NoSchedule"}]
+    obj["status"]["addresses"] = [a for a in obj["status"]["addresses"] if a["type"] != "Hostname"] + [
+        {"type": "Hostname", "address": name}
+    ]
+    # huge and identical: a few 1m pods never change the resource scores' integer percentages
+    shape = {"cpu": "1000", "memory": "1000Gi", "pods": "110", "ephemeral-storage": "500Gi"}
+    obj["status"]["allocatable"] = dict(shape)
+    obj["status"]["capacity"] = dict(shape)
+    return obj
+
+
+def _spread_template(app: str, run: str) -> dict[str, Any]:
+    pod = plain_pod(random.Random(0), "unused", run)
+    pod["metadata"] = {"labels": {"app": app}}
+    pod["spec"]["containers"][0]["resources"]["requests"] = dict(TINY)
+    return pod
+
+
+@pytest.fixture
+async def spread_nodes(kube: KubeClient) -> AsyncIterator[str]:
+    run = uuid.uuid4().hex[:6]
+    nodes = [_spread_node(i, run, z) for i, z in enumerate(SPREAD_ZONES)]
+    try:
+        await asyncio.gather(*(kube.post("/api/v1/nodes", n) for n in nodes))
+        yield run
+    finally:
+        for n in nodes:
+            with contextlib.suppress(NotFound):
+                await kube.delete(f"/api/v1/nodes/{n['metadata']['name']}")
+
+
+class SpreadDifferential:
+    def __init__(self, kube: KubeClient, namespace: str, run: str, nodes: list[dict[str, Any]]) -> None:
+        self.kube = kube
+        self.namespace = namespace
+        self.run = run
+        self.nodes = sorted(
+            n["metadata"]["name"] for n in nodes if n["metadata"]["labels"].get(POOL_LABEL) == run
+        )
+        self.cache = Cache()
+        for obj in nodes:
+            self.cache.upsert_node(node_from_json(obj))
+        self.engine = build_engine(WorkerSettings(), self.cache)  # the defaults: kube's System constraints
+        self.outcomes = Outcomes(kube, namespace)
+        self.compared = 0
+        self.decided_by_spread = 0  # cases where the spread score did not rank every feasible node the same
+        self.by_source: Counter[str] = Counter()
+        self.disagreements: list[str] = []
+        self.scaled = {"rs-web": 0, "ss-web": 0}
+
+    async def setup(self) -> None:
+        ns = self.namespace
+        for i, node in enumerate(self.nodes):
+            ballast = _spread_template("ballast", self.run)
+            ballast["metadata"]["name"] = f"ballast-{i}"
+            ballast["spec"]["nodeName"] = node
+            self.cache.upsert_pod(
+                pod_from_json(await self.kube.post(f"/api/v1/namespaces/{ns}/pods", ballast))
+            )
+        service = {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "svc-web"},
+            "spec": {"selector": {"app": "svc-web"}, "ports": [{"port": 80}]},
+        }
+        self.cache.workloads.upsert(
+            "Service", await self.kube.post(f"/api/v1/namespaces/{ns}/services", service)
+        )
+        for kind, path, app in (
+            ("ReplicaSet", "replicasets", "rs-web"),
+            ("StatefulSet", "statefulsets", "ss-web"),
+        ):
+            spec: dict[str, Any] = {
+                "replicas": 0,
+                "selector": {"matchLabels": {"app": app}},
+                "template": _spread_template(app, self.run),
+            }
+            if kind == "StatefulSet":
+                spec |= {"serviceName": "svc-web", "podManagementPolicy": "Parallel"}
+            obj = {"apiVersion": "apps/v1", "kind": kind, "metadata": {"name": app}, "spec": spec}
+            created = await self.kube.post(f"/apis/apps/v1/namespaces/{ns}/{path}", obj)
+            self.cache.workloads.upsert(kind, created)
+        await asyncio.sleep(SETTLE_INFORMERS)
+
+    def spread_best(self, record: PodRecord) -> tuple[set[str], NodeName | None, bool | None]:
+        """The feasible nodes the engine's spread score ranks highest, the engine's pick, and whether the
+        spread score told the nodes apart at all (None: the engine gives the pod no spread constraint)."""
+        decision = self.engine.schedule(record)
+        feasible = [
+            self.cache.nodes[NodeName(n)]
+            for n in self.nodes
+            if self.engine.filter_all(record, self.cache.nodes[NodeName(n)]) is None
+        ]
+        spread = next(p for p, _ in self.engine.scores if p.name == "PodTopologySpreadScore")
+        if not spread.applies(record):
+            return {i.node.name for i in feasible}, decision.node, None
+        if not feasible:
+            return set(), decision.node, False
+        scores = spread.scores(record, feasible)
+        top = max(scores)
+        return (
+            {i.node.name for i, s in zip(feasible, scores, strict=True) if s == top},
+            decision.node,
+            (min(scores) != top),
+        )
+
+    def compare(self, source: str, record: PodRecord, bound: dict[str, Any]) -> None:
+        best, pick, decided = self.spread_best(record)
+        node = bound["spec"].get("nodeName")
+        self.compared += 1
+        self.decided_by_spread += bool(decided)
+        self.by_source[source] += 1
+        problems = []
+        if decided is None:
+            problems.append(
+                "the engine applies no spread constraint; kube-scheduler's defaults select the pod"
+            )
+        if node not in best:
+            problems.append(f"kube-scheduler bound it to {node}; the engine's best by spread: {sorted(best)}")
+        if pick not in best:
+            problems.append(f"the engine picked {pick}, not one of its best by spread: {sorted(best)}")
+        if problems:
+            counts = {n: sorted(self.cache.nodes[NodeName(n)].pods) for n in self.nodes}
+            self.disagreements.append(
+                f"{source} pod {record.name}: " + "; ".join(problems) + f"\n  pods per node: {counts}"
+            )
+        self.cache.upsert_pod(pod_from_json(bound))
+
+    async def service_pod(self, step: int) -> None:
+        pod = _spread_template("svc-web", self.run)
+        pod["metadata"]["name"] = f"s{step:03d}"
+        dry = await self.kube.post(f"/api/v1/namespaces/{self.namespace}/pods", pod, params={"dryRun": "All"})
+        record = pod_from_json(dry)
+        fut = self.outcomes.expect(pod["metadata"]["name"])
+        await self.kube.post(f"/api/v1/namespaces/{self.namespace}/pods", pod)
+        out = await asyncio.wait_for(fut, DECISION_TIMEOUT)
+        assert out.node is not None, out
+        self.compare("Service", record, out.obj)
+
+    async def scale_up(self, kind: str, path: str, app: str) -> None:
+        """One more replica; the engine decides on the new pod as it was before kube-scheduler bound it."""
+        known = {str(k).split("/", 1)[1] for n in self.nodes for k in self.cache.nodes[NodeName(n)].pods}
+        self.scaled[app] += 1
+        await self.kube.patch(
+            f"/apis/apps/v1/namespaces/{self.namespace}/{path}/{app}",
+            {"spec": {"replicas": self.scaled[app]}},
+        )
+        deadline = time.monotonic() + DECISION_TIMEOUT
+        while True:
+            listing = await self.kube.get(
+                f"/api/v1/namespaces/{self.namespace}/pods", {"labelSelector": f"app={app}"}
+            )
+            new = [p for p in listing["items"] if p["metadata"]["name"] not in known]
+            if new and new[0]["spec"].get("nodeName"):
+                break
+            assert time.monotonic() < deadline, f"no new {app} pod bound"
+            await asyncio.sleep(0.1)
+        bound = new[0]
+        before = copy.deepcopy(bound)
+        before["spec"].pop("nodeName")
+        before["status"] = {"phase": "Pending"}
+        self.compare(kind, pod_from_json(before), bound)
+
+
+async def test_default_spread_scores_place_pods_as_kube_scheduler_does(
+    kube: KubeClient, namespace: str, spread_nodes: str
+) -> None:
+    nodes = (await kube.get("/api/v1/nodes"))["items"]
+    d = SpreadDifferential(kube, namespace, spread_nodes, nodes)
+    assert len(d.nodes) == len(SPREAD_ZONES)
+    watcher = asyncio.create_task(d.outcomes.run())
+    rng = random.Random(f"spread:{SEED}")
+    try:
+        await d.setup()
+        for step in range(SPREAD_STEPS):
+            r = rng.random()
+            if r < 0.5:
+                await d.service_pod(step)
+            elif r < 0.75:
+                await d.scale_up("ReplicaSet", "replicasets", "rs-web")
+            else:
+                await d.scale_up("StatefulSet", "statefulsets", "ss-web")
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+    summary = (
+        f"{d.compared} default-spread placements compared ({dict(d.by_source)}), {d.decided_by_spread} where "
+        f"the spread score told the nodes apart; {len(d.disagreements)} disagreements"
+    )
+    print(summary)
+    assert not d.disagreements, f"{summary}\n\n" + "\n\n".join(d.disagreements[:SHOW_DISAGREEMENTS])
+    assert d.decided_by_spread > SPREAD_STEPS // 2, summary
+    assert all(d.by_source[k] for k in ("Service", "ReplicaSet", "StatefulSet")), summary

@@ -51,21 +51,11 @@ def _pods(
     def pod(name: str) -> Any:
         return make_pod(name, namespace).scheduler(scheduler_name).req(cpu="100m").label("app", "refused")
 
-    anti = pod("anti").pod_affinity(
-        "kubernetes.io/hostname",
-        {"app": "refused"},
-        anti=True,
-        namespace_selector={"matchLabels": {"t": "x"}},
-    )
     claim = pod("missing-claim")
     claim.spec["volumes"] = [{"name": "workspace", "persistentVolumeClaim": {"claimName": "absent"}}]
     dra = pod("dra")
     dra.spec["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "gpu-0"}]
     refused = {
-        "anti": (
-            anti.json(),
-            "spec.affinity.podAntiAffinity.requiredDuringSchedulingIgnoredDuringExecution[0].namespaceSelector",
-        ),
         "missing-claim": (claim.json(), 'spec.volumes[0].persistentVolumeClaim (volume "workspace")'),
         "dra": (dra.json(), "spec.resourceClaims"),
     }

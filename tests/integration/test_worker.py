@@ -10,6 +10,7 @@ import asyncio
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 import pytest
@@ -19,6 +20,7 @@ from scale.cluster import Cluster
 from scale.cluster.config import kubeconfig_document
 from scale.workload import agent_pod
 from tests.builders import make_pod
+from tests.conftest import delete_namespace
 from tests.integration.support import (
     CuttableProxy,
     SchedulerProcess,
@@ -169,3 +171,36 @@ async def test_watch_cut_mid_burst_loses_and_duplicates_nothing(
         code = proc.stop()
         await proxy.stop()
     assert code == 0, proc.tail()
+
+
+async def test_a_namespace_labelled_lets_in_a_pod_waiting_for_affinity_by_namespace_selector(
+    kube: KubeClient, namespace: str, worker: SchedulerProcess, scheduler_name: str
+) -> None:
+    """The worker's Namespace watch: a required podAffinity selecting namespaces by label waits while no
+    namespace with that label holds a matching pod, and is placed beside it once that namespace is labelled."""
+    other = f"{namespace}-db"
+    await kube.post(
+        "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": other}}
+    )
+    try:
+        db = make_pod("db", other).scheduler(scheduler_name).req(cpu="100m").label("app", "db").json()
+        await create_pods(kube, other, [db])
+        (placed,) = await wait_for(kube, other, all_bound(1), timeout=BOUND_TIMEOUT, what="db bound")
+        web = make_pod("web", namespace).scheduler(scheduler_name).req(cpu="100m")
+        web.pod_affinity(
+            "kubernetes.io/hostname", {"app": "db"}, namespace_selector={"matchLabels": {"team": "db"}}
+        )
+        await create_pods(kube, namespace, [web.json()])
+
+        def waiting(pods: list[dict[str, Any]]) -> bool:
+            conds = pods[0].get("status", {}).get("conditions") or []
+            return any(c.get("type") == "PodScheduled" and c.get("status") == "False" for c in conds)
+
+        (pending,) = await wait_for(kube, namespace, waiting, timeout=60, what="web unschedulable")
+        assert not pending["spec"].get("nodeName")
+        await kube.patch(f"/api/v1/namespaces/{other}", {"metadata": {"labels": {"team": "db"}}})
+        (bound,) = await wait_for(kube, namespace, all_bound(1), timeout=BOUND_TIMEOUT, what="web bound")
+        assert bound["spec"]["nodeName"] == placed["spec"]["nodeName"]
+        assert worker.alive(), worker.tail()
+    finally:
+        await delete_namespace(kube, other)

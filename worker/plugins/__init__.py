@@ -3,7 +3,8 @@
 The default profile binpacks (MostAllocated), prefers warm nodes and nodes that already hold the pod's images
 (ImageLocality, weight 1 as kube-scheduler's), keeps sessions together, and honours the inter-pod rules
 (InterPodAffinity, PodTopologySpread; scores weighted 2 as kube-scheduler's); weights are configurable per
-plugin name. ``default_registry()`` is the one place that names every concrete plugin.
+plugin name. ``default_registry()`` is the one place that names every concrete plugin;
+``spread_defaults`` validates PodTopologySpread's arguments (the worker's configured default constraints).
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from worker.plugins import (
     spread,
     taints,
 )
+from worker.plugins.spread import SpreadDefaults, spread_defaults
+
+__all__ = ["SpreadDefaults", "default_profile", "default_registry", "spread_defaults"]
 
 
 def default_registry() -> Registry:

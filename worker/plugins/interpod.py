@@ -17,7 +17,15 @@ it is in, normalized min-max to 0..100 over the candidates.
 
 The counts come from the cache (``worker.topology``), never from a walk over the pods; the per-pod state
 (kube-scheduler's PreFilter/PreScore) is computed once per decision and reused while the counts are unchanged.
-Plugins get the cache through ``attach`` (the engine calls it)."""
+Plugins get the cache through ``attach`` (the engine calls it).
+
+Namespaces as kube-scheduler reads them: a term applies to the namespaces it names, or the pod's own when it
+names none and has no ``namespaceSelector``; an empty ``namespaceSelector`` ({}) means every namespace; a
+non-empty one adds the namespaces whose labels it matches: for the incoming pod's terms the Namespace objects
+that exist (kube unrolls the selector into their names; one that an empty label set satisfies selects every
+namespace there, see ``worker.topology.incoming``), for a placed pod's terms the incoming pod's Namespace
+labels (empty when it has no object). The counts follow Namespace label changes
+(``worker.topology``)."""
 
 from __future__ import annotations
 
@@ -27,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from common.records import PodRecord
 from worker.framework import Status
 from worker.nodeinfo import NodeInfo
+from worker.topology import incoming, matches
 
 if TYPE_CHECKING:
     from worker.cache import Cache
@@ -79,17 +88,18 @@ class InterPodAffinityFilter:
         first = False
         if rules is not None and rules.affinity:
             # kube-scheduler counts a pod for the affinity only when it matches every term
-            tracker = topology.tracker(
-                tuple((t.namespaces, t.selector) for t in rules.affinity), live_only=False
-            )
+            match = tuple(incoming(t.namespaces, t.selector, t.namespace_selector) for t in rules.affinity)
+            tracker = topology.tracker(match, live_only=False)
             tracker.affinity = True
             affinity = [(t.topology_key, tracker.counts(t.topology_key, nodes)) for t in rules.affinity]
-            first = not any(c for _, c in affinity) and all(
-                t.matches(pod.namespace, pod.labels) for t in rules.affinity
+            first = not any(c for _, c in affinity) and matches(
+                match, pod, topology.namespace_labels.get(pod.namespace)
             )
         if rules is not None:
             for t in rules.anti_affinity:
-                tracker = topology.tracker(((t.namespaces, t.selector),), live_only=False)
+                tracker = topology.tracker(
+                    (incoming(t.namespaces, t.selector, t.namespace_selector),), live_only=False
+                )
                 anti.append((t.topology_key, tracker.counts(t.topology_key, nodes)))
         existing = [(g.term.topology_key, g.domains) for g in topology.anti_against(pod)]
         state = _FilterState(affinity, first, anti, existing) if affinity or anti or existing else None
@@ -152,7 +162,9 @@ class InterPodAffinityScore:
         if rules is not None:
             for sign, weighted in ((1, rules.preferred_affinity), (-1, rules.preferred_anti_affinity)):
                 for weight, t in weighted:
-                    tracker = topology.tracker(((t.namespaces, t.selector),), live_only=False)
+                    tracker = topology.tracker(
+                        (incoming(t.namespaces, t.selector, t.namespace_selector),), live_only=False
+                    )
                     terms.append((t.topology_key, tracker.counts(t.topology_key, nodes), sign * weight))
         for g in topology.scoring(pod):
             # weight 0 marks a placed pod's required affinity term: it scores with hardPodAffinityWeight

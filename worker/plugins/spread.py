@@ -12,8 +12,16 @@ minimum is the smallest count over the eligible domains, or 0 when there are few
 Score (``ScheduleAnyway`` constraints): kube-scheduler's PodTopologySpread score: per node, for each constraint
 whose key it has, the matching pods in its domain (on the node itself for ``kubernetes.io/hostname``) times
 log(number of domains among the candidates + 2), plus ``maxSkew - 1``; nodes lacking a key score 0; the rest
-are normalized so fewer matching pods score higher. kube-scheduler's system default constraints (for pods with
-none) need the Services and ReplicaSets selecting the pod, which this scheduler does not watch: none apply.
+are normalized so fewer matching pods score higher.
+
+Default constraints (kube-scheduler's ``PodTopologySpreadArgs``): a pod that states no constraint gets the
+configured defaults, with the selector deduced from the Services and controllers selecting it
+(``worker.workloads``); a pod that no such object selects gets none. ``defaultingType: System`` (the default)
+is kube-scheduler's: hostname maxSkew 3 and zone maxSkew 5, ScheduleAnyway, and, as there, nodes lacking one
+of these keys are still scored on the keys they have (a node without a zone label competes on its hostname
+count; the zone's domain count then includes the unlabelled nodes as one domain, as kube's counts do).
+``defaultingType: List`` uses ``defaultConstraints`` as given (each without a selector; DoNotSchedule ones
+filter too); an empty list turns defaults off.
 
 Counts come from the cache's trackers (``worker.topology``). Which nodes are eligible depends only on the
 nodes and the pod's node rules, so it is computed once per (node rules, policies, keys) and kept until a node
@@ -24,9 +32,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from common.records import NodeName, PodRecord, SpreadConstraint
+from common.records import LabelSelector, NodeName, PodRecord, SpreadConstraint, spread_constraint_from_json
 from worker.framework import Status
 from worker.nodeinfo import NodeInfo
 from worker.plugins.affinity import _verdict as node_affinity_verdict
@@ -36,6 +45,53 @@ if TYPE_CHECKING:
     from worker.cache import Cache
 
 HOSTNAME = "kubernetes.io/hostname"
+ZONE = "topology.kubernetes.io/zone"
+SYSTEM = "System"
+LIST = "List"
+_ANY = LabelSelector(())  # replaced by the pod's default selector
+SYSTEM_DEFAULTS = (
+    SpreadConstraint(3, HOSTNAME, False, _ANY, 1, True, False),
+    SpreadConstraint(5, ZONE, False, _ANY, 1, True, False),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SpreadDefaults:
+    """The default constraints of pods that state none; ``system``: kube's System defaulting."""
+
+    constraints: tuple[SpreadConstraint, ...] = SYSTEM_DEFAULTS
+    system: bool = True
+
+
+def spread_defaults(args: Mapping[str, Any]) -> SpreadDefaults:
+    """``PodTopologySpreadArgs`` (``defaultingType``, ``defaultConstraints``) validated as kube-scheduler does;
+    raises ValueError naming the field."""
+    kind = args.get("defaultingType") or SYSTEM
+    raw = args.get("defaultConstraints") or []
+    if kind not in (SYSTEM, LIST):
+        raise ValueError(f"defaultingType: {kind!r} is not one of System, List")
+    if not isinstance(raw, list):
+        raise ValueError("defaultConstraints: expected a list")
+    if kind == SYSTEM:
+        if raw:
+            raise ValueError("defaultingType: System cannot be used when defaultConstraints are not empty")
+        return SpreadDefaults()
+    constraints: list[SpreadConstraint] = []
+    seen: set[tuple[str, bool]] = set()
+    for i, item in enumerate(raw):
+        where = f"defaultConstraints[{i}]"
+        if isinstance(item, dict):
+            for forbidden in ("labelSelector", "matchLabelKeys"):
+                if item.get(forbidden):
+                    raise ValueError(f"{where}.{forbidden}: must not be set: it is deduced for each pod")
+        c = spread_constraint_from_json(item, where)
+        if (c.topology_key, c.hard) in seen:
+            raise ValueError(f"{where}: duplicate topologyKey and whenUnsatisfiable")
+        seen.add((c.topology_key, c.hard))
+        constraints.append(replace(c, selector=_ANY))
+    return SpreadDefaults(tuple(constraints), system=False)
+
+
 SKEW = Status.unschedulable("node(s) didn't match pod topology spread constraints")
 MISSING_LABEL = Status.unresolvable(
     "node(s) didn't match pod topology spread constraints (missing required label)"
@@ -57,12 +113,38 @@ class _Eligible:
 class _Spread:
     """Shared by the filter and the score: eligible nodes and per-domain counts for one constraint."""
 
-    def __init__(self) -> None:
+    def __init__(self, defaults: SpreadDefaults) -> None:
         self.cache: Cache | None = None
+        self.defaults = defaults
         self._memo: dict[tuple[Any, ...], tuple[int, _Eligible]] = {}
+        # (pod, workloads version, its default constraints): the last pod's, computed once per decision
+        self._defaulted: tuple[PodRecord | None, int, tuple[SpreadConstraint, ...]] = (None, -1, ())
 
     def attach(self, cache: Cache) -> None:
         self.cache = cache
+
+    def constraints(self, pod: PodRecord) -> tuple[tuple[SpreadConstraint, ...], bool]:
+        """The pod's constraints, else the defaults with its default selector (none when nothing selects
+        it); and whether they are kube's system defaults."""
+        rules = pod.inter_pod
+        if rules is not None and rules.spread:
+            return rules.spread, False
+        if not self.defaults.constraints:
+            return (), False
+        assert self.cache is not None, "PodTopologySpread used without a cache"
+        workloads = self.cache.workloads
+        if pod.controller is None and pod.namespace not in workloads.services:
+            return (), False  # nothing can select the pod (the common agent pod): no default constraint
+        last, version, constraints = self._defaulted
+        if last is not pod or version != workloads.version:
+            selector = workloads.default_selector(pod)
+            constraints = (
+                ()
+                if selector is None
+                else tuple(replace(c, selector=selector) for c in self.defaults.constraints)
+            )
+            self._defaulted = (pod, workloads.version, constraints)
+        return constraints, self.defaults.system
 
     def eligible(self, pod: PodRecord, keys: tuple[str, ...], c: SpreadConstraint) -> _Eligible:
         assert self.cache is not None, "PodTopologySpread used without a cache"
@@ -113,7 +195,7 @@ class _Spread:
         before minDomains) for constraint ``c``; domains absent from the mapping hold no matching pod."""
         assert self.cache is not None
         cache = self.cache
-        tracker = cache.topology.tracker(((frozenset((pod.namespace,)), c.selector),), live_only=True)
+        tracker = cache.topology.tracker(((frozenset((pod.namespace,)), c.selector, None),), live_only=True)
         eligible = self.eligible(pod, keys, c)
         key = c.topology_key
         if eligible.complete:
@@ -133,21 +215,22 @@ class PodTopologySpreadFilter(_Spread):
     name = "PodTopologySpread"
     static = False
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, defaults: SpreadDefaults) -> None:
+        super().__init__(defaults)
         self._pod: PodRecord | None = None
-        self._version = -1
+        self._version: tuple[int, int] = (-1, -1)
+        # default constraints that filter (List defaulting with DoNotSchedule ones)
+        self._hard_defaults = any(c.hard for c in defaults.constraints)
         # (key, counts, global minimum, maxSkew, self match) per hard constraint
         self._state: list[tuple[str, Counts, int, int, int]] = []
 
     def _prepare(self, pod: PodRecord) -> list[tuple[str, Counts, int, int, int]]:
         assert self.cache is not None, "PodTopologySpread used without a cache"
-        version = self.cache.topology.version
+        version = (self.cache.topology.version, self.cache.workloads.version)
         if pod is self._pod and version == self._version:
             return self._state
         state: list[tuple[str, Counts, int, int, int]] = []
-        rules = pod.inter_pod
-        hard = [c for c in rules.spread if c.hard] if rules is not None else []
+        hard = [c for c in self.constraints(pod)[0] if c.hard]
         keys = tuple(sorted({c.topology_key for c in hard}))
         for c in hard:
             counts, domains, low = self.counts(pod, keys, c)
@@ -159,7 +242,9 @@ class PodTopologySpreadFilter(_Spread):
 
     def applies(self, pod: PodRecord) -> bool:
         rules = pod.inter_pod
-        return rules is not None and any(c.hard for c in rules.spread)
+        if rules is not None and rules.spread:
+            return any(c.hard for c in rules.spread)
+        return self._hard_defaults and any(c.hard for c in self.constraints(pod)[0])
 
     def filter(self, pod: PodRecord, node: NodeInfo) -> Status | None:
         labels = node.node.labels
@@ -176,15 +261,19 @@ class PodTopologySpreadScore(_Spread):
     name = "PodTopologySpreadScore"
 
     def applies(self, pod: PodRecord) -> bool:
-        rules = pod.inter_pod
-        return rules is not None and any(not c.hard for c in rules.spread)
+        return any(not c.hard for c in self.constraints(pod)[0])
 
     def scores(self, pod: PodRecord, nodes: list[NodeInfo]) -> list[float]:
-        rules = pod.inter_pod
-        assert rules is not None
-        soft = [c for c in rules.spread if not c.hard]
-        keys = tuple(sorted({c.topology_key for c in soft}))
-        scored = [all(k in info.node.labels for k in keys) for info in nodes]
+        constraints, system = self.constraints(pod)
+        soft = [c for c in constraints if not c.hard]
+        if system:
+            # kube's requireAllTopologies is off for system defaults: no node is left unscored for lacking
+            # a key, and a domain's counts need only that constraint's own key on a node
+            keys: tuple[str, ...] = ()
+            scored = [True] * len(nodes)
+        else:
+            keys = tuple(sorted({c.topology_key for c in soft}))
+            scored = [all(k in info.node.labels for k in keys) for info in nodes]
         totals = [0.0] * len(nodes)
         assert self.cache is not None, "PodTopologySpread used without a cache"
         for c in soft:
@@ -195,10 +284,13 @@ class PodTopologySpreadScore(_Spread):
                 # per node, whatever the inclusion policies, as kube-scheduler's Score counts it
                 size = sum(scored)
                 tracker = self.cache.topology.tracker(
-                    ((frozenset((pod.namespace,)), c.selector),), live_only=True
+                    ((frozenset((pod.namespace,)), c.selector, None),), live_only=True
                 )
             else:
-                size = len({info.node.labels[key] for info, ok in zip(nodes, scored, strict=True) if ok})
+                # a scored node without the key is the domain "" in kube's count of domains
+                size = len(
+                    {info.node.labels.get(key, "") for info, ok in zip(nodes, scored, strict=True) if ok}
+                )
                 counts = self.counts(pod, keys, c)[0]
             weight = math.log(size + 2)
             for i, info in enumerate(nodes):
@@ -226,9 +318,9 @@ class PodTopologySpreadScore(_Spread):
         return out
 
 
-def pod_topology_spread_filter(_: Mapping[str, Any]) -> PodTopologySpreadFilter:
-    return PodTopologySpreadFilter()
+def pod_topology_spread_filter(args: Mapping[str, Any]) -> PodTopologySpreadFilter:
+    return PodTopologySpreadFilter(spread_defaults(args))
 
 
-def pod_topology_spread_score(_: Mapping[str, Any]) -> PodTopologySpreadScore:
-    return PodTopologySpreadScore()
+def pod_topology_spread_score(args: Mapping[str, Any]) -> PodTopologySpreadScore:
+    return PodTopologySpreadScore(spread_defaults(args))

@@ -329,13 +329,20 @@ def test_inter_pod_rules_are_honoured_standalone_and_refused_under_a_coordinator
     )
 
 
-def test_a_namespace_selector_that_selects_is_refused() -> None:
-    term = dict(POD_TERM, namespaceSelector={"matchLabels": {"team": "a"}})
+def test_a_namespace_selector_is_supported_standalone_and_parsed() -> None:
+    term = dict(POD_TERM, namespaces=["other"], namespaceSelector={"matchLabels": {"team": "a"}})
     pod = with_spec(affinity={"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}})
-    field = (
-        "spec.affinity.podAntiAffinity.requiredDuringSchedulingIgnoredDuringExecution[0].namespaceSelector"
+    assert unsupported(pod) is None
+    parsed = pod_from_json(pod)
+    assert parsed.standalone_only is not None  # inter-pod rules: still refused under a coordinator
+    assert parsed.inter_pod is not None
+    selected = parsed.inter_pod.anti_affinity[0]
+    assert selected.namespaces == frozenset({"other"})
+    assert selected.namespace_selector is not None
+    assert selected.matches("x", {"app": "agent"}, {"team": "a"}) == selected.selector.matches(
+        {"app": "agent"}
     )
-    assert unsupported(pod) == f"pod uses {field}, which agent-scheduler does not support yet; {REMEDY}"
+    assert not selected.matches("x", {"app": "agent"}, {"team": "b"})
     everywhere = dict(POD_TERM, namespaceSelector={})
     pod = with_spec(
         affinity={"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [everywhere]}}

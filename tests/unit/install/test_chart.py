@@ -155,9 +155,26 @@ def test_rbac_is_least_privilege_per_role(default: list[dict[str, Any]]) -> None
         ("", "pods/binding"): {"create"},
         ("", "pods/status"): {"patch"},
         ("", "nodes"): read,
+        ("", "namespaces"): read,
+        # kube's default topology spread constraints: only the selectors are kept (worker/workloads.py)
+        ("", "services"): read,
+        ("", "replicationcontrollers"): read,
+        ("apps", "replicasets"): read,
+        ("apps", "statefulsets"): read,
         ("", "events"): {"create"},
         **REVIEWS,
     }
+    # default spread constraints turned off: none of those objects are watched, nor readable
+    off = render(
+        extra=["--set-json", 'worker.podTopologySpread={"defaultingType":"List","defaultConstraints":[]}']
+    )
+    unwatched = {
+        ("", "services"),
+        ("", "replicationcontrollers"),
+        ("apps", "replicasets"),
+        ("apps", "statefulsets"),
+    }
+    assert set(worker) - set(rules_of(off, "ClusterRole", "agent-scheduler-worker")) == unwatched
     reader = one(default, "ClusterRole", "agent-scheduler-metrics-reader")
     assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
     open_metrics = render("metrics.auth=none")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from common.records import NodeName, PodKey, PodRecord
+from common.records import LabelSelector, NodeName, PodKey, PodRecord, Requirement
 from tests.builders import make_node, make_pod
 from tests.unit.worker.helpers import engine_over, place
 from worker.cache import Cache
@@ -279,14 +279,26 @@ def test_incremental_counts_equal_a_recount_through_random_changes() -> None:
     for i in range(6):
         cache.upsert_node(make_node(f"n{i}").label(ZONE, rng.choice(zones)).record())
     selectors = [{"app": "a"}, {"app": "b"}, {"tier": "x"}]
+    spaces = ["default", "t1", "t2"]
+    team_a = _selector({"team": "a"})
+    parts = [
+        (frozenset({"default"}), None),
+        (frozenset({"t2"}), team_a),  # t2, or any namespace labelled team=a
+        (frozenset(), team_a),
+    ]
     trackers = [
-        cache.topology.tracker(
-            ((frozenset({"default"}), make_pod("s").spread(ZONE, s).record().inter_pod.spread[0].selector),),
-            live_only=live,
-        )  # type: ignore[union-attr]
+        cache.topology.tracker(((names, _selector(s), by_label),), live_only=live)
         for s in selectors
         for live in (True, False)
+        for names, by_label in parts
     ]
+    # a conjunction: both parts must match (a pod's required affinity terms together)
+    trackers.append(
+        cache.topology.tracker(
+            ((frozenset(), team_a, _selector({"tier": "x"})), (frozenset({"t1"}), _selector({}), None)),
+            live_only=False,
+        )
+    )
     for t in trackers:
         t.counts(ZONE, cache.nodes)
         t.counts(HOST, cache.nodes)
@@ -294,7 +306,9 @@ def test_incremental_counts_equal_a_recount_through_random_changes() -> None:
     for step in range(400):
         r = rng.random()
         if r < 0.5:
-            pod = make_pod(f"p{step}").label(rng.choice(["app", "tier"]), rng.choice(["a", "b", "x"]))
+            pod = make_pod(f"p{step}", rng.choice(spaces)).label(
+                rng.choice(["app", "tier"]), rng.choice(["a", "b", "x"])
+            )
             if rng.random() < 0.2:
                 pod.deleting()
             if rng.random() < 0.3:
@@ -304,14 +318,19 @@ def test_incremental_counts_equal_a_recount_through_random_changes() -> None:
                 cache.upsert_pod(rec)
             else:
                 cache.assume(
-                    make_pod(rec.name).label(*next(iter(rec.labels.items()))).record(),
+                    make_pod(rec.name, rec.namespace).label(*next(iter(rec.labels.items()))).record(),
                     NodeName(rec.node_name),
                 )
             live[rec.key] = rec
-        elif r < 0.8 and live:
+        elif r < 0.7 and live:
             key = rng.choice(sorted(live))
             cache.remove_pod(key)
             del live[key]
+        elif r < 0.85:
+            # a Namespace created, relabelled or deleted: the pods there count or stop counting
+            space = rng.choice(spaces)
+            labels = rng.choice([None, {}, {"team": "a"}, {"team": "b"}, {"team": "a", "tier": "x"}])
+            cache.upsert_namespace(space, labels)
         else:
             name = f"n{rng.randrange(6)}"
             node = make_node(name)
@@ -323,7 +342,12 @@ def test_incremental_counts_equal_a_recount_through_random_changes() -> None:
                 expect: dict[str, int] = {}
                 for info in cache.nodes.values():
                     value = info.node.labels.get(key)
-                    n = sum(1 for p in info.pods.values() if t.wants(p) and matches(t.match, p))
+                    n = sum(
+                        1
+                        for p in info.pods.values()
+                        if not (t.live_only and p.deleting)
+                        and matches(t.match, p, cache.topology.namespace_labels.get(p.namespace))
+                    )
                     if value is not None and n:
                         expect[value] = expect.get(value, 0) + n
                 assert t.domains[key] == expect, (step, key)
@@ -333,8 +357,15 @@ def test_incremental_counts_equal_a_recount_through_random_changes() -> None:
             for p in info.pods.values():
                 if value is not None and p.inter_pod is not None and p.inter_pod.anti_affinity:
                     anti_expect[value] = anti_expect.get(value, 0) + 1
-        got = {v: c for g in cache.topology.anti_groups.values() for v, c in g.domains.items()}
+        got: dict[str, int] = {}
+        for g in cache.topology.anti_groups.values():  # one group per (term, namespace): summed
+            for v, c in g.domains.items():
+                got[v] = got.get(v, 0) + c
         assert got == anti_expect, step
+
+
+def _selector(labels: dict[str, str]) -> LabelSelector:
+    return LabelSelector(tuple(Requirement(k, "In", (v,)) for k, v in labels.items()))
 
 
 # ----- parsing ------------------------------------------------------------------------------------------------

@@ -163,3 +163,12 @@ podAntiAffinity:
     verbs: ["create"]
 {{- end }}
 {{- end -}}
+
+{{/* Non-empty when the worker applies default topology spread constraints (it then watches the Services and
+controllers they are built from): anything but defaultingType List with no defaultConstraints. */}}
+{{- define "as.spreadDefaults" -}}
+{{- $s := .Values.worker.podTopologySpread | default dict -}}
+{{- if not (and (eq ($s.defaultingType | default "System") "List") (empty $s.defaultConstraints)) -}}
+on
+{{- end -}}
+{{- end -}}
