@@ -101,6 +101,12 @@ pod_stage_duration = Histogram(
     ["stage"],
     buckets=_STAGE_BUCKETS,
 )
+watch_wait = Histogram(
+    "agent_scheduler_lane_watch_wait_seconds",
+    "Time a dispatched pod waited for this worker's pod watch to reach the DISPATCH's min_rv (the topology "
+    "lane: the placements its decision must see); only pods that had to wait are observed.",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
 
 
 # Label children resolved once: every bound pod observes several stages, and ``labels()`` is a locked dict

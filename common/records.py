@@ -9,8 +9,7 @@ Invariants:
   absurd sizes), and costs time linear in the object's size. A pod whose spec cannot be understood (malformed
   or out-of-range quantity, unknown affinity operator, ...) gets ``parse_error`` set, naming the field, and is
   reported unschedulable with that reason; so does a pod not yet placed that uses a field the engine does not
-  implement (``common.support``: the message names the field). A pod not yet placed using inter-pod rules gets
-  ``standalone_only`` set, the message a coordinator refuses it with (a standalone worker honours them). A node
+  implement (``common.support``: the message names the field). A node
   with missing or malformed allocatable is treated as having no capacity (``allocatable_error`` says why).
   Quantities must fit int64 (``common.quantity``).
 - A pod's placement rules are bounded (``MAX_TOLERATIONS``, ``MAX_SELECTOR_TERMS``, ``MAX_REQUIREMENTS``,
@@ -30,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, NewType
 
 from common.quantity import QuantityError, parse_milli, parse_units
-from common.support import standalone_only, unsupported
+from common.support import unsupported
 
 NodeName = NewType("NodeName", str)
 PodKey = NewType("PodKey", str)  # "namespace/name"
@@ -352,8 +351,6 @@ class PodRecord:
     signature: tuple[Any, ...]
     # pod (anti-)affinity and topology spread; None when the pod states none
     inter_pod: InterPod | None = None
-    # why a coordinator must refuse the pod (rules only a standalone worker honours), else None
-    standalone_only: str | None = None
 
     @property
     def terminal(self) -> bool:
@@ -787,10 +784,8 @@ def pod_from_json(obj: dict[str, Any]) -> PodRecord:
         error = f"invalid pod spec: {e}"
         fields = _empty_pod_fields()
         inter_pod = None
-    standalone: str | None = None
     if not spec.get("nodeName"):  # a placed pod is not ours to refuse; its requests still count
         error = unsupported(obj) or error
-        standalone = standalone_only(obj)
     gates = tuple(g.get("name", "") for g in spec.get("schedulingGates") or () if isinstance(g, dict))
     signature = (
         fields["node_selector"],
@@ -823,7 +818,6 @@ def pod_from_json(obj: dict[str, Any]) -> PodRecord:
         parse_error=error,
         signature=signature,
         inter_pod=inter_pod,
-        standalone_only=standalone,
     )
 
 

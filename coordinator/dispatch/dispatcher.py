@@ -21,9 +21,11 @@ Invariants:
   Unschedulable verdict.
 - A worker with ``protocol.MAX_UNACKED`` dispatches awaiting ACK is not chosen; pods that only it could take
   wait (they are not "no" answers) and are queued again as soon as an ACK frees its window.
-- Malformed pods are reported unschedulable at once with their parse error; they are never dispatched. So are
-  pods using inter-pod rules (``PodRecord.standalone_only``): only a standalone worker honours those so far,
-  because they span shards (see ``common.support``).
+- Malformed pods are reported unschedulable at once with their parse error; they are never dispatched.
+- Pods with inter-pod rules go through the topology lane (``lane``): a pod the lane holds back is not
+  dispatched until the lane lets it (it is considered again as soon as the lane's state changes), and every
+  DISPATCH carries the lane's ``min_rv`` for that pod. The lane is told every dispatch, every answer, every
+  lost dispatch, and every pod the pending watch shows leaving the pending set with its resourceVersion.
 """
 
 from __future__ import annotations
@@ -41,7 +43,9 @@ from common.keyring import Keys, NoSecret
 from common.kube import KubeClient
 from common.records import PodKey, PodRecord, pod_from_json
 from common.watching import Reflector
+from coordinator import metrics as coordinator_metrics
 from coordinator.dispatch.choice import Worker, choose
+from coordinator.dispatch.lane import ANTI_AFFINITY, Lane
 from coordinator.dispatch.links import Inbound, Link, LinkEvents, LinkFactory, Transport
 from coordinator.dispatch.pending import DISPATCH_TIMEOUT, PendingPod, PendingTable, verdict
 
@@ -64,18 +68,37 @@ class _PendingFeed:
         self.d = d
 
     def replace(self, objects: list[dict[str, Any]]) -> None:
+        # Every pod missing from a list at version R left the pending set at or before R.
+        listed_at = _revision(self.d.reflector.resource_version)
         seen = set()
         for obj in objects:
             seen.add(self.d.observe(obj))
-        for key in [k for k in self.d.table if k not in seen]:
-            self.d.forget(key)
+        gone = {k for k in self.d.table if k not in seen} | {k for k in self.d.lane.unseen if k not in seen}
+        current = self.d.lane.current
+        if current is not None and current.key not in seen:
+            gone.add(current.key)
+        if self.d.lane.held_for is not None and self.d.lane.held_for not in seen:
+            gone.add(self.d.lane.held_for)
+        for key in gone:
+            self.d.forget(key, listed_at)
 
     def event(self, kind: str, obj: dict[str, Any]) -> None:
         if kind == "DELETED":
+            # Also a pod that was bound: it left the field selector's set (the object is its last pending
+            # state, at the binding's resourceVersion).
             meta = obj.get("metadata") or {}
-            self.d.forget(PodKey(f"{meta.get('namespace')}/{meta.get('name')}"))
+            key = PodKey(f"{meta.get('namespace')}/{meta.get('name')}")
+            self.d.forget(key, _revision(meta.get("resourceVersion")))
         else:
             self.d.observe(obj)
+
+
+def _revision(rv: object) -> int:
+    """A resourceVersion as an integer (etcd's revision), 0 if it is not one."""
+    try:
+        return int(str(rv)) if rv else 0
+    except ValueError:
+        return 0
 
 
 class Dispatcher:
@@ -104,6 +127,11 @@ class Dispatcher:
         self.table = PendingTable()
         self.workers: dict[str, Worker] = {}
         self._blocked: dict[PodKey, None] = {}  # waiting only for a full ACK window to free (ordered set)
+        self.lane = Lane()
+        # held back by the lane (ordered sets): waiting for the lane itself, and waiting for a pod in flight
+        # that a required anti-affinity is about (rule 3)
+        self._lane_waiting: dict[PodKey, str] = {}
+        self._anti_waiting: dict[PodKey, str] = {}
         self._next_id = 0
         self.reflector = Reflector(
             client,
@@ -135,15 +163,16 @@ class Dispatcher:
         record = pod_from_json(obj)
         key = record.key
         if record.node_name or record.terminal or record.deleting:
-            self.forget(key)
+            self.forget(key, _revision(record.resource_version))
             return key
         p = self.table.get(key)
         if p is not None and p.record.uid != record.uid:
-            self.forget(key)  # deleted and recreated under the same name: a new pod
+            # deleted and recreated under the same name: a new pod
+            self.forget(key, _revision(record.resource_version))
             p = None
         if p is None:
             p = self.table.pods[key] = PendingPod(obj, record, seen_at=self.clock())
-            refusal = record.parse_error or record.standalone_only
+            refusal = record.parse_error
             if refusal is not None:
                 self.reporter.unschedulable(record, refusal)
                 p.parked_at = self.clock()
@@ -158,11 +187,19 @@ class Dispatcher:
             self.table.enqueue(key)
         return key
 
-    def forget(self, key: PodKey) -> None:
+    def forget(self, key: PodKey, rv: int = 0) -> None:
+        """``key`` left the pending set (bound, deleted, or replaced by a pod of the same name), as the watch
+        showed at resourceVersion ``rv``."""
         p = self.table.pods.pop(key, None)
         if p is not None:
             self._release(p)
         self.reporter.forget(key)
+        self._lane_waiting.pop(key, None)
+        self._anti_waiting.pop(key, None)
+        dispatched_at = self.lane.seen(key, rv)
+        if dispatched_at is not None:
+            coordinator_metrics.lane_settle_duration.observe(self.clock() - dispatched_at)
+        self._wake_lane(everyone=dispatched_at is not None)
 
     def _release(self, p: PendingPod) -> None:
         if p.worker is not None:
@@ -174,8 +211,18 @@ class Dispatcher:
     def dispatch(self, key: PodKey) -> None:
         """Consider one queued pod: send it to a worker, declare it unschedulable, or leave it waiting."""
         p = self.table.get(key)
-        if p is None or not p.waiting or p.not_before > self.clock():
+        now = self.clock()
+        if p is None or not p.waiting or p.not_before > now:
             return  # a pod rejected lately is considered again by the idle rescan once its backoff ends
+        held = self.lane.wait_reason(p.record, self._in_flight, now)
+        if held is not None:
+            before = self._lane_waiting.pop(key, None) or self._anti_waiting.pop(key, None)
+            if held != before:
+                coordinator_metrics.lane_waits.labels(held).inc()  # once per wait (and change of reason)
+            (self._anti_waiting if held == ANTI_AFFINITY else self._lane_waiting)[key] = held
+            return  # considered again when the lane's state changes (``_wake_lane``) or by the idle rescan
+        self._lane_waiting.pop(key, None)
+        self._anti_waiting.pop(key, None)
         w = choose(self.workers.values(), p.record, p.tried, self.rng)
         if w is None:
             message = verdict(p, self.workers)
@@ -187,9 +234,33 @@ class Dispatcher:
                 self._blocked[key] = None
             return  # no worker can take it now: it waits for capacity, an ACK, or workers to change
         self._next_id += 1
-        p.worker, p.dispatch_id, p.dispatched_at = w.worker_id, self._next_id, self.clock()
+        p.worker, p.dispatch_id, p.dispatched_at = w.worker_id, self._next_id, now
         w.assign(p.dispatch_id, p.record)
-        w.link.send(protocol.Dispatch(p.dispatch_id, p.obj))
+        self.lane.dispatched(p.record, now)
+        w.link.send(protocol.Dispatch(p.dispatch_id, p.obj, min_rv=self.lane.min_rv(p.record)))
+
+    def _in_flight(self) -> list[PodRecord]:
+        """The pods dispatched and not yet answered (for the lane's anti-affinity rule)."""
+        out = []
+        for w in self.workers.values():
+            for key in w.in_flight.values():
+                p = self.table.get(key)
+                if p is not None:
+                    out.append(p.record)
+        return out
+
+    def lane_waiting(self) -> int:
+        """Pods the lane holds back now."""
+        return len(self._lane_waiting) + len(self._anti_waiting)
+
+    def _wake_lane(self, *, everyone: bool = True) -> None:
+        """The lane's state changed: consider the pods it held back again, in the order they waited; only
+        those waiting for pods in flight unless ``everyone`` (the lane pod in flight changed)."""
+        for key in self._anti_waiting:
+            self.table.enqueue(key)
+        if everyone:
+            for key in self._lane_waiting:
+                self.table.enqueue(key)
 
     def dispatch_ready(self) -> int:
         """Consider every pod queued so far (not those queued meanwhile); returns how many."""
@@ -231,12 +302,15 @@ class Dispatcher:
             self._requeue_from(w)
 
     def _requeue_from(self, w: Worker) -> None:
+        now = self.clock()
         for key in w.disconnected():
+            self.lane.lost(key, now)
             p = self.table.get(key)
             if p is not None:
                 p.worker = None
                 self.redispatched += 1
                 self.table.enqueue(key)
+        self._wake_lane()
         self._unblock()  # the pods that waited for this worker's window may go elsewhere now
 
     def _current(self, link: Transport) -> Worker | None:
@@ -296,9 +370,13 @@ class Dispatcher:
         if result.outcome == protocol.BOUND:
             w.bound += 1
             self.table.pods.pop(key, None)
+            self.lane.answered_bound(p.record)  # in flight for the lane until the watch shows the binding
             metrics.observe_stage("dispatched", p.dispatched_at - p.seen_at)
             metrics.observe_stage("result", self.clock() - p.dispatched_at)
-        elif result.outcome == protocol.GONE:
+            return
+        # nothing placed: the lane (if it was this pod's) is free again
+        self._wake_lane(everyone=self.lane.answered(key))
+        if result.outcome == protocol.GONE:
             self.table.pods.pop(key, None)
         elif result.outcome == protocol.REJECTED or result.nodes == 0:
             # "Try later", never "no": the worker cannot place pods now, its binding was refused, or it
@@ -331,9 +409,12 @@ class Dispatcher:
             self._release(p)
             if w is not None:
                 self._acknowledged(w, dispatch_id)
+            self.lane.lost(key, self.clock())
             self.timed_out += 1
             self.redispatched += 1
             self.table.enqueue(key)
+        if expired:
+            self._wake_lane()
         return len(expired)
 
     # ----- loop ------------------------------------------------------------------------------------------
@@ -379,6 +460,8 @@ class Dispatcher:
             "timed_out": self.timed_out,
             "rejected": self.rejected,
             "waiting_for_window": len(self._blocked),
+            "waiting_for_lane": self.lane_waiting(),
+            "lane": self.lane.statistics(),
             "workers": {
                 wid: {
                     "connected": w.ready,
