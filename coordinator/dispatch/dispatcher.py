@@ -4,7 +4,8 @@ Inputs: a watch of pending pods (``spec.schedulerName`` = ours, ``spec.nodeName`
 workers with their dispatch addresses (from etcd membership, through ``set_workers``). Output: DISPATCH
 messages over each worker's link (``common.protocol``), and the unschedulable report for pods no shard can
 take. The parts: ``pending`` (the table and the verdict), ``choice`` (what is known of each worker and which
-one a pod goes to), ``links`` (one worker's stream); this module wires them and runs the loop.
+one a pod goes to), ``links`` (one worker's stream), ``lane`` (pods with inter-pod rules); this module wires
+them and runs the loop.
 
 Invariants:
 - A pod is dispatched to at most one worker at a time; it is tracked until its RESULT, until the watch shows
@@ -74,9 +75,7 @@ class _PendingFeed:
         for obj in objects:
             seen.add(self.d.observe(obj))
         gone = {k for k in self.d.table if k not in seen} | {k for k in self.d.lane.unseen if k not in seen}
-        current = self.d.lane.current
-        if current is not None and current.key not in seen:
-            gone.add(current.key)
+        gone |= {k for k in self.d.lane.flying if k not in seen}
         if self.d.lane.held_for is not None and self.d.lane.held_for not in seen:
             gone.add(self.d.lane.held_for)
         for key in gone:
@@ -128,10 +127,14 @@ class Dispatcher:
         self.workers: dict[str, Worker] = {}
         self._blocked: dict[PodKey, None] = {}  # waiting only for a full ACK window to free (ordered set)
         self.lane = Lane()
-        # held back by the lane (ordered sets): waiting for the lane itself, and waiting for a pod in flight
-        # that a required anti-affinity is about (rule 3)
-        self._lane_waiting: dict[PodKey, str] = {}
-        self._anti_waiting: dict[PodKey, str] = {}
+        # Held back by the lane: the reason per pod, and who to wake when (ordered sets): waiting for one lane
+        # pod in flight (by that pod), for room in the lane or the end of a hold, for pods in flight that a
+        # required anti-affinity is about (rule 3). Waking moves them to the ready queue; a pod still held
+        # back when considered again is registered again.
+        self._lane_waits: dict[PodKey, str] = {}
+        self._waiting_on: dict[PodKey, dict[PodKey, None]] = {}
+        self._waiting_for_room: dict[PodKey, None] = {}
+        self._waiting_for_pods: dict[PodKey, None] = {}
         self._next_id = 0
         self.reflector = Reflector(
             client,
@@ -194,12 +197,12 @@ class Dispatcher:
         if p is not None:
             self._release(p)
         self.reporter.forget(key)
-        self._lane_waiting.pop(key, None)
-        self._anti_waiting.pop(key, None)
+        self._lane_waits.pop(key, None)
+        held = self.lane.held_for == key
         dispatched_at = self.lane.seen(key, rv)
         if dispatched_at is not None:
             coordinator_metrics.lane_settle_duration.observe(self.clock() - dispatched_at)
-        self._wake_lane(everyone=dispatched_at is not None)
+        self._wake_lane(key if dispatched_at is not None or held else None)
 
     def _release(self, p: PendingPod) -> None:
         if p.worker is not None:
@@ -214,15 +217,19 @@ class Dispatcher:
         now = self.clock()
         if p is None or not p.waiting or p.not_before > now:
             return  # a pod rejected lately is considered again by the idle rescan once its backoff ends
-        held = self.lane.wait_reason(p.record, self._in_flight, now)
+        held = self.lane.wait(p.record, self._in_flight, now)
         if held is not None:
-            before = self._lane_waiting.pop(key, None) or self._anti_waiting.pop(key, None)
-            if held != before:
-                coordinator_metrics.lane_waits.labels(held).inc()  # once per wait (and change of reason)
-            (self._anti_waiting if held == ANTI_AFFINITY else self._lane_waiting)[key] = held
+            if self._lane_waits.get(key) != held.reason:
+                coordinator_metrics.lane_waits.labels(held.reason).inc()  # once per wait and reason
+            self._lane_waits[key] = held.reason
+            if held.blocker is not None:
+                self._waiting_on.setdefault(held.blocker, {})[key] = None
+            elif held.reason == ANTI_AFFINITY:
+                self._waiting_for_pods[key] = None
+            else:
+                self._waiting_for_room[key] = None
             return  # considered again when the lane's state changes (``_wake_lane``) or by the idle rescan
-        self._lane_waiting.pop(key, None)
-        self._anti_waiting.pop(key, None)
+        self._lane_waits.pop(key, None)
         w = choose(self.workers.values(), p.record, p.tried, self.rng)
         if w is None:
             message = verdict(p, self.workers)
@@ -251,16 +258,27 @@ class Dispatcher:
 
     def lane_waiting(self) -> int:
         """Pods the lane holds back now."""
-        return len(self._lane_waiting) + len(self._anti_waiting)
+        return len(self._lane_waits)
 
-    def _wake_lane(self, *, everyone: bool = True) -> None:
-        """The lane's state changed: consider the pods it held back again, in the order they waited; only
-        those waiting for pods in flight unless ``everyone`` (the lane pod in flight changed)."""
-        for key in self._anti_waiting:
+    def _wake_lane(self, left: PodKey | None) -> None:
+        """The lane's state changed: queue again the pods that waited for what changed, in the order they
+        waited. ``left``: the lane pod that left the lane (its waiters, the room it made, and the pods in
+        flight it was one of), or None when only some pod in flight was answered or seen."""
+        woken: list[PodKey] = list(self._waiting_for_pods)
+        self._waiting_for_pods.clear()
+        if left is not None:
+            woken += self._waiting_on.pop(left, {})
+            woken += self._waiting_for_room
+            self._waiting_for_room.clear()
+        for key in woken:
             self.table.enqueue(key)
-        if everyone:
-            for key in self._lane_waiting:
+
+    def _wake_all(self) -> None:
+        for waiters in self._waiting_on.values():
+            for key in waiters:
                 self.table.enqueue(key)
+        self._waiting_on.clear()
+        self._wake_lane(PodKey(""))
 
     def dispatch_ready(self) -> int:
         """Consider every pod queued so far (not those queued meanwhile); returns how many."""
@@ -310,7 +328,7 @@ class Dispatcher:
                 p.worker = None
                 self.redispatched += 1
                 self.table.enqueue(key)
-        self._wake_lane()
+        self._wake_all()
         self._unblock()  # the pods that waited for this worker's window may go elsewhere now
 
     def _current(self, link: Transport) -> Worker | None:
@@ -374,8 +392,8 @@ class Dispatcher:
             metrics.observe_stage("dispatched", p.dispatched_at - p.seen_at)
             metrics.observe_stage("result", self.clock() - p.dispatched_at)
             return
-        # nothing placed: the lane (if it was this pod's) is free again
-        self._wake_lane(everyone=self.lane.answered(key))
+        # nothing placed: the pod leaves the lane (if it was in it)
+        self._wake_lane(key if self.lane.answered(key) else None)
         if result.outcome == protocol.GONE:
             self.table.pods.pop(key, None)
         elif result.outcome == protocol.REJECTED or result.nodes == 0:
@@ -414,7 +432,7 @@ class Dispatcher:
             self.redispatched += 1
             self.table.enqueue(key)
         if expired:
-            self._wake_lane()
+            self._wake_all()
         return len(expired)
 
     # ----- loop ------------------------------------------------------------------------------------------

@@ -16,43 +16,55 @@ Classes (``lane_rule``):
   sees its own assumed pods; a node changes owner only after the new owner's cache caught up with it), and
   their preferred terms and ``ScheduleAnyway`` constraints are scores (a race changes a score, not a rule).
 
-Rules (``Lane``; the dispatcher asks ``wait_reason`` before it chooses a worker):
-1. One lane pod in flight cluster-wide (``current``): from its DISPATCH until it is *settled*: the leader's
-   pending-pod watch showed it leave the pending set (bound or deleted) at resourceVersion r, or a worker
-   answered it without placing it (unschedulable, rejected, gone). A RESULT bound does not settle it: the
-   resourceVersion of its binding is known only once the watch shows it.
+Rules (``Lane``; the dispatcher asks ``wait`` before it chooses a worker):
+1. A lane pod is *in flight* from its DISPATCH until it is *settled*: the leader's pending-pod watch showed it
+   leave the pending set (bound or deleted) at resourceVersion r, or a worker answered it without placing it
+   (unschedulable, rejected, gone). A RESULT bound does not settle it: the resourceVersion of its binding is
+   known only once the watch shows it. A lane pod goes out only when no lane pod in flight *interacts* with it
+   (``interact``: one's labels match a selector of the other's required rules, either way: spread selectors,
+   affinity and anti-affinity terms of any key), and at most ``MAX_IN_FLIGHT`` are in flight. Pods of one
+   constraint group therefore go one at a time, in the order they are considered; independent groups go side
+   by side (the plan's "one at a time cluster-wide" is the special case where every lane pod interacts).
 2. Every DISPATCH carries ``min_rv`` and the worker decides the pod only once its pod watch has reached it:
    for a lane pod ``settled_rv``, the highest resourceVersion at which the watch showed any of our pods leave
    the pending set (every placement of ours the leader knows of); for a plain pod ``lane_rv``, the same over
    lane pods only (the placements whose anti-affinity a plain pod must respect).
-3. A plain pod matching a cross-node required anti-affinity term of the lane pod in flight waits until that
-   pod is settled; a lane pod with cross-node required anti-affinity waits until no pod in flight matches one
-   of its terms (in flight: dispatched and not answered, or answered bound and not yet seen by the watch).
+3. A plain pod matching a cross-node required anti-affinity term of a lane pod in flight waits until that pod
+   is settled; a lane pod with cross-node required anti-affinity waits until no pod in flight matches one of
+   its terms (in flight: dispatched and not answered, or answered bound and not yet seen by the watch).
 4. A lane pod whose dispatch was lost (its worker's stream went down, or no RESULT came in time) may still be
    bound by the worker that had it. For ``LOST_HOLD`` after that no *other* lane pod goes out; the lost one
    may go out again at once, and the hold ends early when the watch shows it bound or deleted.
-5. A lane pod a shard cannot place is tried on the other shards as any pod is (``pending``); it gives the
-   lane back meanwhile (no placement was made) and takes it again when it goes out next.
+5. A lane pod a shard cannot place is tried on the other shards as any pod is (``pending``); it leaves the
+   lane meanwhile (no placement was made) and enters it again when it goes out next.
 
 Nothing here talks to workers or the API server: the dispatcher tells the lane what happened
-(``dispatched``, ``answered_bound``, ``answered``, ``lost``, ``seen``) and reads ``min_rv``.
+(``dispatched``, ``answered_bound``, ``answered``, ``lost``, ``seen``) and reads ``wait`` and ``min_rv``.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from typing import Final
+from typing import Final, NamedTuple
 
 from common.records import PodKey, PodRecord, PodTerm
 
 HOSTNAME: Final = "kubernetes.io/hostname"
 LOST_HOLD: Final = 30.0  # seconds no other lane pod goes out after a lane pod's dispatch was lost (rule 4)
+MAX_IN_FLIGHT: Final = 64  # lane pods in flight at once (each candidate is checked against all of them)
 
 # why a pod waits (the ``reason`` label of the lane-wait metric)
-BUSY: Final = "lane_busy"  # another lane pod is in flight
+BUSY: Final = "lane_busy"  # a lane pod in flight interacts with it, or the lane is full
 ANTI_AFFINITY: Final = "anti_affinity"  # rule 3, either direction
 LOST: Final = "lost_dispatch"  # rule 4
+
+
+class Wait(NamedTuple):
+    """Why a pod waits, and the lane pod in flight it waits for (None: no single one, e.g. a full lane)."""
+
+    reason: str
+    blocker: PodKey | None = None
 
 
 def lane_rule(pod: PodRecord) -> str | None:
@@ -83,13 +95,32 @@ def _matches(terms: tuple[PodTerm, ...], pod: PodRecord) -> bool:
     return any(t.matches(pod.namespace, pod.labels) for t in terms)
 
 
+def _reads(pod: PodRecord, other: PodRecord) -> bool:
+    """Does ``other`` count for one of ``pod``'s required rules (a hard spread constraint's selector in
+    ``pod``'s namespace, a required affinity or anti-affinity term)?"""
+    rules = pod.inter_pod
+    if rules is None:
+        return False
+    if other.namespace == pod.namespace and any(
+        c.hard and c.selector.matches(other.labels) for c in rules.spread
+    ):
+        return True
+    return _matches(rules.affinity, other) or _matches(rules.anti_affinity, other)
+
+
+def interact(a: PodRecord, b: PodRecord) -> bool:
+    """Could placing one change whether a node passes the other's required rules (rule 1)? Either pod's
+    required rules counting the other; that covers the symmetric anti-affinity rule, which is the other's
+    anti-affinity term matching this pod."""
+    return _reads(a, b) or _reads(b, a)
+
+
 class Lane:
     """The lane's state (see the module docstring). Resource versions are compared as integers, as the
     worker's shard catch-up does: they are etcd revisions in every API server we know."""
 
     def __init__(self) -> None:
-        self.current: PodRecord | None = None  # the lane pod in flight (rule 1)
-        self.dispatched_at = 0.0
+        self.flying: dict[PodKey, tuple[PodRecord, float]] = {}  # lane pods in flight, dispatched at
         self.lane_rv = 0
         self.settled_rv = 0
         self.unseen: dict[PodKey, PodRecord] = {}  # answered bound, not yet seen leaving the pending set
@@ -99,32 +130,28 @@ class Lane:
 
     @property
     def in_flight(self) -> int:
-        return 1 if self.current is not None else 0
+        return len(self.flying)
 
-    def wait_reason(
-        self, pod: PodRecord, in_flight: Callable[[], Iterable[PodRecord]], now: float
-    ) -> str | None:
-        """Why ``pod`` may not be dispatched now (one of the reasons above), or None. ``in_flight`` gives the
-        pods dispatched and not yet answered; it is called only for a lane pod with cross-node
-        anti-affinity."""
-        current = self.current
+    def wait(self, pod: PodRecord, in_flight: Callable[[], Iterable[PodRecord]], now: float) -> Wait | None:
+        """Why ``pod`` may not be dispatched now, or None. ``in_flight`` gives the pods dispatched and not
+        yet answered; it is called only for a lane pod with cross-node anti-affinity."""
         if lane_rule(pod) is None:
-            if (
-                current is not None
-                and current.key != pod.key
-                and _matches(cross_node_anti_affinity(current), pod)
-            ):
-                return ANTI_AFFINITY
+            for other, _ in self.flying.values():
+                if other.key != pod.key and _matches(cross_node_anti_affinity(other), pod):
+                    return Wait(ANTI_AFFINITY, other.key)
             return None
-        if current is not None and current.key != pod.key:
-            return BUSY
         if now < self.hold_until and self.held_for != pod.key:
-            return LOST
+            return Wait(LOST)
+        for other, _ in self.flying.values():
+            if other.key != pod.key and interact(pod, other):
+                return Wait(BUSY, other.key)
+        if len(self.flying) >= MAX_IN_FLIGHT and pod.key not in self.flying:
+            return Wait(BUSY)
         terms = cross_node_anti_affinity(pod)
         if terms:
             for other in (*in_flight(), *self.unseen.values()):
                 if other.key != pod.key and _matches(terms, other):
-                    return ANTI_AFFINITY
+                    return Wait(ANTI_AFFINITY)
         return None
 
     def min_rv(self, pod: PodRecord) -> int:
@@ -133,47 +160,42 @@ class Lane:
 
     def dispatched(self, pod: PodRecord, now: float) -> None:
         if lane_rule(pod) is not None:
-            self.current = pod
-            self.dispatched_at = now
             # a hold (rule 4) stays: an answer without placement from this dispatch does not end it
+            self.flying[pod.key] = (pod, now)
 
     def answered_bound(self, pod: PodRecord) -> None:
         """A RESULT bound: the pod stays in flight until the watch shows it (its binding's version)."""
         self.unseen[pod.key] = pod
 
     def answered(self, key: PodKey) -> bool:
-        """A RESULT that placed nothing (unschedulable, rejected, gone). True if that released the lane."""
-        if self.current is not None and self.current.key == key:
-            self.current = None
-            return True
-        return False
+        """A RESULT that placed nothing (unschedulable, rejected, gone). True if ``key`` left the lane."""
+        return self.flying.pop(key, None) is not None
 
     def lost(self, key: PodKey, now: float) -> bool:
-        """The pod's dispatch was withdrawn without an answer (rule 4). True if that released the lane."""
-        if self.current is not None and self.current.key == key:
-            self.current = None
+        """The pod's dispatch was withdrawn without an answer (rule 4). True if ``key`` left the lane."""
+        if self.flying.pop(key, None) is not None:
             self.held_for, self.hold_until = key, now + LOST_HOLD
             return True
         return False
 
     def seen(self, key: PodKey, rv: int) -> float | None:
         """The watch showed ``key`` leave the pending set (bound or deleted) at ``rv``. Returns the time the
-        lane pod was dispatched at if this settled the lane pod in flight, else None."""
+        pod was dispatched at if it was a lane pod in flight (it is settled now), else None."""
         self.settled_rv = max(self.settled_rv, rv)
         self.unseen.pop(key, None)
         if self.held_for == key:
             self.held_for, self.hold_until = None, -math.inf
             self.lane_rv = max(self.lane_rv, rv)
-        if self.current is not None and self.current.key == key:
-            self.current = None
-            self.lane_rv = max(self.lane_rv, rv)
-            self.settled += 1
-            return self.dispatched_at
-        return None
+        flying = self.flying.pop(key, None)
+        if flying is None:
+            return None
+        self.lane_rv = max(self.lane_rv, rv)
+        self.settled += 1
+        return flying[1]
 
-    def statistics(self) -> dict[str, int | str | None]:
+    def statistics(self) -> dict[str, int | list[str]]:
         return {
-            "in_flight": self.current.key if self.current is not None else None,
+            "in_flight": sorted(self.flying),
             "lane_rv": self.lane_rv,
             "settled_rv": self.settled_rv,
             "unseen": len(self.unseen),

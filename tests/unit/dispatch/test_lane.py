@@ -9,7 +9,7 @@ from typing import Any
 from common import protocol
 from common.records import PodKey
 from coordinator import metrics as coordinator_metrics
-from coordinator.dispatch.lane import ANTI_AFFINITY, BUSY, LOST, LOST_HOLD, lane_rule
+from coordinator.dispatch.lane import ANTI_AFFINITY, BUSY, LOST, LOST_HOLD, MAX_IN_FLIGHT, interact, lane_rule
 from tests.builders import PodBuilder
 from tests.unit.dispatch.fakes import FakeLink, Rig
 
@@ -99,12 +99,67 @@ async def test_lane_pods_go_one_at_a_time_and_carry_the_last_placement(rig: Rig)
     assert waits(BUSY) == busy_before + 2  # counted once per wait, however often the pod was considered
 
 
+def test_which_lane_pods_interact() -> None:
+    """Rule 1: one's labels match a selector of the other's required rules, either way."""
+    s1 = PodBuilder("s1").label("group", "a").spread(ZONE, {"group": "a"}).record()
+    s2 = PodBuilder("s2").label("group", "a").spread(ZONE, {"group": "a"}).record()
+    other = PodBuilder("o").label("group", "b").spread(ZONE, {"group": "b"}).record()
+    assert interact(s1, s2) and not interact(s1, other)
+    # a spread selector counts pods of its own namespace only
+    elsewhere = PodBuilder("e", namespace="x").label("group", "a").spread(ZONE, {"group": "z"}).record()
+    assert not interact(s1, elsewhere)
+    # the symmetric rule: b's anti-affinity term matches a, whose own rules do not read b
+    anti = PodBuilder("n").label("k", "v").pod_affinity(ZONE, {"group": "a"}, anti=True).record()
+    assert interact(s1, anti) and interact(anti, s1)
+    # affinity to a group, and the group
+    near = PodBuilder("near").label("g", "n").pod_affinity(ZONE, {"group": "b"}).record()
+    assert interact(near, other) and not interact(near, s1)
+    # a score does not make pods interact
+    soft = PodBuilder("soft").label("g", "s").spread(ZONE, {"group": "a"}, hard=False).record()
+    assert not interact(soft, PodBuilder("x").label("q", "r").record())
+    assert not interact(
+        s1, PodBuilder("soft2").label("g", "s").pod_affinity(ZONE, {"group": "a"}, weight=3).record()
+    )
+
+
+async def test_independent_lane_pods_go_side_by_side(rig: Rig) -> None:
+    w1 = one_worker(rig)
+    rig.d.observe(spread("a1", group="a"))
+    rig.d.observe(spread("a2", group="a"))
+    rig.d.observe(spread("b1", group="b"))
+    rig.d.observe(zone_anti("o1", owner="o"))
+    rig.step()
+    assert [len(dispatches(w1, n)) for n in ("a1", "a2", "b1", "o1")] == [1, 0, 1, 1]
+    assert rig.d.lane.in_flight == 3
+    left_pending(rig, spread("b1", group="b"), 50)  # b's settling does not release a2
+    rig.step()
+    assert dispatches(w1, "a2") == []
+    left_pending(rig, spread("a1", group="a"), 60)
+    rig.step()
+    [a2] = dispatches(w1, "a2")
+    assert a2.min_rv == 60
+
+
+async def test_the_lane_holds_at_most_max_in_flight(rig: Rig) -> None:
+    w1 = one_worker(rig)
+    for i in range(MAX_IN_FLIGHT + 2):
+        rig.d.observe(spread(f"g{i}", group=f"g{i}"))
+    rig.step()
+    assert rig.d.lane.in_flight == MAX_IN_FLIGHT
+    assert len(w1.dispatches()) == MAX_IN_FLIGHT
+    left_pending(rig, spread("g0", group="g0"), 10)
+    rig.step()
+    assert rig.d.lane.in_flight == MAX_IN_FLIGHT and len(w1.dispatches()) == MAX_IN_FLIGHT + 1
+
+
 async def test_plain_pods_flow_while_a_lane_pod_is_in_flight(rig: Rig) -> None:
     w1 = one_worker(rig)
     rig.d.observe(spread("s1"))
     rig.step()
     for i in range(5):
-        rig.d.observe(plain(f"p{i}", group="s"))  # matches the spread selector: no wait (see the lane's rules)
+        rig.d.observe(
+            plain(f"p{i}", group="s")
+        )  # matches the spread selector: no wait (see the lane's rules)
     rig.step()
     assert all(len(dispatches(w1, f"p{i}")) == 1 for i in range(5))
     assert rig.d.lane.in_flight == 1
@@ -115,7 +170,9 @@ async def test_plain_pods_flow_while_a_lane_pod_is_in_flight(rig: Rig) -> None:
     rig.d.observe(plain("late"))
     rig.step()
     [late] = dispatches(w1, "late")
-    assert late.min_rv == 200  # plain pods see every settled lane placement (whose anti-affinity may bind them)
+    assert (
+        late.min_rv == 200
+    )  # plain pods see every settled lane placement (whose anti-affinity may bind them)
 
 
 async def test_plain_pods_min_rv_ignores_plain_placements(rig: Rig) -> None:
@@ -300,6 +357,6 @@ async def test_lane_statistics_and_backlog(rig: Rig) -> None:
     rig.d.observe(spread("s2"))
     rig.step()
     stats = rig.d.statistics()
-    assert stats["lane"]["in_flight"] == key("s1")
+    assert stats["lane"]["in_flight"] == [key("s1")]
     assert stats["waiting_for_lane"] == 1
     assert rig.d.lane.in_flight == 1 and rig.d.lane_waiting() == 1
