@@ -1,7 +1,9 @@
 """Asynchronous binding: the POST of each assumed pod's ``binding`` subresource, off the decision path.
 
 A fixed pool of ``concurrency`` tasks takes (pod, node) pairs from a queue and binds them over the client's
-kept-alive connections.
+kept-alive connections. Pods with a required inter-pod rule (``first``) go ahead of the others: under a
+coordinator the topology lane holds back the pods that depend on them until their binding is seen, so their
+binding waiting behind a burst of plain pods would hold back those too; the order among each kind is kept.
 
 Fencing (the binder's half of "no binding outside the fencing window"): immediately before each attempt
 is sent, the shard (``worker.shard.ShardView.bind_deadline``) is asked whether the node is still usable
@@ -39,6 +41,7 @@ so a release acknowledged to the leader cannot be overtaken by it either.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -61,6 +64,14 @@ DEFAULT_RETRIES = 4
 ATTEMPT_TIMEOUT = 30.0  # one POST (the API client's request timeout); under a coordinator, < TTL/2 anyway
 FENCE_MARGIN = 0.1  # an attempt's deadline ends this long before the fencing deadline (timer latency)
 MIN_ATTEMPT = 0.05  # less time than this before the margin: not worth sending
+
+
+def first(pod: PodRecord) -> bool:
+    """Does the pod state a required inter-pod rule (its binding goes ahead: see the module docstring)?"""
+    rules = pod.inter_pod
+    return rules is not None and bool(
+        rules.affinity or rules.anti_affinity or any(c.hard for c in rules.spread)
+    )
 
 
 @dataclass(slots=True)
@@ -103,7 +114,8 @@ class Binder:
         self.retry_backoff = retry_backoff
         self.attempt_timeout = attempt_timeout
         self.unanswered_hold = unanswered_hold
-        self._queue: asyncio.Queue[BindRequest] = asyncio.Queue()
+        self._queue: asyncio.PriorityQueue[tuple[int, int, BindRequest]] = asyncio.PriorityQueue()
+        self._seq = itertools.count()
         self._in_flight: dict[NodeName, int] = {}
         self._idle = asyncio.Condition()
         self._notifying: set[asyncio.Task[None]] = set()
@@ -112,9 +124,8 @@ class Binder:
 
     def submit(self, pod: PodRecord, node: NodeName, queued_at: float, attempts: int) -> None:
         self._in_flight[node] = self._in_flight.get(node, 0) + 1
-        self._queue.put_nowait(
-            BindRequest(pod, node, queued_at, attempts, time.time(), submitted_at=self.clock())
-        )
+        req = BindRequest(pod, node, queued_at, attempts, time.time(), submitted_at=self.clock())
+        self._queue.put_nowait((0 if first(pod) else 1, next(self._seq), req))
 
     def in_flight(self, node: NodeName | None = None) -> int:
         if node is None:
@@ -136,7 +147,7 @@ class Binder:
 
     async def _work(self) -> None:
         while True:
-            req = await self._queue.get()
+            _, _, req = await self._queue.get()
             try:
                 await self._bind(req)
             finally:

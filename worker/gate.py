@@ -5,7 +5,8 @@ latest placement the pod's decision must see (another worker's binding of a pod 
 example). A decision reads this worker's cache, which the pod watch feeds in resourceVersion order, so the
 pod may be decided once the watch has delivered every event up to ``min_rv``: ``revision() >= min_rv``.
 
-``hold`` hands the pod to ``release`` (the scheduler's queue) at once when the watch is there, or parks it;
+``hold`` hands the pod to ``release`` (the scheduler's queue; with the time ``hold`` was called) at once when
+the watch is there, or parks it;
 ``run`` releases parked pods as the watch advances. It wakes on every pod event or relist (``progress``, set
 by the pod feed) and every ``POLL`` besides, for advances that are not events (bookmarks).
 
@@ -37,7 +38,7 @@ class RevisionGate:
         self,
         revision: Callable[[], int],
         progress: asyncio.Event,
-        release: Callable[[PodRecord], None],
+        release: Callable[[PodRecord, float], None],
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -60,7 +61,7 @@ class RevisionGate:
         if parked is not None:
             min_rv = max(min_rv, parked[0])
         elif min_rv <= self.revision():
-            self.release(pod)
+            self.release(pod, self.clock())
             return
         self._parked[pod.key] = (min_rv, pod, parked[2] if parked is not None else self.clock())
         self._seq += 1
@@ -80,7 +81,7 @@ class RevisionGate:
             del self._parked[key]
             self.waited += 1
             metrics.watch_wait.observe(self.clock() - parked[2])
-            self.release(parked[1])
+            self.release(parked[1], parked[2])
             n += 1
         return n
 

@@ -233,7 +233,7 @@ class Intake:
         self.can_place = can_place
         self.max_handshakes = max_handshakes
         self.gate = RevisionGate(
-            sched.watches.revision, sched.watches.progress, sched.submit, clock=sched.clock
+            sched.watches.revision, sched.watches.progress, self._queue, clock=sched.clock
         )
         self._gate_task: asyncio.Task[None] | None = None
         self._server: asyncio.Server | None = None
@@ -356,7 +356,6 @@ class Intake:
 
     def handle(self, msg: protocol.Message, stream: LeaderStream) -> None:
         if isinstance(msg, protocol.Dispatch):
-            received_at = self.sched.clock()
             dispatch_id, pod, min_rv = _dispatch(msg)
             self.received += 1
             if pod.scheduler_name != self.scheduler_name:
@@ -371,12 +370,16 @@ class Intake:
                 return
             self.results.expect(dispatch_id, pod)
             self.gate.hold(pod, min_rv)
-            metrics.observe_stage("queued", self.sched.clock() - received_at)
             stream.send(protocol.Ack(dispatch_id))
         elif isinstance(msg, protocol.Ping):
             stream.send(protocol.Pong(msg.ts))
         else:
             log.debug("ignoring %s message", type(msg).__name__)
+
+    def _queue(self, pod: PodRecord, received_at: float) -> None:
+        """The gate let a dispatched pod through (at once, or once the watch reached its ``min_rv``)."""
+        self.sched.submit(pod)
+        metrics.observe_stage("queued", self.sched.clock() - received_at)
 
     def capacity(self) -> protocol.Capacity:
         """The CAPACITY summary: the index's incremental totals, the queue's counts, the bind rate."""

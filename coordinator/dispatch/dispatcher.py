@@ -76,8 +76,7 @@ class _PendingFeed:
             seen.add(self.d.observe(obj))
         gone = {k for k in self.d.table if k not in seen} | {k for k in self.d.lane.unseen if k not in seen}
         gone |= {k for k in self.d.lane.flying if k not in seen}
-        if self.d.lane.held_for is not None and self.d.lane.held_for not in seen:
-            gone.add(self.d.lane.held_for)
+        gone |= {k for k in self.d.lane.lost_dispatches if k not in seen}
         for key in gone:
             self.d.forget(key, listed_at)
 
@@ -198,11 +197,11 @@ class Dispatcher:
             self._release(p)
         self.reporter.forget(key)
         self._lane_waits.pop(key, None)
-        held = self.lane.held_for == key
+        held = self.lane.holds(key)
         dispatched_at = self.lane.seen(key, rv)
         if dispatched_at is not None:
             coordinator_metrics.lane_settle_duration.observe(self.clock() - dispatched_at)
-        self._wake_lane(key if dispatched_at is not None or held else None)
+        self._wake_lane(key if held else None)
 
     def _release(self, p: PendingPod) -> None:
         if p.worker is not None:
@@ -322,9 +321,9 @@ class Dispatcher:
     def _requeue_from(self, w: Worker) -> None:
         now = self.clock()
         for key in w.disconnected():
-            self.lane.lost(key, now)
             p = self.table.get(key)
             if p is not None:
+                self.lane.lost(p.record, now)
                 p.worker = None
                 self.redispatched += 1
                 self.table.enqueue(key)
@@ -427,7 +426,7 @@ class Dispatcher:
             self._release(p)
             if w is not None:
                 self._acknowledged(w, dispatch_id)
-            self.lane.lost(key, self.clock())
+            self.lane.lost(p.record, self.clock())
             self.timed_out += 1
             self.redispatched += 1
             self.table.enqueue(key)
@@ -468,6 +467,8 @@ class Dispatcher:
             await asyncio.sleep(1.0)
             self.retry_parked()
             self.expire_dispatches()
+            if self.lane.expire(self.clock()):
+                self._wake_all()
 
     def statistics(self) -> dict[str, Any]:
         return {

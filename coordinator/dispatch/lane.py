@@ -32,9 +32,11 @@ Rules (``Lane``; the dispatcher asks ``wait`` before it chooses a worker):
 3. A plain pod matching a cross-node required anti-affinity term of a lane pod in flight waits until that pod
    is settled; a lane pod with cross-node required anti-affinity waits until no pod in flight matches one of
    its terms (in flight: dispatched and not answered, or answered bound and not yet seen by the watch).
-4. A lane pod whose dispatch was lost (its worker's stream went down, or no RESULT came in time) may still be
-   bound by the worker that had it. For ``LOST_HOLD`` after that no *other* lane pod goes out; the lost one
-   may go out again at once, and the hold ends early when the watch shows it bound or deleted.
+4. A pod whose dispatch was lost (its worker's stream went down, or no RESULT came in time) may still be
+   bound by the worker that had it. For ``LOST_HOLD`` after that, or until the watch shows it bound or
+   deleted, it still counts as in flight for rules 1 and 3 (lane pods interacting with it wait, pods matching
+   its cross-node anti-affinity wait, lane pods whose anti-affinity matches it wait); it may itself go out
+   again at once.
 5. A lane pod a shard cannot place is tried on the other shards as any pod is (``pending``); it leaves the
    lane meanwhile (no placement was made) and enters it again when it goes out next.
 
@@ -44,20 +46,19 @@ Nothing here talks to workers or the API server: the dispatcher tells the lane w
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from typing import Final, NamedTuple
 
 from common.records import PodKey, PodRecord, PodTerm
 
 HOSTNAME: Final = "kubernetes.io/hostname"
-LOST_HOLD: Final = 30.0  # seconds no other lane pod goes out after a lane pod's dispatch was lost (rule 4)
+LOST_HOLD: Final = 30.0  # seconds a pod whose dispatch was lost still counts as in flight (rule 4)
 MAX_IN_FLIGHT: Final = 64  # lane pods in flight at once (each candidate is checked against all of them)
 
 # why a pod waits (the ``reason`` label of the lane-wait metric)
 BUSY: Final = "lane_busy"  # a lane pod in flight interacts with it, or the lane is full
 ANTI_AFFINITY: Final = "anti_affinity"  # rule 3, either direction
-LOST: Final = "lost_dispatch"  # rule 4
+LOST: Final = "lost_dispatch"  # rule 4: a lane pod it interacts with was lost lately
 
 
 class Wait(NamedTuple):
@@ -124,32 +125,38 @@ class Lane:
         self.lane_rv = 0
         self.settled_rv = 0
         self.unseen: dict[PodKey, PodRecord] = {}  # answered bound, not yet seen leaving the pending set
-        self.held_for: PodKey | None = None  # rule 4: only this lane pod may go out until ``hold_until``
-        self.hold_until = -math.inf
+        self.lost_dispatches: dict[
+            PodKey, tuple[PodRecord, float]
+        ] = {}  # rule 4: dispatch lost, counted until then
         self.settled = 0  # lane pods settled through the watch (bound or deleted)
 
     @property
     def in_flight(self) -> int:
         return len(self.flying)
 
+    def _lost(self, now: float) -> list[PodRecord]:
+        return [pod for pod, until in self.lost_dispatches.values() if until > now]
+
     def wait(self, pod: PodRecord, in_flight: Callable[[], Iterable[PodRecord]], now: float) -> Wait | None:
         """Why ``pod`` may not be dispatched now, or None. ``in_flight`` gives the pods dispatched and not
         yet answered; it is called only for a lane pod with cross-node anti-affinity."""
+        lost = self._lost(now) if self.lost_dispatches else []
         if lane_rule(pod) is None:
-            for other, _ in self.flying.values():
+            for other in (*(f for f, _ in self.flying.values()), *lost):
                 if other.key != pod.key and _matches(cross_node_anti_affinity(other), pod):
                     return Wait(ANTI_AFFINITY, other.key)
             return None
-        if now < self.hold_until and self.held_for != pod.key:
-            return Wait(LOST)
         for other, _ in self.flying.values():
             if other.key != pod.key and interact(pod, other):
                 return Wait(BUSY, other.key)
+        for other in lost:
+            if other.key != pod.key and lane_rule(other) is not None and interact(pod, other):
+                return Wait(LOST, other.key)
         if len(self.flying) >= MAX_IN_FLIGHT and pod.key not in self.flying:
             return Wait(BUSY)
         terms = cross_node_anti_affinity(pod)
         if terms:
-            for other in (*in_flight(), *self.unseen.values()):
+            for other in (*in_flight(), *self.unseen.values(), *lost):
                 if other.key != pod.key and _matches(terms, other):
                     return Wait(ANTI_AFFINITY)
         return None
@@ -160,7 +167,6 @@ class Lane:
 
     def dispatched(self, pod: PodRecord, now: float) -> None:
         if lane_rule(pod) is not None:
-            # a hold (rule 4) stays: an answer without placement from this dispatch does not end it
             self.flying[pod.key] = (pod, now)
 
     def answered_bound(self, pod: PodRecord) -> None:
@@ -168,23 +174,33 @@ class Lane:
         self.unseen[pod.key] = pod
 
     def answered(self, key: PodKey) -> bool:
-        """A RESULT that placed nothing (unschedulable, rejected, gone). True if ``key`` left the lane."""
+        """A RESULT that placed nothing (unschedulable, rejected, gone). True if ``key`` left the lane. A
+        lost dispatch of the same pod still counts (rule 4): this answer is about another dispatch."""
         return self.flying.pop(key, None) is not None
 
-    def lost(self, key: PodKey, now: float) -> bool:
-        """The pod's dispatch was withdrawn without an answer (rule 4). True if ``key`` left the lane."""
-        if self.flying.pop(key, None) is not None:
-            self.held_for, self.hold_until = key, now + LOST_HOLD
-            return True
-        return False
+    def lost(self, pod: PodRecord, now: float) -> bool:
+        """The pod's dispatch was withdrawn without an answer (rule 4). True if it left the lane."""
+        self.lost_dispatches[pod.key] = (pod, now + LOST_HOLD)
+        return self.flying.pop(pod.key, None) is not None
+
+    def holds(self, key: PodKey) -> bool:
+        """Is ``key`` something pods may be waiting for (a lane pod in flight, or a lost dispatch)?"""
+        return key in self.flying or key in self.lost_dispatches
+
+    def expire(self, now: float) -> bool:
+        """Forget lost dispatches older than ``LOST_HOLD``; True if any was."""
+        expired = [key for key, (_, until) in self.lost_dispatches.items() if until <= now]
+        for key in expired:
+            del self.lost_dispatches[key]
+        return bool(expired)
 
     def seen(self, key: PodKey, rv: int) -> float | None:
         """The watch showed ``key`` leave the pending set (bound or deleted) at ``rv``. Returns the time the
         pod was dispatched at if it was a lane pod in flight (it is settled now), else None."""
         self.settled_rv = max(self.settled_rv, rv)
         self.unseen.pop(key, None)
-        if self.held_for == key:
-            self.held_for, self.hold_until = None, -math.inf
+        lost = self.lost_dispatches.pop(key, None)
+        if lost is not None and lane_rule(lost[0]) is not None:
             self.lane_rv = max(self.lane_rv, rv)
         flying = self.flying.pop(key, None)
         if flying is None:
@@ -199,5 +215,6 @@ class Lane:
             "lane_rv": self.lane_rv,
             "settled_rv": self.settled_rv,
             "unseen": len(self.unseen),
+            "lost": len(self.lost_dispatches),
             "settled": self.settled,
         }

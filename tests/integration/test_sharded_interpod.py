@@ -29,6 +29,7 @@ seconds from the workers having nodes (or the first creation) until the last lan
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 import time
 import urllib.request
@@ -279,6 +280,7 @@ async def run_rounds(
     await wait_for(kube, namespace, lane_bound, timeout=SETTLE_TIMEOUT * rounds / ROUNDS, what="lane pods")
     lane_s = time.monotonic() - t0
     lane_metrics = await _lane_metrics(d)
+    worker_metrics = await _worker_metrics(d)
     n = len(pods)
     listed = await wait_for(
         kube,
@@ -313,21 +315,40 @@ async def run_rounds(
         f"\n{n} pods ({lane_pods} lane pods), {WORKERS} workers, created in {created_s:.1f}s: lane pods all "
         f"bound {lane_s:.1f}s after {since} ({lane_pods / lane_s:.1f} lane pods/s); first to last lane "
         f"binding {binding_s:.0f}s ({lane_pods / binding_s:.1f} lane pods/s); per worker {dict(by_worker)}; "
-        f"the leader's lane metrics {lane_metrics}; 0 violated constraints"
+        f"the leader's lane metrics {lane_metrics}; the workers' mean stages {worker_metrics}; "
+        "0 violated constraints"
     )
+
+
+def _scrape(address: str) -> str:
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as reply:
+        text: str = reply.read().decode()
+        return text
+
+
+async def _worker_metrics(d: Deployment) -> dict[str, float]:
+    """The workers' mean time per stage (``common.metrics``) and parked for ``min_rv``, over all pods."""
+    sums: dict[str, float] = defaultdict(float)
+    counts: dict[str, float] = defaultdict(float)
+    for name, proc in d.procs.items():
+        found = re.search(r"metrics on \['([^']+)'", proc.tail(400)) if name.startswith("w") else None
+        if found is None:
+            continue
+        for line in (await asyncio.to_thread(_scrape, found.group(1))).splitlines():
+            metric, _, value = line.rpartition(" ")
+            for suffix, into in (("_sum", sums), ("_count", counts)):
+                if metric.startswith(f"agent_scheduler_pod_scheduling_stage_duration_seconds{suffix}{{"):
+                    into[metric.split('"')[1]] += float(value)
+                elif metric == f"agent_scheduler_lane_watch_wait_seconds{suffix}":
+                    into["parked for min_rv"] += float(value)
+    return {k: round(sums[k] / counts[k], 4) for k in sums if counts.get(k)}
 
 
 async def _lane_metrics(d: Deployment) -> dict[str, float]:
     """The leader's lane metrics (``coordinator.metrics``): mean dispatch-to-settled time, waits by reason."""
     address = (await d.status())["leader_address"]
-
-    def scrape() -> str:
-        with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as reply:
-            text: str = reply.read().decode()
-            return text
-
     values: dict[str, float] = {}
-    for line in (await asyncio.to_thread(scrape)).splitlines():
+    for line in (await asyncio.to_thread(_scrape, address)).splitlines():
         name, _, value = line.rpartition(" ")
         if name.startswith("agent_scheduler_coordinator_lane_waits_total{"):
             values["waits " + name.split('"')[1]] = float(value)

@@ -360,3 +360,41 @@ async def test_lane_statistics_and_backlog(rig: Rig) -> None:
     assert stats["lane"]["in_flight"] == [key("s1")]
     assert stats["waiting_for_lane"] == 1
     assert rig.d.lane.in_flight == 1 and rig.d.lane_waiting() == 1
+
+
+async def test_a_lost_plain_pod_still_counts_for_anti_affinity(rig: Rig) -> None:
+    """Rule 4 for any pod: the worker whose stream died may still bind the intruder, so a lane pod whose
+    anti-affinity matches it waits until the watch shows it or the hold ends."""
+    w1, w2 = rig.workers("w1", "w2")
+    w1.up().summary()
+    rig.d.observe(plain("intruder", owner="o"))
+    rig.step()
+    assert len(dispatches(w1, "intruder")) == 1
+    w1.down()  # lost; w2 is not connected, so the intruder waits in the table, dispatched nowhere
+    rig.d.observe(zone_anti("a1"))
+    w2.up().summary()
+    rig.step()
+    [again] = dispatches(w2, "intruder")
+    w2.unschedulable(again.id, 4, {"no": 4})  # the new dispatch placed nothing; the lost one still may
+    rig.step()
+    assert dispatches(w2, "a1") == []
+    rig.clock.advance(LOST_HOLD + 1)
+    assert rig.d.lane.expire(rig.clock())
+    rig.rescan()
+    rig.step()
+    assert len(dispatches(w2, "a1")) == 1
+
+
+async def test_independent_lane_pods_pass_a_lost_one(rig: Rig) -> None:
+    w1, w2 = rig.workers("w1", "w2")
+    w1.up().summary()
+    rig.d.observe(spread("a1", group="a"))
+    rig.step()
+    w2.up().summary()
+    w1.down()
+    rig.d.observe(spread("a2", group="a"))
+    rig.d.observe(spread("b1", group="b"))
+    rig.step()
+    assert len(dispatches(w2, "b1")) == 1  # does not interact with the lost a1
+    assert len(dispatches(w2, "a1")) == 1  # the lost pod itself goes out again at once
+    assert dispatches(w2, "a2") == []

@@ -322,3 +322,20 @@ async def test_a_refused_binding_is_requeued_too_when_no_leader_retries_it(statu
     assert rec.rejected == [("default/p", f"binding rejected: status {status}")]
     assert rec.requeued == ["default/p"] and rec.requeued_attempts == [4]
     assert len(api.posts) == 1 and not cache.assumed and cache.nodes[NODE].requested.milli_cpu == 0
+
+
+async def test_pods_with_required_inter_pod_rules_are_bound_first() -> None:
+    """The topology lane waits on them (see ``worker.binder``); the order among each kind is kept."""
+    rec = Recorded()
+    api = FakeApi([])
+    binder = Binder(api, Cache(), Outcomes(rec), requeue=rec.requeue, concurrency=1)
+    try:
+        for name in ("plain-1", "plain-2"):
+            binder.submit(make_pod(name).record(), NODE, queued_at=0.0, attempts=1)
+        binder.submit(make_pod("soft").spread("zone", {"a": "b"}, hard=False).record(), NODE, 0.0, 1)
+        binder.submit(make_pod("spread").spread("zone", {"a": "b"}).record(), NODE, 0.0, 1)
+        binder.submit(make_pod("anti").pod_affinity("zone", {"a": "b"}, anti=True).record(), NODE, 0.0, 1)
+        order = [binder._queue.get_nowait()[2].pod.name for _ in range(5)]
+    finally:
+        await api.close()
+    assert order == ["spread", "anti", "plain-1", "plain-2", "soft"]

@@ -32,7 +32,7 @@ class Watch:
 
 
 def gate(watch: Watch, released: list[str], done: asyncio.Event | None = None) -> RevisionGate:
-    def release(pod: PodRecord) -> None:
+    def release(pod: PodRecord, since: float) -> None:
         released.append(pod.name)
         if done is not None:
             done.set()
