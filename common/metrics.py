@@ -16,7 +16,7 @@ retries in the stage they happened in:
 |---|---|---|---|
 | ``dispatched`` | the leader's watch shows the pod pending (or its gate lifted) | the DISPATCH that got it bound is sent | leader |
 | ``result`` | that DISPATCH is sent | its RESULT ``bound`` arrives (the whole worker side and both hops) | leader |
-| ``queued`` | the worker reads the DISPATCH (standalone: its watch delivers the pod) | the pod is in the scheduling queue | worker |
+| ``queued`` | the worker reads the DISPATCH (standalone: its watch delivers the pod) | the pod is in the scheduling queue (after any wait for the DISPATCH's ``min_rv``, ``worker.gate``) | worker |
 | ``decided`` | the pod entered the queue | the decision that placed it is made and assumed (queue wait included) | worker |
 | ``bind_sent`` | assumed | the binding POST that succeeded is sent (binder slot wait and retries) | worker |
 | ``bound`` | that POST is sent | its answer arrives | worker |

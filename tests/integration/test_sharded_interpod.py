@@ -2,8 +2,9 @@
 groups whose rules span nodes, then an audit read from the API server checks every hard constraint.
 
 The workload, per round (20 rounds of 50 pods, created round by round in one stream; the 1,000-pod test creates
-them all before the three workers start, so the lane works from a full queue and its pace is measured; the
-``slow`` 5,000-pod variant starts the workers first and places pods while they are being created):
+them all behind a scheduling gate, starts the three workers, waits for the nodes to be shared out and lifts
+the gates, so the lane works from a full queue and its own pace is measured; the ``slow`` 5,000-pod variant
+starts the workers first and places pods while they are being created):
 - ``spread``: 15 pods with a zone topologySpreadConstraint (maxSkew 1, DoNotSchedule) over their group: lane
   pods;
 - ``zone-anti``: 2 pods with a required zone anti-affinity against the label ``zone-owner=<group>``, which they
@@ -50,12 +51,14 @@ from tests.integration.test_coordinator import (  # the harness of the coordinat
     SETTLE_TIMEOUT,
     Deployment,
     lease_etcd,  # noqa: F401 - the fixture, used by name
+    nodes_of,
     started,
 )
 
 ZONE = "topology.kubernetes.io/zone"
 HOSTNAME = "kubernetes.io/hostname"
 ROUNDS = 20
+HOLD_GATE = "agent-scheduler.test/hold"
 ROUND_PODS = 50
 SLOW_ROUNDS = 100  # the ``slow`` variant: 5,000 pods
 WORKERS = 3
@@ -238,6 +241,32 @@ async def sharded(
         assert all(c in (0, -signal.SIGKILL) for c in codes.values()), (codes, logs)
 
 
+async def start_workers(d: Deployment) -> None:
+    """Start the workers; return once each holds nodes and no handoff is under way."""
+    for i in range(WORKERS):
+        d.worker(f"w{i + 1}")
+    await started(d, WORKERS)
+    await d.wait_status(
+        lambda s: (
+            len(nodes_of(s)) == WORKERS
+            and all(v.get("live") and not v.get("revoking") for v in s["workers"].values())
+        ),
+        "no handoff under way",
+    )
+
+
+async def _lift_gates(kube: KubeClient, namespace: str, names: list[str]) -> None:
+    sem = asyncio.Semaphore(32)
+
+    async def one(name: str) -> None:
+        async with sem:
+            await kube.patch(
+                f"/api/v1/namespaces/{namespace}/pods/{name}", {"spec": {"schedulingGates": None}}
+            )
+
+    await asyncio.gather(*(one(n) for n in names))
+
+
 async def run_rounds(
     kube: KubeClient,
     d: Deployment,
@@ -247,8 +276,9 @@ async def run_rounds(
     *,
     backlog: bool,
 ) -> None:
-    """Create the rounds' pods and start the workers: after the pods exist (``backlog``: the lane's own pace
-    is measured on a full queue) or before (pods are placed while they are being created)."""
+    """Create the rounds' pods and place them: all at once from a backlog (``backlog``: created with a
+    scheduling gate, the workers started, the gates lifted: the lane's own pace is measured on a full queue),
+    or while they are being created (the workers started first)."""
     workload = [round_pods(r, d.scheduler_name, namespace) for r in range(rounds)]
     pods = [p for round_, _ in workload for p in round_]
     lane_pods = sum(n for _, n in workload)
@@ -260,18 +290,18 @@ async def run_rounds(
         or _required_terms(p, "podAffinity")
     }
     assert len(lane_names) == lane_pods
-    if not backlog:
-        for i in range(WORKERS):
-            d.worker(f"w{i + 1}")
-        await started(d, WORKERS)
+    if backlog:
+        for p in pods:  # held until every worker has its share of the nodes
+            p["spec"]["schedulingGates"] = [{"name": HOLD_GATE}]
+    else:
+        await start_workers(d)
     t0 = time.monotonic()
     await create_pods(kube, namespace, pods, concurrency=16)
     created_s = time.monotonic() - t0
     if backlog:
-        for i in range(WORKERS):
-            d.worker(f"w{i + 1}")
-        await started(d, WORKERS)
+        await start_workers(d)
         t0 = time.monotonic()
+        await _lift_gates(kube, namespace, [p["metadata"]["name"] for p in pods])
 
     def lane_bound(listed: list[dict[str, Any]]) -> bool:
         bound = sum(1 for p in listed if p["metadata"]["name"] in lane_names and p["spec"].get("nodeName"))
@@ -306,11 +336,20 @@ async def run_rounds(
     # lastTransitionTime, whole seconds: one second is added for the truncation).
     bound_at = sorted(_scheduled_at(p) for p in listed if p["metadata"]["name"] in lane_names)
     binding_s = (bound_at[-1] - bound_at[0]) + 1.0
+    groups: defaultdict[str, list[float]] = defaultdict(list)
+    for p in listed:
+        if p["metadata"]["name"] in lane_names:
+            groups[p["metadata"]["name"].rsplit("-", 1)[0]].append(_scheduled_at(p))
+    spans = sorted(max(t) - min(t) + 1.0 for t in groups.values())
+    print(
+        f"\nlane group spans (first to last binding of a group, s): median {spans[len(spans) // 2]:.0f}, "
+        f"max {spans[-1]:.0f}"
+    )
     record("pods", n)
     record("lane_pods", lane_pods)
     record("lane_pods_per_s", round(lane_pods / lane_s, 1))
     record("lane_pods_per_s_binding_span", round(lane_pods / binding_s, 1))
-    since = "the workers had nodes" if backlog else "the first creation"
+    since = "the gates began to lift" if backlog else "the first creation"
     print(
         f"\n{n} pods ({lane_pods} lane pods), {WORKERS} workers, created in {created_s:.1f}s: lane pods all "
         f"bound {lane_s:.1f}s after {since} ({lane_pods / lane_s:.1f} lane pods/s); first to last lane "
@@ -341,6 +380,9 @@ async def _worker_metrics(d: Deployment) -> dict[str, float]:
                     into[metric.split('"')[1]] += float(value)
                 elif metric == f"agent_scheduler_lane_watch_wait_seconds{suffix}":
                     into["parked for min_rv"] += float(value)
+            if metric.startswith("scheduler_schedule_attempts_total{") and 'result="unschedulable"' in metric:
+                sums["unschedulable decisions"] += float(value)
+                counts["unschedulable decisions"] = 1.0
     return {k: round(sums[k] / counts[k], 4) for k in sums if counts.get(k)}
 
 
