@@ -21,8 +21,9 @@ Rules (``Lane``; the dispatcher asks ``wait`` before it chooses a worker):
    leave the pending set (bound or deleted) at resourceVersion r, or a worker answered it without placing it
    (unschedulable, rejected, gone). A RESULT bound does not settle it: the resourceVersion of its binding is
    known only once the watch shows it. A lane pod goes out only when no lane pod in flight *interacts* with it
-   (``interact``: one's labels match a selector of the other's required rules, either way: spread selectors,
-   affinity and anti-affinity terms of any key), and at most ``MAX_IN_FLIGHT`` are in flight. Pods of one
+   (``interact``: one's labels match a selector of the other's required rules, either way, or one pod could
+   match a selector of each: spread selectors, affinity and anti-affinity terms of any key), and at most
+   ``MAX_IN_FLIGHT`` are in flight. Pods of one
    constraint group therefore go one at a time, in the order they are considered; independent groups go side
    by side (the plan's "one at a time cluster-wide" is the special case where every lane pod interacts).
 2. Every DISPATCH carries ``min_rv`` and the worker decides the pod only once its pod watch has reached it:
@@ -49,7 +50,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Final, NamedTuple
 
-from common.records import PodKey, PodRecord, PodTerm
+from common.records import LabelSelector, PodKey, PodRecord, PodTerm, Requirement
 
 HOSTNAME: Final = "kubernetes.io/hostname"
 LOST_HOLD: Final = 30.0  # seconds a pod whose dispatch was lost still counts as in flight (rule 4)
@@ -109,11 +110,57 @@ def _reads(pod: PodRecord, other: PodRecord) -> bool:
     return _matches(rules.affinity, other) or _matches(rules.anti_affinity, other)
 
 
+def _selectors(pod: PodRecord) -> list[tuple[frozenset[str] | None, LabelSelector]]:
+    """The selectors of the pod's required rules, each with the namespaces it looks in (None: all)."""
+    rules = pod.inter_pod
+    if rules is None:
+        return []
+    out: list[tuple[frozenset[str] | None, LabelSelector]] = [
+        (frozenset({pod.namespace}), c.selector) for c in rules.spread if c.hard
+    ]
+    out += [(t.namespaces, t.selector) for t in (*rules.affinity, *rules.anti_affinity)]
+    return out
+
+
+def _contradict(a: Requirement, b: Requirement) -> bool:
+    """Can no label set satisfy both requirements on one key? (False when unsure.)"""
+    ops = {a.operator, b.operator}
+    if a.operator == "In" and b.operator == "In":
+        return not (a.value_set & b.value_set)
+    if ops == {"In", "NotIn"}:
+        inside, outside = (a, b) if a.operator == "In" else (b, a)
+        return inside.value_set <= outside.value_set
+    return ops in ({"In", "DoesNotExist"}, {"Exists", "DoesNotExist"})
+
+
+def _compatible(a: LabelSelector, b: LabelSelector) -> bool:
+    """Could one pod's labels match both selectors? Conservative: True unless two requirements on one key
+    contradict each other."""
+    if a.nothing or b.nothing:
+        return False
+    for ra in a.requirements:
+        for rb in b.requirements:
+            if ra.key == rb.key and _contradict(ra, rb):
+                return False
+    return True
+
+
+def _share(a: PodRecord, b: PodRecord) -> bool:
+    """Could one pod count for a required rule of each (rule 1: both read it, so their views of it must be
+    ordered)?"""
+    for ns_a, sel_a in _selectors(a):
+        for ns_b, sel_b in _selectors(b):
+            if (ns_a is None or ns_b is None or ns_a & ns_b) and _compatible(sel_a, sel_b):
+                return True
+    return False
+
+
 def interact(a: PodRecord, b: PodRecord) -> bool:
-    """Could placing one change whether a node passes the other's required rules (rule 1)? Either pod's
-    required rules counting the other; that covers the symmetric anti-affinity rule, which is the other's
-    anti-affinity term matching this pod."""
-    return _reads(a, b) or _reads(b, a)
+    """Must these two lane pods be decided one after the other (rule 1)? When either's required rules count
+    the other (which covers the symmetric anti-affinity rule: the other's term matching this pod), and when
+    one pod could count for a required rule of each: then both decisions read it, and the later one must see
+    whatever the earlier one saw of it."""
+    return _reads(a, b) or _reads(b, a) or _share(a, b)
 
 
 class Lane:

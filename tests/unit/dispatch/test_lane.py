@@ -122,6 +122,26 @@ def test_which_lane_pods_interact() -> None:
     )
 
 
+def test_lane_pods_that_could_count_one_pod_interact() -> None:
+    """Rule 1's second half: when one pod could count for a rule of each, both decisions read it."""
+    web = PodBuilder("w").label("app", "web").spread(ZONE, {"app": "web"}).record()
+    front = PodBuilder("f").label("x", "2").spread(ZONE, {"tier": "front"}).record()
+    other_app = PodBuilder("o").label("x", "3").spread(ZONE, {"app": "db"}).record()
+    assert interact(web, front)  # a pod labelled app=web, tier=front counts for both
+    assert not interact(web, other_app)  # app=web and app=db: no pod is both
+    not_web = PodBuilder("n").label("x", "4")
+    not_web.pod_affinity(ZONE, expressions=[{"key": "app", "operator": "NotIn", "values": ["web"]}])
+    assert not interact(web, not_web.record())
+    absent = PodBuilder("a").label("x", "5")
+    absent.pod_affinity(ZONE, expressions=[{"key": "app", "operator": "DoesNotExist"}])
+    assert not interact(web, absent.record())
+    other_ns = PodBuilder("e", namespace="elsewhere").label("x", "6").spread(ZONE, {"app": "web"}).record()
+    assert not interact(web, other_ns)  # spread selectors count their own namespace only
+    everywhere = PodBuilder("v", namespace="elsewhere").label("x", "7")
+    everywhere.pod_affinity(ZONE, {"app": "web"}, namespace_selector={})
+    assert interact(web, everywhere.record())
+
+
 async def test_independent_lane_pods_go_side_by_side(rig: Rig) -> None:
     w1 = one_worker(rig)
     rig.d.observe(spread("a1", group="a"))
@@ -129,8 +149,9 @@ async def test_independent_lane_pods_go_side_by_side(rig: Rig) -> None:
     rig.d.observe(spread("b1", group="b"))
     rig.d.observe(zone_anti("o1", owner="o"))
     rig.step()
-    assert [len(dispatches(w1, n)) for n in ("a1", "a2", "b1", "o1")] == [1, 0, 1, 1]
-    assert rig.d.lane.in_flight == 3
+    # o1's anti-affinity (owner=o) and a1's spread (group=a) could both count one pod labelled with both
+    assert [len(dispatches(w1, n)) for n in ("a1", "a2", "b1", "o1")] == [1, 0, 1, 0]
+    assert rig.d.lane.in_flight == 2
     left_pending(rig, spread("b1", group="b"), 50)  # b's settling does not release a2
     rig.step()
     assert dispatches(w1, "a2") == []
