@@ -23,13 +23,15 @@ Rules (``Lane``; the dispatcher asks ``wait`` before it chooses a worker):
    known only once the watch shows it. A lane pod goes out only when no lane pod in flight *interacts* with it
    (``interact``: one's labels match a selector of the other's required rules, either way, or one pod could
    match a selector of each: spread selectors, affinity and anti-affinity terms of any key), and at most
-   ``MAX_IN_FLIGHT`` are in flight. Pods of one
-   constraint group therefore go one at a time, in the order they are considered; independent groups go side
-   by side (the plan's "one at a time cluster-wide" is the special case where every lane pod interacts).
+   ``MAX_IN_FLIGHT`` are in flight. Pods of one constraint group therefore go one at a time, in the order they
+   are considered; independent groups go side by side (the plan's "one at a time cluster-wide" is the special
+   case where every lane pod interacts).
 2. Every DISPATCH carries ``min_rv`` and the worker decides the pod only once its pod watch has reached it:
    for a lane pod ``settled_rv``, the highest resourceVersion at which the watch showed any of our pods leave
    the pending set (every placement of ours the leader knows of); for a plain pod ``lane_rv``, the same over
-   lane pods only (the placements whose anti-affinity a plain pod must respect).
+   lane pods only (the placements whose anti-affinity a plain pod must respect). A worker sends a lane pod's
+   binding only after the bindings it submitted before (``worker.binder``), so everything the decision counted
+   is below the resourceVersion that settles it: a later interacting lane pod sees all of it.
 3. A plain pod matching a cross-node required anti-affinity term of a lane pod in flight waits until that pod
    is settled; a lane pod with cross-node required anti-affinity waits until no pod in flight matches one of
    its terms (in flight: dispatched and not answered, or answered bound and not yet seen by the watch).
