@@ -45,6 +45,7 @@ so a release acknowledged to the leader cannot be overtaken by it either.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import itertools
 import logging
 import time
@@ -122,6 +123,7 @@ class Binder:
         self._queue: asyncio.Queue[tuple[int, BindRequest]] = asyncio.Queue()
         self._seq = itertools.count()
         self._unfinished: set[int] = set()  # sequence numbers of bindings submitted and not finished
+        self._earliest: list[int] = []  # heap of the same numbers; finished ones are dropped lazily
         self._finished = asyncio.Condition()
         self._in_flight: dict[NodeName, int] = {}
         self._idle = asyncio.Condition()
@@ -134,6 +136,7 @@ class Binder:
         req = BindRequest(pod, node, queued_at, attempts, time.time(), submitted_at=self.clock())
         seq = next(self._seq)
         self._unfinished.add(seq)
+        heapq.heappush(self._earliest, seq)
         self._queue.put_nowait((seq, req))
 
     def in_flight(self, node: NodeName | None = None) -> int:
@@ -163,6 +166,8 @@ class Binder:
                 await self._bind(req)
             finally:
                 self._unfinished.discard(seq)
+                while self._earliest and self._earliest[0] not in self._unfinished:
+                    heapq.heappop(self._earliest)  # amortized: each number is pushed and popped once
                 async with self._finished:
                     self._finished.notify_all()
                 if req.unanswered:
@@ -175,7 +180,10 @@ class Binder:
     async def _earlier_finished(self, seq: int) -> None:
         """Wait until every binding submitted before ``seq`` has finished."""
         async with self._finished:
-            await self._finished.wait_for(lambda: min(self._unfinished) == seq)
+            await self._finished.wait_for(lambda: self._first_unfinished() == seq)
+
+    def _first_unfinished(self) -> int:
+        return self._earliest[0]  # finished numbers are popped as they finish (``_work``)
 
     def _done(self, node: NodeName) -> None:
         left = self._in_flight.get(node, 0) - 1
