@@ -16,7 +16,7 @@ retries in the stage they happened in:
 |---|---|---|---|
 | ``dispatched`` | the leader's watch shows the pod pending (or its gate lifted) | the DISPATCH that got it bound is sent | leader |
 | ``result`` | that DISPATCH is sent | its RESULT ``bound`` arrives (the whole worker side and both hops) | leader |
-| ``queued`` | the worker reads the DISPATCH (standalone: its watch delivers the pod) | the pod is in the scheduling queue | worker |
+| ``queued`` | the worker reads the DISPATCH (standalone: its watch delivers the pod) | the pod is in the scheduling queue (after any wait for the DISPATCH's ``min_rv``, ``worker.gate``) | worker |
 | ``decided`` | the pod entered the queue | the decision that placed it is made and assumed (queue wait included) | worker |
 | ``bind_sent`` | assumed | the binding POST that succeeded is sent (binder slot wait and retries) | worker |
 | ``bound`` | that POST is sent | its answer arrives | worker |
@@ -109,6 +109,12 @@ pod_stage_duration = Histogram(
     "Latency of each stage of a bound pod's path, by stage (see common.metrics for each stage's ends).",
     ["stage"],
     buckets=_STAGE_BUCKETS,
+)
+watch_wait = Histogram(
+    "agent_scheduler_lane_watch_wait_seconds",
+    "Time a dispatched pod waited for this worker's pod watch to reach the DISPATCH's min_rv (the topology "
+    "lane: the placements its decision must see); only pods that had to wait are observed.",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
 
 

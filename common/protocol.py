@@ -36,11 +36,17 @@ leader etcd elects now (not "the highest term seen", which would lock out a real
 restored or replaced, its revisions restarting low), and it closes a stream whose term etcd no longer elects.
 
 Version: ``VERSION`` travels in HELLO and WELCOME (field ``v``); a peer whose HELLO or WELCOME names another
-version is refused. A peer of another framing fails the MAC check of its first frame.
+version is refused. A peer of another framing fails the MAC check of its first frame. Version 3 added
+DISPATCH's ``min_rv``: a version-2 worker would ignore it and decide a pod with an inter-pod rule on a view
+that may lack a placement the rule depends on, so the two versions must not talk (adding an ignorable field
+would not need a new version; this one is not ignorable).
 
 Leader -> worker
     HELLO     {v, leader, term, nonce}         first frame
-    DISPATCH  {id, pod}                        place this pod (the API object as the leader saw it)
+    DISPATCH  {id, pod, min_rv}                place this pod (the API object as the leader saw it), but
+                                               decide only once the worker's pod watch has reached
+                                               resourceVersion ``min_rv`` (0: at once); see "The topology
+                                               lane" in docs/architecture.md
     PING      {ts}                             heartbeat, every ``HEARTBEAT_INTERVAL`` (and once at once)
 Worker -> leader
     WELCOME   {v, worker, term, nonce}         answer to HELLO
@@ -103,7 +109,7 @@ from typing import Any, Final, Literal
 
 import msgpack
 
-VERSION: Final = 2
+VERSION: Final = 3
 MAX_FRAME: Final = 16 * 1024 * 1024
 MAX_HANDSHAKE_FRAME: Final = 4096  # HELLO and its answer: read before the peer is authenticated
 MAC_SIZE: Final = 32  # HMAC-SHA256
@@ -162,6 +168,7 @@ class Welcome:
 class Dispatch:
     id: int
     pod: dict[str, Any]
+    min_rv: int = 0  # decide only once the pod watch has reached this resourceVersion (0: no wait)
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,8 +252,8 @@ def _fields(message: Message) -> tuple[str, dict[str, Any]]:
             return HELLO, {"v": version, "leader": leader, "term": term, "nonce": nonce}
         case Welcome(worker, term, nonce, version):
             return WELCOME, {"v": version, "worker": worker, "term": term, "nonce": nonce}
-        case Dispatch(dispatch_id, pod):
-            return DISPATCH, {"id": dispatch_id, "pod": pod}
+        case Dispatch(dispatch_id, pod, min_rv):
+            return DISPATCH, {"id": dispatch_id, "pod": pod, "min_rv": min_rv}
         case Ack(dispatch_id):
             return ACK, {"id": dispatch_id}
         case Result(dispatch_id, key, outcome, node, nodes, reasons, text, uid):
@@ -358,6 +365,13 @@ def _bytes(m: Mapping[str, Any], name: str, size: int) -> bytes:
     return value
 
 
+def _revision(m: Mapping[str, Any], name: str) -> int:
+    value = _int(m, name)
+    if value < 0:
+        raise ProtocolError(f"{m['t']}.{name} is negative: {value}")
+    return value
+
+
 def _version(m: Mapping[str, Any]) -> int:
     version = _get(m, "v")
     if version != VERSION or isinstance(version, bool):
@@ -446,7 +460,7 @@ _DECODERS: dict[str, Callable[[Mapping[str, Any]], Message]] = {
     WELCOME: lambda m: Welcome(
         _str(m, "worker"), _int(m, "term"), _bytes(m, "nonce", NONCE_SIZE), _version(m)
     ),
-    DISPATCH: lambda m: Dispatch(_int(m, "id"), _pod(m)),
+    DISPATCH: lambda m: Dispatch(_int(m, "id"), _pod(m), _revision(m, "min_rv")),
     ACK: lambda m: Ack(_int(m, "id")),
     RESULT: lambda m: Result(
         _int(m, "id"),

@@ -9,8 +9,7 @@ Invariants:
   absurd sizes), and costs time linear in the object's size. A pod whose spec cannot be understood (malformed
   or out-of-range quantity, unknown affinity operator, ...) gets ``parse_error`` set, naming the field, and is
   reported unschedulable with that reason; so does a pod not yet placed that uses a field the engine does not
-  implement (``common.support``: the message names the field). A pod not yet placed using inter-pod rules gets
-  ``standalone_only`` set, the message a coordinator refuses it with (a standalone worker honours them). A node
+  implement (``common.support``: the message names the field). A node
   with missing or malformed allocatable is treated as having no capacity (``allocatable_error`` says why).
   Quantities must fit int64 (``common.quantity``).
 - A pod's placement rules are bounded (``MAX_TOLERATIONS``, ``MAX_SELECTOR_TERMS``, ``MAX_REQUIREMENTS``,
@@ -38,7 +37,7 @@ from datetime import datetime
 from typing import Any, NewType
 
 from common.quantity import QuantityError, parse_milli, parse_units
-from common.support import standalone_only, unsupported
+from common.support import unsupported
 
 NodeName = NewType("NodeName", str)
 PodKey = NewType("PodKey", str)  # "namespace/name"
@@ -376,8 +375,6 @@ class PodRecord:
     signature: tuple[Any, ...]
     # pod (anti-)affinity and topology spread; None when the pod states none
     inter_pod: InterPod | None = None
-    # why a coordinator must refuse the pod (rules only a standalone worker honours), else None
-    standalone_only: str | None = None
     # preemption (worker.preemption): status.nominatedNodeName; spec.preemptionPolicy Never; status.startTime
     # (epoch seconds, None before the kubelet starts it); a DisruptionTarget=True condition of reason
     # PreemptionByScheduler (the pod is being preempted by a scheduler)
@@ -907,11 +904,9 @@ def pod_from_json(obj: dict[str, Any]) -> PodRecord:
         error = f"invalid pod spec: {e}"
         fields = _empty_pod_fields()
         inter_pod = None
-    standalone: str | None = None
     images: tuple[str, ...] = ()
     if not spec.get("nodeName"):  # a placed pod is not ours to refuse; its requests still count
         error = unsupported(obj) or error
-        standalone = standalone_only(obj)
         images = _pod_images(spec)
     gates = tuple(g.get("name", "") for g in spec.get("schedulingGates") or () if isinstance(g, dict))
     signature = (
@@ -945,7 +940,6 @@ def pod_from_json(obj: dict[str, Any]) -> PodRecord:
         parse_error=error,
         signature=signature,
         inter_pod=inter_pod,
-        standalone_only=standalone,
         nominated_node=str(status.get("nominatedNodeName") or ""),
         preempt_never=spec.get("preemptionPolicy") == "Never",
         start_time=_start_time(status.get("startTime")),

@@ -10,16 +10,16 @@ classified here, against what kube-scheduler's default plugins read:
   context, ...), so ignoring it changes no placement;
 - ``REFUSED``: it constrains placement and the engine does not implement it yet. A pod that uses it is
   reported unschedulable, naming the field and pointing to another scheduler, and is never bound.
-- ``STANDALONE``: inter-pod rules (pod affinity and anti-affinity, topology spread). A standalone worker
-  (``agent-scheduler worker`` on the whole cluster) implements them as kube-scheduler does; a coordinator
-  refuses pods using them (``standalone_only``), because such a rule spans shards: one worker cannot see
-  another worker's assumed-but-unbound pods, so two workers deciding at once could both place a pod into the
-  same zone that an anti-affinity or a spread constraint allows only one of, and an existing pod's
-  anti-affinity on another shard's node would be unknown to the deciding worker's filter until bound.
 
-Fields that hold several kinds of things are looked into: ``affinity`` (node affinity is supported, pod
-affinity and anti-affinity are standalone-only, ``namespaces`` and ``namespaceSelector`` included: the worker
-watches Namespace objects), ``volumes`` (per volume source, ``VOLUME_SOURCES``), the containers
+Inter-pod rules (pod affinity and anti-affinity, topology spread) are ``SUPPORTED`` by a standalone worker and
+under a coordinator alike: a worker holds every node and pod of the cluster (its candidates are its own
+nodes), and the coordinator dispatches pods whose rules span nodes through "the topology lane" (see
+``coordinator.dispatch.lane`` and docs/architecture.md), so a worker never decides such a pod on a view that
+lacks a placement the rule depends on.
+
+Fields that hold several kinds of things are looked into: ``affinity`` (node affinity, pod affinity and
+anti-affinity are supported, ``namespaces`` and ``namespaceSelector`` included: the worker watches Namespace
+objects), ``volumes`` (per volume source, ``VOLUME_SOURCES``), the containers
 (``resources.claims``, ``restartPolicyRules``), pod-level ``resources`` (``claims``) and ``hostUsers``.
 
 Invariants:
@@ -31,11 +31,12 @@ Invariants:
 
 What stays outside this table, because it is not a field of the incoming pod: the symmetric side of inter-pod
 anti-affinity (a pod already running with a required anti-affinity against the incoming pod's labels), which
-the standalone worker honours (``worker.topology``), and kube-scheduler's default spread constraints for a pod
-stating none (``worker.plugins.spread``): by default kube's System defaults (hostname maxSkew 3, zone maxSkew 5,
-ScheduleAnyway: a score only), with the selector built from the Services, ReplicationControllers, ReplicaSets
-and StatefulSets selecting the pod (``worker.workloads``), as kube-scheduler applies them; configurable as its
-PodTopologySpreadArgs (``defaultingType: List``; an empty list applies none).
+every worker honours (``worker.topology``; across shards through the topology lane), and kube-scheduler's
+default spread constraints for a pod stating none (``worker.plugins.spread``): by default kube's System
+defaults (hostname maxSkew 3, zone maxSkew 5, ScheduleAnyway: a score only), with the selector built from the
+Services, ReplicationControllers, ReplicaSets and StatefulSets selecting the pod (``worker.workloads``), as
+kube-scheduler applies them; configurable as its PodTopologySpreadArgs (``defaultingType: List``; an empty
+list applies none).
 """
 
 from __future__ import annotations
@@ -47,8 +48,6 @@ from typing import Any, Final
 SUPPORTED: Final = "supported"
 IRRELEVANT: Final = "irrelevant"
 REFUSED: Final = "refused"
-#: honoured by a standalone worker, refused under a coordinator (see the module docstring)
-STANDALONE: Final = "standalone-only"
 #: looked into: the verdict depends on what the field holds (see the module docstring)
 INSPECTED: Final = "inspected"
 
@@ -102,12 +101,17 @@ SPEC_FIELDS: Final[dict[str, Field]] = {
             "a pod with spec.nodeName is already placed: it is never scheduled and its requests count on that "
             "node, as in kube-scheduler (whose queue holds only pods without a node)",
         ),
+        _f(
+            "spec.topologySpreadConstraints",
+            SUPPORTED,
+            "PodTopologySpread filter (DoNotSchedule) and score (ScheduleAnyway)",
+        ),
         # --- inspected: partly supported ---
         _f(
             "spec.affinity",
             INSPECTED,
-            "nodeAffinity supported; podAffinity and podAntiAffinity standalone-only (namespaces and "
-            "namespaceSelector included)",
+            "nodeAffinity, podAffinity and podAntiAffinity supported (namespaces and namespaceSelector "
+            "included)",
         ),
         _f("spec.volumes", INSPECTED, "per volume source: see VOLUME_SOURCES"),
         _f(
@@ -134,11 +138,6 @@ SPEC_FIELDS: Final[dict[str, Field]] = {
             "requires nodes declaring UserNamespacesHostNetworkSupport, which the engine does not check",
         ),
         # --- refused: they constrain placement and the engine does not implement them yet ---
-        _f(
-            "spec.topologySpreadConstraints",
-            STANDALONE,
-            "PodTopologySpread filter (DoNotSchedule) and score (ScheduleAnyway)",
-        ),
         _f("spec.resourceClaims", REFUSED, "DynamicResources (DRA): devices are allocated while scheduling"),
         _f(
             "spec.schedulingGroup",
@@ -276,12 +275,12 @@ AFFINITY_FIELDS: Final[dict[str, Field]] = {
         _f("spec.affinity.nodeAffinity", SUPPORTED, "NodeAffinity filter (required) and score (preferred)"),
         _f(
             "spec.affinity.podAffinity",
-            STANDALONE,
+            SUPPORTED,
             "InterPodAffinity filter (required) and score (preferred)",
         ),
         _f(
             "spec.affinity.podAntiAffinity",
-            STANDALONE,
+            SUPPORTED,
             "InterPodAffinity filter (required) and score (preferred)",
         ),
     )
@@ -316,7 +315,7 @@ def _affinity(spec: Mapping[str, Any], value: Any) -> list[str]:
     found: list[str] = []
     for key, part in value.items():
         known = AFFINITY_FIELDS.get(key)
-        if known is not None and known.status in (SUPPORTED, STANDALONE):
+        if known is not None and known.status == SUPPORTED:
             continue
         # pod (anti-)affinity with no terms at all constrains nothing
         if isinstance(part, dict) and not any(not _empty(v) for v in part.values()):
@@ -405,40 +404,6 @@ def unsupported_fields(spec: Mapping[str, Any]) -> list[str]:
 
 def _named(fields: list[str]) -> str:
     return fields[0] if len(fields) == 1 else ", ".join(fields[:-1]) + " and " + fields[-1]
-
-
-def standalone_fields(spec: Mapping[str, Any]) -> list[str]:
-    """The fields of ``spec`` that only a standalone worker honours (``STANDALONE``), each as a path."""
-    found: list[str] = []
-    for key, value in spec.items():
-        known = SPEC_FIELDS.get(key)
-        if known is not None and known.status == STANDALONE and not _empty(value):
-            found.append(known.path)
-    affinity = spec.get("affinity")
-    if isinstance(affinity, dict):
-        for key, part in affinity.items():
-            known = AFFINITY_FIELDS.get(key)
-            if known is None or known.status != STANDALONE or _empty(part):
-                continue
-            if isinstance(part, dict) and not any(not _empty(v) for v in part.values()):
-                continue
-            found.append(known.path)
-    return found
-
-
-def standalone_only(pod: Mapping[str, Any]) -> str | None:
-    """The refusal message a coordinator gives a Pod object (raw JSON) using inter-pod rules, which only a
-    standalone worker honours so far; None when the pod uses none. Never raises."""
-    spec = pod.get("spec")
-    if not isinstance(spec, dict):
-        return None
-    fields = standalone_fields(spec)
-    if not fields:
-        return None
-    return (
-        f"pod uses {_named(fields)}: inter-pod rules are supported by the standalone {PRODUCT} worker only so "
-        f"far, not under a coordinator (they span shards); {REMEDY}"
-    )
 
 
 def refusal_message(fields: list[str]) -> str:

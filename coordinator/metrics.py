@@ -7,10 +7,12 @@ Most are read at scrape time from the term being led (``CoordinatorCollector``):
 across the replicas means nobody leads). Counters that live in a term's objects (re-dispatches) are carried
 over when the term ends, so they never go backwards within one process.
 
-Observed as they happen: handoff durations (``HandoffTimer``, fed by the shard map after each write it made)
-and NodeShard write errors (``nodeshard_write_errors``).
+Observed as they happen: handoff durations (``HandoffTimer``, fed by the shard map after each write it made),
+NodeShard write errors (``nodeshard_write_errors``), and the topology lane's waits and cycle time
+(``lane_waits``, ``lane_settle_duration``, fed by the dispatcher).
 
-Cardinality: labels are a pod state, a handoff phase, a NodeShard write part and reason, or a worker id;
+Cardinality: labels are a pod state, a handoff phase, a NodeShard write part and reason, a lane wait reason,
+or a worker id;
 workers are few (tens), and a departed worker's series disappear with it.
 """
 
@@ -44,6 +46,20 @@ nodeshard_write_errors = Counter(
     ["part", "reason"],
 )
 
+lane_waits = Counter(
+    "agent_scheduler_coordinator_lane_waits_total",
+    "Pods the topology lane held back before dispatch, by reason: lane_busy (another pod with a cross-node "
+    "rule was in flight), anti_affinity (a required cross-node anti-affinity between it and a pod in flight), "
+    "lost_dispatch (a lane pod's dispatch was lost lately). Counted once per wait.",
+    ["reason"],
+)
+lane_settle_duration = Histogram(
+    "agent_scheduler_coordinator_lane_settle_duration_seconds",
+    "From a lane pod's dispatch to the pending watch showing it bound or deleted (the lane's cycle time: "
+    "lane pods go out one at a time).",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+
 
 @dataclass(frozen=True, slots=True)
 class DispatchBacklog:
@@ -53,6 +69,8 @@ class DispatchBacklog:
     parked: int  # declared unschedulable, waiting for a retry
     in_flight: Mapping[str, int]  # worker -> dispatches awaiting their RESULT
     redispatched: int  # dispatches withdrawn and sent again during this term (cumulative)
+    lane_in_flight: int = 0  # lane pods dispatched and not yet settled (0 or 1)
+    lane_waiting: int = 0  # pods the topology lane holds back now
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +137,12 @@ class CoordinatorCollector(Collector):
             "Nodes granted to each worker in the shard map.",
             ["worker"],
         )
+        lane = _gauge(
+            "agent_scheduler_coordinator_lane_pods",
+            "Pods in the topology lane: state=in_flight (a pod with a cross-node rule dispatched and not yet "
+            "settled: 0 or 1), state=waiting (pods the lane holds back).",
+            ["state"],
+        )
         pool = _gauge(
             "agent_scheduler_agent_pool_nodes",
             "Nodes in the agent pool (the agent shard) the shard map grants from; 0 means nothing can be "
@@ -134,7 +158,9 @@ class CoordinatorCollector(Collector):
             for worker, n in sorted(view.nodes_per_worker().items()):
                 nodes.add_metric([worker], n)
             pool.add_metric([], view.agent_pool())
-        yield from (term, epoch, pods, in_flight, nodes, pool)
+            lane.add_metric(["in_flight"], backlog.lane_in_flight)
+            lane.add_metric(["waiting"], backlog.lane_waiting)
+        yield from (term, epoch, pods, in_flight, nodes, pool, lane)
 
 
 def _gauge(name: str, documentation: str, labels: list[str] | None = None) -> GaugeMetricFamily:

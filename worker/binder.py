@@ -1,7 +1,13 @@
 """Asynchronous binding: the POST of each assumed pod's ``binding`` subresource, off the decision path.
 
 A fixed pool of ``concurrency`` tasks takes (pod, node) pairs from a queue and binds them over the client's
-kept-alive connections.
+kept-alive connections, in the order they were submitted. The binding of a pod with a required inter-pod rule
+(``ordered``) is sent only after every binding submitted before it on this worker has finished: its decision
+counted those pods (this worker's own assumptions), so under a coordinator the resourceVersion of its binding
+must be above theirs: a later pod dispatched with ``min_rv`` at or above it then sees every pod it saw (the
+topology lane, docs/architecture.md). Bindings are taken from the queue in order, so the ones it waits for
+already hold a slot and the wait cannot deadlock. An unanswered earlier attempt counts as finished (it may
+still be applied later; see ``unanswered_hold``), as does one that failed and handed its pod back.
 
 Fencing (the binder's half of "no binding outside the fencing window"): immediately before each attempt
 is sent, the shard (``worker.shard.ShardView.bind_deadline``) is asked whether the node is still usable
@@ -39,6 +45,8 @@ so a release acknowledged to the leader cannot be overtaken by it either.
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -61,6 +69,15 @@ DEFAULT_RETRIES = 4
 ATTEMPT_TIMEOUT = 30.0  # one POST (the API client's request timeout); under a coordinator, < TTL/2 anyway
 FENCE_MARGIN = 0.1  # an attempt's deadline ends this long before the fencing deadline (timer latency)
 MIN_ATTEMPT = 0.05  # less time than this before the margin: not worth sending
+
+
+def ordered(pod: PodRecord) -> bool:
+    """Does the pod state a required inter-pod rule (its binding waits for the earlier ones: see the module
+    docstring)?"""
+    rules = pod.inter_pod
+    return rules is not None and bool(
+        rules.affinity or rules.anti_affinity or any(c.hard for c in rules.spread)
+    )
 
 
 @dataclass(slots=True)
@@ -103,7 +120,11 @@ class Binder:
         self.retry_backoff = retry_backoff
         self.attempt_timeout = attempt_timeout
         self.unanswered_hold = unanswered_hold
-        self._queue: asyncio.Queue[BindRequest] = asyncio.Queue()
+        self._queue: asyncio.Queue[tuple[int, BindRequest]] = asyncio.Queue()
+        self._seq = itertools.count()
+        self._unfinished: set[int] = set()  # sequence numbers of bindings submitted and not finished
+        self._earliest: list[int] = []  # heap of the same numbers; finished ones are dropped lazily
+        self._finished = asyncio.Condition()
         self._in_flight: dict[NodeName, int] = {}
         self._idle = asyncio.Condition()
         self._notifying: set[asyncio.Task[None]] = set()
@@ -112,9 +133,11 @@ class Binder:
 
     def submit(self, pod: PodRecord, node: NodeName, queued_at: float, attempts: int) -> None:
         self._in_flight[node] = self._in_flight.get(node, 0) + 1
-        self._queue.put_nowait(
-            BindRequest(pod, node, queued_at, attempts, time.time(), submitted_at=self.clock())
-        )
+        req = BindRequest(pod, node, queued_at, attempts, time.time(), submitted_at=self.clock())
+        seq = next(self._seq)
+        self._unfinished.add(seq)
+        heapq.heappush(self._earliest, seq)
+        self._queue.put_nowait((seq, req))
 
     def in_flight(self, node: NodeName | None = None) -> int:
         if node is None:
@@ -136,16 +159,31 @@ class Binder:
 
     async def _work(self) -> None:
         while True:
-            req = await self._queue.get()
+            seq, req = await self._queue.get()
             try:
+                if ordered(req.pod):
+                    await self._earlier_finished(seq)
                 await self._bind(req)
             finally:
+                self._unfinished.discard(seq)
+                while self._earliest and self._earliest[0] not in self._unfinished:
+                    heapq.heappop(self._earliest)  # amortized: each number is pushed and popped once
+                async with self._finished:
+                    self._finished.notify_all()
                 if req.unanswered:
                     asyncio.get_running_loop().call_later(self.unanswered_hold, self._done_later, req.node)
                 else:
                     self._done(req.node)
                     async with self._idle:
                         self._idle.notify_all()
+
+    async def _earlier_finished(self, seq: int) -> None:
+        """Wait until every binding submitted before ``seq`` has finished."""
+        async with self._finished:
+            await self._finished.wait_for(lambda: self._first_unfinished() == seq)
+
+    def _first_unfinished(self) -> int:
+        return self._earliest[0]  # finished numbers are popped as they finish (``_work``)
 
     def _done(self, node: NodeName) -> None:
         left = self._in_flight.get(node, 0) - 1

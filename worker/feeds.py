@@ -12,6 +12,8 @@
   is configured.
 - ``Watches``: the reflectors, and the ``worker.shard.PodWatch`` view the shard's catch-up of newly granted
   nodes waits on (the watch's progress, a consistent LIST per node, and a direct apply when the watch lags).
+  ``progress`` is set after every pod event or relist the cache applied (the dispatch gate,
+  ``worker.gate``, waits on it for the watch to reach a DISPATCH's ``min_rv``).
 
 Nominations: a pending pod of our scheduler name whose ``status.nominatedNodeName`` is set is nominated in the
 cache (its room reserved, ``worker.cache``), so a nomination made by another worker, or by this one before a
@@ -24,6 +26,7 @@ assumptions; nothing here decides.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from common import metrics
@@ -115,12 +118,14 @@ class PodFeed:
         *,
         scheduler_name: str,
         watch_pending: bool,
+        progress: asyncio.Event | None = None,
     ) -> None:
         self.cache = cache
         self.queue = queue
         self.reporter = reporter
         self.scheduler_name = scheduler_name
         self.watch_pending = watch_pending
+        self.progress = progress or asyncio.Event()
 
     def admit(self, pod: PodRecord, seen_at: float) -> None:
         """A pod from the watch: queue it if it is ours and waiting; drop it from the queue once placed.
@@ -149,6 +154,7 @@ class PodFeed:
         listed = {p.key for p in pods if not p.node_name and not p.deleting and not p.terminal}
         for key in [k for k in self.cache.nominated_node if k not in listed]:
             self.cache.unnominate(key)
+        self.progress.set()
 
     def event(self, kind: str, obj: dict[str, Any]) -> None:
         seen_at = self.queue.clock()
@@ -159,10 +165,11 @@ class PodFeed:
             self.reporter.forget(pod.key)
             if self.cache.remove_pod(pod.key):
                 self.queue.move_all()
-            return
-        if self.cache.upsert_pod(pod):
-            self.queue.move_all()
-        self.admit(pod, seen_at)
+        else:
+            if self.cache.upsert_pod(pod):
+                self.queue.move_all()
+            self.admit(pod, seen_at)
+        self.progress.set()
 
 
 class Watches:
@@ -183,10 +190,18 @@ class Watches:
     ) -> None:
         self.client = client
         self.cache = cache
+        self.progress = asyncio.Event()
         self.pods = Reflector(
             client,
             "/api/v1/pods",
-            PodFeed(cache, queue, reporter, scheduler_name=scheduler_name, watch_pending=watch_pending),
+            PodFeed(
+                cache,
+                queue,
+                reporter,
+                scheduler_name=scheduler_name,
+                watch_pending=watch_pending,
+                progress=self.progress,
+            ),
             params=POD_PARAMS,
             name="pods",
         )

@@ -6,8 +6,10 @@ Two objects:
   scheduler's outcome receiver (``worker.outcomes.Outcomes``) under a coordinator: bound, unschedulable and
   rejected pods are answered with one RESULT each; bound pods still get their Scheduled event and audit line.
 - ``Intake``: the server. It authenticates each connection (the protocol's handshake under the shared
-  secret), accepts only the leader etcd currently elects, puts dispatched pods into the scheduler's queue,
-  answers heartbeats, and sends the capacity summary (kept current by the cache's index, read in O(1)).
+  secret), accepts only the leader etcd currently elects, puts dispatched pods into the scheduler's queue
+  through the dispatch gate (``worker.gate``: a pod waits there until the pod watch has reached the
+  DISPATCH's ``min_rv``), answers heartbeats, and sends the capacity summary (kept current by the cache's
+  index, read in O(1)).
 
 Invariants:
 - Only the elected leader's stream: a HELLO is accepted only if its MAC verifies and its ``term`` equals the
@@ -21,6 +23,8 @@ Invariants:
   frames are capped at ``protocol.MAX_HANDSHAKE_FRAME``; nothing unauthenticated is decoded. The capacity
   sender and the read loop wait for ``drain()`` once the write buffer passes ``WRITE_HIGH_WATER``: a leader
   that does not read is not read either, and one that stays stuck for ``protocol.DEAD_AFTER`` is dropped.
+- No dispatched pod is decided before the pod watch has reached its DISPATCH's ``min_rv`` (the topology
+  lane's rule 2, see ``coordinator.dispatch.lane``); the ACK does not wait for that.
 - Every DISPATCH is answered by ACK and later exactly one RESULT per dispatch id, unless the stream
   breaks first (the leader then re-dispatches; duplicates are harmless, see the protocol). A pod whose
   binding failed transiently stays in this worker's queue (``worker.binder``) and is answered when bound.
@@ -50,6 +54,7 @@ from common.records import NodeName, PodKey, PodRecord, pod_from_json
 from common.reporting import Reporter
 from worker.audit import AuditLog
 from worker.engine import Decision
+from worker.gate import RevisionGate
 from worker.scheduler import Scheduler
 from worker.shard import ShardView
 
@@ -86,8 +91,8 @@ def _result(
     )
 
 
-def _dispatch(msg: protocol.Dispatch) -> tuple[int, PodRecord]:
-    return msg.id, pod_from_json(msg.pod)
+def _dispatch(msg: protocol.Dispatch) -> tuple[int, PodRecord, int]:
+    return msg.id, pod_from_json(msg.pod), msg.min_rv
 
 
 def elected_term(election: Mapping[str, KeyValue]) -> int | None:
@@ -227,6 +232,10 @@ class Intake:
         self.scheduler_name = scheduler_name
         self.can_place = can_place
         self.max_handshakes = max_handshakes
+        self.gate = RevisionGate(
+            sched.watches.revision, sched.watches.progress, self._queue, clock=sched.clock
+        )
+        self._gate_task: asyncio.Task[None] | None = None
         self._server: asyncio.Server | None = None
         self._handshaking: set[asyncio.StreamWriter] = set()
         self.received = 0
@@ -237,9 +246,14 @@ class Intake:
 
     async def start(self, listener: socket.socket) -> None:
         """Serve on an already bound socket (its address is in the worker's membership record)."""
+        self._gate_task = asyncio.create_task(self.gate.run(), name="dispatch-gate")
         self._server = await asyncio.start_server(self.serve, sock=listener)
 
     async def close(self) -> None:
+        if self._gate_task is not None:
+            self._gate_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._gate_task
         if self._server is not None:
             self._server.close()
         if self.results.stream is not None:
@@ -342,8 +356,7 @@ class Intake:
 
     def handle(self, msg: protocol.Message, stream: LeaderStream) -> None:
         if isinstance(msg, protocol.Dispatch):
-            received_at = self.sched.clock()
-            dispatch_id, pod = _dispatch(msg)
+            dispatch_id, pod, min_rv = _dispatch(msg)
             self.received += 1
             if pod.scheduler_name != self.scheduler_name:
                 self.foreign_pods += 1
@@ -356,13 +369,17 @@ class Intake:
                 )
                 return
             self.results.expect(dispatch_id, pod)
-            self.sched.submit(pod)
-            metrics.observe_stage("queued", self.sched.clock() - received_at)
+            self.gate.hold(pod, min_rv)
             stream.send(protocol.Ack(dispatch_id))
         elif isinstance(msg, protocol.Ping):
             stream.send(protocol.Pong(msg.ts))
         else:
             log.debug("ignoring %s message", type(msg).__name__)
+
+    def _queue(self, pod: PodRecord, received_at: float) -> None:
+        """The gate let a dispatched pod through (at once, or once the watch reached its ``min_rv``)."""
+        self.sched.submit(pod)
+        metrics.observe_stage("queued", self.sched.clock() - received_at)
 
     def capacity(self) -> protocol.Capacity:
         """The CAPACITY summary: the index's incremental totals, the queue's counts, the bind rate."""

@@ -4,7 +4,8 @@ Inputs: a watch of pending pods (``spec.schedulerName`` = ours, ``spec.nodeName`
 workers with their dispatch addresses (from etcd membership, through ``set_workers``). Output: DISPATCH
 messages over each worker's link (``common.protocol``), and the unschedulable report for pods no shard can
 take. The parts: ``pending`` (the table and the verdict), ``choice`` (what is known of each worker and which
-one a pod goes to), ``links`` (one worker's stream); this module wires them and runs the loop.
+one a pod goes to), ``links`` (one worker's stream), ``lane`` (pods with inter-pod rules); this module wires
+them and runs the loop.
 
 Invariants:
 - A pod is dispatched to at most one worker at a time; it is tracked until its RESULT, until the watch shows
@@ -21,9 +22,11 @@ Invariants:
   Unschedulable verdict.
 - A worker with ``protocol.MAX_UNACKED`` dispatches awaiting ACK is not chosen; pods that only it could take
   wait (they are not "no" answers) and are queued again as soon as an ACK frees its window.
-- Malformed pods are reported unschedulable at once with their parse error; they are never dispatched. So are
-  pods using inter-pod rules (``PodRecord.standalone_only``): only a standalone worker honours those so far,
-  because they span shards (see ``common.support``).
+- Malformed pods are reported unschedulable at once with their parse error; they are never dispatched.
+- Pods with inter-pod rules go through the topology lane (``lane``): a pod the lane holds back is not
+  dispatched until the lane lets it (it is considered again as soon as the lane's state changes), and every
+  DISPATCH carries the lane's ``min_rv`` for that pod. The lane is told every dispatch, every answer, every
+  lost dispatch, and every pod the pending watch shows leaving the pending set with its resourceVersion.
 """
 
 from __future__ import annotations
@@ -41,7 +44,9 @@ from common.keyring import Keys, NoSecret
 from common.kube import KubeClient
 from common.records import PodKey, PodRecord, pod_from_json
 from common.watching import Reflector
+from coordinator import metrics as coordinator_metrics
 from coordinator.dispatch.choice import Worker, choose
+from coordinator.dispatch.lane import ANTI_AFFINITY, Lane
 from coordinator.dispatch.links import Inbound, Link, LinkEvents, LinkFactory, Transport
 from coordinator.dispatch.pending import DISPATCH_TIMEOUT, PendingPod, PendingTable, verdict
 
@@ -64,18 +69,34 @@ class _PendingFeed:
         self.d = d
 
     def replace(self, objects: list[dict[str, Any]]) -> None:
+        # Every pod missing from a list at version R left the pending set at or before R.
+        listed_at = _revision(self.d.reflector.resource_version)
         seen = set()
         for obj in objects:
             seen.add(self.d.observe(obj))
-        for key in [k for k in self.d.table if k not in seen]:
-            self.d.forget(key)
+        gone = {k for k in self.d.table if k not in seen} | {k for k in self.d.lane.unseen if k not in seen}
+        gone |= {k for k in self.d.lane.flying if k not in seen}
+        gone |= {k for k in self.d.lane.lost_dispatches if k not in seen}
+        for key in gone:
+            self.d.forget(key, listed_at)
 
     def event(self, kind: str, obj: dict[str, Any]) -> None:
         if kind == "DELETED":
+            # Also a pod that was bound: it left the field selector's set (the object is its last pending
+            # state, at the binding's resourceVersion).
             meta = obj.get("metadata") or {}
-            self.d.forget(PodKey(f"{meta.get('namespace')}/{meta.get('name')}"))
+            key = PodKey(f"{meta.get('namespace')}/{meta.get('name')}")
+            self.d.forget(key, _revision(meta.get("resourceVersion")))
         else:
             self.d.observe(obj)
+
+
+def _revision(rv: object) -> int:
+    """A resourceVersion as an integer (etcd's revision), 0 if it is not one."""
+    try:
+        return int(str(rv)) if rv else 0
+    except ValueError:
+        return 0
 
 
 class Dispatcher:
@@ -104,6 +125,15 @@ class Dispatcher:
         self.table = PendingTable()
         self.workers: dict[str, Worker] = {}
         self._blocked: dict[PodKey, None] = {}  # waiting only for a full ACK window to free (ordered set)
+        self.lane = Lane()
+        # Held back by the lane: the reason per pod, and who to wake when (ordered sets): waiting for one lane
+        # pod in flight (by that pod), for room in the lane or the end of a hold, for pods in flight that a
+        # required anti-affinity is about (rule 3). Waking moves them to the ready queue; a pod still held
+        # back when considered again is registered again.
+        self._lane_waits: dict[PodKey, str] = {}
+        self._waiting_on: dict[PodKey, dict[PodKey, None]] = {}
+        self._waiting_for_room: dict[PodKey, None] = {}
+        self._waiting_for_pods: dict[PodKey, None] = {}
         self._next_id = 0
         self.reflector = Reflector(
             client,
@@ -135,15 +165,16 @@ class Dispatcher:
         record = pod_from_json(obj)
         key = record.key
         if record.node_name or record.terminal or record.deleting:
-            self.forget(key)
+            self.forget(key, _revision(record.resource_version))
             return key
         p = self.table.get(key)
         if p is not None and p.record.uid != record.uid:
-            self.forget(key)  # deleted and recreated under the same name: a new pod
+            # deleted and recreated under the same name: a new pod
+            self.forget(key, _revision(record.resource_version))
             p = None
         if p is None:
             p = self.table.pods[key] = PendingPod(obj, record, seen_at=self.clock())
-            refusal = record.parse_error or record.standalone_only
+            refusal = record.parse_error
             if refusal is not None:
                 self.reporter.unschedulable(record, refusal)
                 p.parked_at = self.clock()
@@ -158,11 +189,19 @@ class Dispatcher:
             self.table.enqueue(key)
         return key
 
-    def forget(self, key: PodKey) -> None:
+    def forget(self, key: PodKey, rv: int = 0) -> None:
+        """``key`` left the pending set (bound, deleted, or replaced by a pod of the same name), as the watch
+        showed at resourceVersion ``rv``."""
         p = self.table.pods.pop(key, None)
         if p is not None:
             self._release(p)
         self.reporter.forget(key)
+        self._lane_waits.pop(key, None)
+        held = self.lane.holds(key)
+        dispatched_at = self.lane.seen(key, rv)
+        if dispatched_at is not None:
+            coordinator_metrics.lane_settle_duration.observe(self.clock() - dispatched_at)
+        self._wake_lane(key if held else None)
 
     def _release(self, p: PendingPod) -> None:
         if p.worker is not None:
@@ -174,8 +213,22 @@ class Dispatcher:
     def dispatch(self, key: PodKey) -> None:
         """Consider one queued pod: send it to a worker, declare it unschedulable, or leave it waiting."""
         p = self.table.get(key)
-        if p is None or not p.waiting or p.not_before > self.clock():
+        now = self.clock()
+        if p is None or not p.waiting or p.not_before > now:
             return  # a pod rejected lately is considered again by the idle rescan once its backoff ends
+        held = self.lane.wait(p.record, self._in_flight, now)
+        if held is not None:
+            if self._lane_waits.get(key) != held.reason:
+                coordinator_metrics.lane_waits.labels(held.reason).inc()  # once per wait and reason
+            self._lane_waits[key] = held.reason
+            if held.blocker is not None:
+                self._waiting_on.setdefault(held.blocker, {})[key] = None
+            elif held.reason == ANTI_AFFINITY:
+                self._waiting_for_pods[key] = None
+            else:
+                self._waiting_for_room[key] = None
+            return  # considered again when the lane's state changes (``_wake_lane``) or by the idle rescan
+        self._lane_waits.pop(key, None)
         w = choose(self.workers.values(), p.record, p.tried, self.rng)
         if w is None:
             message = verdict(p, self.workers)
@@ -187,9 +240,44 @@ class Dispatcher:
                 self._blocked[key] = None
             return  # no worker can take it now: it waits for capacity, an ACK, or workers to change
         self._next_id += 1
-        p.worker, p.dispatch_id, p.dispatched_at = w.worker_id, self._next_id, self.clock()
+        p.worker, p.dispatch_id, p.dispatched_at = w.worker_id, self._next_id, now
         w.assign(p.dispatch_id, p.record)
-        w.link.send(protocol.Dispatch(p.dispatch_id, p.obj))
+        self.lane.dispatched(p.record, now)
+        w.link.send(protocol.Dispatch(p.dispatch_id, p.obj, min_rv=self.lane.min_rv(p.record)))
+
+    def _in_flight(self) -> list[PodRecord]:
+        """The pods dispatched and not yet answered (for the lane's anti-affinity rule)."""
+        out = []
+        for w in self.workers.values():
+            for key in w.in_flight.values():
+                p = self.table.get(key)
+                if p is not None:
+                    out.append(p.record)
+        return out
+
+    def lane_waiting(self) -> int:
+        """Pods the lane holds back now."""
+        return len(self._lane_waits)
+
+    def _wake_lane(self, left: PodKey | None) -> None:
+        """The lane's state changed: queue again the pods that waited for what changed, in the order they
+        waited. ``left``: the lane pod that left the lane (its waiters, the room it made, and the pods in
+        flight it was one of), or None when only some pod in flight was answered or seen."""
+        woken: list[PodKey] = list(self._waiting_for_pods)
+        self._waiting_for_pods.clear()
+        if left is not None:
+            woken += self._waiting_on.pop(left, {})
+            woken += self._waiting_for_room
+            self._waiting_for_room.clear()
+        for key in woken:
+            self.table.enqueue(key)
+
+    def _wake_all(self) -> None:
+        for waiters in self._waiting_on.values():
+            for key in waiters:
+                self.table.enqueue(key)
+        self._waiting_on.clear()
+        self._wake_lane(PodKey(""))
 
     def dispatch_ready(self) -> int:
         """Consider every pod queued so far (not those queued meanwhile); returns how many."""
@@ -231,12 +319,15 @@ class Dispatcher:
             self._requeue_from(w)
 
     def _requeue_from(self, w: Worker) -> None:
+        now = self.clock()
         for key in w.disconnected():
             p = self.table.get(key)
             if p is not None:
+                self.lane.lost(p.record, now)
                 p.worker = None
                 self.redispatched += 1
                 self.table.enqueue(key)
+        self._wake_all()
         self._unblock()  # the pods that waited for this worker's window may go elsewhere now
 
     def _current(self, link: Transport) -> Worker | None:
@@ -296,9 +387,13 @@ class Dispatcher:
         if result.outcome == protocol.BOUND:
             w.bound += 1
             self.table.pods.pop(key, None)
+            self.lane.answered_bound(p.record)  # in flight for the lane until the watch shows the binding
             metrics.observe_stage("dispatched", p.dispatched_at - p.seen_at)
             metrics.observe_stage("result", self.clock() - p.dispatched_at)
-        elif result.outcome == protocol.GONE:
+            return
+        # nothing placed: the pod leaves the lane (if it was in it)
+        self._wake_lane(key if self.lane.answered(key) else None)
+        if result.outcome == protocol.GONE:
             self.table.pods.pop(key, None)
         elif result.outcome == protocol.REJECTED or result.nodes == 0:
             # "Try later", never "no": the worker cannot place pods now, its binding was refused, or it
@@ -331,9 +426,12 @@ class Dispatcher:
             self._release(p)
             if w is not None:
                 self._acknowledged(w, dispatch_id)
+            self.lane.lost(p.record, self.clock())
             self.timed_out += 1
             self.redispatched += 1
             self.table.enqueue(key)
+        if expired:
+            self._wake_all()
         return len(expired)
 
     # ----- loop ------------------------------------------------------------------------------------------
@@ -369,6 +467,8 @@ class Dispatcher:
             await asyncio.sleep(1.0)
             self.retry_parked()
             self.expire_dispatches()
+            if self.lane.expire(self.clock()):
+                self._wake_all()
 
     def statistics(self) -> dict[str, Any]:
         return {
@@ -379,6 +479,8 @@ class Dispatcher:
             "timed_out": self.timed_out,
             "rejected": self.rejected,
             "waiting_for_window": len(self._blocked),
+            "waiting_for_lane": self.lane_waiting(),
+            "lane": self.lane.statistics(),
             "workers": {
                 wid: {
                     "connected": w.ready,

@@ -142,13 +142,12 @@ class PendingTable:
 
     def retry_parked(self, now: float, *, force: bool = False) -> int:
         """Unpark and queue the parked pods whose retry is due (all of them with ``force``); malformed pods
-        and pods using inter-pod rules (refused under a coordinator) stay parked. Returns how many."""
+        stay parked. Returns how many."""
         n = 0
         for key, p in self.pods.items():
             if (
                 p.parked_at is not None
                 and p.record.parse_error is None
-                and p.record.standalone_only is None
                 and (force or now - p.parked_at >= UNSCHEDULABLE_RETRY)
             ):
                 p.unpark()

@@ -111,6 +111,8 @@ async def run_term(term: LeaderTerm, etcd: Etcd3Client, client: KubeClient, opti
             parked=dispatcher.table.parked(),
             in_flight={wid: len(w.in_flight) for wid, w in dispatcher.workers.items()},
             redispatched=dispatcher.redispatched,
+            lane_in_flight=dispatcher.lane.in_flight,
+            lane_waiting=dispatcher.lane_waiting(),
         ),
         nodes_per_worker=shardmap.granted_counts,
         agent_pool=lambda: len(pool()),

@@ -34,6 +34,7 @@ MESSAGES: list[Message] = [
     Hello(leader="leader-1", term=7, nonce=b"h" * protocol.NONCE_SIZE),
     Welcome(worker="worker-1", term=7, nonce=b"w" * protocol.NONCE_SIZE),
     Dispatch(1, POD),
+    Dispatch(2, POD, min_rv=12345),
     Ack(1),
     Result.bound(1, "default/a", "node-1"),
     Result.unschedulable(2, "default/a", nodes=3, reasons={"Insufficient cpu": 3}, message="0/3 nodes"),
@@ -112,7 +113,7 @@ def test_frames_without_version_are_accepted_except_hello_and_welcome() -> None:
 
 
 @pytest.mark.parametrize("message", [MESSAGES[0], MESSAGES[1]], ids=["hello", "welcome"])
-@pytest.mark.parametrize("version", [0, 1, 3, "2", None, True, 1.5])
+@pytest.mark.parametrize("version", [0, 1, 2, 4, "3", None, True, 1.5])
 def test_version_mismatch_in_hello_and_welcome(message: Message, version: Any) -> None:
     fields = raw(message)
     fields["v"] = version
@@ -210,7 +211,7 @@ def test_bad_result_reasons(reasons: Any) -> None:
 
 @pytest.mark.parametrize("outcome", ["placed", "", "BOUND"])
 def test_unknown_result_outcome(outcome: str) -> None:
-    fields = raw(MESSAGES[4])
+    fields = raw(Result.bound(1, "default/a", "node-1"))
     fields["outcome"] = outcome
     with pytest.raises(ProtocolError, match="outcome"):
         decode(pack(fields))
@@ -267,6 +268,24 @@ def test_deeply_nested_pod() -> None:
         cur = cur["x"]
     fields = raw(Dispatch(1, POD))
     fields["pod"] = _with(("spec", "deep"), deep)
+    with pytest.raises(ProtocolError):
+        decode(pack(fields))
+
+
+@pytest.mark.parametrize(
+    "value", [pytest.param(-1, id="negative"), pytest.param("7", id="string"), pytest.param(True, id="bool")]
+)
+def test_bad_min_rv(value: Any) -> None:
+    fields = raw(Dispatch(1, POD, min_rv=5))
+    fields["min_rv"] = value
+    with pytest.raises(ProtocolError):
+        decode(pack(fields))
+
+
+def test_dispatch_without_min_rv_is_refused() -> None:
+    """A version-2 DISPATCH (no ``min_rv``) is not read as "no wait": the field is required."""
+    fields = raw(Dispatch(1, POD))
+    del fields["min_rv"]
     with pytest.raises(ProtocolError):
         decode(pack(fields))
 

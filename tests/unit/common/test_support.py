@@ -18,7 +18,6 @@ from common.support import (
     REFUSED,
     REMEDY,
     SPEC_FIELDS,
-    STANDALONE,
     SUPPORTED,
     VOLUME_SOURCES,
     unsupported,
@@ -299,8 +298,8 @@ REFUSED_CASES: list[tuple[str, dict[str, Any], str]] = [
 ]
 
 
-# Inter-pod rules: honoured by a standalone worker, refused under a coordinator (``standalone_only``).
-_STANDALONE_IDS = {
+# Inter-pod rules: honoured by every worker, standalone or under a coordinator (the topology lane).
+_INTER_POD_IDS = {
     "required-pod-anti-affinity",
     "preferred-pod-anti-affinity",
     "required-pod-affinity",
@@ -309,32 +308,25 @@ _STANDALONE_IDS = {
     "topology-spread-do-not-schedule",
     "topology-spread-schedule-anyway",
 }
-STANDALONE_CASES = [c for c in REFUSED_CASES if c[0] in _STANDALONE_IDS]
-REFUSED_CASES = [c for c in REFUSED_CASES if c[0] not in _STANDALONE_IDS]
+INTER_POD_CASES = [c for c in REFUSED_CASES if c[0] in _INTER_POD_IDS]
+REFUSED_CASES = [c for c in REFUSED_CASES if c[0] not in _INTER_POD_IDS]
 
 
 @pytest.mark.parametrize(
-    ("pod", "field"), [c[1:] for c in STANDALONE_CASES], ids=[c[0] for c in STANDALONE_CASES]
+    ("pod", "field"), [c[1:] for c in INTER_POD_CASES], ids=[c[0] for c in INTER_POD_CASES]
 )
-def test_inter_pod_rules_are_honoured_standalone_and_refused_under_a_coordinator(
-    pod: dict[str, Any], field: str
-) -> None:
+def test_inter_pod_rules_are_honoured(pod: dict[str, Any], field: str) -> None:
     assert unsupported(pod) is None
     record = pod_from_json(pod)
     assert record.parse_error is None
     assert record.inter_pod is not None
-    assert record.standalone_only == (
-        f"pod uses {field}: inter-pod rules are supported by the standalone agent-scheduler worker only so far, "
-        f"not under a coordinator (they span shards); {REMEDY}"
-    )
 
 
-def test_a_namespace_selector_is_supported_standalone_and_parsed() -> None:
+def test_a_namespace_selector_is_supported_and_parsed() -> None:
     term = dict(POD_TERM, namespaces=["other"], namespaceSelector={"matchLabels": {"team": "a"}})
     pod = with_spec(affinity={"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}})
     assert unsupported(pod) is None
     parsed = pod_from_json(pod)
-    assert parsed.standalone_only is not None  # inter-pod rules: still refused under a coordinator
     assert parsed.inter_pod is not None
     selected = parsed.inter_pod.anti_affinity[0]
     assert selected.namespaces == frozenset({"other"})
@@ -488,7 +480,7 @@ def test_the_tables_cover_the_whole_v136_pod_spec() -> None:
     assert set(VOLUME_SOURCES) == VOLUME_SOURCES_V136
     assert set(AFFINITY_FIELDS) == {"nodeAffinity", "podAffinity", "podAntiAffinity"}
     assert set(_CHECKS) == {k for k, f in SPEC_FIELDS.items() if f.status == INSPECTED}
-    assert {f.status for f in SPEC_FIELDS.values()} == {SUPPORTED, IRRELEVANT, REFUSED, INSPECTED, STANDALONE}
+    assert {f.status for f in SPEC_FIELDS.values()} == {SUPPORTED, IRRELEVANT, REFUSED, INSPECTED}
     for table in (SPEC_FIELDS, VOLUME_SOURCES, AFFINITY_FIELDS):
         for f in table.values():
             assert f.why, f.path

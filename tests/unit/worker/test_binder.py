@@ -322,3 +322,41 @@ async def test_a_refused_binding_is_requeued_too_when_no_leader_retries_it(statu
     assert rec.rejected == [("default/p", f"binding rejected: status {status}")]
     assert rec.requeued == ["default/p"] and rec.requeued_attempts == [4]
     assert len(api.posts) == 1 and not cache.assumed and cache.nodes[NODE].requested.milli_cpu == 0
+
+
+async def test_a_pod_with_inter_pod_rules_is_bound_after_every_earlier_binding() -> None:
+    """Its decision counted the pods assumed before it: their bindings must land first (``worker.binder``)."""
+    rec = Recorded()
+    api = FakeApi([201, 201, 201])
+    cache = Cache()
+    cache.upsert_node(make_node(NODE).record())
+    binder = Binder(api, cache, Outcomes(rec), requeue=rec.requeue, concurrency=4, clock=lambda: 0.0)
+    slow = make_pod("slow").req(cpu="1").record()
+    lane = make_pod("lane").req(cpu="1").spread("zone", {"a": "b"}).record()
+    plain = make_pod("plain").req(cpu="1").record()
+    for pod in (slow, lane, plain):
+        cache.assume(pod, NODE)
+        binder.submit(pod, NODE, queued_at=0.0, attempts=1)
+    release = asyncio.Event()
+    sent: list[str] = []
+    bind = binder._bind
+
+    async def held(req: Any) -> None:
+        sent.append(req.pod.name)
+        if req.pod.name == "slow":
+            await release.wait()
+        await bind(req)
+
+    binder._bind = held  # type: ignore[method-assign]
+    task = asyncio.create_task(binder.run())
+    try:
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert sent == ["slow", "plain"]  # the lane pod waits for "slow"; the later plain pod does not
+        release.set()
+        await asyncio.wait_for(binder.drain(), 5)
+        assert sent == ["slow", "plain", "lane"]
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await api.close()

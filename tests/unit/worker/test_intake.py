@@ -184,6 +184,22 @@ async def test_dispatch_is_acked_and_queued(worker: Worker) -> None:
     await leader.close()
 
 
+async def test_dispatch_waits_for_the_pod_watch_to_reach_min_rv(worker: Worker) -> None:
+    """The topology lane's rule 2: ACKed at once, queued only once the pod watch has reached ``min_rv``."""
+    watch = worker.sched.watches
+    watch.pods.resource_version = "100"
+    leader = await Leader.connect(worker, term=1)
+    leader.send(protocol.Dispatch(id=5, pod=make_pod("p").req(cpu="1").json(), min_rv=150))
+    assert (await leader.next(protocol.Ack)).id == 5
+    assert "default/p" not in worker.sched.queue  # type: ignore[operator]
+    assert len(worker.intake.gate) == 1
+    watch.pods.resource_version = "150"
+    assert worker.intake.gate.check() == 1  # what the gate's loop does on the pod feed's progress (test_gate)
+    assert "default/p" in worker.sched.queue  # type: ignore[operator]
+    assert worker.results.pending == {"default/p": (5, "")}
+    await leader.close()
+
+
 async def test_dispatch_is_rejected_at_once_while_fenced_or_draining(worker: Worker) -> None:
     worker.placing[0] = False
     leader = await Leader.connect(worker, term=1)

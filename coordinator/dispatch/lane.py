@@ -1,0 +1,269 @@
+"""The topology lane: the leader's rules for dispatching pods whose placement rules span nodes, so that workers
+deciding at once never break one. The argument is in docs/architecture.md ("Inter-pod rules across shards").
+
+Why a lane at all: every worker holds every node and every non-terminal pod of the cluster (its topology
+counts are cluster-wide, ``worker.topology``); only its *candidates* are its own nodes. What a worker can
+lack is a placement another worker decided whose binding its pod watch has not shown yet. A rule of the pod
+being decided that reads other nodes' pods can then be broken, and so can the symmetric rule of an unseen pod
+(a required anti-affinity keeps matching pods out of its domain).
+
+Classes (``lane_rule``):
+- lane pods state a required cross-node rule: a topologySpreadConstraint with ``DoNotSchedule`` (any key,
+  ``kubernetes.io/hostname`` too: the skew compares the nodes of every shard), a required podAntiAffinity
+  term whose topologyKey is not ``kubernetes.io/hostname``, or a required podAffinity term (any key: the pod
+  it needs may sit on another shard's node);
+- plain pods are all others. Their hostname-level anti-affinity is shard-local (a node has one owner, which
+  sees its own assumed pods; a node changes owner only after the new owner's cache caught up with it), and
+  their preferred terms and ``ScheduleAnyway`` constraints are scores (a race changes a score, not a rule).
+
+Rules (``Lane``; the dispatcher asks ``wait`` before it chooses a worker):
+1. A lane pod is *in flight* from its DISPATCH until it is *settled*: the leader's pending-pod watch showed it
+   leave the pending set (bound or deleted) at resourceVersion r, or a worker answered it without placing it
+   (unschedulable, rejected, gone). A RESULT bound does not settle it: the resourceVersion of its binding is
+   known only once the watch shows it. A lane pod goes out only when no lane pod in flight *interacts* with it
+   (``interact``: one's labels match a selector of the other's required rules, either way, or one pod could
+   match a selector of each: spread selectors, affinity and anti-affinity terms of any key), and at most
+   ``MAX_IN_FLIGHT`` are in flight. Pods of one constraint group therefore go one at a time, in the order they
+   are considered; independent groups go side by side (the plan's "one at a time cluster-wide" is the special
+   case where every lane pod interacts).
+2. Every DISPATCH carries ``min_rv`` and the worker decides the pod only once its pod watch has reached it:
+   for a lane pod ``settled_rv``, the highest resourceVersion at which the watch showed any of our pods leave
+   the pending set (every placement of ours the leader knows of); for a plain pod ``lane_rv``, the same over
+   lane pods only (the placements whose anti-affinity a plain pod must respect). A worker sends a lane pod's
+   binding only after the bindings it submitted before (``worker.binder``), so everything the decision counted
+   is below the resourceVersion that settles it: a later interacting lane pod sees all of it.
+3. A plain pod matching a cross-node required anti-affinity term of a lane pod in flight waits until that pod
+   is settled; a lane pod with cross-node required anti-affinity waits until no pod in flight matches one of
+   its terms (in flight: dispatched and not answered, or answered bound and not yet seen by the watch).
+4. A pod whose dispatch was lost (its worker's stream went down, or no RESULT came in time) may still be
+   bound by the worker that had it. For ``LOST_HOLD`` after that, or until the watch shows it bound or
+   deleted, it still counts as in flight for rules 1 and 3 (lane pods interacting with it wait, pods matching
+   its cross-node anti-affinity wait, lane pods whose anti-affinity matches it wait); it may itself go out
+   again at once.
+5. A lane pod a shard cannot place is tried on the other shards as any pod is (``pending``); it leaves the
+   lane meanwhile (no placement was made) and enters it again when it goes out next.
+
+Nothing here talks to workers or the API server: the dispatcher tells the lane what happened
+(``dispatched``, ``answered_bound``, ``answered``, ``lost``, ``seen``) and reads ``wait`` and ``min_rv``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Final, NamedTuple
+
+from common.records import LabelSelector, PodKey, PodRecord, PodTerm, Requirement
+
+HOSTNAME: Final = "kubernetes.io/hostname"
+LOST_HOLD: Final = 30.0  # seconds a pod whose dispatch was lost still counts as in flight (rule 4)
+MAX_IN_FLIGHT: Final = 64  # lane pods in flight at once (each candidate is checked against all of them)
+
+# why a pod waits (the ``reason`` label of the lane-wait metric)
+BUSY: Final = "lane_busy"  # a lane pod in flight interacts with it, or the lane is full
+ANTI_AFFINITY: Final = "anti_affinity"  # rule 3, either direction
+LOST: Final = "lost_dispatch"  # rule 4: a lane pod it interacts with was lost lately
+
+
+class Wait(NamedTuple):
+    """Why a pod waits, and the lane pod in flight it waits for (None: no single one, e.g. a full lane)."""
+
+    reason: str
+    blocker: PodKey | None = None
+
+
+def lane_rule(pod: PodRecord) -> str | None:
+    """The rule that makes ``pod`` a lane pod (for logs and tests), or None for a plain pod."""
+    rules = pod.inter_pod
+    if rules is None:
+        return None
+    for c in rules.spread:
+        if c.hard:
+            return f"topology spread on {c.topology_key} (DoNotSchedule)"
+    for term in rules.anti_affinity:
+        if term.topology_key != HOSTNAME:
+            return f"required pod anti-affinity on {term.topology_key}"
+    if rules.affinity:
+        return f"required pod affinity on {rules.affinity[0].topology_key}"
+    return None
+
+
+def cross_node_anti_affinity(pod: PodRecord) -> tuple[PodTerm, ...]:
+    """The pod's required anti-affinity terms whose domain spans nodes (rule 3)."""
+    rules = pod.inter_pod
+    if rules is None:
+        return ()
+    return tuple(t for t in rules.anti_affinity if t.topology_key != HOSTNAME)
+
+
+def _matches(terms: tuple[PodTerm, ...], pod: PodRecord) -> bool:
+    return any(t.matches(pod.namespace, pod.labels) for t in terms)
+
+
+def _reads(pod: PodRecord, other: PodRecord) -> bool:
+    """Does ``other`` count for one of ``pod``'s required rules (a hard spread constraint's selector in
+    ``pod``'s namespace, a required affinity or anti-affinity term)?"""
+    rules = pod.inter_pod
+    if rules is None:
+        return False
+    if other.namespace == pod.namespace and any(
+        c.hard and c.selector.matches(other.labels) for c in rules.spread
+    ):
+        return True
+    return _matches(rules.affinity, other) or _matches(rules.anti_affinity, other)
+
+
+def _selectors(pod: PodRecord) -> list[tuple[frozenset[str] | None, LabelSelector]]:
+    """The selectors of the pod's required rules, each with the namespaces it looks in (None: all)."""
+    rules = pod.inter_pod
+    if rules is None:
+        return []
+    out: list[tuple[frozenset[str] | None, LabelSelector]] = [
+        (frozenset({pod.namespace}), c.selector) for c in rules.spread if c.hard
+    ]
+    out += [(t.namespaces, t.selector) for t in (*rules.affinity, *rules.anti_affinity)]
+    return out
+
+
+def _contradict(a: Requirement, b: Requirement) -> bool:
+    """Can no label set satisfy both requirements on one key? (False when unsure.)"""
+    ops = {a.operator, b.operator}
+    if a.operator == "In" and b.operator == "In":
+        return not (a.value_set & b.value_set)
+    if ops == {"In", "NotIn"}:
+        inside, outside = (a, b) if a.operator == "In" else (b, a)
+        return inside.value_set <= outside.value_set
+    return ops in ({"In", "DoesNotExist"}, {"Exists", "DoesNotExist"})
+
+
+def _compatible(a: LabelSelector, b: LabelSelector) -> bool:
+    """Could one pod's labels match both selectors? Conservative: True unless two requirements on one key
+    contradict each other."""
+    if a.nothing or b.nothing:
+        return False
+    for ra in a.requirements:
+        for rb in b.requirements:
+            if ra.key == rb.key and _contradict(ra, rb):
+                return False
+    return True
+
+
+def _share(a: PodRecord, b: PodRecord) -> bool:
+    """Could one pod count for a required rule of each (rule 1: both read it, so their views of it must be
+    ordered)?"""
+    for ns_a, sel_a in _selectors(a):
+        for ns_b, sel_b in _selectors(b):
+            if (ns_a is None or ns_b is None or ns_a & ns_b) and _compatible(sel_a, sel_b):
+                return True
+    return False
+
+
+def interact(a: PodRecord, b: PodRecord) -> bool:
+    """Must these two lane pods be decided one after the other (rule 1)? When either's required rules count
+    the other (which covers the symmetric anti-affinity rule: the other's term matching this pod), and when
+    one pod could count for a required rule of each: then both decisions read it, and the later one must see
+    whatever the earlier one saw of it."""
+    return _reads(a, b) or _reads(b, a) or _share(a, b)
+
+
+class Lane:
+    """The lane's state (see the module docstring). Resource versions are compared as integers, as the
+    worker's shard catch-up does: they are etcd revisions in every API server we know."""
+
+    def __init__(self) -> None:
+        self.flying: dict[PodKey, tuple[PodRecord, float]] = {}  # lane pods in flight, dispatched at
+        self.lane_rv = 0
+        self.settled_rv = 0
+        self.unseen: dict[PodKey, PodRecord] = {}  # answered bound, not yet seen leaving the pending set
+        self.lost_dispatches: dict[
+            PodKey, tuple[PodRecord, float]
+        ] = {}  # rule 4: dispatch lost, counted until then
+        self.settled = 0  # lane pods settled through the watch (bound or deleted)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.flying)
+
+    def _lost(self, now: float) -> list[PodRecord]:
+        return [pod for pod, until in self.lost_dispatches.values() if until > now]
+
+    def wait(self, pod: PodRecord, in_flight: Callable[[], Iterable[PodRecord]], now: float) -> Wait | None:
+        """Why ``pod`` may not be dispatched now, or None. ``in_flight`` gives the pods dispatched and not
+        yet answered; it is called only for a lane pod with cross-node anti-affinity."""
+        lost = self._lost(now) if self.lost_dispatches else []
+        if lane_rule(pod) is None:
+            for other in (*(f for f, _ in self.flying.values()), *lost):
+                if other.key != pod.key and _matches(cross_node_anti_affinity(other), pod):
+                    return Wait(ANTI_AFFINITY, other.key)
+            return None
+        for other, _ in self.flying.values():
+            if other.key != pod.key and interact(pod, other):
+                return Wait(BUSY, other.key)
+        for other in lost:
+            if other.key != pod.key and lane_rule(other) is not None and interact(pod, other):
+                return Wait(LOST, other.key)
+        if len(self.flying) >= MAX_IN_FLIGHT and pod.key not in self.flying:
+            return Wait(BUSY)
+        terms = cross_node_anti_affinity(pod)
+        if terms:
+            for other in (*in_flight(), *self.unseen.values(), *lost):
+                if other.key != pod.key and _matches(terms, other):
+                    return Wait(ANTI_AFFINITY)
+        return None
+
+    def min_rv(self, pod: PodRecord) -> int:
+        """The resourceVersion the worker's pod watch must have reached before it decides ``pod`` (rule 2)."""
+        return self.settled_rv if lane_rule(pod) is not None else self.lane_rv
+
+    def dispatched(self, pod: PodRecord, now: float) -> None:
+        if lane_rule(pod) is not None:
+            self.flying[pod.key] = (pod, now)
+
+    def answered_bound(self, pod: PodRecord) -> None:
+        """A RESULT bound: the pod stays in flight until the watch shows it (its binding's version)."""
+        self.unseen[pod.key] = pod
+
+    def answered(self, key: PodKey) -> bool:
+        """A RESULT that placed nothing (unschedulable, rejected, gone). True if ``key`` left the lane. A
+        lost dispatch of the same pod still counts (rule 4): this answer is about another dispatch."""
+        return self.flying.pop(key, None) is not None
+
+    def lost(self, pod: PodRecord, now: float) -> bool:
+        """The pod's dispatch was withdrawn without an answer (rule 4). True if it left the lane."""
+        self.lost_dispatches[pod.key] = (pod, now + LOST_HOLD)
+        return self.flying.pop(pod.key, None) is not None
+
+    def holds(self, key: PodKey) -> bool:
+        """Is ``key`` something pods may be waiting for (a lane pod in flight, or a lost dispatch)?"""
+        return key in self.flying or key in self.lost_dispatches
+
+    def expire(self, now: float) -> bool:
+        """Forget lost dispatches older than ``LOST_HOLD``; True if any was."""
+        expired = [key for key, (_, until) in self.lost_dispatches.items() if until <= now]
+        for key in expired:
+            del self.lost_dispatches[key]
+        return bool(expired)
+
+    def seen(self, key: PodKey, rv: int) -> float | None:
+        """The watch showed ``key`` leave the pending set (bound or deleted) at ``rv``. Returns the time the
+        pod was dispatched at if it was a lane pod in flight (it is settled now), else None."""
+        self.settled_rv = max(self.settled_rv, rv)
+        self.unseen.pop(key, None)
+        lost = self.lost_dispatches.pop(key, None)
+        if lost is not None and lane_rule(lost[0]) is not None:
+            self.lane_rv = max(self.lane_rv, rv)
+        flying = self.flying.pop(key, None)
+        if flying is None:
+            return None
+        self.lane_rv = max(self.lane_rv, rv)
+        self.settled += 1
+        return flying[1]
+
+    def statistics(self) -> dict[str, int | list[str]]:
+        return {
+            "in_flight": sorted(self.flying),
+            "lane_rv": self.lane_rv,
+            "settled_rv": self.settled_rv,
+            "unseen": len(self.unseen),
+            "lost": len(self.lost_dispatches),
+            "settled": self.settled,
+        }
