@@ -354,6 +354,8 @@ class PodRecord:
     inter_pod: InterPod | None = None
     # why a coordinator must refuse the pod (rules only a standalone worker honours), else None
     standalone_only: str | None = None
+    # volumes backed by a claim, as (volume name, generic ephemeral?, claimName): read by worker.volumes
+    claims: tuple[tuple[str, bool, str], ...] = ()
 
     @property
     def terminal(self) -> bool:
@@ -769,6 +771,20 @@ def _spread(raw: Any, where: str, labels: dict[str, Any]) -> SpreadConstraint:
     )
 
 
+def _claims(spec: dict[str, Any]) -> tuple[tuple[str, bool, str], ...]:
+    """The pod's volumes backed by a PersistentVolumeClaim: (volume name, generic ephemeral?, claimName)."""
+    out: list[tuple[str, bool, str]] = []
+    for v in spec.get("volumes") or ():
+        if not isinstance(v, dict):
+            continue
+        pvc = v.get("persistentVolumeClaim")
+        if isinstance(pvc, dict):
+            out.append((str(v.get("name") or ""), False, str(pvc.get("claimName") or "")))
+        elif v.get("ephemeral") is not None:
+            out.append((str(v.get("name") or ""), True, ""))
+    return tuple(out)
+
+
 def pod_from_json(obj: dict[str, Any]) -> PodRecord:
     """Parse a Pod object. Never raises for bad spec content: see ``PodRecord.parse_error``."""
     meta = obj.get("metadata") or {}
@@ -800,6 +816,7 @@ def pod_from_json(obj: dict[str, Any]) -> PodRecord:
         tuple(sorted(fields["requests"].scalar)),
     )
     priority = spec.get("priority")
+    claims = _claims(spec)
     return PodRecord(
         key=PodKey(f"{namespace}/{name}"),
         namespace=namespace,
@@ -824,6 +841,7 @@ def pod_from_json(obj: dict[str, Any]) -> PodRecord:
         signature=signature,
         inter_pod=inter_pod,
         standalone_only=standalone,
+        claims=claims,
     )
 
 

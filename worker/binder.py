@@ -27,6 +27,11 @@ Outcomes:
   the pod is also requeued, as kube-scheduler retries a failed binding.
 ``requeue`` is given the attempts the pod has made, so its backoff in the queue keeps growing across
 failed bindings (kube-scheduler's per-pod backoff) instead of restarting at the first step each time.
+Volumes first (kube's PreBind): a pod whose claims still need binding (``worker.volumes.VolumePlan``) has its
+PV claimRefs and claim ``selected-node`` annotations written under the resourceVersions the decision saw, then
+waits (in a task of its own, counted in flight for its node) until every claim is bound to a PV fitting the
+node, for at most ``volume_bind_timeout``; only then is its binding queued. A conflicting write, an undone
+binding or the timeout forgets the pod, reverts the volume assumption and requeues the pod.
 A success is told to the outcome receiver (``worker.outcomes``) as ``bound``, with the audit times.
 
 Invariant: every path that does not end in a confirmed binding gives the capacity back (forget or expiry).
@@ -52,6 +57,7 @@ from common.records import NodeName, PodRecord
 from worker.cache import Cache
 from worker.outcomes import Outcomes
 from worker.shard import ShardView, WholeCluster
+from worker.volumes import ANN_BOUND_BY_CONTROLLER, ANN_SELECTED_NODE, VolumePlan
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +67,7 @@ DEFAULT_RETRIES = 4
 ATTEMPT_TIMEOUT = 30.0  # one POST (the API client's request timeout); under a coordinator, < TTL/2 anyway
 FENCE_MARGIN = 0.1  # an attempt's deadline ends this long before the fencing deadline (timer latency)
 MIN_ATTEMPT = 0.05  # less time than this before the margin: not worth sending
+VOLUME_BIND_TIMEOUT = 600.0  # kube-scheduler's VolumeBinding bindTimeoutSeconds default
 
 
 @dataclass(slots=True)
@@ -72,6 +79,7 @@ class BindRequest:
     assumed_at: float  # wall clock, for the audit trail
     unanswered: bool = False  # an attempt ended without a reply: the API server may still apply it
     submitted_at: float = 0.0  # on the binder's clock: start of the "bind_sent" stage
+    volumes: VolumePlan | None = None  # claims to bind before the pod (kube's PreBind), None when none
 
 
 class Binder:
@@ -90,6 +98,7 @@ class Binder:
         retry_backoff: float = RETRY_BACKOFF,
         attempt_timeout: float = ATTEMPT_TIMEOUT,
         unanswered_hold: float = MAX_BIND_TIME,
+        volume_bind_timeout: float = VOLUME_BIND_TIMEOUT,
     ) -> None:
         self.client = client
         self.cache = cache
@@ -107,14 +116,132 @@ class Binder:
         self._in_flight: dict[NodeName, int] = {}
         self._idle = asyncio.Condition()
         self._notifying: set[asyncio.Task[None]] = set()
+        self._prebinding: set[asyncio.Task[None]] = set()
+        self.volume_bind_timeout = volume_bind_timeout
         self.bound = 0
         self.fenced = 0  # bindings dropped unsent: node not usable or fencing deadline too close
 
-    def submit(self, pod: PodRecord, node: NodeName, queued_at: float, attempts: int) -> None:
+    def submit(
+        self,
+        pod: PodRecord,
+        node: NodeName,
+        queued_at: float,
+        attempts: int,
+        *,
+        volumes: VolumePlan | None = None,
+    ) -> None:
         self._in_flight[node] = self._in_flight.get(node, 0) + 1
-        self._queue.put_nowait(
-            BindRequest(pod, node, queued_at, attempts, time.time(), submitted_at=self.clock())
+        req = BindRequest(
+            pod, node, queued_at, attempts, time.time(), submitted_at=self.clock(), volumes=volumes
         )
+        if volumes is None:
+            self._queue.put_nowait(req)
+            return
+        # The claims first, in a task of its own: waiting for the PV controller or a provisioner can take long
+        # and must not hold one of the binding tasks.
+        task = asyncio.get_running_loop().create_task(self._prebind(req))
+        self._prebinding.add(task)
+        task.add_done_callback(self._prebinding.discard)
+
+    async def _prebind(self, req: BindRequest) -> None:
+        assert req.volumes is not None
+        try:
+            ok = await self._bind_volumes(req.node, req.volumes)
+        except Exception:
+            log.exception("volume binding failed", extra={"pod": req.pod.key, "node": req.node})
+            ok = False
+        if ok:
+            self._queue.put_nowait(req)
+            return
+        metrics.bind_results.labels("volumes").inc()
+        self.cache.volumes.revert(req.volumes)
+        self.cache.forget(req.pod.key)
+        self._done(req.node)
+        async with self._idle:
+            self._idle.notify_all()
+        self.requeue(req.pod, req.attempts)
+
+    async def _bind_volumes(self, node: NodeName, plan: VolumePlan) -> bool:
+        """kube's BindPodVolumes: write the PV claimRefs and the claims' selected-node annotations, each under
+        the resourceVersion the decision saw (a concurrent writer makes it fail with 409, never bind twice),
+        then wait until the PV controller or a provisioner has bound every claim to a PV that fits the node."""
+        if self._budget(node) < MIN_ATTEMPT:
+            return False
+        try:
+            for claim, pv in plan.static:
+                await self.client.patch(
+                    f"/api/v1/persistentvolumes/{pv.name}",
+                    {
+                        "metadata": {
+                            "resourceVersion": pv.resource_version,
+                            "annotations": {ANN_BOUND_BY_CONTROLLER: "yes"},
+                        },
+                        "spec": {
+                            "claimRef": {
+                                "apiVersion": "v1",
+                                "kind": "PersistentVolumeClaim",
+                                "namespace": claim.namespace,
+                                "name": claim.name,
+                                "uid": claim.uid,
+                                "resourceVersion": claim.resource_version,
+                            }
+                        },
+                    },
+                )
+            for claim in plan.provision:
+                await self.client.patch(
+                    f"/api/v1/namespaces/{claim.namespace}/persistentvolumeclaims/{claim.name}",
+                    {
+                        "metadata": {
+                            "resourceVersion": claim.resource_version,
+                            "annotations": {ANN_SELECTED_NODE: node},
+                        }
+                    },
+                )
+        except (ApiError, TimeoutError) as e:
+            log.info(
+                "volume binding write failed (%s); rescheduling", e or type(e).__name__, extra={"node": node}
+            )
+            return False
+        deadline = self.clock() + self.volume_bind_timeout
+        store = self.cache.volumes
+        while True:
+            verdict = self._volumes_bound(node, plan)
+            if verdict is not None:
+                return verdict
+            left = deadline - self.clock()
+            if left <= 0:
+                log.info("volume binding timed out; rescheduling", extra={"node": node})
+                return False
+            await store.wait_change(min(left, 1.0))
+
+    def _volumes_bound(self, node: NodeName, plan: VolumePlan) -> bool | None:
+        """kube's checkBindings: True when every claim is bound to a PV fitting the node, False when a binding
+        was undone (claimRef removed, selected-node changed, claim gone), None while still under way."""
+        store = self.cache.volumes
+        info = self.cache.nodes.get(node)
+        labels = info.node.labels if info is not None else {}
+        static = {c.key: pv.name for c, pv in plan.static}
+        waiting = False
+        for key in plan.waits:
+            claim = store.claims.get(key)
+            if claim is None or claim.deleting:
+                return False
+            if claim.bound:
+                pv = store.volumes.get(claim.volume_name)
+                if pv is None:
+                    waiting = True  # the PV watch has not shown it yet
+                elif not pv.fits_node(node, labels):
+                    return False
+                continue
+            if key in static:
+                taken = store.volumes.get(static[key])
+                if taken is None or not taken.bound_to(claim):
+                    return False
+            elif claim.selected_node != node:
+                return False
+            waiting = True
+        return None if waiting else True
 
     def in_flight(self, node: NodeName | None = None) -> int:
         if node is None:

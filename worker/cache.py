@@ -21,6 +21,9 @@ Invariants:
 - ``topology`` (``worker.topology``) is told of every pod accounted or unaccounted (bound or assumed, any
   scheduler) and of every node label change, so its per-domain counts for the inter-pod rules are always
   current; a pod that matches some pod's required affinity counts as an event that may help waiting pods.
+- ``claim_users`` counts, per claim, the accounted pods (bound or assumed) naming it in a
+  ``persistentVolumeClaim`` volume; ``volumes`` (``worker.volumes``) holds the storage objects, written by
+  the feeds and by the scheduler's volume assumptions only.
 
 The cache does no I/O and knows nothing of the API; ``worker.feeds`` feeds it from the watches.
 """
@@ -36,6 +39,7 @@ from worker.index import CapacityIndex
 from worker.nodeinfo import NodeInfo
 from worker.shard import ShardChange, ShardView, WholeCluster
 from worker.topology import TopologyCounts
+from worker.volumes import VolumeStore
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +95,10 @@ class Cache:
         self.scalar_nodes: dict[str, set[NodeName]] = {}
         # per-topology-domain counts for pod (anti-)affinity and topology spread
         self.topology = TopologyCounts(self.nodes)
+        # claims, PVs, storage classes, CSINodes (fed by worker.feeds), and how many placed pods use each
+        # claim ("namespace/name", persistentVolumeClaim volumes): VolumeRestrictions' ReadWriteOncePod count
+        self.volumes = VolumeStore()
+        self.claim_users: dict[str, int] = {}
         # Bumped on any change that could make an unschedulable pod schedulable or change a failure reason.
         self.generation = 0
         self.expired = 0
@@ -193,6 +201,10 @@ class Cache:
         """Account ``pod`` on ``node``; True when it may help a pod waiting for pod affinity."""
         info = self._info(node)
         info.add_pod(pod)
+        for _, ephemeral, claim in pod.claims:
+            if not ephemeral:
+                ref = f"{pod.namespace}/{claim}"
+                self.claim_users[ref] = self.claim_users.get(ref, 0) + 1
         helps = self.topology.add(pod, info)
         self.pod_node[pod.key] = node
         session = pod.labels.get(self.session_label) if self.session_label else None
@@ -210,6 +222,14 @@ class Cache:
         pod = info.remove_pod(key)
         if pod is not None:
             self.topology.remove(pod, info)
+            for _, ephemeral, claim in pod.claims:
+                if not ephemeral:
+                    ref = f"{pod.namespace}/{claim}"
+                    left = self.claim_users.get(ref, 0) - 1
+                    if left > 0:
+                        self.claim_users[ref] = left
+                    else:
+                        self.claim_users.pop(ref, None)
         session = pod.labels.get(self.session_label) if pod is not None and self.session_label else None
         if session:
             nodes = self.sessions.get(session, {})

@@ -5,7 +5,9 @@
 - ``PodFeed``: every non-terminal pod into the cache (pods of every scheduler use capacity); with
   ``watch_pending`` (standalone) also every pending pod of our scheduler name into the queue. Freed capacity
   wakes the unschedulable pods; a deleted pod leaves the queue and the reporter.
-- ``Watches``: both reflectors, and the ``worker.shard.PodWatch`` view the shard's catch-up of newly granted
+- ``StorageFeed``: claims, PVs, StorageClasses and CSINodes into the cache's volume store
+  (``worker.volumes``); any change wakes the unschedulable pods (a claim bound, a PV or class created).
+- ``Watches``: the reflectors, and the ``worker.shard.PodWatch`` view the shard's catch-up of newly granted
   nodes waits on (the watch's progress, a consistent LIST per node, and a direct apply when the watch lags).
 
 Invariant: the cache is only written here (from the API server's view) and by the scheduler's own
@@ -95,6 +97,32 @@ class PodFeed:
         self.admit(pod, seen_at)
 
 
+STORAGE_PATHS = {
+    "claims": "/api/v1/persistentvolumeclaims",
+    "volumes": "/api/v1/persistentvolumes",
+    "classes": "/apis/storage.k8s.io/v1/storageclasses",
+    "csinodes": "/apis/storage.k8s.io/v1/csinodes",
+}
+
+
+class StorageFeed:
+    def __init__(self, kind: str, cache: Cache, queue: SchedulingQueue) -> None:
+        self.kind = kind
+        self.cache = cache
+        self.queue = queue
+
+    def replace(self, objects: list[dict[str, Any]]) -> None:
+        self.cache.volumes.replace(self.kind, objects)
+        self.queue.move_all()
+
+    def event(self, kind: str, obj: dict[str, Any]) -> None:
+        if kind == "DELETED":
+            self.cache.volumes.remove(self.kind, obj)
+        else:
+            self.cache.volumes.upsert(self.kind, obj)
+        self.queue.move_all()
+
+
 class Watches:
     """The node and pod reflectors of one worker (the pod one only after the node one has synced)."""
 
@@ -122,9 +150,17 @@ class Watches:
         self.nodes = Reflector(
             client, "/api/v1/nodes", NodeFeed(cache, queue), params=node_params, name="nodes"
         )
+        self.storage = [
+            Reflector(client, path, StorageFeed(kind, cache, queue), name=kind)
+            for kind, path in STORAGE_PATHS.items()
+        ]
 
     def synced(self) -> bool:
-        return self.pods.synced.is_set() and self.nodes.synced.is_set()
+        return (
+            self.pods.synced.is_set()
+            and self.nodes.synced.is_set()
+            and all(r.synced.is_set() for r in self.storage)
+        )
 
     # ----- worker.shard.PodWatch -------------------------------------------------------------------------
 

@@ -1,14 +1,25 @@
 """The in-tree plugins and the default profile for agent pods.
 
 The default profile binpacks (MostAllocated), prefers warm nodes and keeps sessions together, and honours the
-inter-pod rules (InterPodAffinity, PodTopologySpread; scores weighted 2 as kube-scheduler's); weights are
+inter-pod rules (InterPodAffinity, PodTopologySpread; scores weighted 2 as kube-scheduler's) and the volume
+filters (VolumeRestrictions, NodeVolumeLimits, VolumeBinding, VolumeZone, in kube-scheduler's order); weights are
 configurable per plugin name. ``default_registry()`` is the one place that names every concrete plugin.
 """
 
 from __future__ import annotations
 
 from worker.framework import Profile, Registry
-from worker.plugins import affinity, interpod, locality, node_state, ports, resources, spread, taints
+from worker.plugins import (
+    affinity,
+    interpod,
+    locality,
+    node_state,
+    ports,
+    resources,
+    spread,
+    taints,
+    volumes,
+)
 
 
 def default_registry() -> Registry:
@@ -19,6 +30,10 @@ def default_registry() -> Registry:
     r.register("NodeAffinity", affinity.affinity_filter)
     r.register("NodeResourcesFit", resources.fit)
     r.register("NodePorts", ports.node_ports)
+    r.register("VolumeRestrictions", volumes.volume_restrictions)
+    r.register("NodeVolumeLimits", volumes.node_volume_limits)
+    r.register("VolumeBinding", volumes.volume_binding)
+    r.register("VolumeZone", volumes.volume_zone)
     r.register("InterPodAffinity", interpod.inter_pod_affinity_filter)
     r.register("PodTopologySpread", spread.pod_topology_spread_filter)
     r.register("InterPodAffinityScore", interpod.inter_pod_affinity_score)
@@ -42,6 +57,10 @@ def default_profile() -> Profile:
             "NodeAffinity",
             "NodeResourcesFit",
             "NodePorts",
+            "VolumeRestrictions",
+            "NodeVolumeLimits",
+            "VolumeBinding",
+            "VolumeZone",
             "PodTopologySpread",
             "InterPodAffinity",
         ],
