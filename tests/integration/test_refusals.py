@@ -57,8 +57,8 @@ def _pods(
         anti=True,
         namespace_selector={"matchLabels": {"t": "x"}},
     )
-    claim = pod("missing-claim")
-    claim.spec["volumes"] = [{"name": "workspace", "persistentVolumeClaim": {"claimName": "absent"}}]
+    disk = pod("disk")
+    disk.spec["volumes"] = [{"name": "workspace", "gcePersistentDisk": {"pdName": "absent"}}]
     dra = pod("dra")
     dra.spec["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "gpu-0"}]
     refused = {
@@ -66,7 +66,7 @@ def _pods(
             anti.json(),
             "spec.affinity.podAntiAffinity.requiredDuringSchedulingIgnoredDuringExecution[0].namespaceSelector",
         ),
-        "missing-claim": (claim.json(), 'spec.volumes[0].persistentVolumeClaim (volume "workspace")'),
+        "disk": (disk.json(), 'spec.volumes[0].gcePersistentDisk (volume "workspace")'),
         "dra": (dra.json(), "spec.resourceClaims"),
     }
     return pod("ordinary").json(), refused
