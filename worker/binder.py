@@ -116,7 +116,7 @@ class Binder:
         self._in_flight: dict[NodeName, int] = {}
         self._idle = asyncio.Condition()
         self._notifying: set[asyncio.Task[None]] = set()
-        self._prebinding: set[asyncio.Task[None]] = set()
+        self._prebinding: dict[asyncio.Task[None], NodeName] = {}
         self.volume_bind_timeout = volume_bind_timeout
         self.bound = 0
         self.fenced = 0  # bindings dropped unsent: node not usable or fencing deadline too close
@@ -140,13 +140,17 @@ class Binder:
         # The claims first, in a task of its own: waiting for the PV controller or a provisioner can take long
         # and must not hold one of the binding tasks.
         task = asyncio.get_running_loop().create_task(self._prebind(req))
-        self._prebinding.add(task)
-        task.add_done_callback(self._prebinding.discard)
+        self._prebinding[task] = node
+        task.add_done_callback(lambda t: self._prebinding.pop(t, None))
 
     async def _prebind(self, req: BindRequest) -> None:
         assert req.volumes is not None
         try:
             ok = await self._bind_volumes(req.node, req.volumes)
+        except asyncio.CancelledError:
+            # ``drain``: the node is being released or the worker stops; nothing was sent for the pod itself
+            log.info("volume binding abandoned; rescheduling", extra={"pod": req.pod.key, "node": req.node})
+            ok = False
         except Exception:
             log.exception("volume binding failed", extra={"pod": req.pod.key, "node": req.node})
             ok = False
@@ -249,8 +253,13 @@ class Binder:
         return self._in_flight.get(node, 0)
 
     async def drain(self, nodes: Iterable[NodeName] | None = None) -> None:
-        """Wait until no binding to these nodes (all when None) is under way."""
+        """Wait until no binding to these nodes (all when None) is under way; volume waits are abandoned."""
         wanted = set(nodes) if nodes is not None else None
+        # Pods still waiting for their claims to be bound are not bound to these nodes at all: stop waiting
+        # (they are scheduled again) rather than hold a release or a stop for up to volume_bind_timeout.
+        for task, node in list(self._prebinding.items()):
+            if wanted is None or node in wanted:
+                task.cancel()
         async with self._idle:
             await self._idle.wait_for(
                 lambda: not any(n for node, n in self._in_flight.items() if wanted is None or node in wanted)
