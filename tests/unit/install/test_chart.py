@@ -156,6 +156,10 @@ def test_rbac_is_least_privilege_per_role(default: list[dict[str, Any]]) -> None
         ("", "pods/status"): {"patch"},
         ("", "nodes"): read,
         ("", "events"): {"create"},
+        ("", "persistentvolumeclaims"): {"list", "watch", "patch"},
+        ("", "persistentvolumes"): {"list", "watch", "patch"},
+        ("storage.k8s.io", "storageclasses"): {"list", "watch"},
+        ("storage.k8s.io", "csinodes"): {"list", "watch"},
         **REVIEWS,
     }
     reader = one(default, "ClusterRole", "agent-scheduler-metrics-reader")
