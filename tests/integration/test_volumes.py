@@ -74,7 +74,8 @@ def provisioner(cluster: Cluster, tmp_path: Path, run: str) -> Iterator[str]:
 
 @pytest.fixture
 async def storage(kube: KubeClient, run: str, provisioner: str) -> AsyncIterator[dict[str, str]]:
-    """This run's StorageClasses (cluster-scoped), deleted again with the PVs the test made."""
+    """This run's StorageClasses (cluster-scoped) by kind, and the provisioner's (CSI driver's) name under
+    ``driver``; the classes are deleted again with the PVs the test made."""
     classes = {
         "immediate": {"provisioner": "kubernetes.io/no-provisioner", "volumeBindingMode": "Immediate"},
         "local": {"provisioner": "kubernetes.io/no-provisioner", "volumeBindingMode": "WaitForFirstConsumer"},
@@ -92,7 +93,7 @@ async def storage(kube: KubeClient, run: str, provisioner: str) -> AsyncIterator
             },
         )
     try:
-        yield names
+        yield {**names, "driver": provisioner}
     finally:
         for name in names.values():
             with contextlib.suppress(NotFound):
@@ -278,3 +279,50 @@ async def test_volume_binding_outcomes_on_the_real_cluster(
     )
     assert next(p for p in pods if p["metadata"]["name"] == "missing")["spec"]["nodeName"] == pinned
     assert len(await list_pods(kube, namespace)) == 7
+
+
+async def test_csi_attach_limit_from_csinode(
+    kube: KubeClient,
+    namespace: str,
+    run: str,
+    storage: dict[str, str],
+    worker: SchedulerProcess,
+) -> None:
+    """A node whose CSINode allows one volume of the provisioner's driver: the first pod pinned there gets it,
+    the second stays pending with ``node(s) exceed max volume count``."""
+    scheduler = f"agent-vol-{run}"
+    node = (await _plain_nodes(kube))[2]["metadata"]["name"]
+    csinode = {
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "CSINode",
+        "metadata": {"name": node},
+        "spec": {"drivers": [{"name": storage["driver"], "nodeID": node, "allocatable": {"count": 1}}]},
+    }
+    claims_path = f"/api/v1/namespaces/{namespace}/persistentvolumeclaims"
+    await kube.post("/apis/storage.k8s.io/v1/csinodes", csinode)
+    try:
+        for name in ("one", "two"):
+            await kube.post(claims_path, claim(name, storage["dynamic"]))
+        pods = []
+        for name in ("one", "two"):
+            pod = pod_with(f"pod-{name}", namespace, scheduler, name)
+            pod["spec"]["nodeSelector"] = {HOST: node}
+            pods.append(pod)
+        await create_pods(kube, namespace, pods[:1])
+        await wait_for(
+            kube, namespace, lambda ps: bool(ps and ps[0]["spec"].get("nodeName")), timeout=60, what="one"
+        )
+        await create_pods(kube, namespace, pods[1:])
+        listed = await wait_for(
+            kube,
+            namespace,
+            lambda ps: any(p["metadata"]["name"] == "pod-two" and _pending_message(p) for p in ps),
+            timeout=60,
+            what="the second pod pending",
+        )
+        two = next(p for p in listed if p["metadata"]["name"] == "pod-two")
+        assert "node(s) exceed max volume count" in (_pending_message(two) or ""), two["status"]
+        assert not two["spec"].get("nodeName")
+    finally:
+        with contextlib.suppress(NotFound):
+            await kube.delete(f"/apis/storage.k8s.io/v1/csinodes/{node}")
