@@ -12,6 +12,9 @@ One test, several pods, each checking one of kube-scheduler's VolumeBinding/Volu
   the worker annotates both with the selected node, the provisioner makes PVs in that node's zone, the PV
   controller binds them, and the pod is bound only then (both claims bound when the pod is);
 - a ReadWriteOncePod claim already used by a bound pod: a second pod using it stays pending with kube's reason.
+
+Then a CSINode attach limit (NodeVolumeLimits), and the same claims under a coordinator with two workers:
+volume filters are node-local, and the claim writes carry resourceVersions, so a shard decides them alone.
 """
 
 from __future__ import annotations
@@ -30,9 +33,14 @@ from common.kube import KubeClient, NotFound
 from scale.cluster import Cluster
 from scale.cluster.processes import spawn, stop, tail
 from tests.builders import make_pod
+from tests.integration import test_coordinator as coordinated
 from tests.integration.support import ROOT, SchedulerProcess, create_pods, list_pods, start_worker, wait_for
 
 pytestmark = pytest.mark.integration
+
+# the coordinator test's fixtures: a lease etcd for the module, a coordinator/worker deployment per test
+lease_etcd = coordinated.lease_etcd
+deployment = coordinated.deployment
 
 ZONE = "topology.kubernetes.io/zone"
 HOST = "kubernetes.io/hostname"
@@ -326,3 +334,47 @@ async def test_csi_attach_limit_from_csinode(
     finally:
         with contextlib.suppress(NotFound):
             await kube.delete(f"/apis/storage.k8s.io/v1/csinodes/{node}")
+
+
+async def test_claims_under_a_coordinator(
+    kube: KubeClient, namespace: str, run: str, storage: dict[str, str], deployment: coordinated.Deployment
+) -> None:
+    """Coordinator + two workers: a missing claim is reported pending with kube's reason (every shard says no),
+    a WaitForFirstConsumer local PV pins its pod to the PV's node (whichever shard owns it), and provisioned
+    claims are bound before their pods."""
+    d = deployment
+    d.coordinator("coord-a")
+    d.worker("w1")
+    d.worker("w2")
+    await coordinated.started(d, 2)
+    node = (await _plain_nodes(kube))[3]["metadata"]["name"]
+    claims_path = f"/api/v1/namespaces/{namespace}/persistentvolumeclaims"
+    await kube.post("/api/v1/persistentvolumes", local_pv(f"co-static-{run}", storage["local"], node))
+    await kube.post(claims_path, claim("static", storage["local"]))
+    dynamic = [f"dyn-{i}" for i in range(6)]
+    for name in dynamic:
+        await kube.post(claims_path, claim(name, storage["dynamic"]))
+    pods = [
+        pod_with("missing", namespace, d.scheduler_name, "absent"),
+        pod_with("static", namespace, d.scheduler_name, "static"),
+        *(pod_with(f"pod-{c}", namespace, d.scheduler_name, c) for c in dynamic),
+    ]
+    await create_pods(kube, namespace, pods)
+    placed = ["static", *(f"pod-{c}" for c in dynamic)]
+
+    def settled(ps: list[dict[str, Any]]) -> bool:
+        by = {p["metadata"]["name"]: p for p in ps}
+        return all(by.get(n, {}).get("spec", {}).get("nodeName") for n in placed) and bool(
+            "missing" in by and _pending_message(by["missing"])
+        )
+
+    listed = await wait_for(kube, namespace, settled, timeout=120, what="claims placed under a coordinator")
+    by = {p["metadata"]["name"]: p for p in listed}
+    assert by["static"]["spec"]["nodeName"] == node
+    assert 'persistentvolumeclaim "absent" not found' in (_pending_message(by["missing"]) or "")
+    for c in dynamic:
+        obj = await _claim_phase(kube, namespace, c)
+        assert obj["status"].get("phase") == "Bound"
+        assert obj["metadata"]["annotations"][SELECTED_NODE] == by[f"pod-{c}"]["spec"]["nodeName"]
+    workers = {t["worker"] for t in d.trails() if t["pod"].startswith(namespace + "/")}
+    assert workers <= {"w1", "w2"} and workers
