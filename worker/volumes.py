@@ -456,7 +456,8 @@ class VolumeStore:
                 break
         static: list[tuple[Claim, Volume]] = []
         provision: list[Claim] = []
-        if bound_ok and found and claims.delayed:
+        # as kube's binder: the unbound claims are looked at even when a bound one failed (both reasons count)
+        if claims.delayed:
             to_match: list[Claim] = []
             for claim in claims.delayed:
                 selected = claim.selected_node

@@ -359,3 +359,14 @@ def test_read_write_once_pod_claim_in_use_keeps_others_off_every_node() -> None:
     )
     engine.cache.forget(first.key)
     assert engine.schedule(with_claims("solo", name="second")).node is not None
+
+
+def test_bound_and_unbound_failures_are_both_reasons() -> None:
+    engine = zones("a", "b")
+    store = engine.cache.volumes
+    store.upsert("claims", claim("bound", volume="pv-b"))
+    store.upsert("volumes", pv("pv-b", bound_to="bound", affinity_zone="b"))
+    store.upsert("claims", claim("unbound", cls="local"))
+    assert verdicts(engine, with_claims("bound", "unbound"))["n0"] == (
+        "node(s) had volume node affinity conflict; node(s) didn't find available persistent volumes to bind"
+    )
