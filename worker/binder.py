@@ -30,7 +30,9 @@ failed bindings (kube-scheduler's per-pod backoff) instead of restarting at the 
 Volumes first (kube's PreBind): a pod whose claims still need binding (``worker.volumes.VolumePlan``) has its
 PV claimRefs and claim ``selected-node`` annotations written under the resourceVersions the decision saw, then
 waits (in a task of its own, counted in flight for its node) until every claim is bound to a PV fitting the
-node, for at most ``volume_bind_timeout``; only then is its binding queued. A conflicting write, an undone
+node, for at most ``volume_bind_timeout``; only then is its binding queued. A pod using a ReadWriteOncePod claim
+first takes it (an annotation naming the pod, written under the claim's resourceVersion, refused while another
+pod named there still exists), so users of one such claim decided at once by two workers are never both bound. A conflicting write, an undone
 binding or the timeout forgets the pod, reverts the volume assumption and requeues the pod.
 A success is told to the outcome receiver (``worker.outcomes``) as ``bound``, with the audit times.
 
@@ -57,7 +59,7 @@ from common.records import NodeName, PodRecord
 from worker.cache import Cache
 from worker.outcomes import Outcomes
 from worker.shard import ShardView, WholeCluster
-from worker.volumes import ANN_BOUND_BY_CONTROLLER, ANN_SELECTED_NODE, VolumePlan
+from worker.volumes import ANN_BOUND_BY_CONTROLLER, ANN_RWOP_HOLDER, ANN_SELECTED_NODE, VolumePlan
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +148,7 @@ class Binder:
     async def _prebind(self, req: BindRequest) -> None:
         assert req.volumes is not None
         try:
-            ok = await self._bind_volumes(req.node, req.volumes)
+            ok = await self._bind_volumes(req.pod, req.node, req.volumes)
         except asyncio.CancelledError:
             # ``drain``: the node is being released or the worker stops; nothing was sent for the pod itself
             log.info("volume binding abandoned; rescheduling", extra={"pod": req.pod.key, "node": req.node})
@@ -165,13 +167,50 @@ class Binder:
             self._idle.notify_all()
         self.requeue(req.pod, req.attempts)
 
-    async def _bind_volumes(self, node: NodeName, plan: VolumePlan) -> bool:
+    async def _take_exclusive(self, pod: PodRecord, plan: VolumePlan, versions: dict[str, str]) -> bool:
+        """Give each ReadWriteOncePod claim to ``pod`` (``ANN_RWOP_HOLDER``) under the resourceVersion the
+        decision saw, unless its last holder is another pod that still exists: of two workers placing users of
+        one claim at once, one write fails (409) and that pod is rescheduled, then sees the other's."""
+        me = f"{pod.namespace}/{pod.name}/{pod.uid}"
+        for claim in plan.exclusive:
+            holder = claim.annotations.get(ANN_RWOP_HOLDER, "")
+            if holder and holder != me:
+                namespace, _, rest = holder.partition("/")
+                name, _, uid = rest.partition("/")
+                try:
+                    other = await self.client.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
+                except NotFound:
+                    other = None
+                if other is not None:
+                    meta, phase = other.get("metadata") or {}, (other.get("status") or {}).get("phase")
+                    alive = phase not in ("Succeeded", "Failed") and not meta.get("deletionTimestamp")
+                    if alive and meta.get("uid") == uid:
+                        log.info("ReadWriteOncePod claim %s held by %s; rescheduling", claim.key, holder)
+                        return False
+            reply = await self.client.patch(
+                f"/api/v1/namespaces/{claim.namespace}/persistentvolumeclaims/{claim.name}",
+                {
+                    "metadata": {
+                        "resourceVersion": claim.resource_version,
+                        "annotations": {ANN_RWOP_HOLDER: me},
+                    }
+                },
+            )
+            if isinstance(reply, dict):
+                versions[claim.key] = str((reply.get("metadata") or {}).get("resourceVersion") or "")
+        return True
+
+    async def _bind_volumes(self, pod: PodRecord, node: NodeName, plan: VolumePlan) -> bool:
         """kube's BindPodVolumes: write the PV claimRefs and the claims' selected-node annotations, each under
         the resourceVersion the decision saw (a concurrent writer makes it fail with 409, never bind twice),
-        then wait until the PV controller or a provisioner has bound every claim to a PV that fits the node."""
+        then wait until the PV controller or a provisioner has bound every claim to a PV that fits the node.
+        ReadWriteOncePod claims are taken for the pod first (``_take_exclusive``)."""
         if self._budget(node) < MIN_ATTEMPT:
             return False
+        versions: dict[str, str] = {}  # claims written here already: their new resourceVersion
         try:
+            if not await self._take_exclusive(pod, plan, versions):
+                return False
             for claim, pv in plan.static:
                 await self.client.patch(
                     f"/api/v1/persistentvolumes/{pv.name}",
@@ -197,7 +236,7 @@ class Binder:
                     f"/api/v1/namespaces/{claim.namespace}/persistentvolumeclaims/{claim.name}",
                     {
                         "metadata": {
-                            "resourceVersion": claim.resource_version,
+                            "resourceVersion": versions.get(claim.key) or claim.resource_version,
                             "annotations": {ANN_SELECTED_NODE: node},
                         }
                     },

@@ -155,7 +155,7 @@ class Scheduler:
         self._index[decision.index_hit].inc()
         if decision.node is not None:
             plan = self.engine.volume_plan(pod, decision.node) if pod.claims else None
-            if plan is not None and plan.all_bound:
+            if plan is not None and plan.nothing_to_do:
                 plan = None
             self.cache.assume(pod, decision.node)
             if plan is not None:

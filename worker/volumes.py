@@ -41,6 +41,8 @@ BETA_CLASS_ANNOTATION = "volume.beta.kubernetes.io/storage-class"
 NO_PROVISIONER = "kubernetes.io/no-provisioner"
 WAIT_FOR_FIRST_CONSUMER = "WaitForFirstConsumer"
 READ_WRITE_ONCE_POD = "ReadWriteOncePod"
+# ours, on a ReadWriteOncePod claim: "namespace/name/uid" of the pod last given it (see ``VolumePlan.exclusive``)
+ANN_RWOP_HOLDER = "agent-scheduler.io/read-write-once-pod"
 
 # kube-scheduler's VolumeBinding reasons (binder.go)
 REASON_BIND_CONFLICT = "node(s) didn't find available persistent volumes to bind"
@@ -282,10 +284,17 @@ class VolumePlan:
     static: tuple[tuple[Claim, Volume], ...] = ()  # claim -> the available PV it gets
     provision: tuple[Claim, ...] = ()  # claims to annotate with the selected node
     waits: tuple[str, ...] = ()  # keys of the delayed claims that must be bound before the pod is
+    # ReadWriteOncePod claims: taken for the pod (``ANN_RWOP_HOLDER``) under their resourceVersion before it
+    # is bound, so two workers cannot both place a user of one (each sees only its own in-flight decisions)
+    exclusive: tuple[Claim, ...] = ()
 
     @property
     def all_bound(self) -> bool:
         return not self.waits
+
+    @property
+    def nothing_to_do(self) -> bool:
+        return not self.waits and not self.exclusive
 
 
 def claim_name(pod_name: str, volume: str, ephemeral: bool, claim: str) -> str:
@@ -496,5 +505,6 @@ class VolumeStore:
             tuple(static),
             tuple(c for c in provision if c.selected_node is None),
             tuple(c.key for c in claims.delayed),
+            tuple(c for c in (*claims.bound, *claims.delayed) if READ_WRITE_ONCE_POD in c.access_modes),
         )
         return plan, ()

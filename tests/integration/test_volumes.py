@@ -262,6 +262,10 @@ async def test_volume_binding_outcomes_on_the_real_cluster(
         terms = pv["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"]
         assert terms[0]["matchExpressions"][0]["values"] == [zone]
 
+    solo = await _claim_phase(kube, namespace, "solo")
+    assert solo["metadata"]["annotations"]["agent-scheduler.io/read-write-once-pod"] == (
+        f"{namespace}/solo-1/{by['solo-1']['metadata']['uid']}"
+    )
     # a second user of the ReadWriteOncePod claim stays pending with kube's reason
     await create_pods(kube, namespace, [pod_with("solo-2", namespace, scheduler, "solo")])
     pods = await wait_for(

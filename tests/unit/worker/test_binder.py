@@ -447,3 +447,79 @@ async def test_provisioning_undone_reschedules() -> None:
     cleared["metadata"]["resourceVersion"] = "8"
     _, api, rec, _ = await provision_once([200], then=[annotated, cleared])
     assert rec.requeued == ["default/p"] and not rec.bound and not api.posts
+
+
+class HolderApi(VolumeApi):
+    """Also answers GETs of pods: ``alive`` holds the pods that exist."""
+
+    def __init__(self, patch_replies: list[Reply], alive: dict[str, str]) -> None:
+        super().__init__([201], patch_replies)
+        self.alive = alive
+
+    async def get(self, path: str, params: dict[str, str] | None = None) -> Any:
+        name = path.rsplit("/", 1)[-1]
+        if name not in self.alive:
+            raise _error_for(404, orjson.dumps({"reason": "NotFound", "message": "gone"}))
+        return {"metadata": {"name": name, "uid": self.alive[name]}, "status": {"phase": "Running"}}
+
+
+async def exclusive_once(
+    patch_replies: list[Reply], *, holder: str = "", alive: dict[str, str] | None = None
+) -> tuple[HolderApi, Recorded]:
+    cache = Cache()
+    cache.upsert_node(make_node(NODE).record())
+    store = cache.volumes
+    annotations = {"pv.kubernetes.io/bind-completed": "yes"}
+    if holder:
+        annotations["agent-scheduler.io/read-write-once-pod"] = holder
+    solo = _claim(annotations, volume="pv-1")
+    solo["spec"]["accessModes"] = ["ReadWriteOncePod"]
+    store.upsert("claims", solo)
+    store.upsert("volumes", PV)
+    b = make_pod("p").req(cpu="1")
+    b.spec["volumes"] = [{"name": "v", "persistentVolumeClaim": {"claimName": "data"}}]
+    pod = b.record()
+    plan, _ = store.find_pod_volumes(store.pod_claims("default", "p", "", pod.claims), NODE, {})
+    assert plan is not None and plan.all_bound and [c.name for c in plan.exclusive] == ["data"]
+    cache.assume(pod, NODE)
+    api = HolderApi(patch_replies, alive or {})
+    rec = Recorded()
+    binder = Binder(api, cache, Outcomes(rec), requeue=rec.requeue, concurrency=1)
+    task = asyncio.create_task(binder.run())
+    try:
+        binder.submit(pod, NODE, queued_at=0.0, attempts=1, volumes=plan)
+        for _ in range(500):
+            if rec.bound or rec.requeued:
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await api.close()
+    return api, rec
+
+
+async def test_read_write_once_pod_claim_is_taken_under_its_resource_version_before_binding() -> None:
+    api, rec = await exclusive_once([200], holder="default/old/u-old")  # the old holder is gone
+    assert api.patches == [
+        (
+            "/api/v1/namespaces/default/persistentvolumeclaims/data",
+            {
+                "metadata": {
+                    "resourceVersion": "7",
+                    "annotations": {"agent-scheduler.io/read-write-once-pod": "default/p/"},
+                }
+            },
+        )
+    ]
+    assert rec.bound == [("default/p", NODE)]
+
+
+async def test_read_write_once_pod_claim_taken_by_another_worker_reschedules() -> None:
+    api, rec = await exclusive_once([409])
+    assert rec.requeued == ["default/p"] and not rec.bound and not api.posts
+
+
+async def test_read_write_once_pod_claim_held_by_a_live_pod_reschedules_without_writing() -> None:
+    api, rec = await exclusive_once([], holder="default/other/u2", alive={"other": "u2"})
+    assert rec.requeued == ["default/p"] and not api.patches and not api.posts
