@@ -386,6 +386,8 @@ class PodRecord:
     images: tuple[str, ...] = ()
     # the controller owner reference (apiVersion, kind, name), for kube's default spread selector
     controller: tuple[str, str, str] | None = None
+    # volumes backed by a claim, as (volume name, generic ephemeral?, claimName): read by worker.volumes
+    claims: tuple[tuple[str, bool, str], ...] = ()
 
     @property
     def terminal(self) -> bool:
@@ -886,6 +888,20 @@ def _spread(raw: Any, where: str, labels: dict[str, Any]) -> SpreadConstraint:
     )
 
 
+def _claims(spec: dict[str, Any]) -> tuple[tuple[str, bool, str], ...]:
+    """The pod's volumes backed by a PersistentVolumeClaim: (volume name, generic ephemeral?, claimName)."""
+    out: list[tuple[str, bool, str]] = []
+    for v in spec.get("volumes") or ():
+        if not isinstance(v, dict):
+            continue
+        pvc = v.get("persistentVolumeClaim")
+        if isinstance(pvc, dict):
+            out.append((str(v.get("name") or ""), False, str(pvc.get("claimName") or "")))
+        elif v.get("ephemeral") is not None:
+            out.append((str(v.get("name") or ""), True, ""))
+    return tuple(out)
+
+
 def pod_from_json(obj: dict[str, Any]) -> PodRecord:
     """Parse a Pod object. Never raises for bad spec content: see ``PodRecord.parse_error``."""
     meta = obj.get("metadata") or {}
@@ -917,6 +933,7 @@ def pod_from_json(obj: dict[str, Any]) -> PodRecord:
         tuple(sorted(fields["requests"].scalar)),
     )
     priority = spec.get("priority")
+    claims = _claims(spec)
     return PodRecord(
         key=PodKey(f"{namespace}/{name}"),
         namespace=namespace,
@@ -952,6 +969,7 @@ def pod_from_json(obj: dict[str, Any]) -> PodRecord:
         ),
         images=images,
         controller=_controller(meta),
+        claims=claims,
     )
 
 

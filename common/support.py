@@ -219,14 +219,15 @@ VOLUME_SOURCES: Final[dict[str, Field]] = {
         _f("spec.volumes[].photonPersistentDisk", IRRELEVANT, "no scheduler plugin reads it"),
         _f(
             "spec.volumes[].persistentVolumeClaim",
-            REFUSED,
-            "VolumeBinding (claim bound or provisioned, PV node affinity), VolumeZone, NodeVolumeLimits, "
-            "VolumeRestrictions (ReadWriteOncePod)",
+            SUPPORTED,
+            "VolumeBinding (claim missing, unbound Immediate, bound PV's node affinity, WaitForFirstConsumer "
+            "static binding and provisioning), VolumeZone, NodeVolumeLimits (CSINode counts), "
+            "VolumeRestrictions (ReadWriteOncePod): worker.plugins.volumes",
         ),
         _f(
             "spec.volumes[].ephemeral",
-            REFUSED,
-            "a generic ephemeral volume is a PVC: as persistentVolumeClaim",
+            SUPPORTED,
+            "a generic ephemeral volume is a PVC (<pod>-<volume>, owned by the pod): as persistentVolumeClaim",
         ),
         _f(
             "spec.volumes[].gcePersistentDisk",

@@ -5,8 +5,10 @@ kept-alive connections, in the order they were submitted. The binding of a pod w
 (``ordered``) is sent only after every binding submitted before it on this worker has finished: its decision
 counted those pods (this worker's own assumptions), so under a coordinator the resourceVersion of its binding
 must be above theirs: a later pod dispatched with ``min_rv`` at or above it then sees every pod it saw (the
-topology lane, docs/architecture.md). Bindings are taken from the queue in order, so the ones it waits for
-already hold a slot and the wait cannot deadlock. An unanswered earlier attempt counts as finished (it may
+topology lane, docs/architecture.md). Bindings are taken from the queue in order, and a pod with claims to bind
+first never enters it (below), so the ones it waits for already hold a slot or a task of their own and the
+wait cannot deadlock; it may last as long as an earlier pod's claims take (``volume_bind_timeout`` at most).
+An unanswered earlier attempt counts as finished (it may
 still be applied later; see ``unanswered_hold``), as does one that failed and handed its pod back.
 
 Fencing (the binder's half of "no binding outside the fencing window"): immediately before each attempt
@@ -33,6 +35,14 @@ Outcomes:
   the pod is also requeued, as kube-scheduler retries a failed binding.
 ``requeue`` is given the attempts the pod has made, so its backoff in the queue keeps growing across
 failed bindings (kube-scheduler's per-pod backoff) instead of restarting at the first step each time.
+Volumes first (kube's PreBind): a pod whose claims still need binding (``worker.volumes.VolumePlan``) has its
+PV claimRefs and claim ``selected-node`` annotations written under the resourceVersions the decision saw, then
+waits (in a task of its own, counted in flight for its node) until every claim is bound to a PV fitting the
+node, for at most ``volume_bind_timeout``; only then does that task send the pod's binding itself. A pod using
+a ReadWriteOncePod claim first takes it (an annotation naming the pod, written under the claim's
+resourceVersion, refused while another pod named there still exists), so users of one such claim decided at
+once by two workers are never both bound. A conflicting write, an undone binding or the timeout forgets the
+pod, reverts the volume assumption and requeues the pod.
 A success is told to the outcome receiver (``worker.outcomes``) as ``bound``, with the audit times.
 
 Invariant: every path that does not end in a confirmed binding gives the capacity back (forget or expiry).
@@ -60,6 +70,7 @@ from common.records import NodeName, PodRecord
 from worker.cache import Cache
 from worker.outcomes import Outcomes
 from worker.shard import ShardView, WholeCluster
+from worker.volumes import ANN_BOUND_BY_CONTROLLER, ANN_RWOP_HOLDER, ANN_SELECTED_NODE, VolumePlan
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +80,7 @@ DEFAULT_RETRIES = 4
 ATTEMPT_TIMEOUT = 30.0  # one POST (the API client's request timeout); under a coordinator, < TTL/2 anyway
 FENCE_MARGIN = 0.1  # an attempt's deadline ends this long before the fencing deadline (timer latency)
 MIN_ATTEMPT = 0.05  # less time than this before the margin: not worth sending
+VOLUME_BIND_TIMEOUT = 600.0  # kube-scheduler's VolumeBinding bindTimeoutSeconds default
 
 
 def ordered(pod: PodRecord) -> bool:
@@ -89,6 +101,7 @@ class BindRequest:
     assumed_at: float  # wall clock, for the audit trail
     unanswered: bool = False  # an attempt ended without a reply: the API server may still apply it
     submitted_at: float = 0.0  # on the binder's clock: start of the "bind_sent" stage
+    volumes: VolumePlan | None = None  # claims to bind before the pod (kube's PreBind), None when none
 
 
 class Binder:
@@ -107,6 +120,7 @@ class Binder:
         retry_backoff: float = RETRY_BACKOFF,
         attempt_timeout: float = ATTEMPT_TIMEOUT,
         unanswered_hold: float = MAX_BIND_TIME,
+        volume_bind_timeout: float = VOLUME_BIND_TIMEOUT,
     ) -> None:
         self.client = client
         self.cache = cache
@@ -128,16 +142,184 @@ class Binder:
         self._in_flight: dict[NodeName, int] = {}
         self._idle = asyncio.Condition()
         self._notifying: set[asyncio.Task[None]] = set()
+        self._prebinding: dict[asyncio.Task[None], NodeName] = {}
+        self.volume_bind_timeout = volume_bind_timeout
         self.bound = 0
         self.fenced = 0  # bindings dropped unsent: node not usable or fencing deadline too close
 
-    def submit(self, pod: PodRecord, node: NodeName, queued_at: float, attempts: int) -> None:
+    def submit(
+        self,
+        pod: PodRecord,
+        node: NodeName,
+        queued_at: float,
+        attempts: int,
+        *,
+        volumes: VolumePlan | None = None,
+    ) -> None:
         self._in_flight[node] = self._in_flight.get(node, 0) + 1
-        req = BindRequest(pod, node, queued_at, attempts, time.time(), submitted_at=self.clock())
+        req = BindRequest(
+            pod, node, queued_at, attempts, time.time(), submitted_at=self.clock(), volumes=volumes
+        )
+        # The sequence number is taken at decision time, claims or not: a later pod's decision may have counted
+        # this one (the topology lane's binding order, see the module docstring).
         seq = next(self._seq)
         self._unfinished.add(seq)
         heapq.heappush(self._earliest, seq)
-        self._queue.put_nowait((seq, req))
+        if volumes is None:
+            self._queue.put_nowait((seq, req))
+            return
+        # The claims first, in a task of its own: waiting for the PV controller or a provisioner can take long
+        # and must not hold one of the binding tasks. The task then sends the pod's binding itself, so the
+        # queue only ever holds pods in sequence order and an ordered binding that waits in a binding task
+        # never waits for one that needs a task (no deadlock).
+        task = asyncio.get_running_loop().create_task(self._prebind(seq, req))
+        self._prebinding[task] = node
+        task.add_done_callback(lambda t: self._prebinding.pop(t, None))
+
+    async def _prebind(self, seq: int, req: BindRequest) -> None:
+        assert req.volumes is not None
+        try:
+            try:
+                ok = await self._bind_volumes(req.pod, req.node, req.volumes)
+            except asyncio.CancelledError:
+                # ``drain``: the node is being released or the worker stops; nothing was sent for the pod itself
+                log.info(
+                    "volume binding abandoned; rescheduling", extra={"pod": req.pod.key, "node": req.node}
+                )
+                ok = False
+            except Exception:
+                log.exception("volume binding failed", extra={"pod": req.pod.key, "node": req.node})
+                ok = False
+            if ok:
+                if ordered(req.pod):
+                    await self._earlier_finished(seq)
+                await self._bind(req)
+                return
+            metrics.bind_results.labels("volumes").inc()
+            self.cache.volumes.revert(req.volumes)
+            self.cache.forget(req.pod.key)
+            self.requeue(req.pod, req.attempts)
+        finally:
+            await self._finish(seq, req)
+
+    async def _take_exclusive(self, pod: PodRecord, plan: VolumePlan, versions: dict[str, str]) -> bool:
+        """Give each ReadWriteOncePod claim to ``pod`` (``ANN_RWOP_HOLDER``) under the resourceVersion the
+        decision saw, unless its last holder is another pod that still exists: of two workers placing users of
+        one claim at once, one write fails (409) and that pod is rescheduled, then sees the other's."""
+        me = f"{pod.namespace}/{pod.name}/{pod.uid}"
+        for claim in plan.exclusive:
+            holder = claim.annotations.get(ANN_RWOP_HOLDER, "")
+            if holder and holder != me:
+                namespace, _, rest = holder.partition("/")
+                name, _, uid = rest.partition("/")
+                try:
+                    other = await self.client.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
+                except NotFound:
+                    other = None
+                if other is not None:
+                    meta, phase = other.get("metadata") or {}, (other.get("status") or {}).get("phase")
+                    alive = phase not in ("Succeeded", "Failed") and not meta.get("deletionTimestamp")
+                    if alive and meta.get("uid") == uid:
+                        log.info("ReadWriteOncePod claim %s held by %s; rescheduling", claim.key, holder)
+                        return False
+            reply = await self.client.patch(
+                f"/api/v1/namespaces/{claim.namespace}/persistentvolumeclaims/{claim.name}",
+                {
+                    "metadata": {
+                        "resourceVersion": claim.resource_version,
+                        "annotations": {ANN_RWOP_HOLDER: me},
+                    }
+                },
+            )
+            if isinstance(reply, dict):
+                versions[claim.key] = str((reply.get("metadata") or {}).get("resourceVersion") or "")
+        return True
+
+    async def _bind_volumes(self, pod: PodRecord, node: NodeName, plan: VolumePlan) -> bool:
+        """kube's BindPodVolumes: write the PV claimRefs and the claims' selected-node annotations, each under
+        the resourceVersion the decision saw (a concurrent writer makes it fail with 409, never bind twice),
+        then wait until the PV controller or a provisioner has bound every claim to a PV that fits the node.
+        ReadWriteOncePod claims are taken for the pod first (``_take_exclusive``)."""
+        if self._budget(node) < MIN_ATTEMPT:
+            return False
+        versions: dict[str, str] = {}  # claims written here already: their new resourceVersion
+        try:
+            if not await self._take_exclusive(pod, plan, versions):
+                return False
+            for claim, pv in plan.static:
+                await self.client.patch(
+                    f"/api/v1/persistentvolumes/{pv.name}",
+                    {
+                        "metadata": {
+                            "resourceVersion": pv.resource_version,
+                            "annotations": {ANN_BOUND_BY_CONTROLLER: "yes"},
+                        },
+                        "spec": {
+                            "claimRef": {
+                                "apiVersion": "v1",
+                                "kind": "PersistentVolumeClaim",
+                                "namespace": claim.namespace,
+                                "name": claim.name,
+                                "uid": claim.uid,
+                                "resourceVersion": claim.resource_version,
+                            }
+                        },
+                    },
+                )
+            for claim in plan.provision:
+                await self.client.patch(
+                    f"/api/v1/namespaces/{claim.namespace}/persistentvolumeclaims/{claim.name}",
+                    {
+                        "metadata": {
+                            "resourceVersion": versions.get(claim.key) or claim.resource_version,
+                            "annotations": {ANN_SELECTED_NODE: node},
+                        }
+                    },
+                )
+        except (ApiError, TimeoutError) as e:
+            log.info(
+                "volume binding write failed (%s); rescheduling", e or type(e).__name__, extra={"node": node}
+            )
+            return False
+        deadline = self.clock() + self.volume_bind_timeout
+        store = self.cache.volumes
+        while True:
+            verdict = self._volumes_bound(node, plan)
+            if verdict is not None:
+                return verdict
+            left = deadline - self.clock()
+            if left <= 0:
+                log.info("volume binding timed out; rescheduling", extra={"node": node})
+                return False
+            await store.wait_change(min(left, 1.0))
+
+    def _volumes_bound(self, node: NodeName, plan: VolumePlan) -> bool | None:
+        """kube's checkBindings: True when every claim is bound to a PV fitting the node, False when a binding
+        was undone (claimRef removed, selected-node changed, claim gone), None while still under way."""
+        store = self.cache.volumes
+        info = self.cache.nodes.get(node)
+        labels = info.node.labels if info is not None else {}
+        static = {c.key: pv.name for c, pv in plan.static}
+        waiting = False
+        for key in plan.waits:
+            claim = store.claims.get(key)
+            if claim is None or claim.deleting:
+                return False
+            if claim.bound:
+                pv = store.volumes.get(claim.volume_name)
+                if pv is None:
+                    waiting = True  # the PV watch has not shown it yet
+                elif not pv.fits_node(node, labels):
+                    return False
+                continue
+            if key in static:
+                taken = store.volumes.get(static[key])
+                if taken is None or not taken.bound_to(claim):
+                    return False
+            elif claim.selected_node != node:
+                return False
+            waiting = True
+        return None if waiting else True
 
     def in_flight(self, node: NodeName | None = None) -> int:
         if node is None:
@@ -145,8 +327,13 @@ class Binder:
         return self._in_flight.get(node, 0)
 
     async def drain(self, nodes: Iterable[NodeName] | None = None) -> None:
-        """Wait until no binding to these nodes (all when None) is under way."""
+        """Wait until no binding to these nodes (all when None) is under way; volume waits are abandoned."""
         wanted = set(nodes) if nodes is not None else None
+        # Pods still waiting for their claims to be bound are not bound to these nodes at all: stop waiting
+        # (they are scheduled again) rather than hold a release or a stop for up to volume_bind_timeout.
+        for task, node in list(self._prebinding.items()):
+            if wanted is None or node in wanted:
+                task.cancel()
         async with self._idle:
             await self._idle.wait_for(
                 lambda: not any(n for node, n in self._in_flight.items() if wanted is None or node in wanted)
@@ -165,17 +352,22 @@ class Binder:
                     await self._earlier_finished(seq)
                 await self._bind(req)
             finally:
-                self._unfinished.discard(seq)
-                while self._earliest and self._earliest[0] not in self._unfinished:
-                    heapq.heappop(self._earliest)  # amortized: each number is pushed and popped once
-                async with self._finished:
-                    self._finished.notify_all()
-                if req.unanswered:
-                    asyncio.get_running_loop().call_later(self.unanswered_hold, self._done_later, req.node)
-                else:
-                    self._done(req.node)
-                    async with self._idle:
-                        self._idle.notify_all()
+                await self._finish(seq, req)
+
+    async def _finish(self, seq: int, req: BindRequest) -> None:
+        """A binding ended (bound, failed, handed back or abandoned): later ordered bindings may go, and the
+        node's in-flight count drops (at once, or after ``unanswered_hold`` for an unanswered attempt)."""
+        self._unfinished.discard(seq)
+        while self._earliest and self._earliest[0] not in self._unfinished:
+            heapq.heappop(self._earliest)  # amortized: each number is pushed and popped once
+        async with self._finished:
+            self._finished.notify_all()
+        if req.unanswered:
+            asyncio.get_running_loop().call_later(self.unanswered_hold, self._done_later, req.node)
+        else:
+            self._done(req.node)
+            async with self._idle:
+                self._idle.notify_all()
 
     async def _earlier_finished(self, seq: int) -> None:
         """Wait until every binding submitted before ``seq`` has finished."""

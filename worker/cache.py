@@ -27,6 +27,9 @@ Invariants:
   makes a pod count for some pod's required affinity is such an event too.
 - ``workloads`` (``worker.workloads``) holds the selectors of the Services and controllers that kube's
   default topology spread constraints are built from; nothing else.
+- ``claim_users`` counts, per claim, the accounted pods (bound or assumed) naming it in a
+  ``persistentVolumeClaim`` volume; ``volumes`` (``worker.volumes``) holds the storage objects, written by
+  the feeds and by the scheduler's volume assumptions only.
 
 Nominations (kube-scheduler's PodNominator): a pending pod nominated to a node (``status.nominatedNodeName``
 seen in the watch, or set by this worker's own preemption before its patch lands) is kept in ``nominated``
@@ -54,6 +57,7 @@ from worker.index import CapacityIndex
 from worker.nodeinfo import NodeInfo
 from worker.shard import ShardChange, ShardView, WholeCluster
 from worker.topology import TopologyCounts
+from worker.volumes import VolumeStore
 from worker.workloads import WorkloadSelectors
 
 log = logging.getLogger(__name__)
@@ -117,6 +121,10 @@ class Cache:
         self.images = ImageStates()
         # selectors of Services and controllers, for the default topology spread constraints
         self.workloads = WorkloadSelectors()
+        # claims, PVs, storage classes, CSINodes (fed by worker.feeds), and how many placed pods use each
+        # claim ("namespace/name", persistentVolumeClaim volumes): VolumeRestrictions' ReadWriteOncePod count
+        self.volumes = VolumeStore()
+        self.claim_users: dict[str, int] = {}
         # Bumped on any change that could make an unschedulable pod schedulable or change a failure reason.
         self.generation = 0
         self.expired = 0
@@ -238,6 +246,10 @@ class Cache:
         """Account ``pod`` on ``node``; True when it may help a pod waiting for pod affinity."""
         info = self._info(node)
         info.add_pod(pod)
+        for _, ephemeral, claim in pod.claims:
+            if not ephemeral:
+                ref = f"{pod.namespace}/{claim}"
+                self.claim_users[ref] = self.claim_users.get(ref, 0) + 1
         helps = self.topology.add(pod, info)
         self.pod_node[pod.key] = node
         session = pod.labels.get(self.session_label) if self.session_label else None
@@ -255,6 +267,14 @@ class Cache:
         pod = info.remove_pod(key)
         if pod is not None:
             self.topology.remove(pod, info)
+            for _, ephemeral, claim in pod.claims:
+                if not ephemeral:
+                    ref = f"{pod.namespace}/{claim}"
+                    left = self.claim_users.get(ref, 0) - 1
+                    if left > 0:
+                        self.claim_users[ref] = left
+                    else:
+                        self.claim_users.pop(ref, None)
         session = pod.labels.get(self.session_label) if pod is not None and self.session_label else None
         if session:
             nodes = self.sessions.get(session, {})

@@ -11,7 +11,9 @@ How a decision is made, and why it is fast:
    with an ``applies(pod)`` method (the inter-pod rules) runs only for the pods it applies to, so plain pods
    do not pay for it; plugins with an ``attach(cache)`` method are given the cache once, here.
 4. Score plugins that apply to the pod score those candidates; weighted sum; highest wins, ties by order.
-5. Only when no candidate is feasible does the engine scan every owned node, to count the reasons for the
+5. Plugins with a ``prefilter(pod)`` method (the volume plugins: a missing claim, an unbound Immediate one)
+   can refuse the pod before any node is looked at, as kube-scheduler's PreFilter does.
+6. Only when no candidate is feasible does the engine scan every owned node, to count the reasons for the
    failure message. The explanation is memoized per pod shape while the cache does not change, so a burst of
    pods that cannot fit does not rescan the cluster per pod.
 
@@ -36,6 +38,7 @@ from common.reporting import unschedulable_message
 from worker.cache import Cache
 from worker.framework import Code, FilterPlugin, ScorePlugin, Status
 from worker.nodeinfo import NodeInfo
+from worker.volumes import VolumePlan
 
 DEFAULT_FEASIBLE_NODES = 16
 
@@ -75,6 +78,9 @@ class Engine:
         self.dynamic_filters = [f for f in filters if not f.static]
         self._always = [f for f in self.dynamic_filters if not hasattr(f, "applies")]
         self._sometimes = [f for f in self.dynamic_filters if hasattr(f, "applies")]
+        # kube's PreFilter verdicts (a verdict for the pod, before any node): only plugins with ``applies``
+        self._prefilters = [f for f in self._sometimes if hasattr(f, "prefilter")]
+        self._planners = [f for f in self._sometimes if hasattr(f, "plan")]
         for plugin in [*filters, *(p for p, _ in scores)]:
             attach = getattr(plugin, "attach", None)
             if attach is not None:
@@ -107,6 +113,11 @@ class Engine:
     def schedule(self, pod: PodRecord) -> Decision:
         if pod.parse_error is not None:
             return Decision(None, Code.UNRESOLVABLE, pod.parse_error, index_hit=False)
+        for p in self._prefilters:
+            if p.applies(pod):
+                refused: Status | None = p.prefilter(pod)
+                if refused is not None:
+                    return self._refused(pod, refused)
         memo = self._static.get(pod.signature)
         if memo is None:
             memo = self._static[pod.signature] = {}
@@ -159,6 +170,29 @@ class Engine:
             return self._explain(pod, inter_pod=dynamic is not self._always)
         best = feasible[0] if len(feasible) == 1 else self._best(pod, feasible)
         return Decision(NodeName(best.node.name), Code.SUCCESS, "", evaluated, len(feasible))
+
+    def _refused(self, pod: PodRecord, status: Status) -> Decision:
+        """A PreFilter verdict: kube-scheduler's "0/N nodes are available: <reason>." for every node."""
+        n = sum(1 for name in self.cache.nodes if name in self.cache.known and self.cache.usable(name))
+        reason = "; ".join(status.reasons)
+        return Decision(
+            None,
+            status.code,
+            f"0/{n} nodes are available: {reason}.",
+            n,
+            0,
+            index_hit=False,
+            nodes=n,
+            reasons=((reason, n),),
+        )
+
+    def volume_plan(self, pod: PodRecord, node: NodeName) -> VolumePlan | None:
+        """What placing ``pod`` on ``node`` needs done to its claims first (None: nothing)."""
+        for p in self._planners:
+            plan: VolumePlan | None = p.plan(pod, node)
+            if plan is not None:
+                return plan
+        return None
 
     def _best(self, pod: PodRecord, feasible: list[NodeInfo]) -> NodeInfo:
         totals = [0.0] * len(feasible)
@@ -236,6 +270,9 @@ class Engine:
         if self.cache.nominated:
             # verdicts then depend on which nominated pods this pod must leave room for
             shape += (pod.priority, pod.key if pod.key in self.cache.nominated_node else None)
+        if pod.claims:
+            # the volume filters' verdicts depend on the pod's claims and the storage objects
+            shape += (pod.namespace, pod.name, pod.claims, self.cache.volumes.version)
         owned = [
             info
             for name, info in self.cache.nodes.items()

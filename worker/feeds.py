@@ -10,6 +10,8 @@
 - ``WorkloadFeed``: the selectors of Services, ReplicationControllers, ReplicaSets and StatefulSets into the
   cache's ``workloads`` (kube's default topology spread constraints); watched only when a default constraint
   is configured.
+- ``StorageFeed``: claims, PVs, StorageClasses and CSINodes into the cache's volume store
+  (``worker.volumes``); any change wakes the unschedulable pods (a claim bound, a PV or class created).
 - ``Watches``: the reflectors, and the ``worker.shard.PodWatch`` view the shard's catch-up of newly granted
   nodes waits on (the watch's progress, a consistent LIST per node, and a direct apply when the watch lags).
   ``progress`` is set after every pod event or relist the cache applied (the dispatch gate,
@@ -172,6 +174,32 @@ class PodFeed:
         self.progress.set()
 
 
+STORAGE_PATHS = {
+    "claims": "/api/v1/persistentvolumeclaims",
+    "volumes": "/api/v1/persistentvolumes",
+    "classes": "/apis/storage.k8s.io/v1/storageclasses",
+    "csinodes": "/apis/storage.k8s.io/v1/csinodes",
+}
+
+
+class StorageFeed:
+    def __init__(self, kind: str, cache: Cache, queue: SchedulingQueue) -> None:
+        self.kind = kind
+        self.cache = cache
+        self.queue = queue
+
+    def replace(self, objects: list[dict[str, Any]]) -> None:
+        self.cache.volumes.replace(self.kind, objects)
+        self.queue.move_all()
+
+    def event(self, kind: str, obj: dict[str, Any]) -> None:
+        if kind == "DELETED":
+            self.cache.volumes.remove(self.kind, obj)
+        else:
+            self.cache.volumes.upsert(self.kind, obj)
+        self.queue.move_all()
+
+
 class Watches:
     """The reflectors of one worker: nodes, then Namespaces and (``watch_workloads``) the objects the default
     spread constraints are built from, then pods (each group only after the one before has synced)."""
@@ -217,6 +245,10 @@ class Watches:
                 Reflector(client, path, WorkloadFeed(cache, kind), name=path.rsplit("/", 1)[1])
                 for kind, path in WORKLOAD_PATHS.items()
             ]
+        self.others += [
+            Reflector(client, path, StorageFeed(kind, cache, queue), name=kind)
+            for kind, path in STORAGE_PATHS.items()
+        ]
 
     def synced(self) -> bool:
         return (

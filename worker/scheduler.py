@@ -207,9 +207,15 @@ class Scheduler:
         metrics.nodes_evaluated.observe(decision.evaluated)
         self._index[decision.index_hit].inc()
         if decision.node is not None:
+            plan = self.engine.volume_plan(pod, decision.node) if pod.claims else None
+            if plan is not None and plan.nothing_to_do:
+                plan = None
             self.cache.assume(pod, decision.node)
+            if plan is not None:
+                # kube's AssumePodVolumes: the next decisions see the PVs taken and the claims annotated
+                self.cache.volumes.assume(plan)
             self.queue.done(qp, scheduled=True)
-            self.binder.submit(pod, decision.node, qp.added_at, qp.attempts)
+            self.binder.submit(pod, decision.node, qp.added_at, qp.attempts, volumes=plan)
             metrics.observe_stage("decided", start + elapsed - qp.added_at)
             log.debug("assumed", extra={"pod": key, "node": decision.node})
             count, duration = self._attempts["scheduled"]

@@ -1487,3 +1487,292 @@ async def test_default_spread_scores_place_pods_as_kube_scheduler_does(
     assert not d.disagreements, f"{summary}\n\n" + "\n\n".join(d.disagreements[:SHOW_DISAGREEMENTS])
     assert d.decided_by_spread > SPREAD_STEPS // 2, summary
     assert all(d.by_source[k] for k in ("Service", "ReplicaSet", "StatefulSet")), summary
+
+
+# ----- volumes ------------------------------------------------------------------------------------------------
+#
+# PVC-backed pods, compared over sequences as the inter-pod rules are (earlier pods, and the PVs they took, stay).
+# Every case makes its own claims and PVs, then a plain pod using them: a claim that does not exist, an unbound
+# claim of an Immediate class nothing satisfies, a claim the PV controller bound to a PV with zone node affinity
+# (and zone labels: VolumeZone), or WaitForFirstConsumer claims with a few local PVs of random size, access modes
+# and node affinity (zone or hostname), some already taken. Before each decision the engine's volume store is
+# loaded from the API server (the claims, PVs and classes both schedulers see). The dedicated nodes carry
+# ``topology.kubernetes.io/zone`` where they have a ``zone`` label, so VolumeZone is exercised too. No probes:
+# a pinned probe would take the PV it was given. ``DIFF_VOLUME_CASES`` (default 200) sets the number of cases.
+
+VOLUME_CASES = int(os.environ.get("DIFF_VOLUME_CASES", "200"))
+TOPOLOGY_ZONE = "topology.kubernetes.io/zone"
+VOLUME_LABEL = "diff-volume"
+VOLUME_KINDS = ["missing", "immediate", "zonal", "zonal", "wffc", "wffc", "wffc", "wffc"]
+
+
+@pytest.fixture
+async def volume_nodes(kube: KubeClient) -> AsyncIterator[str]:
+    """The dedicated nodes, with ``topology.kubernetes.io/zone`` copied from ``zone``; StorageClasses; the run id.
+    Deletes the nodes, the classes and the PVs of the run at the end."""
+    run = uuid.uuid4().hex[:6]
+    rng = random.Random(f"nodes:{SEED}")
+    nodes = [generate_node(rng, i, run) for i in range(NODES)]
+    for n in nodes:
+        labels = n["metadata"]["labels"]
+        if "zone" in labels:
+            labels[TOPOLOGY_ZONE] = labels["zone"]
+    classes = {
+        f"diff-immediate-{run}": "Immediate",
+        f"diff-local-{run}": "WaitForFirstConsumer",
+    }
+    try:
+        await asyncio.gather(*(kube.post("/api/v1/nodes", n) for n in nodes))
+        for name, mode in classes.items():
+            await kube.post(
+                "/apis/storage.k8s.io/v1/storageclasses",
+                {
+                    "apiVersion": "storage.k8s.io/v1",
+                    "kind": "StorageClass",
+                    "metadata": {"name": name},
+                    "provisioner": "kubernetes.io/no-provisioner",
+                    "volumeBindingMode": mode,
+                },
+            )
+        yield run
+    finally:
+        for n in nodes:
+            with contextlib.suppress(NotFound):
+                await kube.delete(f"/api/v1/nodes/{n['metadata']['name']}")
+        for name in classes:
+            with contextlib.suppress(NotFound):
+                await kube.delete(f"/apis/storage.k8s.io/v1/storageclasses/{name}")
+        pvs = await kube.get("/api/v1/persistentvolumes", {"labelSelector": f"{VOLUME_LABEL}={run}"})
+        for pv in pvs["items"]:
+            with contextlib.suppress(NotFound):
+                await kube.delete(f"/api/v1/persistentvolumes/{pv['metadata']['name']}")
+
+
+def _volume(
+    rng: random.Random, name: str, run: str, cls: str, *, affinity: tuple[str, str] | None
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "storageClassName": cls,
+        "capacity": {"storage": rng.choice(["1Gi", "2Gi", "5Gi", "10Gi"])},
+        "accessModes": rng.choice([["ReadWriteOnce"], ["ReadWriteOnce", "ReadOnlyMany"], ["ReadWriteMany"]]),
+        "persistentVolumeReclaimPolicy": "Retain",
+        "local": {"path": "/mnt/diff"},
+    }
+    labels = {VOLUME_LABEL: run}
+    if affinity is not None:
+        key, value = affinity
+        spec["nodeAffinity"] = {
+            "required": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": key, "operator": "In", "values": [value]}]}
+                ]
+            }
+        }
+        if key == "zone":
+            labels[TOPOLOGY_ZONE] = value
+    else:
+        spec["hostPath"] = spec.pop("local")  # a local volume must have node affinity; hostPath need not
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": name, "labels": labels},
+        "spec": spec,
+    }
+
+
+def _claim(rng: random.Random, name: str, cls: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name},
+        "spec": {
+            "storageClassName": cls,
+            "accessModes": rng.choice(
+                [["ReadWriteOnce"], ["ReadWriteOnce"], ["ReadOnlyMany"], ["ReadWriteMany"]]
+            ),
+            "resources": {"requests": {"storage": rng.choice(["1Gi", "2Gi", "4Gi", "8Gi"])}},
+        },
+    }
+
+
+def _volume_category(verdict: str | None) -> str:
+    for needle, name in (
+        ("persistentvolumeclaim", "claim-missing"),
+        ("unbound immediate", "unbound-immediate"),
+        ("volume node affinity", "pv-node-affinity"),
+        ("available persistent volumes", "no-pv-to-bind"),
+        ("volume zone", "volume-zone"),
+    ):
+        if verdict is not None and needle in verdict:
+            return name
+    return _category(verdict)
+
+
+class VolumeDifferential(InterPodDifferential):
+    def __init__(self, kube: KubeClient, namespace: str, run: str, nodes: list[dict[str, Any]]) -> None:
+        super().__init__(kube, namespace, run, nodes)
+        self.kinds: Counter[str] = Counter()
+
+    async def load_storage(self) -> None:
+        """The engine's volume store, from the API server: what kube-scheduler's informers hold."""
+        store = self.cache.volumes
+        store.replace("classes", (await self.kube.get("/apis/storage.k8s.io/v1/storageclasses"))["items"])
+        store.replace("volumes", (await self.kube.get("/api/v1/persistentvolumes"))["items"])
+        claims = await self.kube.get(f"/api/v1/namespaces/{self.namespace}/persistentvolumeclaims")
+        store.replace("claims", claims["items"])
+        store.replace("csinodes", [])
+
+    async def wait_bound(self, claim: str) -> None:
+        path = f"/api/v1/namespaces/{self.namespace}/persistentvolumeclaims/{claim}"
+        for _ in range(100):
+            obj = await self.kube.get(path)
+            if obj.get("status", {}).get("phase") == "Bound":
+                return
+            await asyncio.sleep(0.1)
+
+    async def wait_available(self, pv: str) -> None:
+        """Until the PV controller has made a new PV Available (only then can either scheduler bind it)."""
+        for _ in range(100):
+            obj = await self.kube.get(f"/api/v1/persistentvolumes/{pv}")
+            if obj.get("status", {}).get("phase") == "Available":
+                return
+            await asyncio.sleep(0.05)
+
+    async def make_storage(self, rng: random.Random, case: int, kind: str) -> list[str]:
+        """The claims (and PVs) of one case; returns the claim names the pod uses."""
+        claims_path = f"/api/v1/namespaces/{self.namespace}/persistentvolumeclaims"
+        immediate, local = f"diff-immediate-{self.run}", f"diff-local-{self.run}"
+        zones = NODE_LABELS["zone"] + MISSING_VALUES[:1]
+        name = f"v{case:04d}"
+        if kind == "missing":
+            return [f"{name}-absent"]
+        if kind == "immediate":
+            claim = _claim(rng, name, immediate)
+            claim["spec"]["resources"]["requests"]["storage"] = "900Gi"  # no PV that big exists
+            await self.kube.post(claims_path, claim)
+            return [name]
+        if kind == "zonal":
+            zone = rng.choice(zones)
+            pv = _volume(rng, f"{name}-{self.run}", self.run, immediate, affinity=("zone", zone))
+            if rng.random() < 0.5:
+                # zone labels only, no node affinity: VolumeZone alone decides
+                del pv["spec"]["nodeAffinity"]
+                pv["spec"]["hostPath"] = pv["spec"].pop("local")
+            pv["spec"]["capacity"]["storage"] = "10Gi"
+            pv["spec"]["accessModes"] = ["ReadWriteOnce", "ReadOnlyMany", "ReadWriteMany"]
+            pv["spec"]["claimRef"] = {"namespace": self.namespace, "name": name}
+            await self.kube.post("/api/v1/persistentvolumes", pv)
+            await self.kube.post(claims_path, _claim(rng, name, immediate))
+            await self.wait_bound(name)
+            return [name]
+        names = []
+        for i in range(rng.choice([1, 1, 2])):
+            for j in range(rng.choice([0, 1, 2, 3])):
+                r = rng.random()
+                if r < 0.45:
+                    affinity: tuple[str, str] | None = ("zone", rng.choice(zones))
+                elif r < 0.9:
+                    affinity = ("kubernetes.io/hostname", rng.choice(self.diff))
+                else:
+                    affinity = None
+                pv = _volume(rng, f"{name}-{i}-{j}-{self.run}", self.run, local, affinity=affinity)
+                await self.kube.post("/api/v1/persistentvolumes", pv)
+                await self.wait_available(pv["metadata"]["name"])
+            await self.kube.post(claims_path, _claim(rng, f"{name}-{i}", local))
+            names.append(f"{name}-{i}")
+        return names
+
+    async def volume_case(self, case: int) -> None:
+        rng = random.Random(f"volumes:{SEED}:{case}")
+        name = f"w{case:04d}"
+        kind = rng.choice(VOLUME_KINDS)
+        self.kinds[kind] += 1
+        claims = await self.make_storage(rng, case, kind)
+        pod = plain_pod(rng, name, self.run)
+        pod["spec"]["volumes"] = [
+            {"name": f"v{i}", "persistentVolumeClaim": {"claimName": c}} for i, c in enumerate(claims)
+        ]
+        if rng.random() < 0.15:
+            pod["spec"]["nodeSelector"] = {"zone": rng.choice(NODE_LABELS["zone"])}
+        await asyncio.sleep(SETTLE_AFTER_DELETE)  # kube-scheduler's informers see the new claims and PVs
+        await self.load_storage()
+        dry = await self.kube.post(f"/api/v1/namespaces/{self.namespace}/pods", pod, params={"dryRun": "All"})
+        record = pod_from_json(dry)
+        decision = self.engine.schedule(record)
+        verdicts = {n: self.verdict(record, n) for n in self.diff}
+        problems: list[str] = []
+        involved: set[str] = set()
+        if record.parse_error is not None:
+            problems.append(f"engine refuses the pod: {record.parse_error}")
+        if decision.node is not None:
+            involved.add(decision.node)
+            if verdicts.get(decision.node, "not a dedicated node") is not None:
+                problems.append(
+                    f"engine picked {decision.node}, which filter_all rejects or is not dedicated"
+                )
+        elif any(v is None for v in verdicts.values()):
+            problems.append("engine found no node, but filter_all accepts some")
+        out = await self.decide(pod)
+        if out.node is not None:
+            self.tally.bound += 1
+            involved.add(out.node)
+            if decision.node is None:
+                problems.append(
+                    f"kube-scheduler bound it to {out.node}; the engine found no node ({decision.message})"
+                )
+            elif verdicts.get(out.node) is not None:
+                problems.append(f"kube-scheduler bound it to {out.node}; engine: {verdicts.get(out.node)}")
+            self.cache.upsert_pod(pod_from_json(out.obj))
+            self.bound.append(name)
+        else:
+            self.tally.unschedulable += 1
+            if out.reason != "Unschedulable":
+                problems.append(f"kube-scheduler {out.reason}: {out.message}")
+            elif decision.node is not None:
+                problems.append(
+                    f"kube-scheduler: unschedulable ({out.message}); the engine picked {decision.node}"
+                )
+            await self.delete(name)
+        self.verdict_kinds.update(_volume_category(v) for v in verdicts.values())
+        self.tally.cases += 1
+        if problems:
+            problems.append(f"case kind {kind}; claims {claims}")
+            self.tally.disagreements.append(self.report(case, problems, pod, dry, involved))
+        if self.bound and rng.random() < DELETE_EARLIER_POD:
+            victim = self.bound.pop(rng.randrange(len(self.bound)))
+            await self.delete(victim)
+            self.cache.remove_pod(PodKey(f"{self.namespace}/{victim}"))
+            self.tally.deleted += 1
+
+
+async def test_engine_agrees_with_kube_scheduler_on_volumes(
+    kube: KubeClient, namespace: str, volume_nodes: str
+) -> None:
+    started = time.monotonic()
+    nodes = (await kube.get("/api/v1/nodes"))["items"]
+    d = VolumeDifferential(kube, namespace, volume_nodes, nodes)
+    assert len(d.diff) == NODES
+    for obj in (await kube.get("/api/v1/pods"))["items"]:
+        placed = pod_from_json(obj)
+        if placed.node_name and not placed.terminal:
+            d.cache.upsert_pod(placed)
+    watcher = asyncio.create_task(d.outcomes.run())
+    try:
+        for case in range(VOLUME_CASES):
+            await d.volume_case(case)
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+    summary = (
+        f"{d.tally.cases} volume cases in {time.monotonic() - started:.0f}s ({dict(sorted(d.kinds.items()))}): "
+        f"{d.tally.bound} bound, {d.tally.unschedulable} unschedulable, {d.tally.deleted} bound pods deleted "
+        f"again; engine verdicts per node: {dict(sorted(d.verdict_kinds.items()))}; "
+        f"{len(d.tally.disagreements)} disagreements"
+    )
+    print(summary)
+    if REPORT:
+        _write_report(REPORT, [summary, *d.tally.disagreements])
+    shown = "\n\n".join(d.tally.disagreements[:SHOW_DISAGREEMENTS])
+    assert not d.tally.disagreements, f"{summary}\n\n{shown}"
+    assert d.tally.bound > VOLUME_CASES // 5 and d.tally.unschedulable > VOLUME_CASES // 10, summary

@@ -51,12 +51,12 @@ def _pods(
     def pod(name: str) -> Any:
         return make_pod(name, namespace).scheduler(scheduler_name).req(cpu="100m").label("app", "refused")
 
-    claim = pod("missing-claim")
-    claim.spec["volumes"] = [{"name": "workspace", "persistentVolumeClaim": {"claimName": "absent"}}]
+    disk = pod("disk")
+    disk.spec["volumes"] = [{"name": "workspace", "gcePersistentDisk": {"pdName": "absent"}}]
     dra = pod("dra")
     dra.spec["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "gpu-0"}]
     refused = {
-        "missing-claim": (claim.json(), 'spec.volumes[0].persistentVolumeClaim (volume "workspace")'),
+        "disk": (disk.json(), 'spec.volumes[0].gcePersistentDisk (volume "workspace")'),
         "dra": (dra.json(), "spec.resourceClaims"),
     }
     return pod("ordinary").json(), refused

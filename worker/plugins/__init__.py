@@ -2,8 +2,9 @@
 
 The default profile binpacks (MostAllocated), prefers warm nodes and nodes that already hold the pod's images
 (ImageLocality, weight 1 as kube-scheduler's), keeps sessions together, and honours the inter-pod rules
-(InterPodAffinity, PodTopologySpread; scores weighted 2 as kube-scheduler's); weights are configurable per
-plugin name. ``default_registry()`` is the one place that names every concrete plugin;
+(InterPodAffinity, PodTopologySpread; scores weighted 2 as kube-scheduler's) and the volume filters
+(VolumeRestrictions, NodeVolumeLimits, VolumeBinding, VolumeZone, in kube-scheduler's order); weights are
+configurable per plugin name. ``default_registry()`` is the one place that names every concrete plugin;
 ``spread_defaults`` validates PodTopologySpread's arguments (the worker's configured default constraints).
 """
 
@@ -20,6 +21,7 @@ from worker.plugins import (
     resources,
     spread,
     taints,
+    volumes,
 )
 from worker.plugins.spread import SpreadDefaults, spread_defaults
 
@@ -34,6 +36,10 @@ def default_registry() -> Registry:
     r.register("NodeAffinity", affinity.affinity_filter)
     r.register("NodeResourcesFit", resources.fit)
     r.register("NodePorts", ports.node_ports)
+    r.register("VolumeRestrictions", volumes.volume_restrictions)
+    r.register("NodeVolumeLimits", volumes.node_volume_limits)
+    r.register("VolumeBinding", volumes.volume_binding)
+    r.register("VolumeZone", volumes.volume_zone)
     r.register("InterPodAffinity", interpod.inter_pod_affinity_filter)
     r.register("PodTopologySpread", spread.pod_topology_spread_filter)
     r.register("InterPodAffinityScore", interpod.inter_pod_affinity_score)
@@ -58,6 +64,10 @@ def default_profile() -> Profile:
             "NodeAffinity",
             "NodeResourcesFit",
             "NodePorts",
+            "VolumeRestrictions",
+            "NodeVolumeLimits",
+            "VolumeBinding",
+            "VolumeZone",
             "PodTopologySpread",
             "InterPodAffinity",
         ],

@@ -268,25 +268,6 @@ REFUSED_CASES: list[tuple[str, dict[str, Any], str]] = [
         changed(add_volume({"name": "v", "futureVolume": {"size": "1Gi"}})),
         'spec.volumes[2].futureVolume (volume "v")',
     ),
-    (
-        "generic-ephemeral-volume",
-        changed(
-            add_volume(
-                {
-                    "name": "workspace",
-                    "ephemeral": {
-                        "volumeClaimTemplate": {
-                            "spec": {
-                                "accessModes": ["ReadWriteOnce"],
-                                "resources": {"requests": {"storage": "1Gi"}},
-                            }
-                        }
-                    },
-                }
-            )
-        ),
-        'spec.volumes[2].ephemeral (volume "workspace")',
-    ),
 ] + [
     (
         f"volume-{source}",
@@ -294,7 +275,7 @@ REFUSED_CASES: list[tuple[str, dict[str, Any], str]] = [
         f'spec.volumes[2].{source} (volume "data")',
     )
     for source, f in sorted(VOLUME_SOURCES.items())
-    if f.status == REFUSED and source != "ephemeral"
+    if f.status == REFUSED
 ]
 
 
@@ -362,9 +343,9 @@ def test_every_refused_field_is_named_together() -> None:
         ],
         resourceClaims=[{"name": "gpu", "resourceClaimName": "gpu-0"}],
     )
-    pod["spec"]["volumes"].append({"name": "data", "persistentVolumeClaim": {"claimName": "data"}})
+    pod["spec"]["volumes"].append({"name": "data", "gcePersistentDisk": {"pdName": "data"}})
     assert unsupported(pod) == (
-        'pod uses spec.volumes[2].persistentVolumeClaim (volume "data") and spec.resourceClaims, which '
+        'pod uses spec.volumes[2].gcePersistentDisk (volume "data") and spec.resourceClaims, which '
         "agent-scheduler does not support yet; use the default scheduler (spec.schedulerName) for this pod"
     )
 

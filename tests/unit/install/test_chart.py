@@ -162,6 +162,10 @@ def test_rbac_is_least_privilege_per_role(default: list[dict[str, Any]]) -> None
         ("apps", "replicasets"): read,
         ("apps", "statefulsets"): read,
         ("", "events"): {"create"},
+        ("", "persistentvolumeclaims"): {"list", "watch", "patch"},
+        ("", "persistentvolumes"): {"list", "watch", "patch"},
+        ("storage.k8s.io", "storageclasses"): {"list", "watch"},
+        ("storage.k8s.io", "csinodes"): {"list", "watch"},
         **REVIEWS,
     }
     # default spread constraints turned off: none of those objects are watched, nor readable

@@ -324,6 +324,207 @@ async def test_a_refused_binding_is_requeued_too_when_no_leader_retries_it(statu
     assert len(api.posts) == 1 and not cache.assumed and cache.nodes[NODE].requested.milli_cpu == 0
 
 
+# ----- claims first (kube's PreBind) ------------------------------------------------------------------------------
+
+
+class VolumeApi(FakeApi):
+    """Also answers PATCHes (claims, PVs) with the next scripted status; records them."""
+
+    def __init__(self, replies: list[Reply], patch_replies: list[Reply]) -> None:
+        super().__init__(replies)
+        self.patch_replies = list(patch_replies)
+        self.patches: list[tuple[str, Any]] = []
+
+    async def patch(self, path: str, body: Any, *, kind: str = "merge") -> Any:
+        self.patches.append((path, body))
+        reply = self.patch_replies.pop(0)
+        if isinstance(reply, ApiError):
+            raise reply
+        if reply >= 300:
+            raise _error_for(reply, orjson.dumps({"reason": "Scripted", "message": f"status {reply}"}))
+        return {}
+
+
+def _claim(annotations: dict[str, str] | None = None, volume: str = "") -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": "data",
+            "namespace": "default",
+            "uid": "u1",
+            "resourceVersion": "7",
+            "annotations": annotations or {},
+        },
+        "spec": {
+            "storageClassName": "wffc",
+            "volumeName": volume,
+            "resources": {"requests": {"storage": "1Gi"}},
+        },
+    }
+
+
+async def provision_once(
+    patch_replies: list[Reply], *, then: list[dict[str, Any]]
+) -> tuple[Cache, VolumeApi, Recorded, Binder]:
+    """A pod with one WaitForFirstConsumer claim to provision on NODE; after the patch, ``then`` (claims and
+    PVs, as the watch would deliver them) is applied to the store one by one."""
+    cache = Cache()
+    cache.upsert_node(make_node(NODE).record())
+    store = cache.volumes
+    store.upsert(
+        "classes",
+        {
+            "metadata": {"name": "wffc"},
+            "provisioner": "p.example",
+            "volumeBindingMode": "WaitForFirstConsumer",
+        },
+    )
+    store.upsert("claims", _claim())
+    b = make_pod("p").req(cpu="1")
+    b.spec["volumes"] = [{"name": "v", "persistentVolumeClaim": {"claimName": "data"}}]
+    pod = b.record()
+    claims = store.pod_claims("default", "p", "", pod.claims)
+    plan, reasons = store.find_pod_volumes(claims, NODE, {})
+    assert plan is not None and not reasons and [c.name for c in plan.provision] == ["data"]
+    cache.assume(pod, NODE)
+    store.assume(plan)
+    api = VolumeApi([201], patch_replies)
+    rec = Recorded()
+    binder = Binder(api, cache, Outcomes(rec), requeue=rec.requeue, concurrency=1, volume_bind_timeout=5.0)
+    task = asyncio.create_task(binder.run())
+    try:
+        binder.submit(pod, NODE, queued_at=0.0, attempts=1, volumes=plan)
+        for update in then:
+            await asyncio.sleep(0.01)
+            store.upsert("volumes" if "capacity" in update.get("spec", {}) else "claims", update)
+        for _ in range(500):
+            if rec.bound or rec.requeued:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.wait_for(binder.drain(), 5)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await api.close()
+    return cache, api, rec, binder
+
+
+PV = {
+    "metadata": {"name": "pv-1", "resourceVersion": "9"},
+    "spec": {
+        "capacity": {"storage": "1Gi"},
+        "storageClassName": "wffc",
+        "claimRef": {"namespace": "default", "name": "data"},
+    },
+    "status": {"phase": "Bound"},
+}
+
+
+async def test_claim_annotated_under_its_resource_version_and_pod_bound_after_the_claim() -> None:
+    annotated = _claim({"volume.kubernetes.io/selected-node": NODE})
+    bound = _claim(
+        {"volume.kubernetes.io/selected-node": NODE, "pv.kubernetes.io/bind-completed": "yes"}, volume="pv-1"
+    )
+    _, api, rec, _ = await provision_once([200], then=[annotated, PV, bound])
+    path, body = api.patches[0]
+    assert path == "/api/v1/namespaces/default/persistentvolumeclaims/data"
+    assert body["metadata"] == {
+        "resourceVersion": "7",
+        "annotations": {"volume.kubernetes.io/selected-node": NODE},
+    }
+    assert rec.bound == [("default/p", NODE)] and len(api.posts) == 1  # the pod's binding, after the claim
+
+
+async def test_conflicting_claim_write_reschedules_without_binding() -> None:
+    cache, api, rec, _ = await provision_once([409], then=[])
+    assert rec.requeued == ["default/p"] and not rec.bound and not api.posts
+    assert not cache.assumed  # capacity back
+    assert cache.volumes.claims["default/data"].selected_node is None  # the volume assumption reverted
+
+
+async def test_provisioning_undone_reschedules() -> None:
+    annotated = _claim({"volume.kubernetes.io/selected-node": NODE})
+    cleared = _claim()  # the provisioner gave up on this node: annotation removed
+    cleared["metadata"]["resourceVersion"] = "8"
+    _, api, rec, _ = await provision_once([200], then=[annotated, cleared])
+    assert rec.requeued == ["default/p"] and not rec.bound and not api.posts
+
+
+class HolderApi(VolumeApi):
+    """Also answers GETs of pods: ``alive`` holds the pods that exist."""
+
+    def __init__(self, patch_replies: list[Reply], alive: dict[str, str]) -> None:
+        super().__init__([201], patch_replies)
+        self.alive = alive
+
+    async def get(self, path: str, params: dict[str, str] | None = None) -> Any:
+        name = path.rsplit("/", 1)[-1]
+        if name not in self.alive:
+            raise _error_for(404, orjson.dumps({"reason": "NotFound", "message": "gone"}))
+        return {"metadata": {"name": name, "uid": self.alive[name]}, "status": {"phase": "Running"}}
+
+
+async def exclusive_once(
+    patch_replies: list[Reply], *, holder: str = "", alive: dict[str, str] | None = None
+) -> tuple[HolderApi, Recorded]:
+    cache = Cache()
+    cache.upsert_node(make_node(NODE).record())
+    store = cache.volumes
+    annotations = {"pv.kubernetes.io/bind-completed": "yes"}
+    if holder:
+        annotations["agent-scheduler.io/read-write-once-pod"] = holder
+    solo = _claim(annotations, volume="pv-1")
+    solo["spec"]["accessModes"] = ["ReadWriteOncePod"]
+    store.upsert("claims", solo)
+    store.upsert("volumes", PV)
+    b = make_pod("p").req(cpu="1")
+    b.spec["volumes"] = [{"name": "v", "persistentVolumeClaim": {"claimName": "data"}}]
+    pod = b.record()
+    plan, _ = store.find_pod_volumes(store.pod_claims("default", "p", "", pod.claims), NODE, {})
+    assert plan is not None and plan.all_bound and [c.name for c in plan.exclusive] == ["data"]
+    cache.assume(pod, NODE)
+    api = HolderApi(patch_replies, alive or {})
+    rec = Recorded()
+    binder = Binder(api, cache, Outcomes(rec), requeue=rec.requeue, concurrency=1)
+    task = asyncio.create_task(binder.run())
+    try:
+        binder.submit(pod, NODE, queued_at=0.0, attempts=1, volumes=plan)
+        for _ in range(500):
+            if rec.bound or rec.requeued:
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await api.close()
+    return api, rec
+
+
+async def test_read_write_once_pod_claim_is_taken_under_its_resource_version_before_binding() -> None:
+    api, rec = await exclusive_once([200], holder="default/old/u-old")  # the old holder is gone
+    assert api.patches == [
+        (
+            "/api/v1/namespaces/default/persistentvolumeclaims/data",
+            {
+                "metadata": {
+                    "resourceVersion": "7",
+                    "annotations": {"agent-scheduler.io/read-write-once-pod": "default/p/"},
+                }
+            },
+        )
+    ]
+    assert rec.bound == [("default/p", NODE)]
+
+
+async def test_read_write_once_pod_claim_taken_by_another_worker_reschedules() -> None:
+    api, rec = await exclusive_once([409])
+    assert rec.requeued == ["default/p"] and not rec.bound and not api.posts
+
+
+async def test_read_write_once_pod_claim_held_by_a_live_pod_reschedules_without_writing() -> None:
+    api, rec = await exclusive_once([], holder="default/other/u2", alive={"other": "u2"})
+    assert rec.requeued == ["default/p"] and not api.patches and not api.posts
+
+
 async def test_a_pod_with_inter_pod_rules_is_bound_after_every_earlier_binding() -> None:
     """Its decision counted the pods assumed before it: their bindings must land first (``worker.binder``)."""
     rec = Recorded()

@@ -257,7 +257,14 @@ def test_plain_pods_run_no_inter_pod_filter() -> None:
     engine = zoned("a")
     plain = make_pod("p").req(cpu="100m").record()
     assert not any(f.applies(plain) for f in engine._sometimes)  # type: ignore[attr-defined]
-    assert {f.name for f in engine._sometimes} == {"InterPodAffinity", "PodTopologySpread"}
+    assert {f.name for f in engine._sometimes} == {
+        "InterPodAffinity",
+        "PodTopologySpread",
+        "VolumeRestrictions",
+        "NodeVolumeLimits",
+        "VolumeBinding",
+        "VolumeZone",
+    }
 
 
 def test_a_pod_matching_a_waiting_affinity_is_an_event_that_may_help() -> None:
