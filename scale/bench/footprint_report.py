@@ -254,7 +254,7 @@ def markdown(steps: Sequence[Step], meta: dict[str, Any] | None = None) -> str:
         "requests) with `spec.nodeName` already set to a node the real engine chose for it, so no scheduler "
         "decides it and kwok runs it. After each step, once a watch of the namespace has seen every pod of "
         "the step Running, the bench waits until the scheduler processes' CPU is quiet (two consecutive 1 s "
-        "windows under 5 % of a core, bounded) — that is when their caches have applied every event — and "
+        "windows under 5 % of a core above their idle rate, bounded) — that is when their caches have applied every event — and "
         "then reads each process's RSS with psutil. CPU per pod event: the CPU seconds the scheduler processes "
         "spent from the step's first create until it settled, over the pod watch events the step caused "
         "(ADDED and MODIFIED as a watch of the namespace received them; each of the schedulers' pod watches "
