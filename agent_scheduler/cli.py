@@ -36,7 +36,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "worker": ("worker.command", "run a worker process (standalone, or under a coordinator)"),
     "coordinator": ("coordinator.command", "run a coordinator replica (leader-elected)"),
     "status": ("coordinator.status", "show the leader, epoch and per-worker shards"),
-    "bench": ("scale.bench.command", "benchmarks: engine, cluster, simulate"),
+    "bench": ("scale.bench.command", "benchmarks: engine, cluster, simulate, footprint"),
     "demo": ("scale.demo", "local cluster + coordinator + workers + a burst of agent pods"),
 }
 # Subcommands that read a kubeconfig (or the pod's service account) before doing anything else.

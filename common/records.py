@@ -26,6 +26,11 @@ Invariants:
   cost one list, and an unchanged list on a status update is the same object (the cache's image counts skip
   it by identity). A pod not yet placed keeps its containers' images (init containers first), normalized as
   kube-scheduler's ImageLocality normalizes them; placed pods keep none.
+- Memory (a worker holds a record of every placed pod in the cluster): strings that repeat across pods and nodes
+  (namespace, scheduler, node, phase, label keys and values) are interned, and a pod's tolerations and
+  signature, which most pods share with many others, are shared immutable objects (``shared``, bounded by
+  ``SHARED_LIMIT`` distinct values so hostile input cannot grow it). Equal values compare and hash as before:
+  nothing depends on identity.
 """
 
 from __future__ import annotations
@@ -67,6 +72,30 @@ MAX_HOST_PORTS = 256  # host ports over all containers
 MAX_NODE_IMAGES = 50
 MAX_IMAGE_NAMES = 5
 MAX_POD_IMAGES = 256  # containers whose images one pod record keeps (a pod has a handful)
+# Distinct values ``shared`` keeps; beyond it, new values are returned as they are (still correct, not shared).
+SHARED_LIMIT = 16384
+_SHARED: dict[Any, Any] = {}
+
+
+def shared(value: Any) -> Any:
+    """The one kept object equal to ``value`` (hashable, immutable): pods with the same tolerations or placement
+    signature then hold one tuple instead of one each."""
+    found = _SHARED.get(value)
+    if found is not None:
+        return found
+    if len(_SHARED) < SHARED_LIMIT:
+        _SHARED[value] = value
+    return value
+
+
+def _intern(value: Any) -> Any:
+    return sys.intern(value) if type(value) is str else value
+
+
+def _interned(labels: dict[Any, Any]) -> dict[Any, Any]:
+    """``labels`` with str keys and values interned: label keys and most values repeat across objects."""
+    return {_intern(k): _intern(v) for k, v in labels.items()}
+
 
 MAX_POD_TERMS = 64  # inter-pod (anti-)affinity terms plus topology spread constraints
 LABEL_SELECTOR_OPERATORS = frozenset({"In", "NotIn", "Exists", "DoesNotExist"})
@@ -707,7 +736,7 @@ def _placement_fields(spec: dict[str, Any]) -> dict[str, Any]:
         "node_selector": tuple(sorted((str(k), str(v)) for k, v in selector.items())),
         "required_terms": required,
         "preferred_terms": tuple(preferred),
-        "tolerations": tuple(tolerations),
+        "tolerations": shared(tuple(tolerations)),
     }
 
 
@@ -910,7 +939,7 @@ def pod_from_json(obj: dict[str, Any]) -> PodRecord:
     namespace = meta.get("namespace") or "default"
     name = meta.get("name") or ""
     error: str | None = None
-    labels = dict(meta.get("labels") or {})
+    labels = _interned(dict(meta.get("labels") or {}))
     inter_pod: InterPod | None = None
     try:
         fields = _placement_fields(spec)
@@ -925,24 +954,26 @@ def pod_from_json(obj: dict[str, Any]) -> PodRecord:
         error = unsupported(obj) or error
         images = _pod_images(spec)
     gates = tuple(g.get("name", "") for g in spec.get("schedulingGates") or () if isinstance(g, dict))
-    signature = (
-        fields["node_selector"],
-        fields["required_terms"],
-        fields["tolerations"],
-        fields["host_ports"],
-        tuple(sorted(fields["requests"].scalar)),
+    signature = shared(
+        (
+            fields["node_selector"],
+            fields["required_terms"],
+            fields["tolerations"],
+            fields["host_ports"],
+            tuple(sorted(fields["requests"].scalar)),
+        )
     )
     priority = spec.get("priority")
     claims = _claims(spec)
     return PodRecord(
         key=PodKey(f"{namespace}/{name}"),
-        namespace=namespace,
+        namespace=_intern(namespace),
         name=name,
         uid=meta.get("uid") or "",
         resource_version=meta.get("resourceVersion") or "",
-        scheduler_name=spec.get("schedulerName") or "default-scheduler",
-        node_name=spec.get("nodeName") or "",
-        phase=status.get("phase") or "Pending",
+        scheduler_name=_intern(spec.get("schedulerName") or "default-scheduler"),
+        node_name=_intern(spec.get("nodeName") or ""),
+        phase=_intern(status.get("phase") or "Pending"),
         priority=priority if isinstance(priority, int) else 0,
         labels=labels,
         annotations=dict(meta.get("annotations") or {}),
@@ -1020,10 +1051,10 @@ def node_from_json(obj: dict[str, Any]) -> NodeRecord:
     ready = any(
         c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or ()
     )
-    labels = dict(meta.get("labels") or {})
+    labels = _interned(dict(meta.get("labels") or {}))
     unschedulable = bool(spec.get("unschedulable"))
     return NodeRecord(
-        name=NodeName(meta.get("name") or ""),
+        name=NodeName(_intern(meta.get("name") or "")),
         uid=meta.get("uid") or "",
         resource_version=meta.get("resourceVersion") or "",
         labels=labels,

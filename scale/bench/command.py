@@ -1,4 +1,4 @@
-"""``agent-scheduler bench engine|cluster|simulate|report``: argument parsing only; each benchmark owns its module."""
+"""``agent-scheduler bench engine|cluster|simulate|footprint|report``: argument parsing only; each benchmark owns its module."""
 
 from __future__ import annotations
 
@@ -108,6 +108,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--out", type=Path, default=None, help="directory for simulate.json and simulate.md")
 
+    f = subs.add_parser(
+        "footprint",
+        help="RSS and CPU per pod event of each scheduler as bound pods accumulate (and kube-scheduler's)",
+        description="For each node count and scheduler, on a fresh local cluster: bound pods created in steps; "
+        "after each, every process's RSS and CPU per pod event. Writes results.json and report.md into --out.",
+    )
+    f.add_argument("--nodes", type=_ints, default=None, help="comma-separated node counts (default 1000)")
+    f.add_argument(
+        "--pods",
+        type=_ints,
+        default=None,
+        help="bound pods at the end, one or one per node count (default 10/node)",
+    )
+    f.add_argument(
+        "--schedulers",
+        type=_names,
+        default=None,
+        help="default: agent-standalone,agent-coord-1,agent-coord-2,kube-scheduler-qps5000",
+    )
+    f.add_argument("--steps", type=int, default=4, help="equal steps up to --pods (default 4)")
+    f.add_argument(
+        "--out", type=Path, default=None, help="results directory (default results/footprint-TIMESTAMP)"
+    )
+    f.add_argument(
+        "--report", type=Path, default=None, help="only rebuild report.md of this results directory"
+    )
+
     r = subs.add_parser("report", help="rebuild report.md and the plots of a results directory")
     r.add_argument("dir", type=Path)
 
@@ -148,6 +175,15 @@ def run(args: argparse.Namespace) -> int:
         from scale.bench import simulate
 
         return simulate.main(args)
+    if args.bench == "footprint":
+        from scale.bench import footprint, footprint_report
+
+        if args.report is not None:
+            print(f"wrote {footprint_report.rebuild(args.report)}")
+            return 0
+        return footprint.main(
+            nodes=args.nodes, pods=args.pods, schedulers=args.schedulers, steps=args.steps, out=args.out
+        )
     if args.bench == "report":
         from scale.bench import report
 

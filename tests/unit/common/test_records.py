@@ -1,3 +1,6 @@
+import json
+
+from common import records
 from common.records import GPU, node_from_json, pod_from_json
 from tests.builders import make_node, make_pod
 
@@ -59,3 +62,27 @@ def test_node_with_malformed_allocatable_has_no_capacity() -> None:
 def test_garbage_spec_types_do_not_raise() -> None:
     pod = pod_from_json({"metadata": {"name": "x"}, "spec": {"containers": [{"resources": {"requests": 5}}]}})
     assert pod.parse_error is not None
+
+
+def test_pods_share_equal_tolerations_signatures_and_label_strings() -> None:
+    # A worker holds a record of every placed pod: what pods have in common is held once.
+    def raw(name: str) -> dict[str, object]:
+        b = make_pod(name).req(cpu="100m").label("app", "agent").toleration("dedicated", "batch")
+        return dict(json.loads(json.dumps(b.obj)))  # fresh strings, as a watch delivers them
+
+    a, b = pod_from_json(raw("a")), pod_from_json(raw("b"))
+    assert a.tolerations == b.tolerations and a.tolerations is b.tolerations
+    assert a.signature is b.signature
+    ka, va = next((k, v) for k, v in a.labels.items() if k == "app")
+    kb, vb = next((k, v) for k, v in b.labels.items() if k == "app")
+    assert ka is kb and va is vb
+    assert a.namespace is b.namespace and a.scheduler_name is b.scheduler_name
+
+
+def test_shared_values_are_bounded() -> None:
+    before = len(records._SHARED)
+    for i in range(records.SHARED_LIMIT + 10):
+        value = ("bounded-test", i)
+        assert records.shared(value) == value
+    assert len(records._SHARED) <= records.SHARED_LIMIT
+    assert len(records._SHARED) >= before
