@@ -182,6 +182,13 @@ class Engine:
                 return st
         return None
 
+    def static_verdict(self, pod: PodRecord, info: NodeInfo) -> Status | None:
+        """The static filters alone for ``pod`` on ``info`` (memoized per signature), as ``verdict`` runs them."""
+        memo = self._static.get(pod.signature)
+        if memo is None:
+            memo = self._static[pod.signature] = {}
+        return self._static_verdict(pod, info, memo)
+
     def verdict(self, pod: PodRecord, info: NodeInfo) -> Status | None:
         """Every filter for ``pod`` on ``info`` as the decision runs them: static (memoized per signature),
         then dynamic with the node's nominated pods (see the module docstring). None when it fits."""
