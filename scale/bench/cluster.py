@@ -37,7 +37,8 @@ from typing import Any
 
 from common.backoff import Backoff
 from common.events import rfc3339
-from common.kube import ApiError, KubeClient, NotFound, ServerError, TooManyRequests
+from common.kube import ApiError, Conflict, KubeClient, NotFound, ServerError, TooManyRequests
+from common.records import Resources, resources_from_list
 from scale.bench import loadgen, noop_binder, report, stagemetrics, stages
 from scale.bench.meter import PidSource, ProcessMeter, own_pid, with_children
 from scale.bench.results import RunResult, dump, summarize
@@ -56,7 +57,16 @@ from scale.bench.schedulers import (
 )
 from scale.bench.volcano import VolcanoProbe
 from scale.bench.volcano import probe as probe_volcano
-from scale.bench.workloads import BACKLOG, BURST, STEADY, WorkloadSpec, arrivals, default_workloads
+from scale.bench.workloads import (
+    BACKLOG,
+    BURST,
+    STEADY,
+    WorkloadSpec,
+    arrivals,
+    default_workloads,
+    placeholders,
+    priority_classes,
+)
 from scale.cluster import Cluster, ClusterError, ClusterOptions, generate_nodes, start_cluster_async
 from scale.cluster.components import APISERVER, ETCD, KWOK, SCHEDULER
 
@@ -73,7 +83,10 @@ DELETE_RETRY_INITIAL = 0.2
 DELETE_RETRY_MAX = 1.0
 QUICK_NODES = 100
 FULL_NODES = (1000,)
-PROFILED = "agent-standalone"  # the scheduler --profile runs once more under cProfile
+PROFILED = "agent-standalone"
+FILL_NAMESPACE = "bench-preempt-fill"  # the preempt workload's placeholders (not the measured pods)
+FILL_CONCURRENCY = 64
+FILL_WAIT_S = 300.0  # the scheduler --profile runs once more under cProfile
 
 
 @dataclass(kw_only=True, slots=True)
@@ -248,6 +261,75 @@ async def _probe(
     return f"probe: {bound}/{PROBE_PODS} pods bound in {PROBE_TIMEOUT:.0f}s" + (f"; {dead}" if dead else "")
 
 
+async def _fill(client: KubeClient, fleet: list[dict[str, Any]]) -> int:
+    """The preempt workload's setup: its PriorityClasses, and placeholders filling every untainted node, all
+    Running (kwok) before the measured pods arrive. Returns how many placeholders there are."""
+    for pc in priority_classes():
+        with contextlib.suppress(Conflict):  # left from an earlier run: same objects
+            await client.post("/apis/scheduling.k8s.io/v1/priorityclasses", pc)
+    await _create_namespace(client, FILL_NAMESPACE)
+    pods = placeholders(fleet, namespace=FILL_NAMESPACE)
+    queue = iter(pods)
+
+    async def worker() -> None:
+        for pod in queue:
+            backoff = Backoff(DELETE_RETRY_INITIAL, DELETE_RETRY_MAX)
+            for _ in range(DELETE_RETRIES):
+                try:
+                    await client.post(f"/api/v1/namespaces/{FILL_NAMESPACE}/pods", pod)
+                except (TooManyRequests, ServerError):
+                    await backoff.sleep()
+                    continue
+                break
+
+    await asyncio.gather(*(worker() for _ in range(FILL_CONCURRENCY)))
+    deadline = time.monotonic() + FILL_WAIT_S
+    while time.monotonic() < deadline:
+        running = sum(
+            1 for p in await _list_pods(client, FILL_NAMESPACE) if p["status"].get("phase") == "Running"
+        )
+        if running >= len(pods):
+            break
+        await asyncio.sleep(1.0)
+    log.info("preempt: %d placeholders on the cluster", len(pods))
+    return len(pods)
+
+
+def _overcommitted(fleet: list[dict[str, Any]], pods: list[dict[str, Any]]) -> int:
+    """Nodes whose bound pods (not terminal, not being deleted) request more CPU or memory than allocatable."""
+    used: dict[str, Resources] = {}
+    for p in pods:
+        node = p["spec"].get("nodeName")
+        if (
+            not node
+            or p["metadata"].get("deletionTimestamp")
+            or p["status"].get("phase") in ("Succeeded", "Failed")
+        ):
+            continue
+        total = used.setdefault(node, Resources())
+        for c in p["spec"]["containers"]:
+            total.add(resources_from_list((c.get("resources") or {}).get("requests")))
+    bad = 0
+    for node in fleet:
+        alloc = resources_from_list(node["status"]["allocatable"])
+        u = used.get(node["metadata"]["name"])
+        if u is not None and (u.milli_cpu > alloc.milli_cpu or u.memory > alloc.memory):
+            bad += 1
+    return bad
+
+
+async def _list_pods(client: KubeClient, namespace: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    cont = ""
+    while True:
+        params = {"limit": "1000", **({"continue": cont} if cont else {})}
+        page = await client.get(f"/api/v1/namespaces/{namespace}/pods", params)
+        items += page.get("items") or []
+        cont = (page.get("metadata") or {}).get("continue") or ""
+        if not cont:
+            return items
+
+
 async def _run_workload(
     client: KubeClient,
     cluster: Cluster,
@@ -264,6 +346,7 @@ async def _run_workload(
     await _create_namespace(client, namespace)
     placer = noop_binder.placer(fleet) if spec.kind == NOOP else None
     plan = arrivals(workload, namespace=namespace, scheduler_name=spec.pod_scheduler_name, placer=placer)
+    filled = await _fill(client, fleet) if workload.preempt else 0
     meter = ProcessMeter(_groups(cluster, running))
     started_at = rfc3339()
     log.info("%s × %s × %d nodes: %d pods", spec.name, workload.name, nodes, len(plan))
@@ -307,6 +390,16 @@ async def _run_workload(
         notes=run_notes,
         started_at=started_at,
     )
+    if workload.preempt:
+        result.params["overcommitted_nodes"] = _overcommitted(
+            fleet, await _list_pods(client, FILL_NAMESPACE) + await _list_pods(client, namespace)
+        )
+        left = sum(
+            1 for p in await _list_pods(client, FILL_NAMESPACE) if not p["metadata"].get("deletionTimestamp")
+        )
+        result.params["placeholders"] = filled
+        result.params["victims"] = filled - left  # placeholders preempted (deleted or being deleted)
+        await _delete_namespace(client, FILL_NAMESPACE)
     try:
         await _delete_namespace(client, namespace)
     except ApiError as e:
