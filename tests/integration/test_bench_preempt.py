@@ -47,3 +47,4 @@ def test_preempt_workload_binds_every_preemptor(tmp_path: Path) -> None:
     assert r.params["victims"] >= PODS  # each preemptor is the size of one placeholder: one victim at least
     assert r.params["overcommitted_nodes"] == 0
     assert 0 < r.p50_ms <= r.p99_ms
+    assert "## Preemption" in (out / "report.md").read_text()

@@ -84,7 +84,7 @@ def outcome(found: Candidate | Status) -> object:
 
 
 def test_arithmetic_chooses_exactly_what_the_filters_choose() -> None:
-    arithmetic = 0
+    arithmetic = memo = reused = 0
     for seed in range(300):
         rng = random.Random(f"pods:{seed}")
         pods = [preemptor(rng, i) for i in range(4)]
@@ -111,7 +111,9 @@ def test_arithmetic_chooses_exactly_what_the_filters_choose() -> None:
                     name,
                 )
                 assert outcome(fast.select_victims(pod, fast_engine.cache.nodes[name], NOW)) == want
-            # the whole decision: same candidate, same message
+            # the whole decision: same candidate, same message (the fast side after the failed decision, whose
+            # per-node verdicts it then reuses)
+            fast_engine.schedule(pod)
             a, b = fast.evaluate(pod), full.evaluate(pod)
             assert (a.message, a.candidate and outcome(a.candidate)) == (
                 b.message,
@@ -124,8 +126,11 @@ def test_arithmetic_chooses_exactly_what_the_filters_choose() -> None:
                     for v in verdict.candidate.victims:
                         engine.cache.remove_pod(v.key)
         arithmetic += fast.arithmetic_runs
-        assert full.arithmetic_runs == 0
-    assert arithmetic > 1000  # the comparison did exercise the fast path
+        memo += fast.memo_hits
+        reused += fast.scans_reused
+        assert full.arithmetic_runs == full.memo_hits == full.scans_reused == 0
+    # the comparison did exercise every shortcut
+    assert arithmetic > 1000 and memo > 1000 and reused > 100
 
 
 def test_memo_follows_the_clock_for_pods_without_a_start_time() -> None:
