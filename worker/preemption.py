@@ -24,9 +24,10 @@ When the engine finds no node for a pod (``Preemption.post_filter``, called by `
    Shortcuts that answer exactly what that dry run answers (``tests/unit/worker/test_preemption_fast.py``
    compares them on random worlds): (a) when the only dynamic filter that can fail is NodeResourcesFit (the
    pod asks for no host port, has no inter-pod rule or spread constraint, no placed pod has a required
-   anti-affinity term, no pod is nominated to the node: ``Evaluator.arithmetic``), the reprieve is computed on
-   numbers -- the same order, the same test "request <= allocatable - requested" per resource the pod asks for
-   and the pod count -- and kept per node until the node's pods, the pod's priority and requests, the budgets
+   anti-affinity term: ``Evaluator.arithmetic``), the reprieve is computed on numbers -- the same order, the
+   same test "request <= allocatable - requested" per resource the pod asks for and the pod count, with the
+   node's nominated pods of at least the pod's priority counted as the engine counts them -- and kept per node
+   until the node's pods, the pod's priority and requests, those nominations, the budgets
    or (for pods without a start time) the order against the clock change; a node where the pod does not fit
    even with every lower pod removed goes through the full dry run, for its exact reasons. (b) The potential
    nodes are read from the verdicts of the failed decision's full scan (``Engine.scan_of``) when it was for
@@ -329,9 +330,9 @@ class Evaluator:
         """The fewest pods to remove from ``info`` for ``pod`` to fit (kube-scheduler's SelectVictimsOnNode),
         or why removing pods cannot help there. The cache is as before when this returns."""
         self.dry_runs += 1
-        if not self.arithmetic(pod) or (
-            self.cache.nominated and self.cache.nominated_for(pod, NodeName(info.node.name))
-        ):
+        cache = self.cache
+        nominated = cache.nominated_for(pod, NodeName(info.node.name)) if cache.nominated else []
+        if not self.arithmetic(pod) or any(p.key in info.pods for p in nominated):
             lower = [p for p in info.pods.values() if p.priority < pod.priority]
             return self._by_filters(pod, info, lower, now) if lower else NO_VICTIMS
         st = self.engine.static_verdict(pod, info)
@@ -349,6 +350,7 @@ class Evaluator:
             r.ephemeral_storage,
             tuple(sorted(r.scalar.items())) if r.scalar else (),
             self.budgets.version,
+            tuple(sorted((p.key, *_shape(p)) for p in nominated)) if nominated else (),
         )
         kept = self._victims.get(info.node.name)
         if (
@@ -363,7 +365,7 @@ class Evaluator:
         lower = [p for p in info.pods.values() if p.priority < pod.priority]
         if not lower:
             return NO_VICTIMS
-        found = self._by_arithmetic(pod, info, lower, now)
+        found = self._by_arithmetic(pod, info, lower, nominated, now)
         if found is None:
             # the pod does not fit even with every lower pod removed: the full dry run says why, exactly
             return self._by_filters(pod, info, lower, now)
@@ -383,7 +385,12 @@ class Evaluator:
         return found
 
     def _by_arithmetic(
-        self, pod: PodRecord, info: NodeInfo, lower: list[PodRecord], now: float
+        self,
+        pod: PodRecord,
+        info: NodeInfo,
+        lower: list[PodRecord],
+        nominated: list[PodRecord],
+        now: float,
     ) -> Candidate | Status | None:
         """``_by_filters`` when only NodeResourcesFit can fail (``arithmetic``): the same order of reprieve, the
         same test (request <= allocatable - requested, per resource the pod asks for, and the pod count), on
@@ -411,7 +418,14 @@ class Evaluator:
             v = vectors[p.key]
             for i in range(len(slack)):
                 slack[i] += v[i]
-        room = alloc.pods - (len(info.pods) - len(lower)) - 1  # pods that may still come back
+        # the engine filters with the node's nominated pods of at least this priority counted first, and
+        # passes only if the pod fits with them (then it fits without them too: resources are monotone)
+        for p in nominated:
+            for i, d in enumerate(dims):
+                slack[i] -= p.requests.get(d)
+        room = (
+            alloc.pods - (len(info.pods) - len(lower)) - len(nominated) - 1
+        )  # pods that may still come back
         if room < 0 or any(x < 0 for x in slack):
             return None
         lower.sort(key=lambda p: importance(p, now))
@@ -482,6 +496,11 @@ class Evaluator:
             # the pod fits with nothing removed: only nominated pods kept it out (kube-scheduler's error)
             return Status(Code.ERROR, (f"expected at least one victim pod on node {info.node.name}",))
         return Candidate(NodeName(info.node.name), tuple(victims), violations)
+
+
+def _shape(pod: PodRecord) -> tuple[int, int, int, tuple[tuple[str, int], ...]]:
+    r = pod.requests
+    return (r.milli_cpu, r.memory, r.ephemeral_storage, tuple(sorted(r.scalar.items())))
 
 
 class Executor:
