@@ -11,7 +11,10 @@ For each node count and each scheduler (``scale.bench.schedulers``), in this ord
    disturbed by it is kept (``least_disturbed``; the notes keep what the others measured). The load generator
    (``scale.bench.loadgen``) creates and times the pods while the meter (``scale.bench.meter``) reads the
    scheduler's, the API server's, etcd's and kwok's CPU; the result (``scale.bench.results``) is appended to
-   ``results.json`` at once, so an interrupted run keeps what it measured; then the namespace is deleted;
+   ``results.json`` at once, so an interrupted run keeps what it measured; then the namespace is deleted.
+   The preempt workload first fills the nodes with placeholders (``_fill``, a namespace of their own, all
+   Running before the measured pods arrive), and afterwards records the victims and any overcommitted node;
+   a cluster that runs it gets more kwok pod workers (``PREEMPT_KWOK_PARALLELISM``);
 4. the scheduler stopped (by PID), its logs kept under ``logs/``, the cluster stopped and removed.
 
 Then ``report.md`` and the plots (``scale.bench.report``). Nothing is asserted: numbers are reported, with the
@@ -30,7 +33,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from io import StringIO
 from pathlib import Path
 from typing import Any
@@ -86,7 +89,8 @@ FULL_NODES = (1000,)
 PROFILED = "agent-standalone"
 FILL_NAMESPACE = "bench-preempt-fill"  # the preempt workload's placeholders (not the measured pods)
 FILL_CONCURRENCY = 64
-FILL_WAIT_S = 300.0  # the scheduler --profile runs once more under cProfile
+FILL_WAIT_S = 300.0
+PREEMPT_KWOK_PARALLELISM = 128  # the scheduler --profile runs once more under cProfile
 
 
 @dataclass(kw_only=True, slots=True)
@@ -505,6 +509,11 @@ async def bench_scheduler(
     logs.mkdir(parents=True, exist_ok=True)
     cluster_dir = Path(tempfile.mkdtemp(prefix=f"bench-{nodes}-{spec.name}-", dir=config.work_dir))
     options = ClusterOptions(scheduler_qps=spec.kube_qps, scheduler_burst=spec.kube_burst)
+    if any(w.preempt for w in workloads):
+        # kwok plays every stage of a pod (ready, delete) through this many workers; at the default it makes
+        # about 50 pods/s Running or gone here, and the preempt workload waits on ~2 kwok steps per preemptor
+        # (a victim deleted, the preemptor made Running): victims would wait on kwok, not on the scheduler
+        options = replace(options, kwok_pod_parallelism=PREEMPT_KWOK_PARALLELISM)
     began = time.monotonic()
     try:
         # No controller manager: its controllers watch every pod, CPU the measured schedulers would lose.
