@@ -69,13 +69,16 @@ class Budgets:
 
     def __init__(self) -> None:
         self.items: dict[tuple[str, str], Budget] = {}
+        self.version = 0  # increases on every change (the preemption memo depends on the budgets)
 
     def replace(self, objects: list[dict[str, Any]]) -> None:
         budgets = [budget_from_json(o) for o in objects]
         self.items = {(b.namespace, b.name): b for b in budgets}
+        self.version += 1
 
     def event(self, kind: str, obj: dict[str, Any]) -> None:
         b = budget_from_json(obj)
+        self.version += 1
         if kind == "DELETED":
             self.items.pop((b.namespace, b.name), None)
         else:

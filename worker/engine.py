@@ -93,6 +93,10 @@ class Engine:
         # (signature, request shape) -> (cache generation, node count, decision)
         self._explained: dict[tuple[Any, ...], tuple[int, int, Decision]] = {}
         self.full_scans = 0
+        # the per-node verdicts of the latest full scan that found no node: (pod, cache generation, topology
+        # version, [(node, verdict)] in the order of the cache's nodes); preemption's first step reads them
+        # instead of scanning again when nothing changed in between (``scan_of``)
+        self.last_scan: tuple[PodRecord, int, int, list[tuple[NodeInfo, Status]]] | None = None
 
     def _static_verdict(
         self, pod: PodRecord, info: NodeInfo, memo: dict[str, tuple[int, Status | None]]
@@ -216,6 +220,26 @@ class Engine:
                 return st
         return None
 
+    def scan_of(self, pod: PodRecord) -> list[tuple[NodeInfo, Status]] | None:
+        """Every usable node's verdict for ``pod`` (this very record) from the full scan that just found no node
+        for it, if the cache has not changed since; else None."""
+        scan = self.last_scan
+        if (
+            scan is None
+            or scan[0] is not pod
+            or scan[1] != self.cache.generation
+            or scan[2] != self.cache.topology.version
+        ):
+            return None
+        return scan[3]
+
+    def static_verdict(self, pod: PodRecord, info: NodeInfo) -> Status | None:
+        """The static filters alone for ``pod`` on ``info`` (memoized per signature), as ``verdict`` runs them."""
+        memo = self._static.get(pod.signature)
+        if memo is None:
+            memo = self._static[pod.signature] = {}
+        return self._static_verdict(pod, info, memo)
+
     def verdict(self, pod: PodRecord, info: NodeInfo) -> Status | None:
         """Every filter for ``pod`` on ``info`` as the decision runs them: static (memoized per signature),
         then dynamic with the node's nominated pods (see the module docstring). None when it fits."""
@@ -285,11 +309,13 @@ class Engine:
         reasons: Counter[str] = Counter()
         resolvable = False
         placeable: NodeInfo | None = None
+        verdicts: list[tuple[NodeInfo, Status]] = []
         for info in owned:
             st = self.verdict(pod, info)
             if st is None:
                 placeable = info  # the index missed it (should not happen); use it rather than fail
                 break
+            verdicts.append((info, st))
             if st.code != Code.UNRESOLVABLE:
                 resolvable = True
             for reason in st.reasons:
@@ -309,6 +335,7 @@ class Engine:
             reasons=tuple(sorted(reasons.items())),
         )
         self._explained[shape] = (self.cache.generation, len(owned), decision)
+        self.last_scan = (pod, self.cache.generation, self.cache.topology.version, verdicts)
         if len(self._explained) > 4096:
             self._explained.clear()
         return decision

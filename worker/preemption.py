@@ -21,6 +21,18 @@ When the engine finds no node for a pod (``Preemption.post_filter``, called by `
    be, and the counts are exact. All of it is synchronous, and every pod is put back before the dry run
    returns, so nothing else ever sees the intermediate state; the cost is that of the pods moved, not of the
    world.
+   Shortcuts that answer exactly what that dry run answers (``tests/unit/worker/test_preemption_fast.py``
+   compares them on random worlds): (a) when the only dynamic filter that can fail is NodeResourcesFit (the
+   pod asks for no host port, has no inter-pod rule or spread constraint, no placed pod has a required
+   anti-affinity term: ``Evaluator.arithmetic``), the reprieve is computed on numbers -- the same order, the
+   same test "request <= allocatable - requested" per resource the pod asks for and the pod count, with the
+   node's nominated pods of at least the pod's priority counted as the engine counts them -- and kept per node
+   until the node's pods, the pod's priority and requests, those nominations, the budgets
+   or (for pods without a start time) the order against the clock change; a node where the pod does not fit
+   even with every lower pod removed goes through the full dry run, for its exact reasons. (b) The potential
+   nodes are read from the verdicts of the failed decision's full scan (``Engine.scan_of``) when it was for
+   this very pod and nothing changed since. A full dry run restores the node's pod order, so that ties
+   between equally important pods break the same way whichever path ran before.
 4. Choice among candidates (kube-scheduler's pickOneNodeForPreemption): fewest budget violations, then the
    lowest highest-victim priority, the smallest sum of victim priorities, the fewest victims, the latest
    start among the highest-priority victims, then the first found.
@@ -64,6 +76,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -73,25 +86,35 @@ from typing import Any
 from common import metrics
 from common.events import NORMAL, ObjectRef, event_body, events_path, rfc3339
 from common.kube import ApiError, KubeClient, NotFound
-from common.records import NodeName, PodKey, PodRecord
+from common.records import CPU, EPHEMERAL_STORAGE, MEMORY, NodeName, PodKey, PodRecord
 from common.reporting import unschedulable_message
 from worker.budgets import Budgets
 from worker.cache import Cache
 from worker.engine import Decision, Engine
 from worker.framework import Code, Status
 from worker.nodeinfo import NodeInfo
+from worker.plugins.interpod import InterPodAffinityFilter
+from worker.plugins.ports import NodePorts
+from worker.plugins.resources import NodeResourcesFit
+from worker.plugins.spread import PodTopologySpreadFilter
+from worker.plugins.volumes import NodeVolumeLimits, VolumeBinding, VolumeRestrictions, VolumeZone
 
 log = logging.getLogger(__name__)
 
 MIN_CANDIDATE_NODES_PERCENTAGE = 10  # kube-scheduler's DefaultPreemptionArgs defaults
 MIN_CANDIDATE_NODES_ABSOLUTE = 100
 EXECUTORS = 16  # preemptions carried out at once
-HOPELESS_KEPT = 4096  # pod shapes whose "preemption cannot help" verdict is kept
+HOPELESS_KEPT = 4096
+VICTIMS_KEPT = 65536  # nodes whose arithmetic dry run is kept  # pod shapes whose "preemption cannot help" verdict is kept
 
 NOT_HELPFUL = "Preemption is not helpful for scheduling"
 NO_VICTIMS = Status.unresolvable("No preemption victims found for incoming pod")
 NEVER = "not eligible due to preemptionPolicy=Never."
 TERMINATING = "not eligible due to a terminating pod on the nominated node."
+# the dynamic filters whose verdict depends on resources alone for a pod that ``Evaluator.arithmetic`` accepts
+_KNOWN_DYNAMIC = (NodeResourcesFit, NodePorts, InterPodAffinityFilter, PodTopologySpreadFilter)
+# the volume filters pass every node for a pod without claims (each returns at once), victims or not
+_CLAIMS_ONLY = (VolumeRestrictions, NodeVolumeLimits, VolumeBinding, VolumeZone)
 _PRIORITY_OFFSET = 2**31  # kube-scheduler adds MaxInt32+1 so that negative priorities sum sensibly
 
 
@@ -180,6 +203,7 @@ class Evaluator:
         min_absolute: int = MIN_CANDIDATE_NODES_ABSOLUTE,
         rng: random.Random | None = None,
         wall: Callable[[], float] = time.time,
+        fast: bool = True,
     ) -> None:
         self.cache = cache
         self.engine = engine
@@ -188,7 +212,14 @@ class Evaluator:
         self.min_absolute = min_absolute
         self.rng = rng or random.Random()
         self.wall = wall
+        self.fast = fast
         self.dry_runs = 0
+        self.arithmetic_runs = 0
+        self.memo_hits = 0
+        self.scans_reused = 0
+        # node name -> (its NodeInfo, generation, (priority, requests, budgets version), valid while this < the clock
+        # (None: always), answer)
+        self._victims: dict[str, tuple[NodeInfo, int, tuple[Any, ...], float | None, Candidate | Status]] = {}
         self._hopeless: dict[tuple[Any, ...], tuple[tuple[int, int], Verdict]] = {}
 
     def ineligible(self, pod: PodRecord) -> str | None:
@@ -245,10 +276,20 @@ class Evaluator:
     def _evaluate(self, pod: PodRecord) -> Verdict:
         nodes = self.owned()
         potential: list[NodeInfo] = []
-        for info in nodes:
-            st = self.engine.verdict(pod, info)
-            if st is not None and st.code == Code.UNSCHEDULABLE:
-                potential.append(info)
+        scan = self.engine.scan_of(pod) if self.fast else None
+        if (
+            scan is not None
+            and len(scan) == len(nodes)
+            and all(seen is info for (seen, _), info in zip(scan, nodes, strict=True))
+        ):
+            # the failed decision just filtered every one of these nodes, nothing changed since: same verdicts
+            potential = [info for info, st in scan if st.code == Code.UNSCHEDULABLE]
+            self.scans_reused += 1
+        else:
+            for info in nodes:
+                st = self.engine.verdict(pod, info)
+                if st is not None and st.code == Code.UNSCHEDULABLE:
+                    potential.append(info)
         reasons: dict[str, int] = {}
         if potential:
             wanted = max(len(potential) * self.min_percentage // 100, self.min_absolute)
@@ -279,13 +320,146 @@ class Evaluator:
             reasons[NOT_HELPFUL] = reasons.get(NOT_HELPFUL, 0) + absent
         return Verdict(None, unschedulable_message(len(nodes), reasons), clear_nomination=True)
 
+    def arithmetic(self, pod: PodRecord) -> bool:
+        """May ``pod``'s dry runs be decided by resource arithmetic (see the module docstring)? True when the
+        only dynamic filter that can say no is NodeResourcesFit: the pod asks for no host port, has no
+        inter-pod rule or spread constraint of its own, and no placed pod has a required anti-affinity term;
+        every dynamic filter is one of the four whose verdict is then known to depend on resources alone, or a
+        volume filter and the pod has no claim (it then passes every node)."""
+        if not self.fast or pod.host_ports or pod.inter_pod is not None or self.cache.topology.anti_groups:
+            return False
+        return all(
+            type(f) in _KNOWN_DYNAMIC or (not pod.claims and type(f) in _CLAIMS_ONLY)
+            for f in self.engine.dynamic_filters
+        )
+
     def select_victims(self, pod: PodRecord, info: NodeInfo, now: float) -> Candidate | Status:
         """The fewest pods to remove from ``info`` for ``pod`` to fit (kube-scheduler's SelectVictimsOnNode),
         or why removing pods cannot help there. The cache is as before when this returns."""
         self.dry_runs += 1
+        cache = self.cache
+        nominated = cache.nominated_for(pod, NodeName(info.node.name)) if cache.nominated else []
+        if not self.arithmetic(pod) or any(p.key in info.pods for p in nominated):
+            lower = [p for p in info.pods.values() if p.priority < pod.priority]
+            return self._by_filters(pod, info, lower, now) if lower else NO_VICTIMS
+        st = self.engine.static_verdict(pod, info)
+        if st is not None:
+            return st  # what the full dry run answers first, whatever is set aside
+        # The arithmetic answer is a function of the node's pods (its generation), the pod's priority and
+        # requests, the budgets and, when a lower pod has no start time yet, the clock: kept per node for as
+        # long as those are the same (a burst dry-runs mostly the same nodes, unchanged, decision after
+        # decision).
+        r = pod.requests
+        key = (
+            pod.priority,
+            r.milli_cpu,
+            r.memory,
+            r.ephemeral_storage,
+            tuple(sorted(r.scalar.items())) if r.scalar else (),
+            self.budgets.version,
+            tuple(sorted((p.key, *_shape(p)) for p in nominated)) if nominated else (),
+        )
+        kept = self._victims.get(info.node.name)
+        if (
+            kept is not None
+            and kept[0] is info
+            and kept[1] == info.generation
+            and kept[2] == key
+            and (kept[3] is None or kept[3] < now)
+        ):
+            self.memo_hits += 1
+            return kept[4]
         lower = [p for p in info.pods.values() if p.priority < pod.priority]
         if not lower:
             return NO_VICTIMS
+        found = self._by_arithmetic(pod, info, lower, nominated, now)
+        if found is None:
+            # the pod does not fit even with every lower pod removed: the full dry run says why, exactly
+            return self._by_filters(pod, info, lower, now)
+        self.arithmetic_runs += 1
+        # A lower pod without a start time counts as starting ``now``; the order of reprieve then depends on
+        # the clock only through which start times are before it: the answer holds while the latest known
+        # start is still before the clock (None: it does not depend on the clock at all).
+        clock: float | None = None
+        if any(p.start_time is None for p in lower):
+            starts = [p.start_time for p in lower if p.start_time is not None]
+            if starts:
+                latest = max(starts)
+                clock = latest if latest < now else math.inf
+        if len(self._victims) >= VICTIMS_KEPT:
+            self._victims.clear()
+        self._victims[info.node.name] = (info, info.generation, key, clock, found)
+        return found
+
+    def _by_arithmetic(
+        self,
+        pod: PodRecord,
+        info: NodeInfo,
+        lower: list[PodRecord],
+        nominated: list[PodRecord],
+        now: float,
+    ) -> Candidate | Status | None:
+        """``_by_filters`` when only NodeResourcesFit can fail (``arithmetic``): the same order of reprieve, the
+        same test (request <= allocatable - requested, per resource the pod asks for, and the pod count), on
+        numbers instead of on the NodeInfo. None when the pod does not fit with every lower pod removed."""
+        req = pod.requests
+        alloc = info.node.allocatable
+        used = info.requested
+        # slack per resource the pod asks for (the filter tests only those), with every lower pod removed
+        dims: list[str] = []
+        slack: list[int] = []
+        if req.milli_cpu:
+            dims.append(CPU)
+            slack.append(alloc.milli_cpu - used.milli_cpu - req.milli_cpu)
+        if req.memory:
+            dims.append(MEMORY)
+            slack.append(alloc.memory - used.memory - req.memory)
+        if req.ephemeral_storage:
+            dims.append(EPHEMERAL_STORAGE)
+            slack.append(alloc.ephemeral_storage - used.ephemeral_storage - req.ephemeral_storage)
+        for name, amount in req.scalar.items():
+            dims.append(name)
+            slack.append(alloc.scalar.get(name, 0) - used.scalar.get(name, 0) - amount)
+        vectors = {p.key: [p.requests.get(d) for d in dims] for p in lower}
+        for p in lower:
+            v = vectors[p.key]
+            for i in range(len(slack)):
+                slack[i] += v[i]
+        # the engine filters with the node's nominated pods of at least this priority counted first, and
+        # passes only if the pod fits with them (then it fits without them too: resources are monotone)
+        for p in nominated:
+            for i, d in enumerate(dims):
+                slack[i] -= p.requests.get(d)
+        room = (
+            alloc.pods - (len(info.pods) - len(lower)) - len(nominated) - 1
+        )  # pods that may still come back
+        if room < 0 or any(x < 0 for x in slack):
+            return None
+        lower.sort(key=lambda p: importance(p, now))
+        violating, fine = self.budgets.split(lower)
+        victims: list[PodRecord] = []
+        violations = 0
+        n = len(slack)
+        for group, violates in ((violating, True), (fine, False)):
+            for p in group:
+                v = vectors[p.key]
+                if room > 0 and all(slack[i] >= v[i] for i in range(n)):
+                    room -= 1  # reprieved: it stays, and the pod still fits
+                    for i in range(n):
+                        slack[i] -= v[i]
+                else:
+                    victims.append(p)
+                    violations += violates
+        if violating and fine:
+            victims.sort(key=lambda p: importance(p, now))
+        if not victims:
+            return Status(Code.ERROR, (f"expected at least one victim pod on node {info.node.name}",))
+        return Candidate(NodeName(info.node.name), tuple(victims), violations)
+
+    def _by_filters(
+        self, pod: PodRecord, info: NodeInfo, lower: list[PodRecord], now: float
+    ) -> Candidate | Status:
+        """The dry run itself: every filter re-run on the node with pods set aside and put back."""
         cache = self.cache
         engine = self.engine
         # The inter-pod filters read the topology counts only for a pod with inter-pod rules of its own, or
@@ -293,6 +467,7 @@ class Evaluator:
         # reads a count, and moving the pods in and out of NodeInfo alone is the same dry run, for less.
         counts = pod.inter_pod is not None or bool(cache.topology.anti_groups)
         aside: dict[PodKey, PodRecord] = {}
+        order = list(info.pods)
         try:
             for p in lower:
                 cache.set_aside(info, p, counts=counts)
@@ -318,10 +493,21 @@ class Evaluator:
         finally:
             for p in aside.values():
                 cache.put_back(info, p, counts=counts)
+            # put back pods come last in the node's pod map; its order breaks ties between equally important
+            # pods in later dry runs, so it is restored (the answer must not depend on earlier dry runs)
+            if list(info.pods) != order:
+                pods = info.pods
+                for k in order:
+                    pods[k] = pods.pop(k)
         if not victims:
             # the pod fits with nothing removed: only nominated pods kept it out (kube-scheduler's error)
             return Status(Code.ERROR, (f"expected at least one victim pod on node {info.node.name}",))
         return Candidate(NodeName(info.node.name), tuple(victims), violations)
+
+
+def _shape(pod: PodRecord) -> tuple[int, int, int, tuple[tuple[str, int], ...]]:
+    r = pod.requests
+    return (r.milli_cpu, r.memory, r.ephemeral_storage, tuple(sorted(r.scalar.items())))
 
 
 class Executor:

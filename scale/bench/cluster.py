@@ -11,7 +11,10 @@ For each node count and each scheduler (``scale.bench.schedulers``), in this ord
    disturbed by it is kept (``least_disturbed``; the notes keep what the others measured). The load generator
    (``scale.bench.loadgen``) creates and times the pods while the meter (``scale.bench.meter``) reads the
    scheduler's, the API server's, etcd's and kwok's CPU; the result (``scale.bench.results``) is appended to
-   ``results.json`` at once, so an interrupted run keeps what it measured; then the namespace is deleted;
+   ``results.json`` at once, so an interrupted run keeps what it measured; then the namespace is deleted.
+   The preempt workload first fills the nodes with placeholders (``_fill``, a namespace of their own, all
+   Running before the measured pods arrive), and afterwards records the victims and any overcommitted node;
+   a cluster that runs it gets more kwok pod workers (``PREEMPT_KWOK_PARALLELISM``);
 4. the scheduler stopped (by PID), its logs kept under ``logs/``, the cluster stopped and removed.
 
 Then ``report.md`` and the plots (``scale.bench.report``). Nothing is asserted: numbers are reported, with the
@@ -30,14 +33,15 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from io import StringIO
 from pathlib import Path
 from typing import Any
 
 from common.backoff import Backoff
 from common.events import rfc3339
-from common.kube import ApiError, KubeClient, NotFound, ServerError, TooManyRequests
+from common.kube import ApiError, Conflict, KubeClient, NotFound, ServerError, TooManyRequests
+from common.records import Resources, resources_from_list
 from scale.bench import loadgen, noop_binder, report, stagemetrics, stages
 from scale.bench.meter import PidSource, ProcessMeter, own_pid, with_children
 from scale.bench.results import RunResult, dump, summarize
@@ -57,7 +61,17 @@ from scale.bench.schedulers import (
 from scale.bench.share import SHARE
 from scale.bench.volcano import VolcanoProbe
 from scale.bench.volcano import probe as probe_volcano
-from scale.bench.workloads import BACKLOG, BURST, STEADY, WorkloadSpec, arrivals, default_workloads, scaled
+from scale.bench.workloads import (
+    BACKLOG,
+    BURST,
+    STEADY,
+    WorkloadSpec,
+    arrivals,
+    default_workloads,
+    placeholders,
+    priority_classes,
+    scaled,
+)
 from scale.cluster import Cluster, ClusterError, ClusterOptions, generate_nodes, start_cluster_async
 from scale.cluster.components import APISERVER, ETCD, KWOK, SCHEDULER
 from scale.cluster.nodes import PREPULLED_FRACTION
@@ -77,6 +91,10 @@ QUICK_NODES = 100
 FULL_NODES = (1000,)
 PROFILED = "agent-standalone"  # the scheduler --profile runs once more under cProfile
 DEFAULT_PULL_DELAY_S = 2.0
+FILL_NAMESPACE = "bench-preempt-fill"  # the preempt workload's placeholders (not the measured pods)
+FILL_CONCURRENCY = 64
+FILL_WAIT_S = 300.0
+PREEMPT_KWOK_PARALLELISM = 128
 
 
 @dataclass(kw_only=True, slots=True)
@@ -255,6 +273,75 @@ async def _probe(
     return f"probe: {bound}/{PROBE_PODS} pods bound in {PROBE_TIMEOUT:.0f}s" + (f"; {dead}" if dead else "")
 
 
+async def _fill(client: KubeClient, fleet: list[dict[str, Any]]) -> int:
+    """The preempt workload's setup: its PriorityClasses, and placeholders filling every untainted node, all
+    Running (kwok) before the measured pods arrive. Returns how many placeholders there are."""
+    for pc in priority_classes():
+        with contextlib.suppress(Conflict):  # left from an earlier run: same objects
+            await client.post("/apis/scheduling.k8s.io/v1/priorityclasses", pc)
+    await _create_namespace(client, FILL_NAMESPACE)
+    pods = placeholders(fleet, namespace=FILL_NAMESPACE)
+    queue = iter(pods)
+
+    async def worker() -> None:
+        for pod in queue:
+            backoff = Backoff(DELETE_RETRY_INITIAL, DELETE_RETRY_MAX)
+            for _ in range(DELETE_RETRIES):
+                try:
+                    await client.post(f"/api/v1/namespaces/{FILL_NAMESPACE}/pods", pod)
+                except (TooManyRequests, ServerError):
+                    await backoff.sleep()
+                    continue
+                break
+
+    await asyncio.gather(*(worker() for _ in range(FILL_CONCURRENCY)))
+    deadline = time.monotonic() + FILL_WAIT_S
+    while time.monotonic() < deadline:
+        running = sum(
+            1 for p in await _list_pods(client, FILL_NAMESPACE) if p["status"].get("phase") == "Running"
+        )
+        if running >= len(pods):
+            break
+        await asyncio.sleep(1.0)
+    log.info("preempt: %d placeholders on the cluster", len(pods))
+    return len(pods)
+
+
+def _overcommitted(fleet: list[dict[str, Any]], pods: list[dict[str, Any]]) -> int:
+    """Nodes whose bound pods (not terminal, not being deleted) request more CPU or memory than allocatable."""
+    used: dict[str, Resources] = {}
+    for p in pods:
+        node = p["spec"].get("nodeName")
+        if (
+            not node
+            or p["metadata"].get("deletionTimestamp")
+            or p["status"].get("phase") in ("Succeeded", "Failed")
+        ):
+            continue
+        total = used.setdefault(node, Resources())
+        for c in p["spec"]["containers"]:
+            total.add(resources_from_list((c.get("resources") or {}).get("requests")))
+    bad = 0
+    for node in fleet:
+        alloc = resources_from_list(node["status"]["allocatable"])
+        u = used.get(node["metadata"]["name"])
+        if u is not None and (u.milli_cpu > alloc.milli_cpu or u.memory > alloc.memory):
+            bad += 1
+    return bad
+
+
+async def _list_pods(client: KubeClient, namespace: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    cont = ""
+    while True:
+        params = {"limit": "1000", **({"continue": cont} if cont else {})}
+        page = await client.get(f"/api/v1/namespaces/{namespace}/pods", params)
+        items += page.get("items") or []
+        cont = (page.get("metadata") or {}).get("continue") or ""
+        if not cont:
+            return items
+
+
 async def _run_workload(
     client: KubeClient,
     cluster: Cluster,
@@ -271,6 +358,7 @@ async def _run_workload(
     await _create_namespace(client, namespace)
     placer = noop_binder.placer(fleet) if spec.kind == NOOP else None
     plan = arrivals(workload, namespace=namespace, scheduler_name=spec.pod_scheduler_name, placer=placer)
+    filled = await _fill(client, fleet) if workload.preempt else 0
     meter = ProcessMeter(_groups(cluster, running))
     started_at = rfc3339()
     log.info("%s × %s × %d nodes: %d pods", spec.name, workload.name, nodes, len(plan))
@@ -321,6 +409,16 @@ async def _run_workload(
         pods_waiting_for_pulls=observed.pods_waiting_for_pulls,
         pulls=observed.pulls,
     )
+    if workload.preempt:
+        result.params["overcommitted_nodes"] = _overcommitted(
+            fleet, await _list_pods(client, FILL_NAMESPACE) + await _list_pods(client, namespace)
+        )
+        left = sum(
+            1 for p in await _list_pods(client, FILL_NAMESPACE) if not p["metadata"].get("deletionTimestamp")
+        )
+        result.params["placeholders"] = filled
+        result.params["victims"] = filled - left  # placeholders preempted (deleted or being deleted)
+        await _delete_namespace(client, FILL_NAMESPACE)
     try:
         await _delete_namespace(client, namespace)
     except ApiError as e:
@@ -428,6 +526,11 @@ async def bench_scheduler(
     options = ClusterOptions(
         scheduler_qps=spec.kube_qps, scheduler_burst=spec.kube_burst, prepulled_fraction=config.prepulled
     )
+    if any(w.preempt for w in workloads):
+        # kwok plays every stage of a pod (ready, delete) through this many workers; at the default it makes
+        # about 50 pods/s Running or gone here, and the preempt workload waits on ~2 kwok steps per preemptor
+        # (a victim deleted, the preemptor made Running): victims would wait on kwok, not on the scheduler
+        options = replace(options, kwok_pod_parallelism=PREEMPT_KWOK_PARALLELISM)
     began = time.monotonic()
     try:
         # No controller manager: its controllers watch every pod, CPU the measured schedulers would lose.

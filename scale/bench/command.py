@@ -41,7 +41,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     c.add_argument("--nodes", type=_ints, default=None, help="comma-separated node counts (default 1000)")
     c.add_argument(
-        "--workloads", type=_names, default=None, help="backlog,burst,steady,churn,mix (default all)"
+        "--workloads",
+        type=_names,
+        default=None,
+        help="backlog,burst,steady,churn,mix,preempt (default all but preempt)",
     )
     c.add_argument(
         "--schedulers",

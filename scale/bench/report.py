@@ -32,7 +32,8 @@ from scale.bench.volcano import VolcanoProbe
 KUBE_REFERENCE = "kube-scheduler-qps5000"
 CEILING = "no-decision"
 THROUGHPUT_WORKLOADS = ("backlog", "burst")  # the first one present is used
-WORKLOAD_ORDER = ("backlog", "burst", "steady", "churn", "mix")
+WORKLOAD_ORDER = ("backlog", "burst", "steady", "churn", "mix", "preempt")
+PREEMPT = "preempt"
 LATENCY_WORKLOADS = ("steady", "churn", "mix")
 
 
@@ -173,6 +174,28 @@ def _running(r: RunResult) -> str:
     if not r.running:
         return "-"
     return f"{_fmt(r.running_p50_ms)} / {_fmt(r.running_p99_ms)} ({r.pods_waiting_for_pulls} pulled)"
+
+
+def preemption_table(results: Sequence[RunResult]) -> list[str]:
+    """Markdown: the preempt workload side by side per node count (no lines when it was not run)."""
+    runs = sorted(
+        (r for r in results if r.workload == PREEMPT and not r.error), key=lambda r: (r.nodes, r.scheduler)
+    )
+    if not runs:
+        return []
+    lines = [
+        "| nodes | scheduler | preemptors | bound | placeholders | victims deleted | p50 ms | p99 ms | max ms "
+        "| overcommitted nodes |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in runs:
+        p = r.params
+        lines.append(
+            f"| {r.nodes} | {r.scheduler} | {r.pods} | {r.bound} | {p.get('placeholders', '-')} "
+            f"| {p.get('victims', '-')} | {_fmt(r.p50_ms)} | **{_fmt(r.p99_ms)}** | {_fmt(r.max_ms)} "
+            f"| {p.get('overcommitted_nodes', '-')} |"
+        )
+    return lines
 
 
 def _workload_order(name: str) -> int:
@@ -403,6 +426,17 @@ def render(
         lines += [
             f"Note: in {len(other)} of {len(results)} runs, processes outside the bench used more than 0.2 cores on "
             "average (column *other host CPU-s*): the machine was shared and those numbers carry that noise.",
+            "",
+        ]
+    preempt = preemption_table(results)
+    if preempt:
+        lines += [
+            "## Preemption: a burst of high-priority agent pods on a cluster full of placeholders",
+            "",
+            "Every untainted node is filled with lowest-priority placeholders; each preemptor is the size of one "
+            "placeholder, so each binds only after a victim is deleted (create to bound, all preemptors).",
+            "",
+            *preempt,
             "",
         ]
     for title, name in plots:

@@ -12,6 +12,13 @@ when (seconds after the workload starts), identical for every scheduler so that 
 - ``churn``: like steady, and each pod carries a lifetime (uniform in 0.5–1.5 × ``lifetime_s``): the bench's kwok
   stages (``scale.bench.stages``) complete it that long after it runs and then delete it, so capacity frees
   continuously and the scheduler sees a stream of deletions alongside the creations.
+- ``preempt`` (not in the default list: it fills the cluster first): every untainted node is first filled with
+  placeholder pods of the lowest priority (``PLACEHOLDER_CLASS``, ``PLACEHOLDER`` each, bound by ``nodeName``
+  so that no scheduler places them), then ``pods`` agent pods of a high priority (``PREEMPTOR_CLASS``) the
+  size of one placeholder arrive at once: each one binds only after the scheduler under test has preempted a
+  placeholder and kwok has deleted it (the cluster's ``pod-delete`` stage deletes a pod as soon as it has a
+  deletionTimestamp, so a graceful delete completes at once). Latency counts from each create to its bind;
+  the victims are the placeholders gone at the end.
 - ``mix``: agent pods with placement rules (``scale.workload`` mix: tolerations, zone affinity, node selectors,
   a few GPU pods) at ``rate``, plus batch pods at ``batch_rate`` for the default scheduler (kube-scheduler) on the
   batch nodes, so two schedulers share the cluster.
@@ -39,7 +46,14 @@ BURST = "burst"
 STEADY = "steady"
 CHURN = "churn"
 MIX = "mix"
-WORKLOADS = (BACKLOG, BURST, STEADY, CHURN, MIX)
+PREEMPT = "preempt"
+WORKLOADS = (BACKLOG, BURST, STEADY, CHURN, MIX, PREEMPT)
+
+PLACEHOLDER_CLASS = "bench-placeholder"  # PriorityClass of the placeholders
+PLACEHOLDER_PRIORITY = -10
+PREEMPTOR_CLASS = "bench-agent-high"  # PriorityClass of the preemptors
+PREEMPTOR_PRIORITY = 100000
+PLACEHOLDER = {"cpu": "2", "memory": "8Gi"}  # the nodes' 1 CPU : 4Gi ratio: a node fills on both at once
 
 AGENT = "agent"
 BATCH = "batch"
@@ -65,6 +79,8 @@ class WorkloadSpec:
     batch_rate: float = 0.0
     #: agent pods with placement rules (``scale.workload`` mix)
     mix: bool = False
+    #: fill the cluster with placeholders first; the agent pods preempt them (the preempt workload)
+    preempt: bool = False
     #: create every pod while the scheduler is paused, then release them at once (the backlog workload)
     paused: bool = False
     #: creates in flight at once
@@ -97,6 +113,7 @@ class WorkloadSpec:
             "batch_rate": self.batch_rate,
             "mix": self.mix,
             "paused": self.paused,
+            "preempt": self.preempt,
             "create_concurrency": self.create_concurrency,
             "pull_delay_s": self.pull_delay_s,
             "seed": self.seed,
@@ -144,6 +161,7 @@ def default_workloads(
         MIX: WorkloadSpec(
             name=MIX, pods=steady_pods, rate=steady_rate, mix=True, batch_rate=max(1.0, steady_rate / 5)
         ),
+        PREEMPT: WorkloadSpec(name=PREEMPT, pods=burst if burst is not None else 1000, preempt=True),
     }
 
 
@@ -182,6 +200,72 @@ def batch_pod(index: int, *, namespace: str) -> dict[str, Any]:
     }
 
 
+def priority_classes() -> list[dict[str, Any]]:
+    """The two PriorityClasses of the preempt workload."""
+    return [
+        {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": name},
+            "value": value,
+            "description": "agent-scheduler bench: preempt workload",
+        }
+        for name, value in ((PLACEHOLDER_CLASS, PLACEHOLDER_PRIORITY), (PREEMPTOR_CLASS, PREEMPTOR_PRIORITY))
+    ]
+
+
+def placeholders(fleet: list[dict[str, Any]], *, namespace: str) -> list[dict[str, Any]]:
+    """Lowest-priority placeholder pods that fill every untainted node of ``fleet`` (node objects) on CPU,
+    memory and pod count, each bound to its node by ``spec.nodeName``."""
+    cpu, memory = PLACEHOLDER["cpu"], PLACEHOLDER["memory"]
+    milli = int(cpu) * 1000
+    mem_gi = int(memory.removesuffix("Gi"))
+    out: list[dict[str, Any]] = []
+    for node in fleet:
+        if (node.get("spec") or {}).get("taints"):
+            continue  # the agent pods do not tolerate them: no preemptor would go there
+        name = node["metadata"]["name"]
+        alloc = node["status"]["allocatable"]
+        count = min(
+            _milli(alloc["cpu"]) // milli, _gi(alloc["memory"]) // mem_gi, int(alloc.get("pods", 110))
+        )
+        for i in range(count):
+            out.append(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {
+                        "name": f"placeholder-{name}-{i:03d}",
+                        "namespace": namespace,
+                        "labels": {"app": "placeholder", RUN_LABEL: PREEMPT},
+                    },
+                    "spec": {
+                        "nodeName": name,
+                        "priorityClassName": PLACEHOLDER_CLASS,
+                        "containers": [
+                            {
+                                "name": "pause",
+                                "image": "registry.local/pause:3",
+                                "resources": {"requests": dict(PLACEHOLDER)},
+                            }
+                        ],
+                    },
+                }
+            )
+    return out
+
+
+def _milli(q: str) -> int:
+    return int(q[:-1]) if q.endswith("m") else int(q) * 1000
+
+
+def _gi(q: str) -> int:
+    for suffix, div in (("Gi", 1), ("Mi", 1024), ("Ki", 1024 * 1024)):
+        if q.endswith(suffix):
+            return int(q.removesuffix(suffix)) // div
+    return int(q) // 2**30
+
+
 Placer = Callable[[dict[str, Any]], str | None]
 
 
@@ -207,6 +291,10 @@ def arrivals(
         annotations: dict[str, str] = meta.setdefault("annotations", {})
         if spec.pull_delay_s > 0:
             annotations[PULL_ANNOTATION] = "true"
+        if spec.preempt:
+            pod["spec"]["priorityClassName"] = PREEMPTOR_CLASS
+            for c in pod["spec"]["containers"]:
+                c.setdefault("resources", {})["requests"] = dict(PLACEHOLDER)
         if spec.lifetime_s > 0:
             lifetime = spec.lifetime_s * rng.uniform(0.5, 1.5)
             annotations[LIFETIME_ANNOTATION] = f"{lifetime * 1000:.0f}ms"

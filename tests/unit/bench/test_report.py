@@ -176,3 +176,16 @@ def test_the_report_has_a_stage_table_and_a_stacked_bar_per_node_count(tmp_path:
     assert "](stages-1000.png)" in text
     # Runs without stages (kube-scheduler, older results files) leave the section out.
     assert report.stage_table(results()) == []
+
+
+def test_preempt_runs_get_a_table_side_by_side() -> None:
+    runs = []
+    for scheduler, kind in (("agent-standalone", "agent"), ("kube-scheduler-qps5000", "kube-scheduler")):
+        r = run(scheduler, "preempt", kind=kind, pps=50, p99=900, cpu=1.0)
+        r.params.update({"placeholders": 8000, "victims": 1010, "overcommitted_nodes": 0})
+        runs.append(r)
+    lines = report.preemption_table(runs)
+    assert len(lines) == 4
+    assert "| 1000 | agent-standalone | 3000 | 3000 | 8000 | 1010 |" in lines[2]
+    assert lines[3].startswith("| 1000 | kube-scheduler-qps5000 |")
+    assert report.preemption_table(results()) == []

@@ -96,7 +96,8 @@ def test_the_placer_writes_the_node_annotation() -> None:
 
 def test_default_workloads() -> None:
     quick = default_workloads(100, quick=True)
-    assert set(quick) == {"backlog", "burst", "steady", "churn", "mix"}
+    assert set(quick) == {"backlog", "burst", "steady", "churn", "mix", "preempt"}
+    assert quick["preempt"].preempt and quick["preempt"].pods == 1000
     assert quick["burst"].pods <= 500
     assert quick["backlog"].paused and not quick["burst"].paused
     assert quick["backlog"].pods == quick["burst"].pods
@@ -141,3 +142,39 @@ def test_agent_pods_carry_the_pull_marker_only_when_pulls_are_simulated() -> Non
     pulled = arrivals(spec, namespace="ns", scheduler_name="x")
     for a in pulled:
         assert (PULL_ANNOTATION in a.pod["metadata"].get("annotations", {})) == (a.kind == "agent")
+
+
+def test_preempt_workload_fills_untainted_nodes_and_sends_high_priority_pods_of_one_placeholder() -> None:
+    from scale.bench.workloads import (
+        PLACEHOLDER,
+        PLACEHOLDER_CLASS,
+        PREEMPT,
+        PREEMPTOR_CLASS,
+        default_workloads,
+        placeholders,
+        priority_classes,
+    )
+
+    def node(name: str, cpu: str, memory: str, tainted: bool = False) -> dict[str, object]:
+        spec = {"taints": [{"key": "dedicated", "value": "batch", "effect": "NoSchedule"}]} if tainted else {}
+        return {
+            "metadata": {"name": name},
+            "spec": spec,
+            "status": {"allocatable": {"cpu": cpu, "memory": memory, "pods": "110"}},
+        }
+
+    fleet = [node("a", "16", "64Gi"), node("b", "32", "64Gi"), node("c", "32", "128Gi", tainted=True)]
+    pods = placeholders(fleet, namespace="fill")
+    by_node: dict[str, int] = {}
+    for p in pods:
+        assert p["spec"]["priorityClassName"] == PLACEHOLDER_CLASS
+        assert p["spec"]["containers"][0]["resources"]["requests"] == PLACEHOLDER
+        by_node[p["spec"]["nodeName"]] = by_node.get(p["spec"]["nodeName"], 0) + 1
+    assert by_node == {"a": 8, "b": 8}  # b is full on memory; c is tainted
+    assert {pc["metadata"]["name"]: pc["value"] for pc in priority_classes()}[PREEMPTOR_CLASS] > 0
+    spec = default_workloads(50, burst=20)[PREEMPT]
+    plan = arrivals(spec, namespace="x", scheduler_name="s")
+    assert len(plan) == 20
+    for a in plan:
+        assert a.pod["spec"]["priorityClassName"] == PREEMPTOR_CLASS
+        assert a.pod["spec"]["containers"][0]["resources"]["requests"] == PLACEHOLDER

@@ -1,0 +1,154 @@
+"""The arithmetic dry run and its memo (``Evaluator.arithmetic``, ``_by_arithmetic``) choose exactly what the
+full dry run (every filter re-run with pods set aside) chooses: randomized worlds, compared node by node and
+decision by decision, with budgets, start-time ties, pods without a start time, extended resources, pod-count
+limits, nominations and pods the arithmetic must not decide (host ports, spread)."""
+
+from __future__ import annotations
+
+import random
+
+from common.records import PodRecord
+from tests.builders import make_node, make_pod
+from tests.unit.worker.helpers import engine_over
+from worker.budgets import Budgets
+from worker.engine import Engine
+from worker.framework import Status
+from worker.preemption import Candidate, Evaluator
+
+NOW = 1_900_000_000.0
+GPU = "example.com/gpu"
+STARTS = ["2026-01-01T00:00:00Z", "2026-01-01T00:00:01Z", "2026-01-02T00:00:00Z", None]
+
+
+def world(seed: int) -> tuple[Engine, Budgets]:
+    rng = random.Random(seed)
+    nodes = []
+    for i in range(rng.randint(3, 12)):
+        b = make_node(
+            f"n{i}", cpu=str(rng.randint(2, 8)), memory=f"{rng.randint(4, 16)}Gi", pods=str(rng.randint(3, 9))
+        )
+        if rng.random() < 0.3:
+            b = b.extended(GPU, str(rng.randint(1, 4)))
+        nodes.append(b.record())
+    engine = engine_over(nodes)
+    for j in range(rng.randint(5, 60)):
+        node = rng.choice(nodes)
+        info = engine.cache.nodes[node.name]
+        cpu = rng.choice([100, 250, 500, 1000, 2000])
+        if (
+            info.requested.milli_cpu + cpu > node.allocatable.milli_cpu
+            or len(info.pods) >= node.allocatable.pods
+        ):
+            continue
+        b = make_pod(f"p{j}").req(cpu=f"{cpu}m", memory=f"{rng.choice([128, 512, 1024])}Mi")
+        if GPU in node.allocatable.scalar and rng.random() < 0.5:
+            b = b.req(cpu=f"{cpu}m", **{GPU: "1"})
+        b = b.priority(rng.randint(0, 6)).label("app", rng.choice(["a", "b", "c"])).on(node.name)
+        start = rng.choice(STARTS)
+        if start is not None:
+            b = b.started(start)
+        engine.cache.upsert_pod(b.record())
+    budgets = Budgets()
+    budgets.replace(
+        [
+            {
+                "metadata": {"name": f"b{k}", "namespace": "default"},
+                "spec": {"selector": {"matchLabels": {"app": app}}},
+                "status": {"disruptionsAllowed": rng.randint(0, 2), "disruptedPods": {}},
+            }
+            for k, app in enumerate(rng.sample(["a", "b", "c"], rng.randint(0, 2)))
+        ]
+    )
+    return engine, budgets
+
+
+def preemptor(rng: random.Random, i: int) -> PodRecord:
+    b = make_pod(f"hi{i}").req(
+        cpu=f"{rng.choice([500, 1000, 2000, 3000])}m",
+        memory=f"{rng.choice([256, 1024, 4096])}Mi",
+        **({GPU: "1"} if rng.random() < 0.2 else {}),
+    )
+    b = b.priority(rng.randint(1, 8)).label("app", "z")
+    roll = rng.random()
+    if roll < 0.1:
+        b = b.host_port(8080)  # the full dry run only
+    elif roll < 0.2:
+        b = b.spread("kubernetes.io/hostname", {"app": "z"})  # the full dry run only
+    return b.record()
+
+
+def outcome(found: Candidate | Status) -> object:
+    if isinstance(found, Status):
+        return (found.code, found.reasons)
+    return (found.node, [v.name for v in found.victims], found.pdb_violations)
+
+
+def test_arithmetic_chooses_exactly_what_the_filters_choose() -> None:
+    arithmetic = memo = reused = 0
+    for seed in range(300):
+        rng = random.Random(f"pods:{seed}")
+        pods = [preemptor(rng, i) for i in range(4)]
+        fast_engine, fast_budgets = world(seed)
+        full_engine, full_budgets = world(seed)
+        fast = Evaluator(
+            fast_engine.cache, fast_engine, fast_budgets, rng=random.Random(seed), wall=lambda: NOW
+        )
+        full = Evaluator(
+            full_engine.cache,
+            full_engine,
+            full_budgets,
+            rng=random.Random(seed),
+            wall=lambda: NOW,
+            fast=False,
+        )
+        for pod in pods:
+            # node by node, twice on the fast side (the second answer comes from the memo)
+            for name in sorted(fast_engine.cache.nodes):
+                want = outcome(full.select_victims(pod, full_engine.cache.nodes[name], NOW))
+                assert outcome(fast.select_victims(pod, fast_engine.cache.nodes[name], NOW)) == want, (
+                    seed,
+                    pod.name,
+                    name,
+                )
+                assert outcome(fast.select_victims(pod, fast_engine.cache.nodes[name], NOW)) == want
+            # the whole decision: same candidate, same message (the fast side after the failed decision, whose
+            # per-node verdicts it then reuses)
+            fast_engine.schedule(pod)
+            a, b = fast.evaluate(pod), full.evaluate(pod)
+            assert (a.message, a.candidate and outcome(a.candidate)) == (
+                b.message,
+                b.candidate and outcome(b.candidate),
+            )
+            # carry it out the same way on both sides, so later pods see nominations and freed room
+            for engine, verdict in ((fast_engine, a), (full_engine, b)):
+                if verdict.candidate is not None:
+                    engine.cache.nominate(pod, verdict.candidate.node)
+                    for v in verdict.candidate.victims:
+                        engine.cache.remove_pod(v.key)
+        arithmetic += fast.arithmetic_runs
+        memo += fast.memo_hits
+        reused += fast.scans_reused
+        assert full.arithmetic_runs == full.memo_hits == full.scans_reused == 0
+    # the comparison did exercise every shortcut
+    assert arithmetic > 1000 and memo > 1000 and reused > 100
+
+
+def test_memo_follows_the_clock_for_pods_without_a_start_time() -> None:
+    engine = engine_over([make_node("n0", cpu="2").record()])
+    engine.cache.upsert_pod(
+        make_pod("old").req(cpu="1").priority(1).on("n0").started("2026-01-01T00:00:00Z").record()
+    )
+    engine.cache.upsert_pod(
+        make_pod("new").req(cpu="1").priority(1).on("n0").record()
+    )  # no start time: "now"
+    ev = Evaluator(engine.cache, engine, Budgets(), wall=lambda: NOW)
+    pod = make_pod("hi").req(cpu="1").priority(5).record()
+    info = engine.cache.nodes["n0"]
+    first = ev.select_victims(pod, info, NOW)
+    assert isinstance(first, Candidate) and [v.name for v in first.victims] == ["new"]  # the older one stays
+    assert ev.select_victims(pod, info, NOW + 1) == first and ev.memo_hits == 1
+    # a clock before the known start: "new" now counts as the older one, the answer changes
+    early = 1_700_000_000.0
+    again = ev.select_victims(pod, info, early)
+    assert isinstance(again, Candidate) and [v.name for v in again.victims] == ["old"]
+    assert ev.memo_hits == 1
