@@ -14,15 +14,26 @@ starts the workers first and places pods while they are being created):
 - ``host-anti``: 10 plain pods with a required hostname anti-affinity over their group (shard-local);
 - ``affinity``: 10 pods with a required zone affinity to the spread group of an earlier round, and a hostname
   anti-affinity over their own group: lane pods (round 0 has none: nothing earlier to be near);
-- ``plain``: 12 (round 0: 22) agent pods without inter-pod rules.
-``volume_groups`` is the hook for PVC-backed groups (issue 11 item 3): it returns none yet; a group added there
-is audited by the same generic checks, and ``audit_volumes`` is where its volume constraints get checked.
+- ``plain``: 5 (round 0: 15) agent pods without inter-pod rules;
+- PVC-backed pods (``volume_groups``; with the ``storage`` fixture's classes and the test provisioner):
+  ``dyn``: 2 pods, each with a WaitForFirstConsumer claim the provisioner fills once a worker has annotated the
+  selected node (a zonal PV); ``static``: 1 pod with a WaitForFirstConsumer claim of a class without a
+  provisioner, matched by one of the pre-created PVs with zone node affinity (one PV per such claim, spread over
+  the zones: workers race for the same PVs, their claimRef writes carry resourceVersions); ``rwop``: 2 pods
+  wanting one ReadWriteOncePod claim at once (only one may be bound, the other stays pending with kube's
+  reason); ``vspread``: 2 pods with a provisioned claim and a zone spread constraint over their group (lane
+  pods). 7 pods per round, taken from ``plain``, so the total stays 1,000.
+The generic audit covers the volume pods' inter-pod rules; ``audit_volumes`` checks their volume constraints
+from the claims and PVs read back from the API server.
 
 The audit is written against the pod and node objects only (not the scheduler's code): every pod bound exactly
 once (unique uids, one binding line per pod in the workers' trails), no node overcommitted, and for every pod,
 each of its hard rules holds in the final placement: spread skew (every pod of a spread group carries the same
 constraint, so kube-scheduler's per-placement check implies it for the final counts), anti-affinity both ways,
-affinity. Lane throughput is recorded and printed, never asserted: lane pods over the seconds from the
+affinity. For volumes: every bound pod's claims are Bound to a PV whose claimRef is that claim, the PV's
+node affinity admits the pod's node (zone or hostname), no PV is bound to two claims, at most one live pod
+per ReadWriteOncePod claim, and each pending pod is a ReadWriteOncePod loser whose claim is held by a bound pod
+and whose PodScheduled message says so. Lane throughput is recorded and printed, never asserted: lane pods over the seconds from the
 first to the last lane binding by the API server's clock (``PodScheduled``'s transition time), and over the
 seconds from the workers having nodes (or the first creation) until the last lane pod was bound.
 """
@@ -45,6 +56,7 @@ import pytest
 from common.kube import KubeClient
 from scale.cluster import Cluster
 from scale.workload import agent_pod
+from tests.integration import test_volumes as volume_tests
 from tests.integration.etcd_server import EtcdServer
 from tests.integration.support import audit_capacity, create_pods, wait_for
 from tests.integration.test_coordinator import (  # the harness of the coordinator tests
@@ -54,6 +66,11 @@ from tests.integration.test_coordinator import (  # the harness of the coordinat
     nodes_of,
     started,
 )
+
+# the volume tests' fixtures: this run's StorageClasses, and the test provisioner (started and stopped by PID)
+run = volume_tests.run
+provisioner = volume_tests.provisioner
+storage = volume_tests.storage
 
 ZONE = "topology.kubernetes.io/zone"
 HOSTNAME = "kubernetes.io/hostname"
@@ -103,15 +120,86 @@ def _spread(pod: dict[str, Any], key: str, labels: dict[str, str], max_skew: int
     )
 
 
-def volume_groups(r: int, scheduler: str) -> list[dict[str, Any]]:
-    """Hook for PVC-backed groups (issue 11 item 3, added with VolumeBinding): pods of round ``r`` whose
-    claims pin them to a zone or node. None yet. Their volume constraints are audited in ``audit_volumes``;
-    their inter-pod rules, if any, by the generic audit."""
-    return []
+VOLUME_PODS = 7  # per round, when the test has storage: dyn 2, static 1, rwop 2, vspread 2
+RWOP_REASON = "node has pod using PersistentVolumeClaim with the same name and ReadWriteOncePod access mode"
 
 
-def round_pods(r: int, scheduler: str, namespace: str = "default") -> tuple[list[dict[str, Any]], int]:
-    """Round ``r``'s pods in creation order, and how many of them are lane pods."""
+def _claim(name: str, cls: str, modes: tuple[str, ...] = ("ReadWriteOnce",)) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name},
+        "spec": {
+            "storageClassName": cls,
+            "accessModes": list(modes),
+            "resources": {"requests": {"storage": "1Gi"}},
+        },
+    }
+
+
+def _mount(pod: dict[str, Any], claim: str) -> dict[str, Any]:
+    pod["spec"].setdefault("volumes", []).append(
+        {"name": f"v{len(pod['spec']['volumes'])}", "persistentVolumeClaim": {"claimName": claim}}
+    )
+    return pod
+
+
+def zonal_pv(name: str, cls: str, zone: str) -> dict[str, Any]:
+    """A pre-created (static) PV that only nodes of ``zone`` can reach."""
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": name},
+        "spec": {
+            "storageClassName": cls,
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "local": {"path": "/mnt/data"},
+            "nodeAffinity": {
+                "required": {
+                    "nodeSelectorTerms": [
+                        {"matchExpressions": [{"key": ZONE, "operator": "In", "values": [zone]}]}
+                    ]
+                }
+            },
+        },
+    }
+
+
+def volume_groups(
+    r: int, scheduler: str, storage: dict[str, str] | None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The PVC-backed pods of round ``r`` and the claims they use (none without ``storage``, the classes of
+    ``test_volumes``'s fixture). Static claims (class ``local``) are matched by PVs ``run_rounds`` creates, one
+    per claim. Their volume constraints are audited in ``audit_volumes``; the spread by the generic audit."""
+    if storage is None:
+        return [], []
+    pods: list[dict[str, Any]] = []
+    claims: list[dict[str, Any]] = []
+    for i in range(2):
+        claims.append(_claim(f"dyn-{r}-{i}", storage["dynamic"]))
+        pods.append(_mount(_pod(f"dyn-{r}-{i}", scheduler, {"group": f"dyn-{r}"}), f"dyn-{r}-{i}"))
+    claims.append(_claim(f"static-{r}", storage["local"]))
+    pods.append(_mount(_pod(f"static-{r}", scheduler, {"group": f"static-{r}"}), f"static-{r}"))
+    claims.append(_claim(f"rwop-{r}", storage["dynamic"], ("ReadWriteOncePod",)))
+    for i in range(2):  # both want the claim at once: one is bound, the other stays pending
+        pods.append(_mount(_pod(f"rwop-{r}-{i}", scheduler, {"group": f"rwop-{r}"}), f"rwop-{r}"))
+    vspread = {"group": f"vspread-{r}"}
+    for i in range(2):
+        claims.append(_claim(f"vspread-{r}-{i}", storage["dynamic"]))
+        p = _mount(_pod(f"vspread-{r}-{i}", scheduler, vspread), f"vspread-{r}-{i}")
+        _spread(p, ZONE, vspread)
+        pods.append(p)
+    assert len(pods) == VOLUME_PODS
+    return pods, claims
+
+
+def round_pods(
+    r: int, scheduler: str, namespace: str = "default", storage: dict[str, str] | None = None
+) -> tuple[list[dict[str, Any]], int]:
+    """Round ``r``'s pods in creation order, and how many of them are lane pods (``storage``: with the
+    PVC-backed pods of ``volume_groups``, taken from the plain ones; their claims by ``round_claims``)."""
     pods: list[dict[str, Any]] = []
     lane = 0
     spread = {"group": f"spread-{r}"}
@@ -132,7 +220,8 @@ def round_pods(r: int, scheduler: str, namespace: str = "default") -> tuple[list
         p = _pod(f"host-anti-{r}-{i}", scheduler, host)
         _required(p, "podAntiAffinity", _term(HOSTNAME, host))
         pods.append(p)
-    plain = 12
+    volume_pods, _ = volume_groups(r, scheduler, storage)
+    plain = 12 - len(volume_pods)
     if r > 0:
         near = {"group": f"spread-{max(0, r - 2)}"}
         own = {"group": f"affinity-{r}"}
@@ -147,8 +236,9 @@ def round_pods(r: int, scheduler: str, namespace: str = "default") -> tuple[list
     for i in range(plain):
         p = agent_pod(r * 100 + i, namespace=namespace, scheduler_name=scheduler, prefix=f"plain-{r}")
         pods.append(p)
-    for p in volume_groups(r, scheduler):
+    for p in volume_pods:
         pods.append(p)
+        lane += 1 if p["spec"].get("topologySpreadConstraints") else 0
     return pods, lane
 
 
@@ -211,10 +301,112 @@ def audit_constraints(pods: list[dict[str, Any]], node_labels: dict[str, dict[st
     return violations
 
 
-def audit_volumes(pods: list[dict[str, Any]], node_labels: dict[str, dict[str, str]]) -> list[str]:
-    """Hook: the volume constraints of the pods ``volume_groups`` adds (a bound PV's node affinity, one
-    ReadWriteOncePod claim per pod, ...). None to check yet."""
-    return []
+def _admits(pv: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A PV's required node affinity against a node's labels (terms ORed, expressions ANDed)."""
+    required = ((pv["spec"].get("nodeAffinity") or {}).get("required") or {}).get("nodeSelectorTerms")
+    if not required:
+        return True
+
+    def holds(e: dict[str, Any]) -> bool:
+        value, op = labels.get(e["key"]), e["operator"]
+        if op == "In":
+            return value in e.get("values", [])
+        if op == "NotIn":
+            return value not in e.get("values", [])
+        if op == "Exists":
+            return value is not None
+        if op == "DoesNotExist":
+            return value is None
+        raise AssertionError(f"operator {op} not audited")
+
+    return any(all(holds(e) for e in t.get("matchExpressions") or []) for t in required)
+
+
+def _claims_of(pod: dict[str, Any]) -> list[str]:
+    return [
+        v["persistentVolumeClaim"]["claimName"]
+        for v in pod["spec"].get("volumes") or []
+        if "persistentVolumeClaim" in v
+    ]
+
+
+def _pending_message(pod: dict[str, Any]) -> str:
+    for c in pod.get("status", {}).get("conditions") or ():
+        if c.get("type") == "PodScheduled" and c.get("status") == "False":
+            return str(c.get("message") or "")
+    return ""
+
+
+def audit_volumes(
+    pods: list[dict[str, Any]],
+    node_labels: dict[str, dict[str, str]],
+    claims: list[dict[str, Any]],
+    pvs: list[dict[str, Any]],
+) -> list[str]:
+    """The volume constraints of the pods, from their claims and the PVs as the API server has them: every
+    bound pod's claims Bound to a PV that names the claim and admits the pod's node; no PV bound to two claims;
+    at most one live pod per ReadWriteOncePod claim; every pending pod a ReadWriteOncePod loser (its claim
+    held by a bound pod) whose PodScheduled message says so."""
+    violations: list[str] = []
+    claim_by = {c["metadata"]["name"]: c for c in claims}
+    pv_by = {v["metadata"]["name"]: v for v in pvs}
+    volume_users: defaultdict[str, list[str]] = defaultdict(list)
+    for c in claims:
+        if c["spec"].get("volumeName"):
+            volume_users[c["spec"]["volumeName"]].append(c["metadata"]["name"])
+    for volume_name, users in volume_users.items():
+        if len(users) > 1:
+            violations.append(f"PV {volume_name} is the volume of claims {users}")
+    live_users: defaultdict[str, list[str]] = defaultdict(list)
+    for p in pods:
+        name, node = p["metadata"]["name"], p["spec"].get("nodeName")
+        for cname in _claims_of(p):
+            if node:
+                live_users[cname].append(name)
+            found = claim_by.get(cname)
+            if found is None:
+                violations.append(f"{name}: claim {cname} does not exist")
+                continue
+            if not node:
+                continue
+            c = found
+            volume = c["spec"].get("volumeName")
+            if (c.get("status") or {}).get("phase") != "Bound" or not volume:
+                violations.append(f"{name} is bound to {node} but its claim {cname} is not Bound")
+                continue
+            pv = pv_by.get(volume)
+            if pv is None:
+                violations.append(f"{name}: claim {cname}'s PV {volume} does not exist")
+                continue
+            ref = pv["spec"].get("claimRef") or {}
+            if ref.get("uid") != c["metadata"]["uid"]:
+                violations.append(f"PV {volume} of claim {cname} is claimed by {ref.get('name')}")
+            if not _admits(pv, node_labels[node]):
+                violations.append(
+                    f"{name} on {node} ({node_labels[node].get(ZONE)}): PV {volume} does not admit it"
+                )
+    for cname, users in live_users.items():
+        modes = claim_by[cname]["spec"].get("accessModes") or [] if cname in claim_by else []
+        if "ReadWriteOncePod" in modes and len(users) > 1:
+            violations.append(f"ReadWriteOncePod claim {cname} used by bound pods {users}")
+    for p in pods:
+        if p["spec"].get("nodeName"):
+            continue
+        name, wanted = p["metadata"]["name"], _claims_of(p)
+        rwop = [
+            c
+            for c in wanted
+            if "ReadWriteOncePod" in (claim_by.get(c, {}).get("spec", {}).get("accessModes") or [])
+        ]
+        if not any(live_users.get(c) for c in rwop):
+            violations.append(
+                f"{name} is pending but no ReadWriteOncePod claim of it is held: {_pending_message(p)!r}"
+            )
+        elif RWOP_REASON not in _pending_message(p):
+            violations.append(
+                f"{name} is pending without the ReadWriteOncePod reason: {_pending_message(p)!r}"
+            )
+    return violations
 
 
 async def _node_labels(kube: KubeClient) -> dict[str, dict[str, str]]:
@@ -275,11 +467,13 @@ async def run_rounds(
     record: Callable[[str, object], None],
     *,
     backlog: bool,
+    storage: dict[str, str] | None = None,
 ) -> None:
     """Create the rounds' pods and place them: all at once from a backlog (``backlog``: created with a
     scheduling gate, the workers started, the gates lifted: the lane's own pace is measured on a full queue),
-    or while they are being created (the workers started first)."""
-    workload = [round_pods(r, d.scheduler_name, namespace) for r in range(rounds)]
+    or while they are being created (the workers started first). With ``storage``, the PVC-backed groups'
+    claims and static PVs are created first."""
+    workload = [round_pods(r, d.scheduler_name, namespace, storage) for r in range(rounds)]
     pods = [p for round_, _ in workload for p in round_]
     lane_pods = sum(n for _, n in workload)
     lane_names = {
@@ -290,6 +484,19 @@ async def run_rounds(
         or _required_terms(p, "podAffinity")
     }
     assert len(lane_names) == lane_pods
+    claims = [c for r in range(rounds) for c in volume_groups(r, d.scheduler_name, storage)[1]]
+    if storage is not None:
+        zones = sorted({v for labels in (await _node_labels(kube)).values() if (v := labels.get(ZONE))})
+        static = [c for c in claims if c["spec"]["storageClassName"] == storage["local"]]
+        for i, _ in enumerate(static):  # one PV per static claim, round-robin over the zones
+            await kube.post(
+                "/api/v1/persistentvolumes",
+                zonal_pv(f"static-{namespace}-{i}", storage["local"], zones[i % len(zones)]),
+            )
+        for c in claims:
+            await kube.post(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims", c)
+    rwop_claims = {c["metadata"]["name"] for c in claims if "ReadWriteOncePod" in c["spec"]["accessModes"]}
+    losers = len(rwop_claims)  # every ReadWriteOncePod claim has two pods: one of them stays pending
     if backlog:
         for p in pods:  # held until every worker has its share of the nodes
             p["spec"]["schedulingGates"] = [{"name": HOLD_GATE}]
@@ -312,22 +519,46 @@ async def run_rounds(
     lane_metrics = await _lane_metrics(d)
     worker_metrics = await _worker_metrics(d)
     n = len(pods)
-    listed = await wait_for(
-        kube,
-        namespace,
-        lambda ps: len(ps) == n and all(p["spec"].get("nodeName") for p in ps),
-        timeout=SETTLE_TIMEOUT,
-        what=f"{n} pods bound",
-    )
+
+    def settled(ps: list[dict[str, Any]]) -> bool:
+        """Every pod bound but one user of each ReadWriteOncePod claim, which has been answered (pending with
+        the reason: ``audit_volumes`` checks which)."""
+        pending = [p for p in ps if not p["spec"].get("nodeName")]
+        return (
+            len(ps) == n
+            and len(pending) == losers
+            and all(RWOP_REASON in _pending_message(p) and set(_claims_of(p)) & rwop_claims for p in pending)
+        )
+
+    try:
+        listed = await wait_for(
+            kube,
+            namespace,
+            settled,
+            timeout=SETTLE_TIMEOUT,
+            what=f"{n - losers} pods bound, {losers} pending",
+        )
+    except AssertionError as e:
+        states = {
+            p["metadata"]["name"]: _pending_message(p)
+            for p in (await kube.get(f"/api/v1/namespaces/{namespace}/pods"))["items"]
+            if not p["spec"].get("nodeName")
+        }
+        raise AssertionError(f"{e}; pending: {states}") from None
     assert len({p["metadata"]["uid"] for p in listed}) == n
+    bound_pods = [p for p in listed if p["spec"].get("nodeName")]
     trails: Counter[str] = Counter(t["pod"] for t in d.trails() if str(t["pod"]).startswith(namespace + "/"))
     # the trails are flushed by the running workers in batches: every line names a listed pod, once
-    assert set(trails) <= {f"{namespace}/{p['metadata']['name']}" for p in listed}
+    assert set(trails) <= {f"{namespace}/{p['metadata']['name']}" for p in bound_pods}
     assert all(c == 1 for c in trails.values()), {k: c for k, c in trails.items() if c > 1}
     cap = await audit_capacity(kube)
     assert cap.overcommitted == []
     node_labels = await _node_labels(kube)
-    violations = audit_constraints(listed, node_labels) + audit_volumes(listed, node_labels)
+    listed_claims = (await kube.get(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims"))["items"]
+    pvs = (await kube.get("/api/v1/persistentvolumes"))["items"]
+    violations = audit_constraints(listed, node_labels) + audit_volumes(
+        listed, node_labels, listed_claims, pvs
+    )
     assert violations == [], violations[:20]
     by_worker: defaultdict[str, int] = defaultdict(int)
     for t in d.trails():
@@ -345,13 +576,18 @@ async def run_rounds(
         f"\nlane group spans (first to last binding of a group, s): median {spans[len(spans) // 2]:.0f}, "
         f"max {spans[-1]:.0f}"
     )
+    per_group = Counter(re.sub(r"-\d+(-\d+)?$", "", str(p["metadata"]["name"])) for p in listed)
     record("pods", n)
+    record("pods_per_group", dict(per_group))
+    record("claims", len(claims))
+    record("rwop_pending", losers)
     record("lane_pods", lane_pods)
     record("lane_pods_per_s", round(lane_pods / lane_s, 1))
     record("lane_pods_per_s_binding_span", round(lane_pods / binding_s, 1))
     since = "the gates began to lift" if backlog else "the first creation"
     print(
-        f"\n{n} pods ({lane_pods} lane pods), {WORKERS} workers, created in {created_s:.1f}s: lane pods all "
+        f"\n{n} pods ({lane_pods} lane pods; per group {dict(per_group)}; {len(claims)} claims, "
+        f"{losers} ReadWriteOncePod users pending), {WORKERS} workers, created in {created_s:.1f}s: lane pods all "
         f"bound {lane_s:.1f}s after {since} ({lane_pods / lane_s:.1f} lane pods/s); first to last lane "
         f"binding {binding_s:.0f}s ({lane_pods / binding_s:.1f} lane pods/s); per worker {dict(by_worker)}; "
         f"the leader's lane metrics {lane_metrics}; the workers' mean stages {worker_metrics}; "
@@ -412,17 +648,17 @@ def _scheduled_at(pod: dict[str, Any]) -> float:
 
 @pytest.mark.integration
 async def test_sharded_inter_pod_rules_1000_pods(
-    kube: KubeClient, namespace: str, sharded: Deployment, record_property: Any
+    kube: KubeClient, namespace: str, storage: dict[str, str], sharded: Deployment, record_property: Any
 ) -> None:
-    await run_rounds(kube, sharded, namespace, ROUNDS, record_property, backlog=True)
+    await run_rounds(kube, sharded, namespace, ROUNDS, record_property, backlog=True, storage=storage)
 
 
 @pytest.mark.integration
 @pytest.mark.slow
 async def test_sharded_inter_pod_rules_5000_pods(
-    kube: KubeClient, namespace: str, sharded: Deployment, record_property: Any
+    kube: KubeClient, namespace: str, storage: dict[str, str], sharded: Deployment, record_property: Any
 ) -> None:
-    await run_rounds(kube, sharded, namespace, SLOW_ROUNDS, record_property, backlog=False)
+    await run_rounds(kube, sharded, namespace, SLOW_ROUNDS, record_property, backlog=False, storage=storage)
 
 
 def test_the_audit_finds_violations() -> None:
@@ -451,3 +687,50 @@ def test_the_audit_finds_violations() -> None:
     assert kinds["affinity"] == 1
     ok = [placed(by_name[f"spread-1-{i}"], node) for i, node in enumerate(("a1", "b1", "c1"))]
     assert audit_constraints(ok, nodes) == []
+
+
+def test_the_volume_audit_finds_violations() -> None:
+    """``audit_volumes`` is not vacuous: each kind of volume violation is reported, a sound placement is not."""
+    nodes = {"a1": {ZONE: "a", HOSTNAME: "a1"}, "b1": {ZONE: "b", HOSTNAME: "b1"}}
+    classes = {"dynamic": "dyn", "local": "loc"}
+    pods, claims = volume_groups(0, "s", classes)
+    by_name = {p["metadata"]["name"]: p for p in pods}
+    claim_by = {c["metadata"]["name"]: c for c in claims}
+    pvs: list[dict[str, Any]] = []
+
+    def bind(claim: str, zone: str) -> None:
+        c = claim_by[claim]
+        c["metadata"]["uid"] = f"uid-{claim}"
+        c["spec"]["volumeName"] = f"pv-{claim}"
+        c["status"] = {"phase": "Bound"}
+        pv = zonal_pv(f"pv-{claim}", "loc", zone)
+        pv["spec"]["claimRef"] = {"namespace": "ns", "name": claim, "uid": f"uid-{claim}"}
+        pvs.append(pv)
+
+    def placed(name: str, node: str | None) -> dict[str, Any]:
+        by_name[name]["spec"]["nodeName"] = node
+        return by_name[name]
+
+    for claim in ("dyn-0-0", "static-0", "rwop-0"):
+        bind(claim, "a")
+    pending = placed("rwop-0-1", None)
+    pending["status"] = {"conditions": [{"type": "PodScheduled", "status": "False", "message": RWOP_REASON}]}
+    ok = [placed("dyn-0-0", "a1"), placed("static-0", "a1"), placed("rwop-0-0", "a1"), pending]
+    assert audit_volumes(ok, nodes, claims, pvs) == []
+    bad = [
+        placed("dyn-0-0", "b1"),  # its PV is in zone a
+        placed("dyn-0-1", "a1"),  # its claim is not Bound
+        placed("rwop-0-0", "a1"),
+        placed("rwop-0-1", "b1"),  # a second live user of the ReadWriteOncePod claim
+        placed("vspread-0-0", None),  # pending without a ReadWriteOncePod claim held
+    ]
+    claim_by["static-0"]["spec"]["volumeName"] = "pv-dyn-0-0"  # a PV that is the volume of two claims
+    violations = audit_volumes(bad, nodes, claims, pvs)
+    for needle in (
+        "does not admit",
+        "is not Bound",
+        "used by bound pods",
+        "is pending but",
+        "volume of claims",
+    ):
+        assert any(needle in v for v in violations), (needle, violations)
