@@ -123,7 +123,13 @@ class CoordinatedWorker:
         reporter = new_reporter(client, settings)
         self.results = LeaderResults(reporter, audit=self.audit)
         self.sched = Scheduler(
-            client, settings, shard=self.shard, outcomes=self.results, reporter=reporter, watch_pending=False
+            client,
+            settings,
+            shard=self.shard,
+            outcomes=self.results,
+            reporter=reporter,
+            watch_pending=False,
+            preempt=True,  # proposes candidates; preempts only where the leader says (worker.preemption)
         )
         self.draining = False
         self.intake = Intake(
