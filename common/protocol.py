@@ -39,21 +39,30 @@ Version: ``VERSION`` travels in HELLO and WELCOME (field ``v``); a peer whose HE
 version is refused. A peer of another framing fails the MAC check of its first frame. Version 3 added
 DISPATCH's ``min_rv``: a version-2 worker would ignore it and decide a pod with an inter-pod rule on a view
 that may lack a placement the rule depends on, so the two versions must not talk (adding an ignorable field
-would not need a new version; this one is not ignorable).
+would not need a new version; this one is not ignorable). Version 4 added preemption across shards (issue 12
+item 3): RESULT's ``preemption`` and DISPATCH's ``preempt``. A version-3 worker would ignore ``preempt`` and
+answer "no" without ever preempting, and a version-3 leader would ignore the candidates, so both are
+required fields and the versions must not talk.
 
 Leader -> worker
     HELLO     {v, leader, term, nonce}         first frame
-    DISPATCH  {id, pod, min_rv}                place this pod (the API object as the leader saw it), but
+    DISPATCH  {id, pod, min_rv, preempt}       place this pod (the API object as the leader saw it), but
                                                decide only once the worker's pod watch has reached
                                                resourceVersion ``min_rv`` (0: at once); see "The topology
-                                               lane" in docs/architecture.md
+                                               lane" in docs/architecture.md. ``preempt``: "" (place it
+                                               if it fits), or the name of an owned node whose candidate
+                                               this worker reported and the leader chose: if the pod fits
+                                               nowhere, re-check that node's victims and preempt there
     PING      {ts}                             heartbeat, every ``HEARTBEAT_INTERVAL`` (and once at once)
 Worker -> leader
     WELCOME   {v, worker, term, nonce}         answer to HELLO
     ACK       {id}                             the pod is in the worker's queue (not yet placed)
-    RESULT    {id, key, uid, outcome, node, nodes, reasons, message}
+    RESULT    {id, key, uid, outcome, node, nodes, reasons, message, preemption}
               outcome: "bound" (node set), "unschedulable" (no owned node fits; ``nodes`` is how many
-              nodes were considered, ``reasons`` maps kube-scheduler reasons to node counts), "gone" (the pod
+              nodes were considered, ``reasons`` maps kube-scheduler reasons to node counts; ``preemption``
+              is nil or the shard's best preemption candidate, a ``Candidate``: {node, pdb_violations,
+              highest_priority, priority_sum, victims, earliest_start}, found by a dry run that evicted and
+              nominated nothing; only an unschedulable RESULT may carry one), "gone" (the pod
               was deleted), "rejected" (try later: the worker cannot take pods now, e.g. fenced or draining,
               sent instead of ACK; or the binding was refused; or the pod is not for this scheduler). ``uid``
               is the pod's uid as the worker saw it, so a pod recreated under the same name is not answered
@@ -101,6 +110,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import math
 import secrets
 import struct
 from collections.abc import Callable, Mapping, Sequence
@@ -109,7 +119,7 @@ from typing import Any, Final, Literal
 
 import msgpack
 
-VERSION: Final = 3
+VERSION: Final = 4
 MAX_FRAME: Final = 16 * 1024 * 1024
 MAX_HANDSHAKE_FRAME: Final = 4096  # HELLO and its answer: read before the peer is authenticated
 MAC_SIZE: Final = 32  # HMAC-SHA256
@@ -169,6 +179,39 @@ class Dispatch:
     id: int
     pod: dict[str, Any]
     min_rv: int = 0  # decide only once the pod watch has reached this resourceVersion (0: no wait)
+    preempt: str = ""  # "" or the owned node the leader chose for this pod's preemption
+
+
+PRIORITY_MIN: Final = -(2**31)  # a pod's priority is an int32 (PriorityClass.value)
+PRIORITY_MAX: Final = 2**31 - 1
+MAX_VICTIMS: Final = 1 << 20  # more pods than any node holds
+_PRIORITY_OFFSET: Final = 2**31  # as worker.preemption's priority sum: each victim adds priority + 2**31
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One shard's best preemption candidate, what kube-scheduler's pickOneNodeForPreemption compares: the
+    node, how many victims violate a PodDisruptionBudget, the highest victim priority, the sum of
+    ``priority + 2**31`` over the victims, their number, and the earliest start time (epoch seconds) among
+    the highest-priority victims. No pod names cross the wire: the chosen worker finds its victims again."""
+
+    node: str
+    pdb_violations: int
+    highest_priority: int
+    priority_sum: int
+    victims: int
+    earliest_start: float
+
+    def rank(self) -> tuple[int, int, int, int, float]:
+        """Smaller is better, criterion by criterion (the same order as ``worker.preemption.Summary``): fewest
+        budget violations, lowest highest priority, smallest sum, fewest victims, latest start."""
+        return (
+            self.pdb_violations,
+            self.highest_priority,
+            self.priority_sum,
+            self.victims,
+            -self.earliest_start,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +229,7 @@ class Result:
     reasons: Mapping[str, int] = field(default_factory=dict)
     message: str = ""
     uid: str = ""  # the pod's uid as the worker saw it ("" if it had none)
+    preemption: Candidate | None = None  # unschedulable only: the shard's best preemption candidate
 
     @classmethod
     def bound(cls, dispatch_id: int, key: str, node: str, *, uid: str = "") -> Result:
@@ -201,9 +245,17 @@ class Result:
         reasons: Mapping[str, int],
         message: str,
         uid: str = "",
+        preemption: Candidate | None = None,
     ) -> Result:
         return cls(
-            dispatch_id, key, UNSCHEDULABLE, nodes=nodes, reasons=dict(reasons), message=message, uid=uid
+            dispatch_id,
+            key,
+            UNSCHEDULABLE,
+            nodes=nodes,
+            reasons=dict(reasons),
+            message=message,
+            uid=uid,
+            preemption=preemption,
         )
 
     @classmethod
@@ -252,11 +304,11 @@ def _fields(message: Message) -> tuple[str, dict[str, Any]]:
             return HELLO, {"v": version, "leader": leader, "term": term, "nonce": nonce}
         case Welcome(worker, term, nonce, version):
             return WELCOME, {"v": version, "worker": worker, "term": term, "nonce": nonce}
-        case Dispatch(dispatch_id, pod, min_rv):
-            return DISPATCH, {"id": dispatch_id, "pod": pod, "min_rv": min_rv}
+        case Dispatch(dispatch_id, pod, min_rv, preempt):
+            return DISPATCH, {"id": dispatch_id, "pod": pod, "min_rv": min_rv, "preempt": preempt}
         case Ack(dispatch_id):
             return ACK, {"id": dispatch_id}
-        case Result(dispatch_id, key, outcome, node, nodes, reasons, text, uid):
+        case Result(dispatch_id, key, outcome, node, nodes, reasons, text, uid, preemption):
             return RESULT, {
                 "id": dispatch_id,
                 "key": key,
@@ -266,6 +318,16 @@ def _fields(message: Message) -> tuple[str, dict[str, Any]]:
                 "nodes": nodes,
                 "reasons": dict(reasons),
                 "message": text,
+                "preemption": None
+                if preemption is None
+                else {
+                    "node": preemption.node,
+                    "pdb_violations": preemption.pdb_violations,
+                    "highest_priority": preemption.highest_priority,
+                    "priority_sum": preemption.priority_sum,
+                    "victims": preemption.victims,
+                    "earliest_start": preemption.earliest_start,
+                },
             }
         case Capacity():
             return CAPACITY, {
@@ -401,6 +463,38 @@ def _outcome(m: Mapping[str, Any]) -> Outcome:
     raise ProtocolError(f"unknown result outcome {value!r}")
 
 
+def _bounded(m: Mapping[str, Any], name: str, low: int, high: int) -> int:
+    value = _int(m, name)
+    if not low <= value <= high:
+        raise ProtocolError(f"{m['t']}.{name} is out of range [{low}, {high}]: {value}")
+    return value
+
+
+def _candidate(m: Mapping[str, Any]) -> Candidate | None:
+    """RESULT's ``preemption``: nil, or a candidate whose numbers are consistent with one another (a hostile or
+    broken worker must not steer the leader's choice with a summary no real dry run can produce)."""
+    value = _get(m, "preemption")
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ProtocolError(f"result.preemption is not a map: {value!r}")
+    c: dict[str, Any] = {"t": "result.preemption", **value}
+    node = _str(c, "node")
+    if not node or len(node) > 253:
+        raise ProtocolError("result.preemption.node is not a node name")
+    victims = _bounded(c, "victims", 1, MAX_VICTIMS)
+    violations = _bounded(c, "pdb_violations", 0, victims)
+    highest = _bounded(c, "highest_priority", PRIORITY_MIN, PRIORITY_MAX)
+    # every victim's priority is at most the highest one and at least PRIORITY_MIN (adding 0 to the sum)
+    total = _bounded(c, "priority_sum", highest + _PRIORITY_OFFSET, victims * (highest + _PRIORITY_OFFSET))
+    start = _float(c, "earliest_start")
+    if not math.isfinite(start):
+        raise ProtocolError("result.preemption.earliest_start is not finite")
+    if _outcome(m) != UNSCHEDULABLE:
+        raise ProtocolError("result.preemption on a result that is not unschedulable")
+    return Candidate(node, violations, highest, total, victims, start)
+
+
 def _json_like(value: Any, depth: int = 0) -> bool:
     """True for what a JSON document can hold: maps with string keys, lists, strings, numbers, bools, null."""
     if depth > 64:
@@ -460,7 +554,7 @@ _DECODERS: dict[str, Callable[[Mapping[str, Any]], Message]] = {
     WELCOME: lambda m: Welcome(
         _str(m, "worker"), _int(m, "term"), _bytes(m, "nonce", NONCE_SIZE), _version(m)
     ),
-    DISPATCH: lambda m: Dispatch(_int(m, "id"), _pod(m), _revision(m, "min_rv")),
+    DISPATCH: lambda m: Dispatch(_int(m, "id"), _pod(m), _revision(m, "min_rv"), _str(m, "preempt")),
     ACK: lambda m: Ack(_int(m, "id")),
     RESULT: lambda m: Result(
         _int(m, "id"),
@@ -471,6 +565,7 @@ _DECODERS: dict[str, Callable[[Mapping[str, Any]], Message]] = {
         reasons=_reasons(m),
         message=_str(m, "message"),
         uid=_str(m, "uid"),
+        preemption=_candidate(m),
     ),
     CAPACITY: lambda m: Capacity(
         nodes=_int(m, "nodes"),

@@ -79,8 +79,8 @@ SPEC_FIELDS: Final[dict[str, Field]] = {
         _f(
             "spec.priority",
             SUPPORTED,
-            "PrioritySort: queue order; DefaultPreemption in a standalone worker (worker/preemption.py); "
-            "under a coordinator a pod that fits nowhere waits, and its message says preemption was not tried",
+            "PrioritySort: queue order; DefaultPreemption (worker/preemption.py), standalone and across shards "
+            "(each shard proposes its best candidate, the leader picks, the owning worker preempts)",
         ),
         _f(
             "spec.priorityClassName",
@@ -183,7 +183,7 @@ SPEC_FIELDS: Final[dict[str, Field]] = {
         _f(
             "spec.preemptionPolicy",
             SUPPORTED,
-            "DefaultPreemption: a pod with Never does not preempt (standalone; a coordinated worker never preempts)",
+            "DefaultPreemption: a pod with Never does not preempt (standalone and under a coordinator)",
         ),
     )
 }

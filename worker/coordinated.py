@@ -6,9 +6,10 @@ as its outcome receiver.
 2. the ``Shard`` (``worker.shard``): registration under the lease, the assignment, fencing, acks, catch-up;
 3. ``LeaderResults`` (``worker.intake``): the outcome receiver, RESULTs to the leader, Scheduled events and
    the optional audit trail;
-4. ``Scheduler(shard=..., outcomes=..., watch_pending=False)``: the cache still watches every node and pod
-   (all pods use capacity), but only the leader's dispatch feeds the queue, and only usable nodes of the
-   shard are candidates;
+4. ``Scheduler(shard=..., outcomes=..., watch_pending=False, preempt=True)``: the cache still watches every
+   node and pod (all pods use capacity), but only the leader's dispatch feeds the queue, and only usable nodes
+   of the shard are candidates; preemption only proposes candidates, and is carried out only on the owned
+   node the leader chose (``worker.preemption``);
 5. the ``Intake`` server on the listener, with the dispatch keys (``common.keyring``; without a secret only
    a loopback listener is allowed, unless ``insecure_dispatch``) and a mirror of the election prefix, whose
    lowest key names the only leader whose stream it accepts.
@@ -123,7 +124,13 @@ class CoordinatedWorker:
         reporter = new_reporter(client, settings)
         self.results = LeaderResults(reporter, audit=self.audit)
         self.sched = Scheduler(
-            client, settings, shard=self.shard, outcomes=self.results, reporter=reporter, watch_pending=False
+            client,
+            settings,
+            shard=self.shard,
+            outcomes=self.results,
+            reporter=reporter,
+            watch_pending=False,
+            preempt=True,  # proposes candidates; preempts only where the leader says (worker.preemption)
         )
         self.draining = False
         self.intake = Intake(

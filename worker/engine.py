@@ -33,6 +33,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from common.protocol import Candidate
 from common.records import NodeName, PodRecord
 from common.reporting import unschedulable_message
 from worker.cache import Cache
@@ -55,6 +56,9 @@ class Decision:
     # these over shards into one cluster-wide message).
     nodes: int = 0
     reasons: tuple[tuple[str, int], ...] = ()
+    # Under a coordinator: the shard's best preemption candidate, for the leader to choose among shards
+    # (``worker.preemption.Preemption.propose``); nothing was nominated or evicted for it.
+    preemption: Candidate | None = None
 
     @property
     def ok(self) -> bool:

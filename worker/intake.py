@@ -78,6 +78,7 @@ def _result(
     nodes: int = 0,
     reasons: dict[str, int] | None = None,
     message: str = "",
+    preemption: protocol.Candidate | None = None,
 ) -> protocol.Result:
     return protocol.Result(
         dispatch_id,
@@ -88,6 +89,7 @@ def _result(
         reasons=reasons or {},
         message=message,
         uid=pod.uid,
+        preemption=preemption,
     )
 
 
@@ -192,6 +194,7 @@ class LeaderResults:
                     nodes=decision.nodes,
                     reasons=dict(decision.reasons),
                     message=decision.message,
+                    preemption=decision.preemption,
                 )
             )
 
@@ -369,6 +372,8 @@ class Intake:
                 )
                 return
             self.results.expect(dispatch_id, pod)
+            if msg.preempt:
+                self.sched.preempt_next(pod.key, NodeName(msg.preempt))
             self.gate.hold(pod, min_rv)
             stream.send(protocol.Ack(dispatch_id))
         elif isinstance(msg, protocol.Ping):

@@ -55,20 +55,20 @@ found for incoming pod, 2 Preemption is not helpful for scheduling.".
 Metrics: ``scheduler_preemption_attempts_total`` counts every post-filter call (eligible or not), and
 ``scheduler_preemption_victims`` observes the victims of each preemption carried out, as kube-scheduler's.
 
-Under a coordinator a worker does NOT preempt on its own (the scheduler is built without ``Preemption``): its
-shard saying no does not mean the cluster has no room, and a worker only knows its own shard's victims. The
-leader says so in the pod's message. The protocol designed for it (issue 12 item 3), not implemented yet:
-- RESULT ``unschedulable`` gains an optional ``preemption`` summary, the best candidate of that shard found by
-  steps 1-4 (``Summary``: node, budget violations, highest victim priority, priority sum, victim count,
-  earliest start of the highest-priority victims); no pod lists cross the wire, and the worker nominates or
-  evicts nothing at this point.
-- When every live shard has said no, the leader picks the best summary with the same order (``better``) and
-  sends that worker a PREEMPT instruction (pod key, uid, node). The worker re-runs the dry run on that node
-  only (its cache may have moved on); if the node still is a candidate it carries out steps 5-6 and answers
-  RESULT ``nominated``, else ``unschedulable`` with a fresh summary, and the leader retries the choice.
-- A nomination survives a worker's death and a node's handoff because it is in the pod's status: the next
-  owner's watch sees ``nominatedNodeName`` and reserves the room (``worker.feeds``), and the leader
-  dispatches a nominated pod to the owner of its nominated node first.
+Under a coordinator (issue 12 item 3) a worker never preempts on its own initiative: its shard saying no does
+not mean the cluster has no room, and a worker only knows (and may only evict) its own shard's pods.
+- ``propose``: when no owned node fits, steps 1-4 run as above and the best candidate goes back to the leader
+  as a summary (``Summary.wire``, RESULT ``unschedulable`` with ``preemption``); nothing is nominated or
+  evicted, and no pod lists cross the wire.
+- When every live shard has said no, the leader picks the best summary in the same order (``better``) and
+  dispatches the pod again to that worker, naming the node (DISPATCH ``preempt``). ``carry_out`` re-runs the
+  dry run on that node only, if this worker still owns it and can use it (its cache may have moved on since
+  the summary): if the node is still a candidate, steps 5-6 are carried out exactly as standalone and the pod
+  stays in this worker's queue until the room is free and it binds (RESULT ``bound``); otherwise the answer
+  is ``unschedulable`` again with a fresh summary, and the leader chooses again.
+- A nomination survives a worker's death and a node's handoff because it is in the pod's status: every
+  worker's pod watch nominates it in its cache (``worker.feeds``), so the node's next owner reserves the room
+  and tries the pod's nominated node first when the leader dispatches it there.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from common import metrics
+from common import metrics, protocol
 from common.events import NORMAL, ObjectRef, event_body, events_path, rfc3339
 from common.kube import ApiError, KubeClient, NotFound
 from common.records import CPU, EPHEMERAL_STORAGE, MEMORY, NodeName, PodKey, PodRecord
@@ -134,6 +134,17 @@ class Summary:
     priority_sum: int
     victims: int
     earliest_start: float  # of the highest-priority victims
+
+    def wire(self) -> protocol.Candidate:
+        """The summary as the leader receives it (``common.protocol.Candidate``, the same order)."""
+        return protocol.Candidate(
+            node=self.node,
+            pdb_violations=self.pdb_violations,
+            highest_priority=self.highest_priority,
+            priority_sum=self.priority_sum,
+            victims=self.victims,
+            earliest_start=self.earliest_start,
+        )
 
     def rank(self) -> tuple[int, int, int, int, float]:
         """Smaller is better, criterion by criterion (kube-scheduler's pickOneNodeForPreemption)."""
@@ -641,6 +652,11 @@ class Preemption:
                 if had or pod.nominated_node:
                     self.executor.clear(pod)
             return replace(decision, message=f"{decision.message} preemption: {verdict.message}")
+        self._execute(pod, c)
+        return decision
+
+    def _execute(self, pod: PodRecord, c: Candidate) -> None:
+        """Steps 5-6: nominate ``pod`` to ``c.node`` at once, and hand the API work to the executor."""
         lower = [p for p in self.cache.nominated.get(c.node, {}).values() if p.priority < pod.priority]
         for p in lower:
             self.cache.unnominate(p.key)
@@ -653,4 +669,40 @@ class Preemption:
             pod.key,
             extra={"pod": pod.key, "node": c.node},
         )
-        return decision
+
+    # ----- under a coordinator (see the module docstring) --------------------------------------------------
+
+    def waiting(self, pod: PodRecord) -> bool:
+        """Is ``pod`` nominated to a node of this shard where its victims are still terminating? Then it waits
+        here for the room, as a standalone worker's pod would, instead of going back to the leader."""
+        name = pod.nominated_node or self.cache.nominated_node.get(pod.key)
+        if not name:
+            return False
+        return self.cache.usable(NodeName(name)) and self.evaluator.ineligible(pod) == TERMINATING
+
+    def propose(self, pod: PodRecord, decision: Decision) -> Decision:
+        """Steps 1-4 only: ``decision`` with this shard's best candidate for the leader, or with the reason
+        there is none. Nothing is nominated or evicted."""
+        metrics.preemption_attempts.inc()
+        verdict = self.evaluator.evaluate(pod)
+        c = verdict.candidate
+        if c is None:
+            return replace(decision, message=f"{decision.message} preemption: {verdict.message}")
+        return replace(decision, preemption=c.summary(self.evaluator.wall()).wire())
+
+    def carry_out(self, pod: PodRecord, node: NodeName, decision: Decision) -> Decision | None:
+        """The leader chose ``node`` for ``pod``'s preemption: re-check the victims there now and, if it is
+        still a candidate, carry it out (None: the pod waits here for the room). Otherwise ``propose``'s
+        answer, a fresh candidate or none. Only a node this worker owns and can use is ever touched."""
+        ev = self.evaluator
+        info = self.cache.nodes.get(node)
+        owned = info is not None and node in self.cache.known and self.cache.usable(node)
+        if info is not None and owned and ev.ineligible(pod) is None:
+            st = ev.engine.verdict(pod, info)
+            if st is not None and st.code == Code.UNSCHEDULABLE:
+                metrics.preemption_attempts.inc()
+                found = ev.select_victims(pod, info, ev.wall())
+                if isinstance(found, Candidate):
+                    self._execute(pod, found)
+                    return None
+        return self.propose(pod, decision)

@@ -13,9 +13,12 @@ Seams, all given to the constructor (so the coordinator can drive a worker witho
   with backoff; otherwise pods arrive through ``submit`` and an unschedulable or refused one leaves the
   queue, handed back to the leader with the verdict (the leader retries a refused one with backoff).
 
-- ``preempt``: when no node fits, try preemption (``worker.preemption``; standalone only: under a
-  coordinator a shard's "no" is not the cluster's, so a coordinated worker never preempts on its own). It adds
-  a watch of PodDisruptionBudgets, synced before the first decision.
+- ``preempt``: when no node fits, try preemption (``worker.preemption``). It adds a watch of
+  PodDisruptionBudgets, synced before the first decision. Standalone, the worker preempts at once. Under a
+  coordinator (``watch_pending`` false) a shard's "no" is not the cluster's: the worker only proposes its best
+  candidate to the leader with the unschedulable verdict, and preempts only on the node the leader chose for
+  that pod (``preempt_next``, from DISPATCH ``preempt``), after re-checking it; the pod then stays in this
+  worker's queue until it binds.
 
 Invariants: a pod is assumed at most once (the cache refuses a second assume); a pod already placed or
 assumed is never scheduled again; every failed binding returns its capacity (see ``worker.binder``).
@@ -31,7 +34,7 @@ from typing import Any
 
 from common import metrics
 from common.kube import KubeClient
-from common.records import PodKey, PodRecord
+from common.records import NodeName, PodKey, PodRecord
 from common.reporting import Reporter
 from common.watching import Reflector
 from worker.binder import Binder
@@ -171,9 +174,15 @@ class Scheduler:
         self.decisions = 0
         self.unschedulable = 0
         self.paused = False
+        # the node the leader chose for a dispatched pod's preemption (coordinated), until its next decision
+        self._preempt_on: dict[PodKey, NodeName] = {}
 
     def _shard_changed(self, change: ShardChange) -> None:
         self.queue.move_all()
+
+    def preempt_next(self, key: PodKey, node: NodeName) -> None:
+        """The leader chose ``node`` for ``key``'s preemption: the pod's next decision may carry it out."""
+        self._preempt_on[key] = node
 
     def submit(self, pod: PodRecord) -> None:
         """A pod handed to this worker from outside (the coordinator's dispatch)."""
@@ -195,13 +204,30 @@ class Scheduler:
             return None
         start = self.clock()
         decision = self.engine.schedule(pod)
+        target = self._preempt_on.pop(key, None)
         if (
             decision.node is None
             and preemption is not None
             and decision.code != Code.ERROR
             and pod.parse_error is None
         ):
-            decision = preemption.post_filter(pod, decision)
+            if self.watch_pending:
+                decision = preemption.post_filter(pod, decision)
+            elif preemption.waiting(pod):
+                # nominated here, its victims still terminating: it waits here for the room (the leader
+                # still has it in flight to us), as a standalone worker's pod would
+                self.queue.done(qp, scheduled=False, message=decision.message)
+                return None
+            elif target is not None:
+                chosen = preemption.carry_out(pod, target, decision)
+                if chosen is None:
+                    # preempting: the pod waits here, activated when the evictions are done, and binds
+                    # when the room is free (the leader hears of it as RESULT bound)
+                    self.queue.done(qp, scheduled=False, message=decision.message)
+                    return None
+                decision = chosen
+            else:
+                decision = preemption.propose(pod, decision)
         elapsed = self.clock() - start
         self.decisions += 1
         metrics.nodes_evaluated.observe(decision.evaluated)

@@ -10,12 +10,20 @@ take the better of two picked at random: the one with fewer pods in flight to it
 ties go to more free CPU). Capacity decides *whether* a shard can take a pod, queue length *which* one should:
 that keeps every worker's decision and binding capacity busy during a burst, and best-of-two avoids the herd
 effect of always picking the minimum.
+
+Preemption across shards (issue 12 item 3, ``worker.preemption``'s module docstring): a pod no shard can
+place is first sent to every live shard its summary ruled out, if the pod may preempt (``for_candidates``):
+only a worker's dry run can say whether evicting lower-priority pods there would make room. Among the
+candidates the shards then proposed, ``pick_candidate`` takes the best in kube-scheduler's order
+(``protocol.Candidate.rank``: fewest budget violations, lowest highest victim priority, smallest priority
+sum, fewest victims, latest start; ties to the lowest worker id, so the choice does not depend on the order
+the answers arrived in), among workers that are ready and have room in their ACK window.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable, Set
+from collections.abc import Callable, Iterable, Mapping, Set
 from dataclasses import dataclass, field
 
 from common import protocol
@@ -118,3 +126,31 @@ def choose(workers: Iterable[Worker], pod: PodRecord, tried: Set[str], rng: rand
         return options[0]
     a, b = rng.sample(options, 2)
     return a if a.load() <= b.load() else b
+
+
+def for_candidates(workers: Iterable[Worker], pod: PodRecord, tried: Set[str]) -> Worker | None:
+    """A live worker with nodes that has not answered for ``pod`` yet although its summary ruled the pod out:
+    it may have a preemption candidate. None when the pod may not preempt or every such worker answered."""
+    if pod.preempt_never:
+        return None
+    options = [
+        w
+        for w in workers
+        if w.ready and w.nodes > 0 and w.worker_id not in tried and not w.window_full and not w.fits(pod)
+    ]
+    return min(options, key=lambda w: (w.load(), w.worker_id), default=None)
+
+
+def pick_candidate(
+    candidates: Mapping[str, protocol.Candidate], workers: Mapping[str, Worker]
+) -> tuple[Worker, protocol.Candidate] | None:
+    """The best candidate whose worker can take a dispatch now, and that worker (see the module docstring)."""
+    best: tuple[Worker, protocol.Candidate] | None = None
+    for wid in sorted(candidates):
+        w = workers.get(wid)
+        if w is None or not w.ready or w.window_full:
+            continue
+        c = candidates[wid]
+        if best is None or c.rank() < best[1].rank():
+            best = (w, c)
+    return best

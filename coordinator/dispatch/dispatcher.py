@@ -22,6 +22,11 @@ Invariants:
   Unschedulable verdict.
 - A worker with ``protocol.MAX_UNACKED`` dispatches awaiting ACK is not chosen; pods that only it could take
   wait (they are not "no" answers) and are queued again as soon as an ACK frees its window.
+- Preemption across shards (``choice``, ``pending``): before a pod is declared unschedulable, the live
+  workers its summary ruled out are asked (if it may preempt), then the best candidate the shards proposed is
+  sent to its worker as DISPATCH ``preempt`` (at most ``MAX_PREEMPTIONS`` per parking cycle). That dispatch is
+  an ordinary one for every rule here: one worker at a time, the lane's order and ``min_rv``, in flight until
+  the RESULT (the worker answers once the pod is bound, or no if the node is no longer a candidate).
 - Malformed pods are reported unschedulable at once with their parse error; they are never dispatched.
 - Pods with inter-pod rules go through the topology lane (``lane``): a pod the lane holds back is not
   dispatched until the lane lets it (it is considered again as soon as the lane's state changes), and every
@@ -45,10 +50,16 @@ from common.kube import KubeClient
 from common.records import PodKey, PodRecord, pod_from_json
 from common.watching import Reflector
 from coordinator import metrics as coordinator_metrics
-from coordinator.dispatch.choice import Worker, choose
+from coordinator.dispatch.choice import Worker, choose, for_candidates, pick_candidate
 from coordinator.dispatch.lane import ANTI_AFFINITY, Lane
 from coordinator.dispatch.links import Inbound, Link, LinkEvents, LinkFactory, Transport
-from coordinator.dispatch.pending import DISPATCH_TIMEOUT, PendingPod, PendingTable, verdict
+from coordinator.dispatch.pending import (
+    DISPATCH_TIMEOUT,
+    MAX_PREEMPTIONS,
+    PendingPod,
+    PendingTable,
+    verdict,
+)
 
 log = logging.getLogger(__name__)
 
@@ -229,21 +240,40 @@ class Dispatcher:
                 self._waiting_for_room[key] = None
             return  # considered again when the lane's state changes (``_wake_lane``) or by the idle rescan
         self._lane_waits.pop(key, None)
+        preempt = ""
         w = choose(self.workers.values(), p.record, p.tried, self.rng)
         if w is None:
             message = verdict(p, self.workers)
             if message is not None:
-                self._declare_unschedulable(p, message)
+                # every live shard said no: preemption (see ``choice``) before the verdict stands
+                w = for_candidates(self.workers.values(), p.record, p.tried)
+                if w is None and p.preemptions < MAX_PREEMPTIONS and p.candidates:
+                    chosen = pick_candidate(p.candidates, self.workers)
+                    if chosen is None:
+                        self._blocked[key] = None  # its workers' windows are full: wait for an ACK
+                        return
+                    w, candidate = chosen
+                    del p.candidates[w.worker_id]
+                    p.preemptions += 1
+                    preempt = candidate.node
+                    log.info("pod %s: preempting on %s (%s)", key, candidate.node, w.worker_id)
+                if w is None:
+                    self._declare_unschedulable(p, message)
+                    return
             elif any(
                 o.window_full and o.fits(p.record) for wid, o in self.workers.items() if wid not in p.tried
             ):
                 self._blocked[key] = None
-            return  # no worker can take it now: it waits for capacity, an ACK, or workers to change
+                return
+            else:
+                return  # no worker can take it now: it waits for capacity, an ACK, or workers to change
         self._next_id += 1
         p.worker, p.dispatch_id, p.dispatched_at = w.worker_id, self._next_id, now
         w.assign(p.dispatch_id, p.record)
         self.lane.dispatched(p.record, now)
-        w.link.send(protocol.Dispatch(p.dispatch_id, p.obj, min_rv=self.lane.min_rv(p.record)))
+        w.link.send(
+            protocol.Dispatch(p.dispatch_id, p.obj, min_rv=self.lane.min_rv(p.record), preempt=preempt)
+        )
 
     def _in_flight(self) -> list[PodRecord]:
         """The pods dispatched and not yet answered (for the lane's anti-affinity rule)."""

@@ -22,6 +22,11 @@ summary rules the pod out, and no connected worker that has not said no is still
 its stream, granted nodes it is still catching up on, or not placing pods for now). The message sums the
 answers kube-style ("0/40 nodes are available: ..."); a worker ruled out by its summary counts its nodes as
 "Insufficient cpu".
+
+Preemption (``choice``'s module docstring): before a pod is declared unschedulable, the workers its summary
+ruled out are asked too (when it may preempt), and then, up to ``MAX_PREEMPTIONS`` times, the best candidate
+the shards proposed is sent to its worker to carry out. A pod sent to preempt stays dispatched (in flight)
+until its worker binds it, re-checks and answers no, or the dispatch is lost.
 """
 
 from __future__ import annotations
@@ -57,6 +62,10 @@ class PendingPod:
     reasons: dict[str, int] = field(default_factory=dict)
     nodes: int = 0
     parked_at: float | None = None  # set while declared unschedulable
+    # Preemption across shards: the candidate each worker proposed with its "no" (since the pod was last
+    # parked), and how many times the leader has sent it to carry one out
+    candidates: dict[str, protocol.Candidate] = field(default_factory=dict)
+    preemptions: int = 0
 
     @property
     def waiting(self) -> bool:
@@ -65,6 +74,9 @@ class PendingPod:
     def answered_no(self, worker_id: str, result: protocol.Result) -> None:
         """An unschedulable RESULT: one more worker that cannot take the pod, and its reasons."""
         self.tried.add(worker_id)
+        self.candidates.pop(worker_id, None)
+        if result.preemption is not None:
+            self.candidates[worker_id] = result.preemption
         self.nodes += result.nodes
         for reason, n in result.reasons.items():
             self.reasons[reason] = self.reasons.get(reason, 0) + n
@@ -76,12 +88,15 @@ class PendingPod:
 
     def unpark(self) -> None:
         self.parked_at, self.tried, self.reasons, self.nodes = None, set(), {}, 0
+        self.candidates, self.preemptions = {}, 0
 
 
-# Said, never silently skipped: workers under a coordinator do not preempt (issue 12 item 3 is designed in
-# worker/preemption.py, not implemented), so a pod no shard fits waits even if evicting lower-priority pods
-# would make room. kube-scheduler's "preemption: ..." suffix, saying why.
-NO_PREEMPTION = "preemption: not attempted: only a standalone worker preempts so far."
+# kube-scheduler's "preemption: ..." suffix, as the leader can say it: the shards' dry runs are summed only
+# as "a candidate or none" (their per-node preemption reasons stay in the workers' RESULT messages).
+NEVER = "preemption: not eligible due to preemptionPolicy=Never."
+NO_CANDIDATE = "preemption: no node of any shard has lower-priority pods whose removal would make room."
+STALE = "preemption: the chosen candidates were no longer valid when re-checked; retried later."
+MAX_PREEMPTIONS = 3  # candidates carried out per pod before it is parked (each one re-checked by its worker)
 
 
 def verdict(pod: PendingPod, workers: Mapping[str, Worker]) -> str | None:
@@ -101,7 +116,13 @@ def verdict(pod: PendingPod, workers: Mapping[str, Worker]) -> str | None:
         reasons["Insufficient cpu"] = reasons.get("Insufficient cpu", 0) + n
     if not nodes:
         return "no worker owns any node"
-    return f"{unschedulable_message(nodes, reasons)} {NO_PREEMPTION}"
+    if pod.record.preempt_never:
+        suffix = NEVER
+    elif pod.preemptions:
+        suffix = STALE
+    else:
+        suffix = NO_CANDIDATE
+    return f"{unschedulable_message(nodes, reasons)} {suffix}"
 
 
 class PendingTable:

@@ -28,6 +28,14 @@ from common.protocol import (
 )
 from tests.builders import PodBuilder
 
+CANDIDATE = protocol.Candidate(
+    node="node-2",
+    pdb_violations=0,
+    highest_priority=10,
+    priority_sum=2 * (10 + 2**31),
+    victims=2,
+    earliest_start=1700000000.5,
+)
 POD = PodBuilder("a").req(cpu="100m", memory="1Gi").label("app", "x").obj
 
 MESSAGES: list[Message] = [
@@ -35,9 +43,18 @@ MESSAGES: list[Message] = [
     Welcome(worker="worker-1", term=7, nonce=b"w" * protocol.NONCE_SIZE),
     Dispatch(1, POD),
     Dispatch(2, POD, min_rv=12345),
+    Dispatch(3, POD, preempt="node-2"),
     Ack(1),
     Result.bound(1, "default/a", "node-1"),
     Result.unschedulable(2, "default/a", nodes=3, reasons={"Insufficient cpu": 3}, message="0/3 nodes"),
+    Result.unschedulable(
+        5,
+        "default/a",
+        nodes=3,
+        reasons={"Insufficient cpu": 3},
+        message="0/3 nodes",
+        preemption=CANDIDATE,
+    ),
     Result.rejected(3, "default/a", "worker cannot place pods now"),
     Result(4, "default/a", protocol.GONE),
     Capacity(
@@ -113,7 +130,7 @@ def test_frames_without_version_are_accepted_except_hello_and_welcome() -> None:
 
 
 @pytest.mark.parametrize("message", [MESSAGES[0], MESSAGES[1]], ids=["hello", "welcome"])
-@pytest.mark.parametrize("version", [0, 1, 2, 4, "3", None, True, 1.5])
+@pytest.mark.parametrize("version", [0, 1, 2, 3, 5, "4", None, True, 1.5])
 def test_version_mismatch_in_hello_and_welcome(message: Message, version: Any) -> None:
     fields = raw(message)
     fields["v"] = version
@@ -175,6 +192,7 @@ FIELD_KINDS: dict[str, str] = {
     "uid": "str",
     "nonce": "nonce",
     "placing": "bool",
+    "preempt": "str",
 }
 
 
@@ -203,7 +221,7 @@ def test_wrong_field_type(message: Message, name: str, value: Any) -> None:
     [[], "x", 3, {"Insufficient cpu": "3"}, {"Insufficient cpu": True}, {"a": 1.5}, {1: 2}, {"a": None}],
 )
 def test_bad_result_reasons(reasons: Any) -> None:
-    fields = raw(MESSAGES[5])
+    fields = raw(Result.unschedulable(2, "default/a", nodes=3, reasons={"x": 3}, message="0/3 nodes"))
     fields["reasons"] = reasons
     with pytest.raises(ProtocolError):
         decode(pack(fields))
@@ -412,3 +430,102 @@ def test_a_result_without_id_is_refused_as_any_missing_field() -> None:
     del fields["id"]
     with pytest.raises(ProtocolError, match="'id'"):
         decode(pack(fields))
+
+
+def _with_candidate(**changes: Any) -> bytes:
+    fields = raw(MESSAGES[[isinstance(m, Result) and m.preemption is not None for m in MESSAGES].index(True)])
+    fields["preemption"] = {**fields["preemption"], **changes}
+    return pack(fields)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"node": ""},
+        {"node": "n" * 254},
+        {"node": 1},
+        {"victims": 0},
+        {"victims": -1},
+        {"victims": protocol.MAX_VICTIMS + 1},
+        {"victims": True},
+        {"pdb_violations": 3},  # more violations than victims
+        {"pdb_violations": -1},
+        {"highest_priority": 2**31},
+        {"highest_priority": -(2**31) - 1},
+        {"priority_sum": 10 + 2**31 - 1},  # less than the highest victim alone
+        {"priority_sum": 2 * (10 + 2**31) + 1},  # more than every victim at the highest priority
+        {"priority_sum": 1.5},
+        {"earliest_start": float("nan")},
+        {"earliest_start": float("inf")},
+        {"earliest_start": "now"},
+    ],
+    ids=repr,
+)
+def test_hostile_preemption_candidate(changes: dict[str, Any]) -> None:
+    """A summary no dry run can produce is refused, so it never steers the leader's choice."""
+    with pytest.raises(ProtocolError):
+        decode(_with_candidate(**changes))
+
+
+@pytest.mark.parametrize("value", [[], "x", 1, True, b"x"])
+def test_preemption_that_is_not_a_map(value: Any) -> None:
+    fields = raw(MESSAGES[[isinstance(m, Result) and m.preemption is not None for m in MESSAGES].index(True)])
+    fields["preemption"] = value
+    with pytest.raises(ProtocolError):
+        decode(pack(fields))
+
+
+@pytest.mark.parametrize("outcome", [protocol.BOUND, protocol.GONE, protocol.REJECTED])
+def test_only_an_unschedulable_result_carries_a_candidate(outcome: str) -> None:
+    fields = raw(MESSAGES[[isinstance(m, Result) and m.preemption is not None for m in MESSAGES].index(True)])
+    fields["outcome"] = outcome
+    with pytest.raises(ProtocolError):
+        decode(pack(fields))
+
+
+def test_candidate_missing_a_field() -> None:
+    for name in ("node", "pdb_violations", "highest_priority", "priority_sum", "victims", "earliest_start"):
+        fields = raw(
+            MESSAGES[[isinstance(m, Result) and m.preemption is not None for m in MESSAGES].index(True)]
+        )
+        del fields["preemption"][name]
+        with pytest.raises(ProtocolError):
+            decode(pack(fields))
+
+
+def test_extreme_but_consistent_candidates_survive() -> None:
+    lowest = protocol.Candidate("n", 0, protocol.PRIORITY_MIN, 0, 1, 0.0)
+    highest = protocol.Candidate(
+        "n",
+        protocol.MAX_VICTIMS,
+        protocol.PRIORITY_MAX,
+        protocol.MAX_VICTIMS * (2**32 - 1),
+        protocol.MAX_VICTIMS,
+        -1.0,
+    )
+    for c in (lowest, highest):
+        message = Result.unschedulable(1, "default/a", nodes=1, reasons={}, message="", preemption=c)
+        assert decode(body(message)) == message
+
+
+def test_a_version_3_dispatch_or_result_is_refused() -> None:
+    """``preempt`` and ``preemption`` are required: a version-3 peer would ignore them."""
+    for message, name in (
+        (Dispatch(1, POD), "preempt"),
+        (Result(4, "default/a", protocol.GONE), "preemption"),
+    ):
+        fields = raw(message)
+        del fields[name]
+        with pytest.raises(ProtocolError):
+            decode(pack(fields))
+
+
+def test_candidate_rank_follows_kube_order() -> None:
+    base = CANDIDATE
+    fewer_violations = protocol.Candidate("a", 0, 99, 2 * (99 + 2**31), 2, 0.0)
+    violating = protocol.Candidate("b", 1, 1, 2 * (1 + 2**31), 2, 0.0)
+    assert fewer_violations.rank() < violating.rank()
+    lower = protocol.Candidate("c", 0, 5, 2 * (5 + 2**31), 2, 0.0)
+    assert lower.rank() < base.rank()
+    later = protocol.Candidate(base.node, 0, 10, base.priority_sum, 2, base.earliest_start + 1)
+    assert later.rank() < base.rank()

@@ -117,8 +117,17 @@ class FakeLink:
     def bound(self, dispatch_id: int, node: str = "node-1", *, uid: str = "") -> None:
         self.events.received(self, protocol.Result.bound(dispatch_id, "", node, uid=uid))
 
-    def unschedulable(self, dispatch_id: int, nodes: int, reasons: dict[str, int]) -> None:
-        result = protocol.Result.unschedulable(dispatch_id, "", nodes=nodes, reasons=reasons, message="no")
+    def unschedulable(
+        self,
+        dispatch_id: int,
+        nodes: int,
+        reasons: dict[str, int],
+        *,
+        preemption: protocol.Candidate | None = None,
+    ) -> None:
+        result = protocol.Result.unschedulable(
+            dispatch_id, "", nodes=nodes, reasons=reasons, message="no", preemption=preemption
+        )
         self.events.received(self, result)
 
     def rejected(self, dispatch_id: int) -> None:

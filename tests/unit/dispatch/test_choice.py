@@ -6,8 +6,8 @@ import random
 
 from common import protocol
 from common.records import PodKey
-from coordinator.dispatch.choice import Worker, choose
-from coordinator.dispatch.pending import NO_PREEMPTION, PendingPod, verdict
+from coordinator.dispatch.choice import Worker, choose, pick_candidate
+from coordinator.dispatch.pending import NO_CANDIDATE, PendingPod, verdict
 from tests.builders import PodBuilder
 from tests.unit.dispatch.fakes import GIB
 
@@ -95,7 +95,7 @@ def test_verdict_waits_for_every_live_shard() -> None:
     p.answered_no("a", protocol.Result.unschedulable(1, "", nodes=2, reasons={"x": 2}, message=""))
     assert verdict(p, workers) is None
     p.answered_no("b", protocol.Result.unschedulable(2, "", nodes=3, reasons={"x": 1, "y": 2}, message=""))
-    assert verdict(p, workers) == "0/5 nodes are available: 3 x, 2 y. " + NO_PREEMPTION
+    assert verdict(p, workers) == "0/5 nodes are available: 3 x, 2 y. " + NO_CANDIDATE
 
 
 def test_verdict_waits_for_a_settling_shard_that_has_not_answered() -> None:
@@ -104,9 +104,23 @@ def test_verdict_waits_for_a_settling_shard_that_has_not_answered() -> None:
     for settling in (worker("b", nodes=0, syncing=1), worker("b", summarised=False)):
         assert verdict(p, {"a": worker("a"), "b": settling}) is None
     gone = worker("b", connected=False, summarised=False)  # not connected: not settling, not live
-    assert verdict(p, {"a": worker("a"), "b": gone}) == "0/2 nodes are available: 2 x. " + NO_PREEMPTION
+    assert verdict(p, {"a": worker("a"), "b": gone}) == "0/2 nodes are available: 2 x. " + NO_CANDIDATE
 
 
 def test_no_verdict_without_a_live_worker() -> None:
     assert verdict(pending(), {}) is None
     assert verdict(pending(), {"a": worker("a", nodes=0)}) is None
+
+
+def test_pick_candidate_kube_order_ties_to_the_lowest_worker_id_and_skips_unready() -> None:
+
+    def c(node: str, top: int, victims: int = 1, violations: int = 0) -> protocol.Candidate:
+        return protocol.Candidate(node, violations, top, victims * (top + 2**31), victims, 1.0)
+
+    workers = {wid: worker(wid) for wid in ("a", "b", "c")}
+    assert pick_candidate({}, workers) is None
+    chosen = pick_candidate({"c": c("n3", 1), "b": c("n2", 1), "a": c("n1", 5)}, workers)
+    assert chosen is not None and chosen[0].worker_id == "b" and chosen[1].node == "n2"
+    chosen = pick_candidate({"a": c("n1", 1, violations=1), "b": c("n2", 9)}, workers)
+    assert chosen is not None and chosen[1].node == "n2"  # no budget violated beats a low priority
+    assert pick_candidate({"gone": c("n9", 0)}, workers) is None

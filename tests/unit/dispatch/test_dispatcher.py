@@ -8,7 +8,15 @@ from typing import Any
 from common import protocol
 from common.records import PodKey
 from coordinator.dispatch import UNSCHEDULABLE_RETRY
-from coordinator.dispatch.pending import DISPATCH_TIMEOUT, NO_PREEMPTION, REJECT_BACKOFF, REJECT_BACKOFF_MAX
+from coordinator.dispatch.pending import (
+    DISPATCH_TIMEOUT,
+    MAX_PREEMPTIONS,
+    NEVER,
+    NO_CANDIDATE,
+    REJECT_BACKOFF,
+    REJECT_BACKOFF_MAX,
+    STALE,
+)
 from tests.builders import PodBuilder
 from tests.unit.dispatch.fakes import GIB, Rig
 
@@ -103,7 +111,7 @@ async def test_unschedulable_only_when_every_live_shard_said_no(rig: Rig) -> Non
     assert rig.reporter.verdicts == [
         (
             key("a"),
-            "0/5 nodes are available: 1 Insufficient cpu, 2 node(s) had untolerated taint. " + NO_PREEMPTION,
+            "0/5 nodes are available: 1 Insufficient cpu, 2 node(s) had untolerated taint. " + NO_CANDIDATE,
         )
     ]
     p = rig.d.table.pods[key("a")]
@@ -112,18 +120,111 @@ async def test_unschedulable_only_when_every_live_shard_said_no(rig: Rig) -> Non
 
 
 async def test_a_shard_whose_summary_rules_the_pod_out_counts_as_a_no(rig: Rig) -> None:
+    """... for a pod that may not preempt (one that may is asked there too: see the preemption tests)."""
     w1, w2 = rig.workers("w1", "w2")
     w1.up().summary(nodes=2, max_cpu=8000)
     w2.up().summary(nodes=5, max_cpu=1000)  # cannot fit 2 CPUs on any node
-    rig.d.observe(pod("a", cpu="2"))
+    rig.d.observe(PodBuilder("a").req(cpu="2", memory="1Gi").never_preempt().obj)
     rig.step()
     [sent] = w1.dispatches()
     w1.unschedulable(sent.id, nodes=2, reasons={"Insufficient memory": 2})
     rig.step()
     assert rig.reporter.verdicts == [
-        (key("a"), "0/7 nodes are available: 5 Insufficient cpu, 2 Insufficient memory. " + NO_PREEMPTION)
+        (key("a"), "0/7 nodes are available: 5 Insufficient cpu, 2 Insufficient memory. " + NEVER)
     ]
     assert w2.dispatches() == []
+
+
+def candidate(node: str, *, top: int = 10, victims: int = 1, violations: int = 0) -> protocol.Candidate:
+    return protocol.Candidate(node, violations, top, victims * (top + 2**31), victims, 100.0)
+
+
+async def test_a_shard_ruled_out_by_its_summary_is_asked_for_a_preemption_candidate(rig: Rig) -> None:
+    w1, w2 = rig.workers("w1", "w2")
+    w1.up().summary(nodes=2, max_cpu=8000)
+    w2.up().summary(nodes=5, max_cpu=1000)  # full: only preemption could make room there
+    rig.d.observe(pod("a", cpu="2"))
+    rig.step()
+    [sent] = w1.dispatches()
+    w1.unschedulable(sent.id, nodes=2, reasons={"Insufficient memory": 2})
+    rig.step()
+    assert rig.reporter.verdicts == []
+    [asked] = w2.dispatches()
+    assert asked.preempt == ""  # an ordinary dispatch: the worker may place it, or propose a candidate
+    w2.unschedulable(asked.id, nodes=5, reasons={"Insufficient cpu": 5})
+    rig.step()
+    assert rig.reporter.verdicts == [
+        (key("a"), "0/7 nodes are available: 5 Insufficient cpu, 2 Insufficient memory. " + NO_CANDIDATE)
+    ]
+
+
+async def test_the_best_candidate_across_shards_is_carried_out_by_its_worker(rig: Rig) -> None:
+    w1, w2, w3 = rig.workers("w1", "w2", "w3")
+    for w in (w1, w2, w3):
+        w.up().summary(nodes=2, max_cpu=8000)
+    rig.d.observe(pod("a", cpu="2"))
+    proposals = {
+        w1: candidate("n1", top=50),
+        w2: candidate("n2", top=10, victims=3),  # lowest highest priority wins over fewer victims
+        w3: None,
+    }
+    for _ in range(3):
+        rig.step()
+        for w, c in proposals.items():
+            for d in w.dispatches():
+                if d.id in rig.d.workers[w.worker_id].in_flight:
+                    w.unschedulable(d.id, nodes=2, reasons={"Insufficient cpu": 2}, preemption=c)
+    rig.step()
+    [preempt] = [d for d in w2.dispatches() if d.preempt]
+    assert preempt.preempt == "n2"
+    assert [d for d in w1.dispatches() + w3.dispatches() if d.preempt] == []
+    assert rig.reporter.verdicts == []
+    p = rig.d.table.pods[key("a")]
+    assert p.worker == "w2" and p.preemptions == 1
+    w2.bound(preempt.id, "n2")
+    rig.step()
+    assert key("a") not in rig.d.table.pods and rig.reporter.verdicts == []
+
+
+async def test_a_stale_candidate_gets_the_next_best_then_a_verdict(rig: Rig) -> None:
+    w1, w2 = rig.workers("w1", "w2")
+    for w in (w1, w2):
+        w.up().summary(nodes=1, max_cpu=8000)
+    rig.d.observe(pod("a", cpu="2"))
+    rig.step()
+    (first,) = w1.dispatches() + w2.dispatches()
+    a, b = (w1, w2) if w1.dispatches() else (w2, w1)
+    a.unschedulable(first.id, nodes=1, reasons={"Insufficient cpu": 1}, preemption=candidate("na", top=1))
+    rig.step()
+    [second] = b.dispatches()
+    b.unschedulable(second.id, nodes=1, reasons={"Insufficient cpu": 1}, preemption=candidate("nb", top=2))
+    rig.step()
+    [go] = [d for d in a.dispatches() if d.preempt]
+    assert go.preempt == "na"
+    # re-checked, no longer a candidate there (and no fresh one): the next best shard's candidate
+    a.unschedulable(go.id, nodes=1, reasons={"Insufficient cpu": 1})
+    rig.step()
+    [go2] = [d for d in b.dispatches() if d.preempt]
+    assert go2.preempt == "nb"
+    b.unschedulable(go2.id, nodes=1, reasons={"Insufficient cpu": 1})
+    rig.step()
+    [(k, message)] = rig.reporter.verdicts
+    assert k == key("a") and message.endswith(STALE)
+
+
+async def test_preemption_rounds_are_bounded(rig: Rig) -> None:
+    (w1,) = rig.workers("w1")
+    w1.up().summary(nodes=1, max_cpu=8000)
+    rig.d.observe(pod("a", cpu="2"))
+    for _ in range(MAX_PREEMPTIONS + 2):
+        rig.step()
+        for d in w1.dispatches():
+            if d.id in rig.d.workers["w1"].in_flight:
+                # a worker that always proposes a candidate it then finds stale
+                w1.unschedulable(d.id, nodes=1, reasons={"Insufficient cpu": 1}, preemption=candidate("n"))
+    rig.step()
+    assert len([d for d in w1.dispatches() if d.preempt]) == MAX_PREEMPTIONS
+    assert len(rig.reporter.verdicts) == 1
 
 
 async def test_no_verdict_while_a_shard_is_syncing(rig: Rig) -> None:

@@ -151,8 +151,9 @@ def test_rbac_is_least_privilege_per_role(default: list[dict[str, Any]]) -> None
     }
     worker = rules_of(default, "ClusterRole", "agent-scheduler-worker")
     assert worker == {
-        ("", "pods"): read,
+        ("", "pods"): read | {"delete"},  # preemption's victims, on owned nodes (worker/preemption.py)
         ("", "pods/binding"): {"create"},
+        ("policy", "poddisruptionbudgets"): {"list", "watch"},
         ("", "pods/status"): {"patch"},
         ("", "nodes"): read,
         ("", "namespaces"): read,

@@ -390,3 +390,66 @@ def test_feed_nominations_follow_the_watch() -> None:
     feed.event("ADDED", make_pod("r").req(cpu="1").nominated("n1").json())
     feed.event("DELETED", make_pod("r").req(cpu="1").nominated("n1").json())
     assert not cache.nominated
+
+
+# ----- under a coordinator: propose, then carry out only where the leader chose -----------------------------
+
+
+def test_propose_reports_the_shards_best_candidate_and_touches_nothing() -> None:
+    engine, ev = setup({"n0": "2", "n1": "2"}, [running("low", "n0", "2", 1), running("mid", "n1", "2", 5)])
+    pre = preemption_over(engine, ev)
+    pod = make_pod("hi").req(cpu="2").priority(10).record()
+    before = fingerprint(engine)
+    d = pre.propose(pod, engine.schedule(pod))
+    assert d.node is None and d.preemption is not None
+    assert d.preemption.node == "n0" and d.preemption.victims == 1
+    assert d.preemption.highest_priority == 1 and d.preemption.priority_sum == 1 + 2**31
+    assert d.preemption.pdb_violations == 0 and d.preemption.earliest_start < NOW
+    assert pod.key not in engine.cache.nominated_node and not pre.busy(pod.key)
+    assert fingerprint(engine) == before
+    assert pre.executor._work.empty()
+
+
+def test_propose_without_a_candidate_says_why() -> None:
+    engine, ev = setup({"n0": "1"}, [running("peer", "n0", "1", 10)])
+    pre = preemption_over(engine, ev)
+    pod = make_pod("hi").req(cpu="1").priority(10).record()
+    d = pre.propose(pod, engine.schedule(pod))
+    assert d.preemption is None
+    assert d.message.endswith(
+        "preemption: 0/1 nodes are available: 1 No preemption victims found for incoming pod."
+    )
+
+
+def test_carry_out_rechecks_the_chosen_node() -> None:
+    engine, ev = setup({"n0": "2", "n1": "2"}, [running("low", "n0", "2", 1), running("low2", "n1", "2", 2)])
+    pre = preemption_over(engine, ev)
+    pod = make_pod("hi").req(cpu="2").priority(10).record()
+    # the chosen node's victim is gone meanwhile and a pod the preemptor may not evict took its place
+    engine.cache.remove_pod(PodKey("default/low"))
+    engine.cache.upsert_pod(running("peer", "n0", "2", 10))
+    d = pre.carry_out(pod, NodeName("n0"), engine.schedule(pod))
+    assert d is not None and d.preemption is not None and d.preemption.node == "n1"  # a fresh candidate
+    assert pod.key not in engine.cache.nominated_node and not pre.busy(pod.key)
+    # still valid: carried out there, as standalone
+    assert pre.carry_out(pod, NodeName("n1"), engine.schedule(pod)) is None
+    assert engine.cache.nominated_node[pod.key] == "n1" and pre.busy(pod.key)
+
+
+def test_carry_out_never_touches_a_node_this_worker_does_not_own() -> None:
+    nodes = [make_node(n, cpu="2").record() for n in ("mine", "theirs")]
+    engine = engine_over(nodes, owned={"mine"})
+    engine.cache.upsert_pod(running("low", "theirs", "2", 1))
+    engine.cache.upsert_pod(running("peer", "mine", "2", 10))
+    ev = Evaluator(engine.cache, engine, Budgets(), rng=random.Random(0), wall=lambda: NOW)
+    pre = preemption_over(engine, ev)
+    pod = make_pod("hi").req(cpu="2").priority(10).record()
+    d = pre.carry_out(pod, NodeName("theirs"), engine.schedule(pod))
+    assert d is not None and d.preemption is None
+    assert pod.key not in engine.cache.nominated_node and not pre.busy(pod.key)
+
+
+def test_summary_on_the_wire_ranks_as_the_summary() -> None:
+    a = Summary(NodeName("a"), 0, 5, 2 * (5 + 2**31), 2, 10.0)
+    b = Summary(NodeName("b"), 0, 5, 2 * (5 + 2**31), 2, 20.0)
+    assert a.wire().rank() == a.rank() and (b.wire().rank() < a.wire().rank()) == (b.rank() < a.rank())
