@@ -21,7 +21,7 @@ from typing import Any
 
 from common.records import PodRecord
 from worker.cache import Cache
-from worker.images import ImageStates
+from worker.images import ImageHolders, ImageStates
 from worker.nodeinfo import NodeInfo
 
 MB = 1024 * 1024
@@ -51,10 +51,12 @@ class ImageLocality:
 
     def __init__(self) -> None:
         self._images = ImageStates()
+        self._holders = ImageHolders()
         self._known: set[Any] = set()
 
     def attach(self, cache: Cache) -> None:
         self._images = cache.images
+        self._holders = cache.image_holders
         self._known = cache.known
 
     def applies(self, pod: PodRecord) -> bool:
@@ -78,22 +80,28 @@ class ImageLocality:
     def widen(self, pod: PodRecord, window: list[NodeInfo]) -> list[str]:
         """The pod's images whose holders are worth adding to ``window`` (see the module docstring), the
         largest scaled first; empty when no node can score above the minimum."""
+        holders = self._holders
+        missing = [name for name in pod.images if name in holders]
+        if not missing:
+            return []
+        # Usually a node of the window already holds it (binpacking fills holders first): check that before
+        # any arithmetic, and cheaply for the common single image.
+        if len(missing) == 1:
+            only = missing[0]
+            for info in window:
+                if only in info.node.images.names:
+                    return []
+        else:
+            for info in window:
+                names = info.node.images.names
+                missing = [name for name in missing if name not in names]
+                if not missing:
+                    return []
         present = self._present(pod)
         if sum(s for _, s in present) <= MIN_THRESHOLD:
             return []
-        present.sort(key=lambda p: -p[1])
-        seen: set[int] = set()
-        missing = [name for name, _ in present]
-        for info in window:
-            images = info.node.images
-            if id(images) in seen:
-                continue
-            seen.add(id(images))
-            names = images.names
-            missing = [name for name in missing if name not in names]
-            if not missing:
-                break
-        return missing
+        scaled = dict(present)
+        return sorted((name for name in missing if name in scaled), key=lambda name: -scaled[name])
 
     def scores(self, pod: PodRecord, nodes: list[NodeInfo]) -> list[float]:
         present = self._present(pod)
