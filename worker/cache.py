@@ -20,6 +20,9 @@ Invariants:
   engine's per-signature static filter verdicts stay valid across capacity changes.
 - ``images`` (``worker.images``) holds the image counts of exactly the known nodes' current records: every
   record a node gets or loses passes through ``images.update``.
+- ``image_holders`` lists, per large image, exactly the indexed nodes holding it, in their index bucket:
+  ``_reindex`` (the only caller of the index's update and remove besides ``remove_node``) places every node
+  there after the index, and ``remove_node`` takes it out.
 - ``topology`` (``worker.topology``) is told of every pod accounted or unaccounted (bound or assumed, any
   scheduler) and of every node label change, so its per-domain counts for the inter-pod rules are always
   current; a pod that matches some pod's required affinity counts as an event that may help waiting pods.
@@ -52,7 +55,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from common.records import NO_IMAGES, NodeName, NodeRecord, PodKey, PodRecord, Resources
-from worker.images import ImageStates
+from worker.images import ImageHolders, ImageStates
 from worker.index import CapacityIndex
 from worker.nodeinfo import NodeInfo
 from worker.shard import ShardChange, ShardView, WholeCluster
@@ -119,6 +122,8 @@ class Cache:
         self.nominated_node: dict[PodKey, NodeName] = {}
         # image name -> (size, nodes listing it), over the known nodes, for ImageLocality
         self.images = ImageStates()
+        # image -> usable nodes holding it, in the index's buckets: ImageLocality's extra candidates
+        self.image_holders = ImageHolders()
         # selectors of Services and controllers, for the default topology spread constraints
         self.workloads = WorkloadSelectors()
         # claims, PVs, storage classes, CSINodes (fed by worker.feeds), and how many placed pods use each
@@ -173,6 +178,7 @@ class Cache:
             return
         self.known.discard(name)
         self.index.remove(name)
+        self.image_holders.place(info, None)
         self._index_scalars(name, None)
         self.static_versions[name] = self.static_versions.get(name, 0) + 1
         old_labels = info.node.labels
@@ -219,8 +225,10 @@ class Cache:
         name = info.node.name
         if name in self.known and self.usable(name):
             self.index.update(info)
+            self.image_holders.place(info, self.index.bucket(name))
         else:
             self.index.remove(name)
+            self.image_holders.place(info, None)
 
     def static_version(self, name: NodeName) -> int:
         return self.static_versions.get(name, 0)

@@ -11,6 +11,11 @@ How a decision is made, and why it is fast:
    with an ``applies(pod)`` method (the inter-pod rules) runs only for the pods it applies to, so plain pods
    do not pay for it; plugins with an ``attach(cache)`` method are given the cache once, here.
 4. Score plugins that apply to the pod score those candidates; weighted sum; highest wins, ties by order.
+   A score plugin with a ``widen(pod, window)`` method (ImageLocality) names images no node of the window
+   holds; the engine then adds up to ``EXTRA_NODES`` feasible holders of them (the cache's ``ImageHolders``,
+   in the index's order, from where the walk stopped on), evaluating at most ``feasible_nodes`` more nodes,
+   so the score can pick a node that has the image. Extras come after the window, so ties still go to the
+   walk's order; a decision stays O(window), never O(nodes).
 5. Plugins with a ``prefilter(pod)`` method (the volume plugins: a missing claim, an unbound Immediate one)
    can refuse the pod before any node is looked at, as kube-scheduler's PreFilter does.
 6. Only when no candidate is feasible does the engine scan every owned node, to count the reasons for the
@@ -42,6 +47,7 @@ from worker.nodeinfo import NodeInfo
 from worker.volumes import VolumePlan
 
 DEFAULT_FEASIBLE_NODES = 16
+EXTRA_NODES = 4  # feasible holders of a pod's image added to a window that has none (step 4 above)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +96,7 @@ class Engine:
             if attach is not None:
                 attach(cache)
         self.scores = scores
+        self._wideners = [p for p, weight in scores if weight > 0 and hasattr(p, "widen")]
         self.feasible_nodes = feasible_nodes
         self.session_label = session_label
         # signature -> node -> (static version, verdict)
@@ -176,8 +183,63 @@ class Engine:
                 break
         if not feasible:
             return self._explain(pod, inter_pod=dynamic is not self._always)
+        if len(feasible) >= want and self._wideners and not pod.requests.scalar:
+            # The walk stopped early, so there may be nodes beyond it that hold the pod's images.
+            evaluated += self._widen(pod, feasible, memo, dynamic, after=seen is None)
         best = feasible[0] if len(feasible) == 1 else self._best(pod, feasible)
         return Decision(NodeName(best.node.name), Code.SUCCESS, "", evaluated, len(feasible))
+
+    def _widen(
+        self,
+        pod: PodRecord,
+        feasible: list[NodeInfo],
+        memo: dict[str, tuple[int, Status | None]],
+        dynamic: list[FilterPlugin],
+        *,
+        after: bool,
+    ) -> int:
+        """Append feasible holders of the images the wideners name to ``feasible``; the nodes evaluated.
+        ``after``: the window's last node is where the index walk stopped, so holders before it were seen."""
+        cache = self.cache
+        index = cache.index
+        images: list[str] = []
+        for p in self._wideners:
+            if p.applies(pod):
+                images += p.widen(pod, feasible)
+        if not images:
+            return 0
+        start = index.bucket(feasible[-1].node.name) if after else None
+        window = {i.node.name for i in feasible}
+        nominated = cache.nominated
+        usable = cache.usable
+        budget = self.feasible_nodes
+        added = 0
+        evaluated = 0
+        for image in images:
+            for info in cache.image_holders.candidates(
+                image, pod.requests.milli_cpu, ascending=index.ascending, after=start
+            ):
+                name = info.node.name
+                if name in window:
+                    continue
+                if evaluated >= budget:
+                    return evaluated
+                evaluated += 1
+                if self._static_verdict(pod, info, memo) is not None:
+                    continue
+                if nominated and name in nominated:
+                    if self._dynamic_verdict(pod, info) is not None:
+                        continue
+                elif any(f.filter(pod, info) is not None for f in dynamic):
+                    continue
+                if not usable(name):
+                    continue
+                feasible.append(info)
+                window.add(name)
+                added += 1
+                if added >= EXTRA_NODES:
+                    return evaluated
+        return evaluated
 
     def _refused(self, pod: PodRecord, status: Status) -> Decision:
         """A PreFilter verdict: kube-scheduler's "0/N nodes are available: <reason>." for every node."""

@@ -67,6 +67,10 @@ class CapacityIndex:
     def __contains__(self, name: str) -> bool:
         return name in self._bucket_of
 
+    def bucket(self, name: str) -> int | None:
+        """The bucket ``name`` is in (None: not indexed)."""
+        return self._bucket_of.get(name)
+
     def update(self, info: NodeInfo) -> None:
         node = info.node
         name = node.name

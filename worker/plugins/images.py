@@ -7,6 +7,11 @@ drawing every pod to the one node that has it); that sum, clamped to [23 MiB, 10
 linearly onto 0..100 in integers. The share counts every known node of the cluster, as kube-scheduler's
 snapshot does, so a sharded worker scores exactly as a standalone one. Weight 1, as in kube's default
 profile.
+
+kube-scheduler scores every feasible node (at our sizes); the engine scores a window of ``feasible_nodes`` in
+binpack order, which often holds no node with the pod's image. ``widen`` names the pod's images whose holders
+the engine should add to the window (``worker.engine``; the holders come from the cache's ``ImageHolders``):
+those that could score above the minimum and that no node of the window lists. It never changes a score.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from typing import Any
 
 from common.records import PodRecord
 from worker.cache import Cache
-from worker.images import ImageStates
+from worker.images import ImageHolders, ImageStates
 from worker.nodeinfo import NodeInfo
 
 MB = 1024 * 1024
@@ -46,10 +51,12 @@ class ImageLocality:
 
     def __init__(self) -> None:
         self._images = ImageStates()
+        self._holders = ImageHolders()
         self._known: set[Any] = set()
 
     def attach(self, cache: Cache) -> None:
         self._images = cache.images
+        self._holders = cache.image_holders
         self._known = cache.known
 
     def applies(self, pod: PodRecord) -> bool:
@@ -57,9 +64,9 @@ class ImageLocality:
         images = self._images
         return any(name in images for name in pod.images)
 
-    def scores(self, pod: PodRecord, nodes: list[NodeInfo]) -> list[float]:
+    def _present(self, pod: PodRecord) -> list[tuple[str, int]]:
+        """Per image of the pod some node lists: its spread-scaled size (computed once per decision)."""
         total_nodes = len(self._known)
-        # Per image of the pod some node lists: its spread-scaled size, computed once for all candidates.
         present: list[tuple[str, int]] = []
         if total_nodes:
             for name in pod.images:
@@ -68,6 +75,36 @@ class ImageLocality:
                     scaled = scaled_size(state[0], state[1], total_nodes)
                     if scaled:
                         present.append((name, scaled))
+        return present
+
+    def widen(self, pod: PodRecord, window: list[NodeInfo]) -> list[str]:
+        """The pod's images whose holders are worth adding to ``window`` (see the module docstring), the
+        largest scaled first; empty when no node can score above the minimum."""
+        holders = self._holders
+        missing = [name for name in pod.images if name in holders]
+        if not missing:
+            return []
+        # Usually a node of the window already holds it (binpacking fills holders first): check that before
+        # any arithmetic, and cheaply for the common single image.
+        if len(missing) == 1:
+            only = missing[0]
+            for info in window:
+                if only in info.node.images.names:
+                    return []
+        else:
+            for info in window:
+                names = info.node.images.names
+                missing = [name for name in missing if name not in names]
+                if not missing:
+                    return []
+        present = self._present(pod)
+        if sum(s for _, s in present) <= MIN_THRESHOLD:
+            return []
+        scaled = dict(present)
+        return sorted((name for name in missing if name in scaled), key=lambda name: -scaled[name])
+
+    def scores(self, pod: PodRecord, nodes: list[NodeInfo]) -> list[float]:
+        present = self._present(pod)
         if sum(s for _, s in present) <= MIN_THRESHOLD:
             return [0.0] * len(nodes)  # not even a node with all of them gets above the minimum
         containers = len(pod.images)
