@@ -24,8 +24,8 @@ Rules (``Lane``; the dispatcher asks ``wait`` before it chooses a worker):
    (``interact``: one's labels match a selector of the other's required rules, either way, or one pod could
    match a selector of each: spread selectors, affinity and anti-affinity terms of any key), and at most
    ``MAX_IN_FLIGHT`` are in flight. Pods of one constraint group therefore go one at a time, in the order they
-   are considered; independent groups go side by side (the plan's "one at a time cluster-wide" is the special
-   case where every lane pod interacts).
+   are considered; independent groups go side by side ("one at a time cluster-wide" is the special case where
+   every lane pod interacts).
 2. Every DISPATCH carries ``min_rv`` and the worker decides the pod only once its pod watch has reached it:
    for a lane pod ``settled_rv``, the highest resourceVersion at which the watch showed any of our pods leave
    the pending set (every placement of ours the leader knows of); for a plain pod ``lane_rv``, the same over

@@ -113,8 +113,8 @@ class Outcome:
 @pytest.fixture
 async def classes(kube: KubeClient) -> AsyncIterator[dict[str, str]]:
     run = uuid.uuid4().hex[:6]
-    names = {k: f"i12p-{run}-{k}" for k in PRIORITIES}
-    names.update({k: f"i12p-{run}-{k}" for k in NEVER})
+    names = {k: f"preempt-{run}-{k}" for k in PRIORITIES}
+    names.update({k: f"preempt-{run}-{k}" for k in NEVER})
     for k, value in [*PRIORITIES.items(), *NEVER.items()]:
         body = {
             "apiVersion": "scheduling.k8s.io/v1",

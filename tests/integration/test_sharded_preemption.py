@@ -44,16 +44,16 @@ from tests.integration.test_preemption import SET_LABEL, TAINT, Nodes
 pytestmark = pytest.mark.integration
 
 TIMEOUT = 90.0  # a guard against hanging, not a speed requirement
-ROLE = "i12x-role"
-HOLD = "example.com/i12x-hold"
-CLOSED = "i12x-closed"
+ROLE = "xshard-role"
+HOLD = "example.com/xshard-hold"
+CLOSED = "xshard-closed"
 PRIORITIES = {"low": 10, "mid": 100, "high": 1000}
 
 
 @pytest.fixture
 async def classes(kube: KubeClient) -> AsyncIterator[dict[str, str]]:
     run = uuid.uuid4().hex[:6]
-    names = {k: f"i12x-{run}-{k}" for k in PRIORITIES}
+    names = {k: f"xshard-{run}-{k}" for k in PRIORITIES}
     for k, value in PRIORITIES.items():
         body = {
             "apiVersion": "scheduling.k8s.io/v1",
