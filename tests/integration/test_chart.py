@@ -156,14 +156,27 @@ async def test_each_service_account_may_do_its_job_and_nothing_dangerous(
                 ("list", "replicationcontrollers", {}), ("watch", "replicationcontrollers", {}),
                 ("list", "replicasets", {"group": "apps"}), ("watch", "replicasets", {"group": "apps"}),
                 ("list", "statefulsets", {"group": "apps"}), ("watch", "statefulsets", {"group": "apps"}),
+                # preemption: victims are deleted (as kube-scheduler's own role may), budgets read
+                ("delete", "pods", {"ns": other, "name": "p"}),
+                ("list", "poddisruptionbudgets", {"group": "policy"}),
+                ("watch", "poddisruptionbudgets", {"group": "policy"}),
+                # volumes: storage watched, claims and PVs patched for WaitForFirstConsumer binding
+                ("list", "persistentvolumeclaims", {}), ("watch", "persistentvolumeclaims", {}),
+                ("patch", "persistentvolumeclaims", {"ns": other, "name": "c"}),
+                ("list", "persistentvolumes", {}), ("watch", "persistentvolumes", {}),
+                ("patch", "persistentvolumes", {"name": "pv"}),
+                ("list", "storageclasses", {"group": "storage.k8s.io"}),
+                ("watch", "storageclasses", {"group": "storage.k8s.io"}),
+                ("list", "csinodes", {"group": "storage.k8s.io"}), ("watch", "csinodes", {"group": "storage.k8s.io"}),
                 ("create", "tokenreviews", {"group": "authentication.k8s.io"}),
                 ("create", "subjectaccessreviews", {"group": "authorization.k8s.io"}),
             ],
         }  # fmt: skip
-        # What neither may: read secrets, create or delete pods, write nodes, read other ConfigMaps.
+        # What neither may: read secrets, create pods, write nodes or PVs beyond a patch, read other ConfigMaps.
         never = [
             ("get", "secrets", {"ns": namespace}), ("list", "secrets", {}), ("create", "pods", {"ns": other}),
-            ("delete", "pods", {"ns": other, "name": "p"}), ("patch", "nodes", {"name": "n"}),
+            ("patch", "nodes", {"name": "n"}), ("delete", "persistentvolumes", {"name": "pv"}),
+            ("delete", "persistentvolumeclaims", {"ns": other, "name": "c"}),
             ("update", "nodes", {"name": "n", "subresource": "status"}), ("delete", "nodes", {"name": "n"}),
             ("list", "configmaps", {"ns": namespace}), ("get", "configmaps", {"ns": namespace, "name": "other"}),
             ("get", "configmaps", {"ns": other, "name": POLICY}), ("create", "serviceaccounts", {"ns": namespace, "name": "x", "subresource": "token"}),
@@ -175,7 +188,10 @@ async def test_each_service_account_may_do_its_job_and_nothing_dangerous(
             ("list", "nodeshards", {"group": "shard.volcano.sh"}),
             ("get", "configmaps", {"ns": namespace, "name": POLICY}),
         ]
-        coordinator_never = [("create", "pods", {"ns": other, "name": "p", "subresource": "binding"})]
+        coordinator_never = [
+            ("create", "pods", {"ns": other, "name": "p", "subresource": "binding"}),
+            ("delete", "pods", {"ns": other, "name": "p"}),
+        ]
         wrong: list[str] = []
         for account, checks in needs.items():
             for verb, resource, kw in checks:
