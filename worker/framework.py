@@ -13,6 +13,11 @@ Two kinds of filter:
   inter-pod rules, in its topology domain) and run every time; one with an ``applies(pod)`` method runs only
   for the pods it applies to.
 
+Every filter declares, per pod, whether its verdict may depend on the pods placed (``node_pods``): preemption's
+arithmetic dry run (``worker.preemption``) trusts that answer to skip re-running a filter with victims set
+aside, so ``Registry.build`` refuses a filter that does not declare it (a new filter is never silently taken
+for one whose verdict ignores the pods). A filter that cannot tell answers True.
+
 Status codes, not exceptions, for expected outcomes (kube-scheduler's codes):
 - ``UNSCHEDULABLE``: the node cannot take the pod now; the pod waits in the unschedulable pool and moves back
   when an event (a node change, a pod deletion) could help it.
@@ -62,6 +67,11 @@ class FilterPlugin(Protocol):
     def filter(self, pod: PodRecord, node: NodeInfo) -> Status | None:
         """None when the node can take the pod, else why not."""
 
+    def node_pods(self, pod: PodRecord) -> bool:
+        """May this filter's verdict for ``pod`` change when pods are added to or removed from a node (the
+        node's own pods, or those in its topology domain)? False only when it certainly cannot: a static
+        filter, or a dynamic one that passes every node for this pod whatever is placed."""
+
 
 class ScorePlugin(Protocol):
     name: str
@@ -106,6 +116,14 @@ class Registry:
         if unknown:
             raise ValueError(f"unknown plugins {unknown}; known: {self.names()}")
         filters: list[FilterPlugin] = [self._factories[n](profile.args.get(n, {})) for n in profile.filters]
+        undeclared = [
+            n
+            for n, f in zip(profile.filters, filters, strict=True)
+            if not callable(getattr(f, "node_pods", None))
+        ]
+        if undeclared:
+            # preemption's arithmetic dry run relies on the declaration (see the module docstring)
+            raise ValueError(f"filter plugins {undeclared} do not declare node_pods(pod)")
         scores: list[tuple[ScorePlugin, int]] = []
         for name, weight in profile.scores.items():
             if weight < 0:

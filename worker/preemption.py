@@ -22,9 +22,10 @@ When the engine finds no node for a pod (``Preemption.post_filter``, called by `
    returns, so nothing else ever sees the intermediate state; the cost is that of the pods moved, not of the
    world.
    Shortcuts that answer exactly what that dry run answers (``tests/unit/worker/test_preemption_fast.py``
-   compares them on random worlds): (a) when the only dynamic filter that can fail is NodeResourcesFit (the
-   pod asks for no host port, has no inter-pod rule or spread constraint, no placed pod has a required
-   anti-affinity term: ``Evaluator.arithmetic``), the reprieve is computed on numbers -- the same order, the
+   compares them on random worlds): (a) when the only filter whose verdict for the pod depends on the pods
+   placed is NodeResourcesFit (every other filter declares it does not, ``FilterPlugin.node_pods``: no host
+   port, no inter-pod rule or hard spread constraint, own or defaulted, no claim, no placed pod with a
+   required anti-affinity term: ``Evaluator.arithmetic``), the reprieve is computed on numbers -- the same order, the
    same test "request <= allocatable - requested" per resource the pod asks for and the pod count, with the
    node's nominated pods of at least the pod's priority counted as the engine counts them -- and kept per node
    until the node's pods, the pod's priority and requests, those nominations, the budgets
@@ -93,11 +94,7 @@ from worker.cache import Cache
 from worker.engine import Decision, Engine
 from worker.framework import Code, Status
 from worker.nodeinfo import NodeInfo
-from worker.plugins.interpod import InterPodAffinityFilter
-from worker.plugins.ports import NodePorts
 from worker.plugins.resources import NodeResourcesFit
-from worker.plugins.spread import PodTopologySpreadFilter
-from worker.plugins.volumes import NodeVolumeLimits, VolumeBinding, VolumeRestrictions, VolumeZone
 
 log = logging.getLogger(__name__)
 
@@ -111,10 +108,6 @@ NOT_HELPFUL = "Preemption is not helpful for scheduling"
 NO_VICTIMS = Status.unresolvable("No preemption victims found for incoming pod")
 NEVER = "not eligible due to preemptionPolicy=Never."
 TERMINATING = "not eligible due to a terminating pod on the nominated node."
-# the dynamic filters whose verdict depends on resources alone for a pod that ``Evaluator.arithmetic`` accepts
-_KNOWN_DYNAMIC = (NodeResourcesFit, NodePorts, InterPodAffinityFilter, PodTopologySpreadFilter)
-# the volume filters pass every node for a pod without claims (each returns at once), victims or not
-_CLAIMS_ONLY = (VolumeRestrictions, NodeVolumeLimits, VolumeBinding, VolumeZone)
 _PRIORITY_OFFSET = 2**31  # kube-scheduler adds MaxInt32+1 so that negative priorities sum sensibly
 
 
@@ -332,17 +325,13 @@ class Evaluator:
         return Verdict(None, unschedulable_message(len(nodes), reasons), clear_nomination=True)
 
     def arithmetic(self, pod: PodRecord) -> bool:
-        """May ``pod``'s dry runs be decided by resource arithmetic (see the module docstring)? True when the
-        only dynamic filter that can say no is NodeResourcesFit: the pod asks for no host port, has no
-        inter-pod rule or spread constraint of its own, and no placed pod has a required anti-affinity term;
-        every dynamic filter is one of the four whose verdict is then known to depend on resources alone, or a
-        volume filter and the pod has no claim (it then passes every node)."""
-        if not self.fast or pod.host_ports or pod.inter_pod is not None or self.cache.topology.anti_groups:
+        """May ``pod``'s dry runs be decided by resource arithmetic (see the module docstring)? True when
+        NodeResourcesFit, whose test ``_by_arithmetic`` reproduces, is the only filter whose verdict for the pod
+        depends on the pods placed: every other dynamic filter declares it does not (``node_pods``), so
+        setting victims aside cannot change its verdict. The exact type: a subclass may test something else."""
+        if not self.fast:
             return False
-        return all(
-            type(f) in _KNOWN_DYNAMIC or (not pod.claims and type(f) in _CLAIMS_ONLY)
-            for f in self.engine.dynamic_filters
-        )
+        return all(type(f) is NodeResourcesFit or not f.node_pods(pod) for f in self.engine.dynamic_filters)
 
     def select_victims(self, pod: PodRecord, info: NodeInfo, now: float) -> Candidate | Status:
         """The fewest pods to remove from ``info`` for ``pod`` to fit (kube-scheduler's SelectVictimsOnNode),

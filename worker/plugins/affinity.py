@@ -34,6 +34,9 @@ class AffinityFilter:
         # node name -> (the labels the verdict was made on, verdict), for ``self._pod`` only
         self._verdicts: dict[str, tuple[dict[str, str], Status | None]] = {}
 
+    def node_pods(self, pod: PodRecord) -> bool:
+        return False  # static: the node record only
+
     def filter(self, pod: PodRecord, node: NodeInfo) -> Status | None:
         if pod is not self._pod:
             self._pod = pod

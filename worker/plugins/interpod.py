@@ -112,6 +112,12 @@ class InterPodAffinityFilter:
             return False  # the common case, decided without building any state
         return self._prepare(pod) is not None
 
+    def node_pods(self, pod: PodRecord) -> bool:
+        # the cheap test of ``applies``, without building the state: a pod with no rule of its own passes
+        # every node unless some placed pod has a required anti-affinity term (which may match it)
+        assert self.cache is not None, "InterPodAffinity used without a cache"
+        return pod.inter_pod is not None or bool(self.cache.topology.anti_groups)
+
     def filter(self, pod: PodRecord, node: NodeInfo) -> Status | None:
         state = self._prepare(pod)
         if state is None:

@@ -23,6 +23,9 @@ class NodeUnschedulable:
     name = "NodeUnschedulable"
     static = True
 
+    def node_pods(self, pod: PodRecord) -> bool:
+        return False  # static: the node record only
+
     def filter(self, pod: PodRecord, node: NodeInfo) -> Status | None:
         if not node.node.unschedulable:
             return None
@@ -36,6 +39,9 @@ class NodeReady:
 
     name = "NodeReady"
     static = True
+
+    def node_pods(self, pod: PodRecord) -> bool:
+        return False  # static: the node record only
 
     def filter(self, pod: PodRecord, node: NodeInfo) -> Status | None:
         if node.node.allocatable_error is not None:

@@ -45,6 +45,9 @@ class NodePorts:
         # node name -> (the NodeInfo, its generation then, index of its ports)
         self._indexes: dict[str, tuple[NodeInfo, int, _Index]] = {}
 
+    def node_pods(self, pod: PodRecord) -> bool:
+        return bool(pod.host_ports)  # a pod without host ports passes every node
+
     def filter(self, pod: PodRecord, node: NodeInfo) -> Status | None:
         if not pod.host_ports or not node.ports:
             return None

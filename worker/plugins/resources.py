@@ -26,6 +26,9 @@ class NodeResourcesFit:
     name = "NodeResourcesFit"
     static = False
 
+    def node_pods(self, pod: PodRecord) -> bool:
+        return True  # the node's requested resources and pod count (preemption's arithmetic reproduces it)
+
     def filter(self, pod: PodRecord, node: NodeInfo) -> Status | None:
         req = pod.requests
         alloc = node.node.allocatable

@@ -246,6 +246,10 @@ class PodTopologySpreadFilter(_Spread):
             return any(c.hard for c in rules.spread)
         return self._hard_defaults and any(c.hard for c in self.constraints(pod)[0])
 
+    def node_pods(self, pod: PodRecord) -> bool:
+        # the pod's hard constraints, its own or the configured defaults a Service or controller gives it
+        return self.applies(pod)
+
     def filter(self, pod: PodRecord, node: NodeInfo) -> Status | None:
         labels = node.node.labels
         for key, counts, low, max_skew, self_match in self._prepare(pod):

@@ -47,6 +47,9 @@ class TaintFilter:
     name = "TaintToleration"
     static = True
 
+    def node_pods(self, pod: PodRecord) -> bool:
+        return False  # static: the node record only
+
     def filter(self, pod: PodRecord, node: NodeInfo) -> Status | None:
         for taint in node.node.taints:
             if taint.effect in ("NoSchedule", "NoExecute") and not tolerated(taint, pod.tolerations):

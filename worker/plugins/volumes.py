@@ -82,6 +82,9 @@ class VolumeRestrictions(_VolumePlugin):
                 return Status.unresolvable(f'persistentvolumeclaim "{claim}" not found')
         return None
 
+    def node_pods(self, pod: PodRecord) -> bool:
+        return bool(pod.claims)  # the claims' other users; a pod without claims passes every node
+
     def filter(self, pod: PodRecord, node: NodeInfo) -> Status | None:
         if not pod.claims:
             return None
@@ -129,6 +132,9 @@ class NodeVolumeLimits(_VolumePlugin):
             if driver and handle:
                 into[f"{driver}/{handle}"] = driver
 
+    def node_pods(self, pod: PodRecord) -> bool:
+        return bool(pod.claims)  # the volumes of the node's pods; a pod without claims passes every node
+
     def filter(self, pod: PodRecord, node: NodeInfo) -> Status | None:
         if not pod.claims:
             return None
@@ -166,6 +172,11 @@ class VolumeBinding(_VolumePlugin):
         self._version = -1
         self._claims = PodClaims()
         self._plans: dict[str, VolumePlan] = {}
+
+    def node_pods(self, pod: PodRecord) -> bool:
+        # a pod without claims passes every node; with claims, counted as depending on the pods (whose
+        # claims took PVs) rather than proven not to
+        return bool(pod.claims)
 
     def _prepare(self, pod: PodRecord) -> PodClaims:
         store = self.store
@@ -221,6 +232,11 @@ class VolumeZone(_VolumePlugin):
         self._pod: PodRecord | None = None
         self._version = -1
         self._state: tuple[Status | None, list[tuple[str, frozenset[str]]]] = (None, [])
+
+    def node_pods(self, pod: PodRecord) -> bool:
+        # a pod without claims passes every node; with claims, counted as depending on the pods (whose
+        # claims took PVs) rather than proven not to
+        return bool(pod.claims)
 
     def _prepare(self, pod: PodRecord) -> tuple[Status | None, list[tuple[str, frozenset[str]]]]:
         store = self.store

@@ -39,9 +39,13 @@ class FixedShard:
 
 
 def engine_over(
-    nodes: list[NodeRecord], *, owned: set[str] | None = None, feasible_nodes: int = 16
+    nodes: list[NodeRecord],
+    *,
+    owned: set[str] | None = None,
+    feasible_nodes: int = 16,
+    settings: WorkerSettings | None = None,
 ) -> Engine:
-    settings = WorkerSettings()
+    settings = settings or WorkerSettings()
     settings.scheduling.feasible_nodes = feasible_nodes
     shard = FixedShard(owned) if owned is not None else None
     cache = Cache(shard=shard, session_label=settings.scheduling.session_label)
