@@ -673,6 +673,9 @@ class Preemption:
         """Steps 1-4 only: ``decision`` with this shard's best candidate for the leader, or with the reason
         there is none. Nothing is nominated or evicted."""
         metrics.preemption_attempts.inc()
+        return self._propose(pod, decision)
+
+    def _propose(self, pod: PodRecord, decision: Decision) -> Decision:
         verdict = self.evaluator.evaluate(pod)
         c = verdict.candidate
         if c is None:
@@ -682,16 +685,17 @@ class Preemption:
     def carry_out(self, pod: PodRecord, node: NodeName, decision: Decision) -> Decision | None:
         """The leader chose ``node`` for ``pod``'s preemption: re-check the victims there now and, if it is
         still a candidate, carry it out (None: the pod waits here for the room). Otherwise ``propose``'s
-        answer, a fresh candidate or none. Only a node this worker owns and can use is ever touched."""
+        answer, a fresh candidate or none. Only a node this worker owns and can use is ever touched. One
+        post-filter call, counted once in ``scheduler_preemption_attempts_total`` whichever way it ends."""
+        metrics.preemption_attempts.inc()
         ev = self.evaluator
         info = self.cache.nodes.get(node)
         owned = info is not None and node in self.cache.known and self.cache.usable(node)
         if info is not None and owned and ev.ineligible(pod) is None:
             st = ev.engine.verdict(pod, info)
             if st is not None and st.code == Code.UNSCHEDULABLE:
-                metrics.preemption_attempts.inc()
                 found = ev.select_victims(pod, info, ev.wall())
                 if isinstance(found, Candidate):
                     self._execute(pod, found)
                     return None
-        return self.propose(pod, decision)
+        return self._propose(pod, decision)

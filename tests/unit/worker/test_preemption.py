@@ -436,6 +436,27 @@ def test_carry_out_rechecks_the_chosen_node() -> None:
     assert engine.cache.nominated_node[pod.key] == "n1" and pre.busy(pod.key)
 
 
+def test_carry_out_counts_one_attempt_whichever_way_it_ends() -> None:
+    from common import metrics
+
+    engine, ev = setup({"n0": "2", "n1": "2"}, [running("low", "n0", "2", 1), running("low2", "n1", "2", 2)])
+    pre = preemption_over(engine, ev)
+    pod = make_pod("hi").req(cpu="2").priority(10).record()
+    engine.cache.remove_pod(PodKey("default/low"))
+    engine.cache.upsert_pod(running("peer", "n0", "2", 10))
+    before = metrics.preemption_attempts._value.get()
+    # the re-check on n0 fails and a fresh candidate is proposed: still one post-filter call
+    d = pre.carry_out(pod, NodeName("n0"), engine.schedule(pod))
+    assert d is not None and d.preemption is not None
+    assert metrics.preemption_attempts._value.get() == before + 1
+    # carried out on n1
+    assert pre.carry_out(pod, NodeName("n1"), engine.schedule(pod)) is None
+    assert metrics.preemption_attempts._value.get() == before + 2
+    # a node this worker does not know: straight to a proposal, counted once
+    pre.carry_out(make_pod("other").req(cpu="2").priority(10).record(), NodeName("gone"), d)
+    assert metrics.preemption_attempts._value.get() == before + 3
+
+
 def test_carry_out_never_touches_a_node_this_worker_does_not_own() -> None:
     nodes = [make_node(n, cpu="2").record() for n in ("mine", "theirs")]
     engine = engine_over(nodes, owned={"mine"})
