@@ -4,7 +4,8 @@
   sees wakes the unschedulable pods (``queue.move_all``).
 - ``PodFeed``: every non-terminal pod into the cache (pods of every scheduler use capacity); with
   ``watch_pending`` (standalone) also every pending pod of our scheduler name into the queue. Freed capacity
-  wakes the unschedulable pods; a deleted pod leaves the queue and the reporter.
+  wakes the unschedulable pods; a deleted pod leaves the queue and the reporter, and ``gone`` is told (what
+  the scheduler keeps per dispatched pod outside the queue goes with it).
 - ``NamespaceFeed``: every Namespace's labels into the cache (``namespaceSelector`` terms of pod (anti-)affinity);
   a change that may satisfy a waiting pod's required affinity wakes the unschedulable pods.
 - ``WorkloadFeed``: the selectors of Services, ReplicationControllers, ReplicaSets and StatefulSets into the
@@ -29,11 +30,12 @@ assumptions; nothing here decides.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from common import metrics
 from common.kube import KubeClient
-from common.records import NodeName, PodRecord, node_from_json, pod_from_json
+from common.records import NodeName, PodKey, PodRecord, node_from_json, pod_from_json
 from common.reporting import Reporter
 from common.watching import Reflector
 from worker.cache import Cache
@@ -121,6 +123,7 @@ class PodFeed:
         scheduler_name: str,
         watch_pending: bool,
         progress: asyncio.Event | None = None,
+        gone: Callable[[PodKey], None] = lambda key: None,
     ) -> None:
         self.cache = cache
         self.queue = queue
@@ -128,6 +131,7 @@ class PodFeed:
         self.scheduler_name = scheduler_name
         self.watch_pending = watch_pending
         self.progress = progress or asyncio.Event()
+        self.gone = gone  # a pod of ours was deleted, finished or placed: it will not be decided here again
 
     def admit(self, pod: PodRecord, seen_at: float) -> None:
         """A pod from the watch: queue it if it is ours and waiting; drop it from the queue once placed.
@@ -137,6 +141,7 @@ class PodFeed:
         if pod.node_name or pod.deleting:
             self.queue.delete(pod.key)
             self.cache.unnominate(pod.key)
+            self.gone(pod.key)
             return
         nominated = pod.nominated_node or self.cache.nominated_node.get(pod.key)
         if nominated:
@@ -165,6 +170,7 @@ class PodFeed:
             self.queue.delete(pod.key)
             self.cache.unnominate(pod.key)
             self.reporter.forget(pod.key)
+            self.gone(pod.key)
             if self.cache.remove_pod(pod.key):
                 self.queue.move_all()
         else:
@@ -215,6 +221,7 @@ class Watches:
         node_selector: str,
         watch_pending: bool,
         watch_workloads: bool = True,
+        gone: Callable[[PodKey], None] = lambda key: None,
     ) -> None:
         self.client = client
         self.cache = cache
@@ -229,6 +236,7 @@ class Watches:
                 scheduler_name=scheduler_name,
                 watch_pending=watch_pending,
                 progress=self.progress,
+                gone=gone,
             ),
             params=POD_PARAMS,
             name="pods",

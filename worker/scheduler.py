@@ -98,6 +98,9 @@ class Scheduler:
     ) -> None:
         self.client = client
         self.settings = settings
+        # the node the leader chose for a dispatched pod's preemption (coordinated), until its next decision
+        # or until the pod is gone (``_gone``: deleted, finished or placed before that decision)
+        self._preempt_on: dict[PodKey, NodeName] = {}
         self.clock = clock
         self.shard = shard
         self.outcomes = outcomes
@@ -142,6 +145,7 @@ class Scheduler:
             watch_pending=watch_pending,
             # no default constraint: the Services and controllers are not needed, not watched
             watch_workloads=bool(defaults.constraints),
+            gone=self._gone,
         )
         self.preemption: Preemption | None = None
         self.budgets: Reflector | None = None
@@ -174,11 +178,13 @@ class Scheduler:
         self.decisions = 0
         self.unschedulable = 0
         self.paused = False
-        # the node the leader chose for a dispatched pod's preemption (coordinated), until its next decision
-        self._preempt_on: dict[PodKey, NodeName] = {}
 
     def _shard_changed(self, change: ShardChange) -> None:
         self.queue.move_all()
+
+    def _gone(self, key: PodKey) -> None:
+        """The pod watch saw ``key`` deleted, finished or placed: nothing kept for its next decision stays."""
+        self._preempt_on.pop(key, None)
 
     def preempt_next(self, key: PodKey, node: NodeName) -> None:
         """The leader chose ``node`` for ``key``'s preemption: the pod's next decision may carry it out."""

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from common.kube import Credentials, KubeClient
-from common.records import PodRecord
+from common.records import NodeName, PodRecord
 from common.reporting import Reporter
 from tests.builders import make_node, make_pod
 from worker.outcomes import PodReports
@@ -78,3 +78,31 @@ async def test_a_paused_loop_with_pods_waiting_still_yields(client: KubeClient) 
     finally:
         loop.cancel()
         await asyncio.gather(loop, return_exceptions=True)
+
+
+async def test_the_leaders_preemption_choice_for_a_pod_goes_when_the_pod_goes(client: KubeClient) -> None:
+    """``preempt_next`` keeps the node until the pod's next decision; a pod deleted, finished or bound
+    elsewhere before that decision must not leave its entry behind (one per such pod, forever)."""
+    reporter = RecordingReporter(client)
+    sched = Scheduler(
+        client,
+        WorkerSettings(),
+        shard=WholeCluster(),
+        outcomes=PodReports(reporter),
+        reporter=reporter,
+        watch_pending=False,
+        preempt=True,
+    )
+    feed = sched.watches.pods.handler
+    deleted = make_pod("deleted").req(cpu="1").priority(10)
+    finished = make_pod("finished").req(cpu="1").priority(10)
+    elsewhere = make_pod("elsewhere").req(cpu="1").priority(10)
+    kept = make_pod("kept").req(cpu="1").priority(10)
+    for b in (deleted, finished, elsewhere, kept):
+        sched.preempt_next(b.record().key, NodeName("n0"))
+        feed.event("ADDED", b.json())
+    feed.event("DELETED", deleted.json())
+    finished.obj["status"] = {"phase": "Succeeded"}
+    feed.event("MODIFIED", finished.json())
+    feed.event("MODIFIED", elsewhere.on("n1").json())
+    assert sched._preempt_on == {kept.record().key: "n0"}
