@@ -12,7 +12,8 @@
   cache's ``workloads`` (kube's default topology spread constraints); watched only when a default constraint
   is configured.
 - ``StorageFeed``: claims, PVs, StorageClasses and CSINodes into the cache's volume store
-  (``worker.volumes``); any change wakes the unschedulable pods (a claim bound, a PV or class created).
+  (``worker.volumes``); a change wakes the unschedulable pods it may help (a claim bound, a PV or class
+  created: ``VolumeStore.wakes``, pods with a claim it concerns), a relist all of them.
 - ``Watches``: the reflectors, and the ``worker.shard.PodWatch`` view the shard's catch-up of newly granted
   nodes waits on (the watch's progress, a consistent LIST per node, and a direct apply when the watch lags).
   ``progress`` is set after every pod event or relist the cache applied (the dispatch gate,
@@ -203,7 +204,7 @@ class StorageFeed:
             self.cache.volumes.remove(self.kind, obj)
         else:
             self.cache.volumes.upsert(self.kind, obj)
-        self.queue.move_all()
+        self.queue.move_if(self.cache.volumes.wakes(self.kind, obj))
 
 
 class Watches:

@@ -5,7 +5,8 @@
   ``INITIAL_BACKOFF`` doubling per failed attempt up to ``MAX_BACKOFF``.
 - unschedulable pool: pods that no node could take; they move back (to backoffQ if their backoff is still
   running, else activeQ) when ``move_all`` is called for an event that could help (node added or changed,
-  capacity freed), and at the latest after ``UNSCHEDULABLE_TIMEOUT``. A pod refused for its own spec
+  capacity freed), or ``move_if`` for an event that can help only some of them (a storage object: the pods
+  with a claim it concerns), and at the latest after ``UNSCHEDULABLE_TIMEOUT``. A pod refused for its own spec
   (``PodRecord.parse_error``: invalid, or a field the engine does not support) waits there for an update of
   itself only: no cluster event can make it schedulable.
 - gated: pods with ``spec.schedulingGates``; they enter activeQ when an update removes the last gate.
@@ -211,9 +212,19 @@ class SchedulingQueue:
 
     def move_all(self) -> int:
         """An event that could help unschedulable pods happened: move them all out of the pool."""
+        return self.move_if(None)
+
+    def move_if(self, helps: Callable[[PodRecord], bool] | None) -> int:
+        """An event that could help only the pods ``helps`` says yes to (None: all) happened: move those out
+        of the pool. The move-request cycle advances all the same: a pod in flight now goes to backoffQ, not
+        the pool, whatever the event (it is not known yet what rejected it)."""
         self._move_cycle += 1
         now = self.clock()
-        pods = [qp for qp in self._unschedulable.values() if qp.pod.parse_error is None]
+        pods = [
+            qp
+            for qp in self._unschedulable.values()
+            if qp.pod.parse_error is None and (helps is None or helps(qp.pod))
+        ]
         for qp in pods:
             self._place(qp, "backoff" if qp.backoff_until > now else "active")
         return len(pods)

@@ -18,6 +18,8 @@ Semantics (kube-scheduler v1.36, ``pkg/scheduler/framework/plugins/volumebinding
 
 Invariants:
 - ``version`` grows on every change (watched or assumed), so a memo keyed on it is never stale.
+- ``wakes``: a watched change can help only pods with a claim it concerns (kube-scheduler's queueing hints
+  for the volume plugins narrow the same way); a pod without claims is never woken by storage.
 - An assumed PV (claimRef set by us, not yet seen from the API) is never offered to another claim; an assumed
   provisioning is seen as the claim's ``selected-node`` annotation. ``revert`` undoes both; a watched update
   of the object replaces the assumption (the API's view wins).
@@ -27,12 +29,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from common.quantity import parse_units
-from common.records import LabelSelector, Requirement, SelectorTerm
+from common.records import LabelSelector, PodRecord, Requirement, SelectorTerm
 
 ANN_BIND_COMPLETED = "pv.kubernetes.io/bind-completed"
 ANN_BOUND_BY_CONTROLLER = "pv.kubernetes.io/bound-by-controller"
@@ -387,6 +389,40 @@ class VolumeStore:
             if now_c is not None and now_c.resource_version == claim.resource_version:
                 self.claims[claim.key] = claim
         self._changed()
+
+    def wakes(self, kind: str, obj: dict[str, Any]) -> Callable[[PodRecord], bool]:
+        """Which waiting pods the watched change of ``obj`` (of ``kind``, already applied here) may help:
+        - a claim: the pods using it;
+        - a PV: the pods using the claim it is bound to; one bound to none (new, or released) may be matched
+          to any unbound claim of its class: the pods with a claim of that class;
+        - a StorageClass (binding mode, provisioner, allowed topologies): the pods with a claim of that class;
+        - a CSINode (attach limits): every pod with a claim."""
+        meta = obj.get("metadata") or {}
+        if kind == "claims":
+            namespace, name = meta.get("namespace") or "default", meta.get("name") or ""
+            return lambda pod: pod.namespace == namespace and name in self._claim_names(pod)
+        if kind == "volumes":
+            pv = volume_from_json(obj)
+            if pv.claim_ref is not None:
+                namespace, name = pv.claim_ref[0], pv.claim_ref[1]
+                return lambda pod: pod.namespace == namespace and name in self._claim_names(pod)
+            return self._of_class(pv.storage_class)
+        if kind == "classes":
+            return self._of_class(meta.get("name") or "")
+        return lambda pod: bool(pod.claims)
+
+    def _claim_names(self, pod: PodRecord) -> list[str]:
+        return [claim_name(pod.name, v, ephemeral, c) for v, ephemeral, c in pod.claims]
+
+    def _of_class(self, storage_class: str) -> Callable[[PodRecord], bool]:
+        def helps(pod: PodRecord) -> bool:
+            for name in self._claim_names(pod):
+                claim = self.claims.get(f"{pod.namespace}/{name}")
+                if claim is not None and claim.storage_class == storage_class:
+                    return True
+            return False
+
+        return helps
 
     # ----- reads ------------------------------------------------------------------------------------------
 

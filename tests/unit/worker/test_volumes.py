@@ -370,3 +370,58 @@ def test_bound_and_unbound_failures_are_both_reasons() -> None:
     assert verdicts(engine, with_claims("bound", "unbound"))["n0"] == (
         "node(s) had volume node affinity conflict; node(s) didn't find available persistent volumes to bind"
     )
+
+
+# ----- which waiting pods a storage event wakes --------------------------------------------------------------
+
+
+def test_a_storage_event_wakes_only_the_pods_with_a_claim_it_concerns() -> None:
+    from worker.cache import Cache
+    from worker.feeds import StorageFeed
+    from worker.queue import SchedulingQueue
+
+    cache = Cache()
+    store = cache.volumes
+    store.upsert("claims", claim("ca"))  # class wffc
+    store.upsert("claims", claim("cb", cls="local"))
+    ephemeral = make_pod("e").req(cpu="100m")
+    ephemeral.spec["volumes"] = [{"name": "scratch", "ephemeral": {"volumeClaimTemplate": {}}}]
+    pods = [
+        with_claims("ca", name="a"),
+        with_claims("cb", name="b"),
+        ephemeral.record(),  # its claim is "e-scratch", not created yet
+        make_pod("plain").req(cpu="100m").record(),
+    ]
+
+    def waiting() -> SchedulingQueue:
+        queue = SchedulingQueue(lambda: 0.0)
+        for p in pods:
+            queue.add(p)
+            qp = queue.pop_nowait()
+            assert qp is not None
+            queue.done(qp, scheduled=False)
+        assert all(queue.where(p.key) == "unschedulable" for p in pods)
+        return queue
+
+    def woken(kind: str, obj: dict[str, Any], deleted: bool = False) -> list[str]:
+        queue = waiting()
+        StorageFeed(kind, cache, queue).event("DELETED" if deleted else "MODIFIED", obj)
+        return [p.name for p in pods if queue.where(p.key) != "unschedulable"]
+
+    assert woken("claims", claim("ca", volume="pv-a")) == ["a"]
+    assert woken("claims", claim("e-scratch", owner="uid-e")) == ["e"]  # the ephemeral volume's claim
+    assert woken("claims", claim("ca"), deleted=True) == ["a"]
+    store.upsert("claims", claim("ca"))
+    assert woken("claims", {**claim("other"), "metadata": {"name": "ca", "namespace": "elsewhere"}}) == []
+    # a PV bound to a claim: that claim's pods; an available one: the pods with a claim of its class
+    assert woken("volumes", pv("pv-b", cls="local", bound_to="cb")) == ["b"]
+    assert woken("volumes", pv("pv-free", cls="wffc")) == ["a", "e"]  # e-scratch is of class wffc too
+    assert woken("volumes", pv("pv-other", cls="gold")) == []
+    assert woken("classes", storage_class("local", provisioner="kubernetes.io/no-provisioner")) == ["b"]
+    assert woken("classes", storage_class("gold")) == []
+    # attach limits: every pod with a claim (the ephemeral one too: its claim may come)
+    assert woken("csinodes", _csinode("n0", "csi.example", 4)) == ["a", "b", "e"]
+    # a relist may change anything: every pod
+    queue = waiting()
+    StorageFeed("claims", cache, queue).replace([claim("ca"), claim("cb", cls="local")])
+    assert all(queue.where(p.key) != "unschedulable" for p in pods)
