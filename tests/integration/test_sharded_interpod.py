@@ -56,7 +56,7 @@ import pytest
 from common.kube import KubeClient
 from scale.cluster import Cluster
 from scale.workload import agent_pod
-from tests.integration import test_volumes as volume_tests
+from tests.integration import volumes
 from tests.integration.etcd_server import EtcdServer
 from tests.integration.support import audit_capacity, create_pods, wait_for
 from tests.integration.test_coordinator import (  # the harness of the coordinator tests
@@ -66,11 +66,12 @@ from tests.integration.test_coordinator import (  # the harness of the coordinat
     nodes_of,
     started,
 )
+from tests.integration.volumes import claim, local_pv, mount
 
-# the volume tests' fixtures: this run's StorageClasses, and the test provisioner (started and stopped by PID)
-run = volume_tests.run
-provisioner = volume_tests.provisioner
-storage = volume_tests.storage
+# the storage fixtures: this run's StorageClasses, and the test provisioner (started and stopped by PID)
+run = volumes.run
+provisioner = volumes.provisioner
+storage = volumes.storage
 
 ZONE = "topology.kubernetes.io/zone"
 HOSTNAME = "kubernetes.io/hostname"
@@ -124,71 +125,29 @@ VOLUME_PODS = 7  # per round, when the test has storage: dyn 2, static 1, rwop 2
 RWOP_REASON = "node has pod using PersistentVolumeClaim with the same name and ReadWriteOncePod access mode"
 
 
-def _claim(name: str, cls: str, modes: tuple[str, ...] = ("ReadWriteOnce",)) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": name},
-        "spec": {
-            "storageClassName": cls,
-            "accessModes": list(modes),
-            "resources": {"requests": {"storage": "1Gi"}},
-        },
-    }
-
-
-def _mount(pod: dict[str, Any], claim: str) -> dict[str, Any]:
-    pod["spec"].setdefault("volumes", []).append(
-        {"name": f"v{len(pod['spec']['volumes'])}", "persistentVolumeClaim": {"claimName": claim}}
-    )
-    return pod
-
-
-def zonal_pv(name: str, cls: str, zone: str) -> dict[str, Any]:
-    """A pre-created (static) PV that only nodes of ``zone`` can reach."""
-    return {
-        "apiVersion": "v1",
-        "kind": "PersistentVolume",
-        "metadata": {"name": name},
-        "spec": {
-            "storageClassName": cls,
-            "capacity": {"storage": "1Gi"},
-            "accessModes": ["ReadWriteOnce"],
-            "persistentVolumeReclaimPolicy": "Retain",
-            "local": {"path": "/mnt/data"},
-            "nodeAffinity": {
-                "required": {
-                    "nodeSelectorTerms": [
-                        {"matchExpressions": [{"key": ZONE, "operator": "In", "values": [zone]}]}
-                    ]
-                }
-            },
-        },
-    }
-
-
 def volume_groups(
     r: int, scheduler: str, storage: dict[str, str] | None
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The PVC-backed pods of round ``r`` and the claims they use (none without ``storage``, the classes of
-    ``test_volumes``'s fixture). Static claims (class ``local``) are matched by PVs ``run_rounds`` creates, one
-    per claim. Their volume constraints are audited in ``audit_volumes``; the spread by the generic audit."""
+    """The PVC-backed pods of round ``r`` and the claims they use (none without ``storage``, the classes of the
+    ``storage`` fixture, ``tests.integration.volumes``). Static claims (class ``local``) are matched by PVs
+    ``run_rounds`` creates, one per claim. Their volume constraints are audited in ``audit_volumes``; the
+    spread by the generic audit."""
     if storage is None:
         return [], []
     pods: list[dict[str, Any]] = []
     claims: list[dict[str, Any]] = []
     for i in range(2):
-        claims.append(_claim(f"dyn-{r}-{i}", storage["dynamic"]))
-        pods.append(_mount(_pod(f"dyn-{r}-{i}", scheduler, {"group": f"dyn-{r}"}), f"dyn-{r}-{i}"))
-    claims.append(_claim(f"static-{r}", storage["local"]))
-    pods.append(_mount(_pod(f"static-{r}", scheduler, {"group": f"static-{r}"}), f"static-{r}"))
-    claims.append(_claim(f"rwop-{r}", storage["dynamic"], ("ReadWriteOncePod",)))
+        claims.append(claim(f"dyn-{r}-{i}", storage["dynamic"]))
+        pods.append(mount(_pod(f"dyn-{r}-{i}", scheduler, {"group": f"dyn-{r}"}), f"dyn-{r}-{i}"))
+    claims.append(claim(f"static-{r}", storage["local"]))
+    pods.append(mount(_pod(f"static-{r}", scheduler, {"group": f"static-{r}"}), f"static-{r}"))
+    claims.append(claim(f"rwop-{r}", storage["dynamic"], modes=("ReadWriteOncePod",)))
     for i in range(2):  # both want the claim at once: one is bound, the other stays pending
-        pods.append(_mount(_pod(f"rwop-{r}-{i}", scheduler, {"group": f"rwop-{r}"}), f"rwop-{r}"))
+        pods.append(mount(_pod(f"rwop-{r}-{i}", scheduler, {"group": f"rwop-{r}"}), f"rwop-{r}"))
     vspread = {"group": f"vspread-{r}"}
     for i in range(2):
-        claims.append(_claim(f"vspread-{r}-{i}", storage["dynamic"]))
-        p = _mount(_pod(f"vspread-{r}-{i}", scheduler, vspread), f"vspread-{r}-{i}")
+        claims.append(claim(f"vspread-{r}-{i}", storage["dynamic"]))
+        p = mount(_pod(f"vspread-{r}-{i}", scheduler, vspread), f"vspread-{r}-{i}")
         _spread(p, ZONE, vspread)
         pods.append(p)
     assert len(pods) == VOLUME_PODS
@@ -491,7 +450,13 @@ async def run_rounds(
         for i, _ in enumerate(static):  # one PV per static claim, round-robin over the zones
             await kube.post(
                 "/api/v1/persistentvolumes",
-                zonal_pv(f"static-{namespace}-{i}", storage["local"], zones[i % len(zones)]),
+                local_pv(
+                    f"static-{namespace}-{i}",
+                    storage["local"],
+                    key=ZONE,
+                    value=zones[i % len(zones)],
+                    size="1Gi",
+                ),
             )
         for c in claims:
             await kube.post(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims", c)
@@ -698,21 +663,21 @@ def test_the_volume_audit_finds_violations() -> None:
     claim_by = {c["metadata"]["name"]: c for c in claims}
     pvs: list[dict[str, Any]] = []
 
-    def bind(claim: str, zone: str) -> None:
-        c = claim_by[claim]
-        c["metadata"]["uid"] = f"uid-{claim}"
-        c["spec"]["volumeName"] = f"pv-{claim}"
+    def bind(name: str, zone: str) -> None:
+        c = claim_by[name]
+        c["metadata"]["uid"] = f"uid-{name}"
+        c["spec"]["volumeName"] = f"pv-{name}"
         c["status"] = {"phase": "Bound"}
-        pv = zonal_pv(f"pv-{claim}", "loc", zone)
-        pv["spec"]["claimRef"] = {"namespace": "ns", "name": claim, "uid": f"uid-{claim}"}
+        pv = local_pv(f"pv-{name}", "loc", key=ZONE, value=zone, size="1Gi")
+        pv["spec"]["claimRef"] = {"namespace": "ns", "name": name, "uid": f"uid-{name}"}
         pvs.append(pv)
 
     def placed(name: str, node: str | None) -> dict[str, Any]:
         by_name[name]["spec"]["nodeName"] = node
         return by_name[name]
 
-    for claim in ("dyn-0-0", "static-0", "rwop-0"):
-        bind(claim, "a")
+    for name in ("dyn-0-0", "static-0", "rwop-0"):
+        bind(name, "a")
     pending = placed("rwop-0-1", None)
     pending["status"] = {"conditions": [{"type": "PodScheduled", "status": "False", "message": RWOP_REASON}]}
     ok = [placed("dyn-0-0", "a1"), placed("static-0", "a1"), placed("rwop-0-0", "a1"), pending]

@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import sys
-import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +29,11 @@ import pytest
 
 from common.kube import KubeClient, NotFound
 from scale.cluster import Cluster
-from scale.cluster.processes import spawn, stop, tail
 from tests.builders import make_pod
 from tests.integration import test_coordinator as coordinated
-from tests.integration.support import ROOT, SchedulerProcess, create_pods, list_pods, start_worker, wait_for
+from tests.integration import volumes
+from tests.integration.support import SchedulerProcess, create_pods, list_pods, start_worker, wait_for
+from tests.integration.volumes import HOST, ZONE, claim, local_pv, mount
 
 pytestmark = pytest.mark.integration
 
@@ -42,14 +41,12 @@ pytestmark = pytest.mark.integration
 lease_etcd = coordinated.lease_etcd
 deployment = coordinated.deployment
 
-ZONE = "topology.kubernetes.io/zone"
-HOST = "kubernetes.io/hostname"
 SELECTED_NODE = "volume.kubernetes.io/selected-node"
 
-
-@pytest.fixture
-def run() -> str:
-    return uuid.uuid4().hex[:6]
+# the storage fixtures: this run's StorageClasses, and the test provisioner (started and stopped by PID)
+run = volumes.run
+provisioner = volumes.provisioner
+storage = volumes.storage
 
 
 @pytest.fixture
@@ -59,104 +56,8 @@ def worker(cluster: Cluster, tmp_path: Path, run: str) -> Iterator[SchedulerProc
     assert proc.stop() == 0, proc.tail()
 
 
-@pytest.fixture
-def provisioner(cluster: Cluster, tmp_path: Path, run: str) -> Iterator[str]:
-    name = f"p-{run}.test.agent-scheduler.io"
-    log = tmp_path / "testprovisioner.log"
-    record = spawn(
-        "testprovisioner",
-        [
-            sys.executable,
-            "-m",
-            "scale.testprovisioner",
-            f"--kubeconfig={cluster.kubeconfig}",
-            f"--name={name}",
-        ],
-        log,
-        cwd=ROOT,
-    )
-    yield name
-    stopped = stop([record])[0]
-    assert stopped.code in (0, -15, 143, None), tail(log)
-
-
-@pytest.fixture
-async def storage(kube: KubeClient, run: str, provisioner: str) -> AsyncIterator[dict[str, str]]:
-    """This run's StorageClasses (cluster-scoped) by kind, and the provisioner's (CSI driver's) name under
-    ``driver``; the classes are deleted again with the PVs the test made."""
-    classes = {
-        "immediate": {"provisioner": "kubernetes.io/no-provisioner", "volumeBindingMode": "Immediate"},
-        "local": {"provisioner": "kubernetes.io/no-provisioner", "volumeBindingMode": "WaitForFirstConsumer"},
-        "dynamic": {"provisioner": provisioner, "volumeBindingMode": "WaitForFirstConsumer"},
-    }
-    names = {k: f"vol-{k}-{run}" for k in classes}
-    for kind, body in classes.items():
-        await kube.post(
-            "/apis/storage.k8s.io/v1/storageclasses",
-            {
-                "apiVersion": "storage.k8s.io/v1",
-                "kind": "StorageClass",
-                "metadata": {"name": names[kind]},
-                **body,
-            },
-        )
-    try:
-        yield {**names, "driver": provisioner}
-    finally:
-        for name in names.values():
-            with contextlib.suppress(NotFound):
-                await kube.delete(f"/apis/storage.k8s.io/v1/storageclasses/{name}")
-        for pv in (await kube.get("/api/v1/persistentvolumes"))["items"]:
-            if run in pv["metadata"]["name"] or pv["spec"].get("storageClassName") in names.values():
-                with contextlib.suppress(NotFound):
-                    await kube.delete(f"/api/v1/persistentvolumes/{pv['metadata']['name']}")
-
-
-def claim(
-    name: str, cls: str, *, modes: tuple[str, ...] = ("ReadWriteOnce",), size: str = "1Gi"
-) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": name},
-        "spec": {
-            "storageClassName": cls,
-            "accessModes": list(modes),
-            "resources": {"requests": {"storage": size}},
-        },
-    }
-
-
-def local_pv(
-    name: str, cls: str, node: str, *, modes: tuple[str, ...] = ("ReadWriteOnce",)
-) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "PersistentVolume",
-        "metadata": {"name": name},
-        "spec": {
-            "storageClassName": cls,
-            "capacity": {"storage": "5Gi"},
-            "accessModes": list(modes),
-            "persistentVolumeReclaimPolicy": "Retain",
-            "local": {"path": "/mnt/data"},
-            "nodeAffinity": {
-                "required": {
-                    "nodeSelectorTerms": [
-                        {"matchExpressions": [{"key": HOST, "operator": "In", "values": [node]}]}
-                    ]
-                }
-            },
-        },
-    }
-
-
 def pod_with(name: str, namespace: str, scheduler: str, *claims: str) -> dict[str, Any]:
-    b = make_pod(name, namespace).scheduler(scheduler).req(cpu="100m")
-    b.spec["volumes"] = [
-        {"name": f"v{i}", "persistentVolumeClaim": {"claimName": c}} for i, c in enumerate(claims)
-    ]
-    return b.json()
+    return mount(make_pod(name, namespace).scheduler(scheduler).req(cpu="100m").json(), *claims)
 
 
 def _pending_message(pod: dict[str, Any]) -> str | None:
@@ -196,11 +97,15 @@ async def test_volume_binding_outcomes_on_the_real_cluster(
     claims_path = f"/api/v1/namespaces/{namespace}/persistentvolumeclaims"
 
     # a PV pinned to one node, bound by the PV controller to an Immediate claim (no class: static binding)
-    await kube.post("/api/v1/persistentvolumes", local_pv(f"bound-{run}", storage["immediate"], pinned))
+    await kube.post(
+        "/api/v1/persistentvolumes", local_pv(f"bound-{run}", storage["immediate"], key=HOST, value=pinned)
+    )
     await kube.post(claims_path, claim("bound", storage["immediate"]))
     await kube.post(claims_path, claim("nothing", storage["immediate"], size="500Gi"))  # no PV that big
     # WaitForFirstConsumer with one local PV on another node
-    await kube.post("/api/v1/persistentvolumes", local_pv(f"static-{run}", storage["local"], static_node))
+    await kube.post(
+        "/api/v1/persistentvolumes", local_pv(f"static-{run}", storage["local"], key=HOST, value=static_node)
+    )
     await kube.post(claims_path, claim("static", storage["local"]))
     # WaitForFirstConsumer provisioned on demand, two claims for one pod
     await kube.post(claims_path, claim("dyn-a", storage["dynamic"]))
@@ -280,7 +185,9 @@ async def test_volume_binding_outcomes_on_the_real_cluster(
     assert not solo2["spec"].get("nodeName")
 
     # the missing claim appears (and binds): the pending pod is placed
-    await kube.post("/api/v1/persistentvolumes", local_pv(f"late-{run}", storage["immediate"], pinned))
+    await kube.post(
+        "/api/v1/persistentvolumes", local_pv(f"late-{run}", storage["immediate"], key=HOST, value=pinned)
+    )
     await kube.post(claims_path, claim("absent", storage["immediate"]))
     pods = await wait_for(
         kube,
@@ -353,7 +260,9 @@ async def test_claims_under_a_coordinator(
     await coordinated.started(d, 2)
     node = (await _plain_nodes(kube))[3]["metadata"]["name"]
     claims_path = f"/api/v1/namespaces/{namespace}/persistentvolumeclaims"
-    await kube.post("/api/v1/persistentvolumes", local_pv(f"co-static-{run}", storage["local"], node))
+    await kube.post(
+        "/api/v1/persistentvolumes", local_pv(f"co-static-{run}", storage["local"], key=HOST, value=node)
+    )
     await kube.post(claims_path, claim("static", storage["local"]))
     dynamic = [f"dyn-{i}" for i in range(6)]
     for name in dynamic:
