@@ -421,13 +421,17 @@ def test_propose_without_a_candidate_says_why() -> None:
     )
 
 
-def test_carry_out_rechecks_the_chosen_node() -> None:
+def chosen_node_taken() -> tuple[Engine, Preemption, PodRecord]:
+    """The leader chose n0 for the pod's preemption, but n0's victim is gone meanwhile and a pod the preemptor
+    may not evict took its place; n1 still has one."""
     engine, ev = setup({"n0": "2", "n1": "2"}, [running("low", "n0", "2", 1), running("low2", "n1", "2", 2)])
-    pre = preemption_over(engine, ev)
-    pod = make_pod("hi").req(cpu="2").priority(10).record()
-    # the chosen node's victim is gone meanwhile and a pod the preemptor may not evict took its place
     engine.cache.remove_pod(PodKey("default/low"))
     engine.cache.upsert_pod(running("peer", "n0", "2", 10))
+    return engine, preemption_over(engine, ev), make_pod("hi").req(cpu="2").priority(10).record()
+
+
+def test_carry_out_rechecks_the_chosen_node() -> None:
+    engine, pre, pod = chosen_node_taken()
     d = pre.carry_out(pod, NodeName("n0"), engine.schedule(pod))
     assert d is not None and d.preemption is not None and d.preemption.node == "n1"  # a fresh candidate
     assert pod.key not in engine.cache.nominated_node and not pre.busy(pod.key)
@@ -439,11 +443,7 @@ def test_carry_out_rechecks_the_chosen_node() -> None:
 def test_carry_out_counts_one_attempt_whichever_way_it_ends() -> None:
     from common import metrics
 
-    engine, ev = setup({"n0": "2", "n1": "2"}, [running("low", "n0", "2", 1), running("low2", "n1", "2", 2)])
-    pre = preemption_over(engine, ev)
-    pod = make_pod("hi").req(cpu="2").priority(10).record()
-    engine.cache.remove_pod(PodKey("default/low"))
-    engine.cache.upsert_pod(running("peer", "n0", "2", 10))
+    engine, pre, pod = chosen_node_taken()
     before = metrics.preemption_attempts._value.get()
     # the re-check on n0 fails and a fresh candidate is proposed: still one post-filter call
     d = pre.carry_out(pod, NodeName("n0"), engine.schedule(pod))

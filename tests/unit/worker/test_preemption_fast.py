@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from common.records import PodRecord
+from common.records import NodeName, PodRecord
 from tests.builders import make_node, make_pod
 from tests.unit.worker.helpers import engine_over
 from worker.budgets import Budgets
@@ -204,7 +204,7 @@ def test_a_default_do_not_schedule_constraint_is_not_decided_by_arithmetic() -> 
     pod = make_pod("hi").req(cpu="500m").priority(5).label("app", "z").owned_by("ReplicaSet", "z").record()
     ev = Evaluator(engine.cache, engine, Budgets(), wall=lambda: NOW)
     assert not ev.arithmetic(pod)
-    found = ev.select_victims(pod, engine.cache.nodes["n0"], NOW)
+    found = ev.select_victims(pod, engine.cache.nodes[NodeName("n0")], NOW)
     assert isinstance(found, Status) and ev.arithmetic_runs == 0
     engine.schedule(pod)
     assert ev.evaluate(pod).candidate is None

@@ -34,11 +34,22 @@ async def client() -> AsyncIterator[KubeClient]:
     await c.close()
 
 
-async def test_standalone_unschedulable_pod_is_reported_and_kept_for_retry(client: KubeClient) -> None:
+def scheduler(client: KubeClient, *, watch_pending: bool = True, preempt: bool = False) -> Scheduler:
+    """A worker over no cluster (nothing is watched here) that records the failures it reports."""
     reporter = RecordingReporter(client)
-    sched = Scheduler(
-        client, WorkerSettings(), shard=WholeCluster(), outcomes=PodReports(reporter), reporter=reporter
+    return Scheduler(
+        client,
+        WorkerSettings(),
+        shard=WholeCluster(),
+        outcomes=PodReports(reporter),
+        reporter=reporter,
+        watch_pending=watch_pending,
+        preempt=preempt,
     )
+
+
+async def test_standalone_unschedulable_pod_is_reported_and_kept_for_retry(client: KubeClient) -> None:
+    sched = scheduler(client)
     sched.cache.upsert_node(make_node("n1", cpu="1").record())
     sched.submit(make_pod("big").req(cpu="2").record())
     qp = sched.queue.pop_nowait()
@@ -46,16 +57,14 @@ async def test_standalone_unschedulable_pod_is_reported_and_kept_for_retry(clien
     decision = sched.schedule_one(qp)
     assert decision is not None and decision.node is None
     assert sched.queue.where(qp.pod.key) == "unschedulable"
-    assert reporter.failures == [("default/big", "0/1 nodes are available: 1 Insufficient cpu.")]
+    assert isinstance(sched.reporter, RecordingReporter)
+    assert sched.reporter.failures == [("default/big", "0/1 nodes are available: 1 Insufficient cpu.")]
     assert sched.unschedulable == 1
 
 
 async def test_a_paused_loop_with_pods_waiting_still_yields(client: KubeClient) -> None:
     """Paused for a drain while activeQ holds pods: the loop must not spin, or the drain never runs."""
-    reporter = RecordingReporter(client)
-    sched = Scheduler(
-        client, WorkerSettings(), shard=WholeCluster(), outcomes=PodReports(reporter), reporter=reporter
-    )
+    sched = scheduler(client)
     sched.submit(make_pod("waiting").req(cpu="1").record())
     sched.pause()
     waits = 0
@@ -83,16 +92,7 @@ async def test_a_paused_loop_with_pods_waiting_still_yields(client: KubeClient) 
 async def test_the_leaders_preemption_choice_for_a_pod_goes_when_the_pod_goes(client: KubeClient) -> None:
     """``preempt_next`` keeps the node until the pod's next decision; a pod deleted, finished or bound
     elsewhere before that decision must not leave its entry behind (one per such pod, forever)."""
-    reporter = RecordingReporter(client)
-    sched = Scheduler(
-        client,
-        WorkerSettings(),
-        shard=WholeCluster(),
-        outcomes=PodReports(reporter),
-        reporter=reporter,
-        watch_pending=False,
-        preempt=True,
-    )
+    sched = scheduler(client, watch_pending=False, preempt=True)
     feed = sched.watches.pods.handler
     deleted = make_pod("deleted").req(cpu="1").priority(10)
     finished = make_pod("finished").req(cpu="1").priority(10)
