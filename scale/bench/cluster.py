@@ -273,6 +273,46 @@ async def _probe(
     return f"probe: {bound}/{PROBE_PODS} pods bound in {PROBE_TIMEOUT:.0f}s" + (f"; {dead}" if dead else "")
 
 
+async def fresh_cluster(cluster_dir: Path, nodes: int, options: ClusterOptions) -> Cluster:
+    """The cluster one scheduler configuration is measured on: ``nodes`` kwok nodes and kube-scheduler's
+    process, and no controller manager (its controllers watch every pod: CPU the measured schedulers would
+    lose). Raises ClusterError when it does not start."""
+    return await start_cluster_async(
+        cluster_dir,
+        nodes=nodes,
+        with_kube_scheduler=True,
+        with_controller_manager=False,
+        options=options,
+        force=True,
+    )
+
+
+def measured_kubeconfig(cluster: Cluster, why_admin: str) -> tuple[Path, list[str]]:
+    """The kubeconfig the measured schedulers run with: the agent scheduler's own RBAC, or admin when
+    ``grant_agent_rbac`` could not grant it (``why_admin``, then said in the notes)."""
+    if why_admin:
+        return cluster.kubeconfig, [f"ran as admin: {why_admin}"]
+    return scheduler_kubeconfig(cluster), []
+
+
+async def until_ready(
+    client: KubeClient,
+    spec: SchedulerSpec,
+    running: Running,
+    *,
+    nodes: int,
+    fleet: list[dict[str, Any]],
+    notes: list[str],
+) -> str:
+    """Wait until a sharded configuration has shared out the nodes (a note when it did not), then bind a few
+    probe pods through it; "" when it can be measured, else why not."""
+    if spec.kind == AGENT and spec.workers:
+        why = await wait_sharded(running, nodes)
+        if why:
+            notes.append(why)
+    return await _probe(client, spec, running, fleet)
+
+
 async def _fill(client: KubeClient, fleet: list[dict[str, Any]]) -> int:
     """The preempt workload's setup: its PriorityClasses, and placeholders filling every untainted node, all
     Running (kwok) before the measured pods arrive. Returns how many placeholders there are."""
@@ -533,15 +573,7 @@ async def bench_scheduler(
         options = replace(options, kwok_pod_parallelism=PREEMPT_KWOK_PARALLELISM)
     began = time.monotonic()
     try:
-        # No controller manager: its controllers watch every pod, CPU the measured schedulers would lose.
-        cluster = await start_cluster_async(
-            cluster_dir,
-            nodes=nodes,
-            with_kube_scheduler=True,
-            with_controller_manager=False,
-            options=options,
-            force=True,
-        )
+        cluster = await fresh_cluster(cluster_dir, nodes, options)
     except ClusterError as e:
         for workload in workloads:
             results.append(_failed(spec, workload, nodes, f"cluster did not start: {e}"))
@@ -552,18 +584,9 @@ async def bench_scheduler(
         await asyncio.to_thread(stages.install, cluster)
         log.info("cluster of %d nodes for %s ready in %.0fs", nodes, spec.name, time.monotonic() - began)
         async with cluster.client(qps=50000, burst=50000, max_connections=256) as client:
-            notes: list[str] = []
-            why_admin = await grant_agent_rbac(client)
-            kubeconfig = scheduler_kubeconfig(cluster)
-            if why_admin:
-                notes.append(f"ran as admin: {why_admin}")
-                kubeconfig = cluster.kubeconfig
+            kubeconfig, notes = measured_kubeconfig(cluster, await grant_agent_rbac(client))
             running = launch(spec, cluster, logs, kubeconfig=kubeconfig)
-            if spec.kind == AGENT and spec.workers:
-                why = await wait_sharded(running, nodes)
-                if why:
-                    notes.append(why)
-            why = await _probe(client, spec, running, fleet)
+            why = await until_ready(client, spec, running, nodes=nodes, fleet=fleet, notes=notes)
             if why:
                 for workload in workloads:
                     results.append(_failed(spec, workload, nodes, why))

@@ -47,17 +47,14 @@ from scale.bench import footprint_report, loadgen, noop_binder
 from scale.bench.footprint_report import KUBE_SCHEDULER, MIB, Step
 from scale.bench.meter import PidSource, ProcessMeter, with_children
 from scale.bench.schedulers import (
-    AGENT,
     KUBE,
     SCHEDULERS,
     Running,
     grant_agent_rbac,
     launch,
-    scheduler_kubeconfig,
-    wait_sharded,
 )
 from scale.bench.workloads import RUN_LABEL
-from scale.cluster import Cluster, ClusterError, ClusterOptions, generate_nodes, start_cluster_async
+from scale.cluster import Cluster, ClusterError, ClusterOptions, generate_nodes
 from scale.cluster.components import APISERVER, SCHEDULER
 from scale.cluster.config import PROJECT_ROOT
 from scale.tracking import Clock, PodTimes
@@ -338,31 +335,20 @@ async def run_config(
         )
 
     try:
-        cluster = await start_cluster_async(
-            cluster_dir,
-            nodes=nodes,
-            with_kube_scheduler=True,
-            with_controller_manager=False,
-            options=options,
-            force=True,
-        )
+        cluster = await bench_cluster.fresh_cluster(cluster_dir, nodes, options)
     except ClusterError as e:
         failed(f"cluster did not start: {e}")
         return
     running: Running | None = None
     try:
         async with cluster.client(qps=50000, burst=50000, max_connections=256) as client:
-            kubeconfig = scheduler_kubeconfig(cluster)
-            why_admin = await grant_agent_rbac(client)
-            if why_admin:
-                kubeconfig = cluster.kubeconfig
+            kubeconfig, notes = bench_cluster.measured_kubeconfig(cluster, await grant_agent_rbac(client))
             running = launch(spec, cluster, logs, kubeconfig=kubeconfig, tag="footprint")
-            if spec.kind == AGENT and spec.workers:
-                why = await wait_sharded(running, nodes)
-                if why:
-                    log.warning("%s: %s", name, why)
-            fleet = generate_nodes(nodes)
-            why = await bench_cluster._probe(client, spec, running, fleet)
+            why = await bench_cluster.until_ready(
+                client, spec, running, nodes=nodes, fleet=generate_nodes(nodes), notes=notes
+            )
+            for note in notes:
+                log.warning("%s: %s", name, note)
             if why:
                 failed(why)
                 return

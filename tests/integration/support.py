@@ -1,12 +1,14 @@
 """Helpers for integration tests: scheduler processes (started and stopped by PID with the scale tooling's
-launcher, ``scale.cluster.processes``), pod creation, waiting, the capacity audit read back from the API
-server (``scale.audit``), and a TCP proxy whose connections a test can cut."""
+launcher, ``scale.cluster.processes``), ``agent-scheduler bench`` run as a subprocess, pod creation, waiting,
+the capacity audit read back from the API server (``scale.audit``), and a TCP proxy whose connections a test
+can cut."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -52,6 +54,15 @@ class SchedulerProcess:
 
     def tail(self, lines: int = 40) -> str:
         return tail(self.log_path, lines)
+
+
+def run_bench(subcommand: str, out: Path, *args: str, timeout: float) -> None:
+    """``agent-scheduler bench <subcommand> <args> --out=<out>`` as a subprocess (it starts its own clusters
+    on free ports and stops them at the end); it must exit 0. ``timeout`` guards against a hang: it is not a
+    speed requirement."""
+    cmd = [sys.executable, "-m", "agent_scheduler.cli", "bench", subcommand, *args, f"--out={out}"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
 def start_worker(

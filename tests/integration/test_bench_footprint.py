@@ -7,14 +7,12 @@ cluster's kube-scheduler read alongside, and the report with its goal line. No w
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from scale.bench.footprint_report import KUBE_SCHEDULER, load
-from tests.integration.support import ROOT
+from tests.integration.support import run_bench
 
 pytestmark = [pytest.mark.integration]
 
@@ -27,20 +25,15 @@ GUARD_TIMEOUT = 600  # against a hang, not a speed requirement
 
 def test_footprint_writes_results_and_report(tmp_path: Path) -> None:
     out = tmp_path / "footprint"
-    cmd = [
-        sys.executable,
-        "-m",
-        "agent_scheduler.cli",
-        "bench",
+    run_bench(
         "footprint",
+        out,
         f"--nodes={NODES}",
         f"--pods={PODS}",
         f"--steps={STEPS}",
         f"--schedulers={','.join(SCHEDULERS)}",
-        f"--out={out}",
-    ]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=GUARD_TIMEOUT, check=False)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        timeout=GUARD_TIMEOUT,
+    )
 
     steps, meta = load(out / "results.json")
     assert meta["command"].startswith("agent-scheduler bench footprint") and meta["commit"]

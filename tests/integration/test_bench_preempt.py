@@ -5,14 +5,12 @@ assertion: the latency is what the bench reports, not what the test checks."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from scale.bench.results import load
-from tests.integration.support import ROOT
+from tests.integration.support import run_bench
 
 pytestmark = [pytest.mark.integration]
 
@@ -23,22 +21,17 @@ GUARD_TIMEOUT = 600  # against a hang, not a speed requirement
 
 def test_preempt_workload_binds_every_preemptor(tmp_path: Path) -> None:
     out = tmp_path / "bench"
-    cmd = [
-        sys.executable,
-        "-m",
-        "agent_scheduler.cli",
-        "bench",
+    run_bench(
         "cluster",
+        out,
         f"--nodes={NODES}",
         "--schedulers=agent-standalone",
         "--workloads=preempt",
         f"--burst={PODS}",
         "--no-volcano",
         "--quiet-wait=0",
-        f"--out={out}",
-    ]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=GUARD_TIMEOUT, check=False)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        timeout=GUARD_TIMEOUT,
+    )
     (r,) = load(out / "results.json")
     assert r.error == "", r.error
     assert r.workload == "preempt" and r.pods == PODS

@@ -9,14 +9,12 @@ wall-clock assertion: speed is what the bench reports, not what the test checks.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from scale.bench.results import REQUIRED_FIELDS, load
-from tests.integration.support import ROOT
+from tests.integration.support import run_bench
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -30,12 +28,9 @@ GUARD_TIMEOUT = 900  # against a hang, not a speed requirement
 
 def test_tiny_bench_writes_results_and_report(tmp_path: Path) -> None:
     out = tmp_path / "bench"
-    cmd = [
-        sys.executable,
-        "-m",
-        "agent_scheduler.cli",
-        "bench",
+    run_bench(
         "cluster",
+        out,
         f"--nodes={NODES}",
         f"--schedulers={','.join(SCHEDULERS)}",
         f"--workloads={','.join(WORKLOADS)}",
@@ -47,10 +42,8 @@ def test_tiny_bench_writes_results_and_report(tmp_path: Path) -> None:
         # only the warm nodes (about 10 %) hold the agent image: pods placed elsewhere wait for a pull
         "--prepulled=0",
         f"--pull-delay={PULL_DELAY_S}",
-        f"--out={out}",
-    ]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=GUARD_TIMEOUT, check=False)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        timeout=GUARD_TIMEOUT,
+    )
 
     raw = json.loads((out / "results.json").read_text())
     assert all(name in item for item in raw for name in REQUIRED_FIELDS)
