@@ -393,8 +393,8 @@ class VolumeStore:
     def wakes(self, kind: str, obj: dict[str, Any]) -> Callable[[PodRecord], bool]:
         """Which waiting pods the watched change of ``obj`` (of ``kind``, already applied here) may help:
         - a claim: the pods using it;
-        - a PV: the pods using the claim it is bound to; one bound to none (new, or released) may be matched
-          to any unbound claim of its class: the pods with a claim of that class;
+        - a PV: the pods using the claim it is bound to or a claim naming it; one bound to none (new, or
+          released) may be matched to any unbound claim of its class: the pods with a claim of that class too;
         - a StorageClass (binding mode, provisioner, allowed topologies): the pods with a claim of that class;
         - a CSINode (attach limits): every pod with a claim."""
         meta = obj.get("metadata") or {}
@@ -404,21 +404,28 @@ class VolumeStore:
         if kind == "volumes":
             pv = volume_from_json(obj)
             if pv.claim_ref is not None:
-                namespace, name = pv.claim_ref[0], pv.claim_ref[1]
-                return lambda pod: pod.namespace == namespace and name in self._claim_names(pod)
-            return self._of_class(pv.storage_class)
+                return self._using(lambda c: c.volume_name == pv.name, claim_ref=pv.claim_ref)
+            return self._using(lambda c: c.volume_name == pv.name or c.storage_class == pv.storage_class)
         if kind == "classes":
-            return self._of_class(meta.get("name") or "")
+            name = meta.get("name") or ""
+            return self._using(lambda c: c.storage_class == name)
         return lambda pod: bool(pod.claims)
 
     def _claim_names(self, pod: PodRecord) -> list[str]:
         return [claim_name(pod.name, v, ephemeral, c) for v, ephemeral, c in pod.claims]
 
-    def _of_class(self, storage_class: str) -> Callable[[PodRecord], bool]:
+    def _using(
+        self, concerns: Callable[[Claim], bool], *, claim_ref: tuple[str, str, str] | None = None
+    ) -> Callable[[PodRecord], bool]:
+        """The pods with a claim ``concerns`` says yes to, or (``claim_ref``) using that claim even where the
+        store does not hold it (yet)."""
+
         def helps(pod: PodRecord) -> bool:
             for name in self._claim_names(pod):
+                if claim_ref is not None and (pod.namespace, name) == (claim_ref[0], claim_ref[1]):
+                    return True
                 claim = self.claims.get(f"{pod.namespace}/{name}")
-                if claim is not None and claim.storage_class == storage_class:
+                if claim is not None and concerns(claim):
                     return True
             return False
 

@@ -417,6 +417,10 @@ def test_a_storage_event_wakes_only_the_pods_with_a_claim_it_concerns() -> None:
     assert woken("volumes", pv("pv-b", cls="local", bound_to="cb")) == ["b"]
     assert woken("volumes", pv("pv-free", cls="wffc")) == ["a", "e"]  # e-scratch is of class wffc too
     assert woken("volumes", pv("pv-other", cls="gold")) == []
+    # a claim naming a PV of another class (pre-bound by the user): that PV's events concern it
+    store.upsert("claims", claim("cb", cls="local", volume="pv-named"))
+    assert woken("volumes", pv("pv-named", cls="gold")) == ["b"]
+    store.upsert("claims", claim("cb", cls="local"))
     assert woken("classes", storage_class("local", provisioner="kubernetes.io/no-provisioner")) == ["b"]
     assert woken("classes", storage_class("gold")) == []
     # attach limits: every pod with a claim (the ephemeral one too: its claim may come)
