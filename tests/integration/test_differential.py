@@ -89,6 +89,7 @@ from common.kube import Gone, KubeClient, NotFound, ServerError
 from common.records import NodeName, PodKey, PodRecord, node_from_json, pod_from_json
 from scale.cluster import make_node as make_fleet_node
 from tests.conftest import delete_namespace
+from tests.integration.volumes import claim
 from worker.cache import Cache
 from worker.scheduler import build_engine
 from worker.settings import WorkerSettings
@@ -725,6 +726,36 @@ def _write_report(path: str, parts: list[str]) -> None:
     Path(path).write_text("\n\n".join(parts) + "\n")
 
 
+@contextlib.asynccontextmanager
+async def watching(outcomes: Outcomes) -> AsyncIterator[None]:
+    """The test namespace's outcome watch runs for the body, and is cancelled after it, whatever happens."""
+    watcher = asyncio.create_task(outcomes.run())
+    try:
+        yield
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+
+
+async def load_bound(kube: KubeClient, cache: Cache) -> None:
+    """Every pod already bound anywhere into the engine's cache (other namespaces' pods count for the rules)."""
+    for obj in (await kube.get("/api/v1/pods"))["items"]:
+        placed = pod_from_json(obj)
+        if placed.node_name and not placed.terminal:
+            cache.upsert_pod(placed)
+
+
+def conclude(summary: str, disagreements: list[str], *, report: bool = True) -> None:
+    """Print the summary (and write it with every disagreement to ``DIFF_REPORT`` when ``report``); fail on
+    any disagreement, showing the first few."""
+    print(summary)
+    if REPORT and report:
+        _write_report(REPORT, [summary, *disagreements])
+    shown = "\n\n".join(disagreements[:SHOW_DISAGREEMENTS])
+    assert not disagreements, f"{summary}\n\n{shown}"
+
+
 async def test_engine_agrees_with_kube_scheduler_on_feasibility(
     kube: KubeClient, namespace: str, diff_nodes: str
 ) -> None:
@@ -733,14 +764,9 @@ async def test_engine_agrees_with_kube_scheduler_on_feasibility(
     nodes = (await kube.get("/api/v1/nodes"))["items"]
     d = Differential(kube, namespace, diff_nodes, nodes)
     assert len(d.diff) == NODES
-    watcher = asyncio.create_task(d.outcomes.run())
-    try:
+    async with watching(d.outcomes):
         for case in range(CASES):
             await d.case(case)
-    finally:
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
     # Both schedulers saw the same pods on the dedicated nodes: nobody else's, and none lost.
     pods = (await kube.get("/api/v1/pods"))["items"]
     on_diff = {
@@ -751,11 +777,7 @@ async def test_engine_agrees_with_kube_scheduler_on_feasibility(
     cached = {key for n in d.diff for key in d.cache.nodes[NodeName(n)].pods}
     assert on_diff == cached, (sorted(on_diff - cached), sorted(cached - on_diff))
     summary = d.tally.summary(time.monotonic() - started)
-    print(summary)
-    if REPORT:
-        _write_report(REPORT, [summary, *d.tally.disagreements])
-    shown = "\n\n".join(d.tally.disagreements[:SHOW_DISAGREEMENTS])
-    assert not d.tally.disagreements, f"{summary}\n\n{shown}"
+    conclude(summary, d.tally.disagreements)
     # The generator must keep producing both outcomes, or the comparison says little.
     assert d.tally.bound > CASES // 5 and d.tally.unschedulable > CASES // 10, summary
     assert d.tally.with_overhead > 0, summary
@@ -939,30 +961,17 @@ async def test_engine_agrees_with_kube_scheduler_on_inter_pod_rules(
     started = time.monotonic()
     nodes = (await kube.get("/api/v1/nodes"))["items"]
     d = InterPodDifferential(kube, namespace, diff_nodes, nodes)
-    # pods already bound anywhere count for the rules (other namespaces' pods could carry anti-affinity)
-    for obj in (await kube.get("/api/v1/pods"))["items"]:
-        placed = pod_from_json(obj)
-        if placed.node_name and not placed.terminal:
-            d.cache.upsert_pod(placed)
-    watcher = asyncio.create_task(d.outcomes.run())
-    try:
+    await load_bound(kube, d.cache)
+    async with watching(d.outcomes):
         for case in range(INTERPOD_CASES):
             await d.inter_case(case)
-    finally:
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
     summary = (
         f"{d.tally.cases} inter-pod cases in {time.monotonic() - started:.0f}s: {d.tally.bound} bound, "
         f"{d.tally.unschedulable} unschedulable, {d.tally.deleted} bound pods deleted again, {d.probes} of the "
         f"engine's picks confirmed by a pinned probe; engine verdicts "
         f"per node: {dict(sorted(d.verdict_kinds.items()))}; {len(d.tally.disagreements)} disagreements"
     )
-    print(summary)
-    if REPORT:
-        _write_report(REPORT, [summary, *d.tally.disagreements])
-    shown = "\n\n".join(d.tally.disagreements[:SHOW_DISAGREEMENTS])
-    assert not d.tally.disagreements, f"{summary}\n\n{shown}"
+    conclude(summary, d.tally.disagreements)
     assert d.tally.bound > INTERPOD_CASES // 5 and d.tally.unschedulable > INTERPOD_CASES // 10, summary
 
 
@@ -1075,8 +1084,7 @@ async def test_engine_agrees_with_kube_scheduler_on_image_locality(
     plugin = next(p for p, _ in d.engine.scores if p.name == "ImageLocality")
     decided = 0  # cases with one node of highest score: image locality alone chose it
     narrowed = 0  # cases where image locality left only some of the nodes in the running
-    watcher = asyncio.create_task(d.outcomes.run())
-    try:
+    async with watching(d.outcomes):
         for case in range(IMAGE_CASES):
             rng = random.Random(f"image:{SEED}:{case}")
             name = f"img{case:04d}"
@@ -1105,18 +1113,12 @@ async def test_engine_agrees_with_kube_scheduler_on_image_locality(
             await d.delete(name)
             await _gone(kube, f"/api/v1/namespaces/{namespace}/pods/{name}")
             await asyncio.sleep(SETTLE_AFTER_DELETE)  # kube-scheduler's cache sees the node empty again
-    finally:
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
     summary = (
         f"{d.tally.cases} image-locality cases: {narrowed} narrowed to some nodes by image locality, "
         f"{decided} of them to one node; "
         f"{len(d.tally.disagreements)} disagreements"
     )
-    print(summary)
-    shown = "\n\n".join(d.tally.disagreements[:SHOW_DISAGREEMENTS])
-    assert not d.tally.disagreements, f"{summary}\n\n{shown}"
+    conclude(summary, d.tally.disagreements, report=False)
     assert narrowed > IMAGE_CASES // 2 and decided > IMAGE_CASES // 10, summary
 
 
@@ -1239,18 +1241,10 @@ async def test_engine_agrees_with_kube_scheduler_on_namespace_selectors(
     nodes = (await kube.get("/api/v1/nodes"))["items"]
     d = NamespaceDifferential(kube, namespace, diff_nodes, nodes, other_namespaces)
     await d.load_namespaces()
-    for obj in (await kube.get("/api/v1/pods"))["items"]:
-        placed = pod_from_json(obj)
-        if placed.node_name and not placed.terminal:
-            d.cache.upsert_pod(placed)
-    watcher = asyncio.create_task(d.outcomes.run())
-    try:
+    await load_bound(kube, d.cache)
+    async with watching(d.outcomes):
         for case in range(NAMESPACE_CASES):
             await d.namespace_case(case)
-    finally:
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
     summary = (
         f"{d.tally.cases} namespaceSelector cases in {time.monotonic() - started:.0f}s: {d.tally.bound} bound, "
         f"{d.tally.unschedulable} unschedulable, {d.foreign} pods bound directly in other namespaces, "
@@ -1258,11 +1252,7 @@ async def test_engine_agrees_with_kube_scheduler_on_namespace_selectors(
         f"engine verdicts per node: {dict(sorted(d.verdict_kinds.items()))}; "
         f"{len(d.tally.disagreements)} disagreements"
     )
-    print(summary)
-    if REPORT:
-        _write_report(REPORT, [summary, *d.tally.disagreements])
-    shown = "\n\n".join(d.tally.disagreements[:SHOW_DISAGREEMENTS])
-    assert not d.tally.disagreements, f"{summary}\n\n{shown}"
+    conclude(summary, d.tally.disagreements)
     assert d.tally.bound > NAMESPACE_CASES // 5 and d.tally.unschedulable > NAMESPACE_CASES // 10, summary
     assert d.relabelled > 0 and d.foreign > 0, summary
 
@@ -1463,9 +1453,8 @@ async def test_default_spread_scores_place_pods_as_kube_scheduler_does(
     nodes = (await kube.get("/api/v1/nodes"))["items"]
     d = SpreadDifferential(kube, namespace, spread_nodes, nodes)
     assert len(d.nodes) == len(SPREAD_ZONES)
-    watcher = asyncio.create_task(d.outcomes.run())
     rng = random.Random(f"spread:{SEED}")
-    try:
+    async with watching(d.outcomes):
         await d.setup()
         for step in range(SPREAD_STEPS):
             r = rng.random()
@@ -1475,16 +1464,11 @@ async def test_default_spread_scores_place_pods_as_kube_scheduler_does(
                 await d.scale_up("ReplicaSet", "replicasets", "rs-web")
             else:
                 await d.scale_up("StatefulSet", "statefulsets", "ss-web")
-    finally:
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
     summary = (
         f"{d.compared} default-spread placements compared ({dict(d.by_source)}), {d.decided_by_spread} where "
         f"the spread score told the nodes apart; {len(d.disagreements)} disagreements"
     )
-    print(summary)
-    assert not d.disagreements, f"{summary}\n\n" + "\n\n".join(d.disagreements[:SHOW_DISAGREEMENTS])
+    conclude(summary, d.disagreements, report=False)
     assert d.decided_by_spread > SPREAD_STEPS // 2, summary
     assert all(d.by_source[k] for k in ("Service", "ReplicaSet", "StatefulSet")), summary
 
@@ -1581,18 +1565,8 @@ def _volume(
 
 
 def _claim(rng: random.Random, name: str, cls: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": name},
-        "spec": {
-            "storageClassName": cls,
-            "accessModes": rng.choice(
-                [["ReadWriteOnce"], ["ReadWriteOnce"], ["ReadOnlyMany"], ["ReadWriteMany"]]
-            ),
-            "resources": {"requests": {"storage": rng.choice(["1Gi", "2Gi", "4Gi", "8Gi"])}},
-        },
-    }
+    modes = rng.choice([("ReadWriteOnce",), ("ReadWriteOnce",), ("ReadOnlyMany",), ("ReadWriteMany",)])
+    return claim(name, cls, modes=modes, size=rng.choice(["1Gi", "2Gi", "4Gi", "8Gi"]))
 
 
 def _volume_category(verdict: str | None) -> str:
@@ -1622,8 +1596,8 @@ class VolumeDifferential(InterPodDifferential):
         store.replace("claims", claims["items"])
         store.replace("csinodes", [])
 
-    async def wait_bound(self, claim: str) -> None:
-        path = f"/api/v1/namespaces/{self.namespace}/persistentvolumeclaims/{claim}"
+    async def wait_bound(self, name: str) -> None:
+        path = f"/api/v1/namespaces/{self.namespace}/persistentvolumeclaims/{name}"
         for _ in range(100):
             obj = await self.kube.get(path)
             if obj.get("status", {}).get("phase") == "Bound":
@@ -1647,9 +1621,9 @@ class VolumeDifferential(InterPodDifferential):
         if kind == "missing":
             return [f"{name}-absent"]
         if kind == "immediate":
-            claim = _claim(rng, name, immediate)
-            claim["spec"]["resources"]["requests"]["storage"] = "900Gi"  # no PV that big exists
-            await self.kube.post(claims_path, claim)
+            too_big = _claim(rng, name, immediate)
+            too_big["spec"]["resources"]["requests"]["storage"] = "900Gi"  # no PV that big exists
+            await self.kube.post(claims_path, too_big)
             return [name]
         if kind == "zonal":
             zone = rng.choice(zones)
@@ -1752,27 +1726,15 @@ async def test_engine_agrees_with_kube_scheduler_on_volumes(
     nodes = (await kube.get("/api/v1/nodes"))["items"]
     d = VolumeDifferential(kube, namespace, volume_nodes, nodes)
     assert len(d.diff) == NODES
-    for obj in (await kube.get("/api/v1/pods"))["items"]:
-        placed = pod_from_json(obj)
-        if placed.node_name and not placed.terminal:
-            d.cache.upsert_pod(placed)
-    watcher = asyncio.create_task(d.outcomes.run())
-    try:
+    await load_bound(kube, d.cache)
+    async with watching(d.outcomes):
         for case in range(VOLUME_CASES):
             await d.volume_case(case)
-    finally:
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
     summary = (
         f"{d.tally.cases} volume cases in {time.monotonic() - started:.0f}s ({dict(sorted(d.kinds.items()))}): "
         f"{d.tally.bound} bound, {d.tally.unschedulable} unschedulable, {d.tally.deleted} bound pods deleted "
         f"again; engine verdicts per node: {dict(sorted(d.verdict_kinds.items()))}; "
         f"{len(d.tally.disagreements)} disagreements"
     )
-    print(summary)
-    if REPORT:
-        _write_report(REPORT, [summary, *d.tally.disagreements])
-    shown = "\n\n".join(d.tally.disagreements[:SHOW_DISAGREEMENTS])
-    assert not d.tally.disagreements, f"{summary}\n\n{shown}"
+    conclude(summary, d.tally.disagreements)
     assert d.tally.bound > VOLUME_CASES // 5 and d.tally.unschedulable > VOLUME_CASES // 10, summary
