@@ -155,12 +155,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--tuned-max-util", type=float, default=0.95, help="tuned: the agent shard's util ceiling"
     )
     sh.add_argument(
-        "--tuned-free-cpu", type=float, default=20.0, help="tuned: cores of free CPU the agent keeps"
+        "--tuned-free-cpu", type=float, default=28.0, help="tuned: cores of free CPU the agent keeps"
     )
-    sh.add_argument("--tuned-sync", type=float, default=20.0, help="tuned: sync period, simulated s")
+    sh.add_argument("--tuned-sync", type=float, default=60.0, help="tuned: sync period, simulated s")
     sh.add_argument("--tuned-band-hysteresis", type=float, default=0.0)
     sh.add_argument("--tuned-rank-hysteresis", type=float, default=1.0)
-    sh.add_argument("--tuned-max-moves", type=int, default=8, help="tuned: maxMovesPerSync")
+    sh.add_argument("--tuned-max-moves", type=int, default=4, help="tuned: maxMovesPerSync")
     sh.add_argument("--configs", type=_names, default=None, help="default: static,volcano-example,tuned")
     sh.add_argument("--seed", type=int, default=0)
     sh.add_argument(

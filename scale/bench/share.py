@@ -57,11 +57,11 @@ class ShareSpec:
     #: the tuned configuration (``scale.bench.share_run.policies``): the agent shard's allocation-rate ceiling
     #: and free CPU to keep (cores, ``free-capacity``), its sync period (simulated seconds) and hysteresis
     tuned_agent_max_util: float = 0.95
-    tuned_free_cpu: float = 20.0
-    tuned_sync_s: float = 20.0
+    tuned_free_cpu: float = 28.0
+    tuned_sync_s: float = 60.0
     tuned_band_hysteresis: float = 0.0
     tuned_rank_hysteresis: float = 1.0
-    tuned_max_moves: int = 8
+    tuned_max_moves: int = 4
 
     def __post_init__(self) -> None:
         if self.simulated_s < MIN_SIMULATED_S:

@@ -39,6 +39,8 @@ def test_tiny_share_run_keeps_the_invariants_and_writes_the_report(tmp_path: Pat
         "share",
         "--nodes=4",
         "--agent-nodes=2",
+        "--node-cpu=4",
+        "--tuned-free-cpu=4",  # one node's worth: the tuned agent shard must leave the batch side nodes
         f"--compression={COMPRESSION:g}",
         f"--wave-rate={WAVE_RATE:g}",
         f"--backlog={BACKLOG}",
