@@ -513,6 +513,20 @@ def _dual_desired(install: Install, shards: ShardTracker) -> int:
     return count
 
 
+def _dual_in_use(install: Install, shards: ShardTracker) -> int:
+    """Shard versions after which a node was published in both NodeShards' ``nodesInUse``. Claim-then-confirm
+    allows it for a moment (both claim, then one sees the other's claim and keeps off); reported, not a violation:
+    what must never happen, a pod binding there, is audited in ``_violations``."""
+    in_use: dict[str, frozenset[str]] = {}
+    count = 0
+    for event in sorted(shards.events, key=lambda e: e.rv):
+        if event.shard in (install.scheduler, install.batch_shard):
+            in_use[event.shard] = event.in_use
+            if in_use.get(install.scheduler, frozenset()) & in_use.get(install.batch_shard, frozenset()):
+                count += 1
+    return count
+
+
 def _violations(install: Install, pods: PodTracker, shards: ShardTracker) -> list[str]:
     problems = [d for d in pods.double_binds if d.startswith(f"('{install.namespace}'")]
     history: dict[str, tuple[list[int], list[ShardEvent]]] = {}
@@ -623,6 +637,7 @@ def summarize(
         else None,
         "violations": _violations(install, pods, shards),
         "dual_desired_versions": _dual_desired(install, shards),
+        "dual_in_use_versions": _dual_in_use(install, shards),
         "batch_errors": batch.errors[:10],
         "samples": [asdict(s) for s in samples],
         "move_times_s": [((at - t0) * c, node, src, dst) for at, node, src, dst in moves],

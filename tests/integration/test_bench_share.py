@@ -65,6 +65,7 @@ def test_tiny_share_run_keeps_the_invariants_and_writes_the_report(tmp_path: Pat
         assert conf["batch_started"] > 0, name
         assert 0 < conf["cpu_alloc_mean"] <= 1 and 0 < conf["mem_alloc_mean"] <= 1, name
         assert conf["samples"], name
+        print(name, "versions with a node in both shards' nodesInUse:", conf["dual_in_use_versions"])
     for name in (STATIC, TUNED):  # both always give the agent shard nodes: every agent pod is placed
         assert by_name[name]["agent_unbound"] == 0, name
     assert by_name[STATIC]["moves"] == 0  # the static split never moves a node
