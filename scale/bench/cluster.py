@@ -705,8 +705,8 @@ def main(
         return 2
     if SHARE in (workloads or ()):
         print(
-            "the share workload is not run by bench cluster yet: its plan exists (scale/bench/share.py), the "
-            "batch stand-in and the three sharding configurations do not; see that module's next steps"
+            "the share workload compares shard policies, not schedulers: run `agent-scheduler bench share` "
+            "(static split, Volcano's example and the tuned policy side by side on one cluster)"
         )
         return 2
     stamp = time.strftime("%Y%m%d-%H%M%S")

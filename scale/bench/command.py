@@ -138,6 +138,35 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--report", type=Path, default=None, help="only rebuild report.md of this results directory"
     )
 
+    sh = subs.add_parser(
+        "share",
+        help="agent waves over a batch backlog: static split, Volcano's example and the tuned shard policy",
+        description="One local cluster; per shard policy its own nodes, coordinator + worker and batch stand-in, "
+        "all at once with the same agent arrivals (issue 15). Writes results.json, report.md and plots to --out.",
+    )
+    sh.add_argument("--nodes", type=int, default=32, help="nodes per configuration")
+    sh.add_argument("--node-cpu", type=int, default=4, help="CPUs per node (4Gi of memory each)")
+    sh.add_argument("--agent-nodes", type=int, default=10, help="agent nodes of the static split")
+    sh.add_argument("--simulated", type=float, default=600.0, help="simulated seconds of waves (>= 600)")
+    sh.add_argument("--compression", type=float, default=5.0, help="simulated seconds per real second")
+    sh.add_argument("--wave-rate", type=float, default=5.0, help="agent arrivals per simulated s in a burst")
+    sh.add_argument("--backlog", type=int, default=3000, help="batch pods queued at the start")
+    sh.add_argument(
+        "--tuned-max-util", type=float, default=0.95, help="tuned: the agent shard's util ceiling"
+    )
+    sh.add_argument(
+        "--tuned-free-cpu", type=float, default=28.0, help="tuned: cores of free CPU the agent keeps"
+    )
+    sh.add_argument("--tuned-sync", type=float, default=60.0, help="tuned: sync period, simulated s")
+    sh.add_argument("--tuned-band-hysteresis", type=float, default=0.0)
+    sh.add_argument("--tuned-rank-hysteresis", type=float, default=1.0)
+    sh.add_argument("--tuned-max-moves", type=int, default=4, help="tuned: maxMovesPerSync")
+    sh.add_argument("--configs", type=_names, default=None, help="default: static,volcano-example,tuned")
+    sh.add_argument("--seed", type=int, default=0)
+    sh.add_argument(
+        "--out", type=Path, default=None, help="results directory (default results/share-TIMESTAMP)"
+    )
+
     r = subs.add_parser("report", help="rebuild report.md and the plots of a results directory")
     r.add_argument("dir", type=Path)
 
@@ -187,6 +216,10 @@ def run(args: argparse.Namespace) -> int:
         return footprint.main(
             nodes=args.nodes, pods=args.pods, schedulers=args.schedulers, steps=args.steps, out=args.out
         )
+    if args.bench == "share":
+        from scale.bench import share_run
+
+        return share_run.main(args)
     if args.bench == "report":
         from scale.bench import report
 

@@ -1,6 +1,7 @@
 """The ``share`` workload's arrival plan (issue 15 item 1), pure and deterministic: agent sandboxes in waves over
-a standing backlog of batch pods. Scaffolding: ``bench cluster`` does not run it yet (it refuses
-``--workloads share`` with the reason); see "Next steps" below.
+a standing backlog of batch pods. ``agent-scheduler bench share`` (``scale.bench.share_run``) runs it on the real
+local cluster under three shard policies side by side; ``bench cluster`` refuses ``--workloads share`` and
+points there.
 
 Time is *simulated* and compressed: ``ShareSpec.compression`` simulated seconds pass per real second, so ten
 simulated minutes of waves (the issue's minimum) take one real minute at the default 10. Every time in the plan
@@ -14,19 +15,14 @@ simulated minutes of waves (the issue's minimum) take one real minute at the def
 - Batch pods (``scale.bench.workloads.batch_pod``: 1 CPU / 2Gi, the default scheduler) are a backlog of
   ``batch_backlog`` pods queued at the start, each running ``batch_runtime_s`` simulated seconds. They carry no
   node constraint here: the batch side (a stand-in following Volcano's NodeShard protocol, like
-  ``tests/integration/policy_rig.BatchStandIn``) releases them in waves, each restricted (required node
-  affinity on ``metadata.name``) to the nodes of the batch NodeShard it has confirmed at that safe point.
+  ``scale.bench.share_batch.BatchSide``) releases them at safe points, each restricted (required node affinity on
+  ``metadata.name``) to the nodes of the batch NodeShard it has confirmed at that safe point.
 
 Invariants: the plan depends only on the spec (same spec, same pods, same times); agent arrivals fall inside
 burst windows only; every lifetime is within its bounds after compression.
 
-Next steps (not done): (1) move the batch stand-in from the tests into ``scale/bench`` and drive the backlog
-through it; (2) run the agent side as a coordinator with the sharding ConfigMap, three configurations in one
-run: a static split (fixed agent and batch node sets: a policy whose node sets do not move), Volcano's example
-policy as shipped, and the tuned policy; (3) record per configuration the allocation over time (CPU and memory,
-mean and p10), agent create->bound and create->running p50/p99, batch queue wait (created -> released -> bound),
-node moves per minute and handoff durations (NodeShard status timeline, as the policy tests' recorder does), and
-the largest free CPU block per pool; (4) the report and ``docs/policies.md``.
+The run (``scale.bench.share_run``) gives every configuration nodes of ``node_cpu`` CPUs; the ``tuned_*`` fields
+parameterise the tuned configuration's policy there.
 """
 
 from __future__ import annotations
@@ -56,6 +52,16 @@ class ShareSpec:
     batch_backlog: int = 400
     batch_runtime_s: float = 240.0
     seed: int = 0
+    #: every node of the run: this many CPUs and 4 GiB of memory per CPU
+    node_cpu: int = 4
+    #: the tuned configuration (``scale.bench.share_run.policies``): the agent shard's allocation-rate ceiling
+    #: and free CPU to keep (cores, ``free-capacity``), its sync period (simulated seconds) and hysteresis
+    tuned_agent_max_util: float = 0.95
+    tuned_free_cpu: float = 28.0
+    tuned_sync_s: float = 60.0
+    tuned_band_hysteresis: float = 0.0
+    tuned_rank_hysteresis: float = 1.0
+    tuned_max_moves: int = 4
 
     def __post_init__(self) -> None:
         if self.simulated_s < MIN_SIMULATED_S:

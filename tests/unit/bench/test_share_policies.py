@@ -1,0 +1,84 @@
+"""The share run's pure parts (``scale.bench.share_run`` / ``share_report``): the three configurations parse with
+the coordinator's own policy code, and the goal verdict."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from coordinator.nodeshards.policy import NodeView, parse_configmap
+from scale.bench.share import ShareSpec
+from scale.bench.share_report import verdict
+from scale.bench.share_run import CONFIGS, STATIC, TUNED, VOLCANO, policies, share_node, tolerate
+
+
+def _parsed(name: str, nodes: int = 12, agent_nodes: int = 4) -> Any:
+    p = policies(ShareSpec(), nodes=nodes, agent_nodes=agent_nodes, agent="a", batch="b")[name]
+    data = {"sharding.yaml": p.sharding}
+    if p.settings:
+        data["agent-scheduler.yaml"] = p.settings
+    return parse_configmap(data)
+
+
+def test_every_configuration_is_a_valid_sharding_configmap() -> None:
+    for name in CONFIGS:
+        policy = _parsed(name)
+        assert [s.name for s in policy.sharding.schedulers] == ["a", "b"]
+        assert policy.sharding.shard_sync_period_seconds < 60  # compressed like every other time
+
+
+def test_static_split_gives_the_agent_its_nodes_and_then_never_moves() -> None:
+    policy = _parsed(STATIC)
+    idle = [NodeView(f"n{i:02d}", 4000, 0) for i in range(12)]  # type: ignore[arg-type]
+    first = policy.evaluate(idle)
+    assert len(first.desired["a"]) == 4 and len(first.desired["b"]) == 8
+    owners = first.owners
+    busy = [NodeView(n.name, 4000, 4000 if owners[n.name] == "b" else 0, {}, owners[n.name]) for n in idle]
+    assert policy.evaluate(busy).moves == ()
+
+
+def test_volcano_example_is_shipped_semantics_renamed() -> None:
+    policy = _parsed(VOLCANO)
+    agent = policy.sharding.schedulers[0]
+    assert agent.filters[0].describe() == "util 0.70-1.00"  # as shipped: agents only on busy nodes
+
+
+def test_tuned_releases_idle_agent_nodes_beyond_its_free_cpu_target() -> None:
+    policy = _parsed(TUNED)
+    spec = ShareSpec()
+    per_node = 4000
+    need = int(spec.tuned_free_cpu * 1000 // per_node) + 1
+    # a few more than needed (within one sync's move budget), all idle and held by the agent shard
+    idle = [NodeView(f"n{i:02d}", per_node, 0, {}, "a") for i in range(need + 3)]  # type: ignore[arg-type]
+    result = policy.evaluate(idle)
+    assert len(result.desired["a"]) <= need and len(result.moves) <= spec.tuned_max_moves
+    assert all(m.target == "b" for m in result.moves)
+
+
+def test_nodes_and_pods_of_a_configuration_carry_its_taint_and_toleration() -> None:
+    node = share_node(2, 7, 4)
+    assert node["metadata"]["name"] == "share-2-007" and node["status"]["allocatable"]["cpu"] == "4"
+    assert node["spec"]["taints"][0]["value"] == "2"
+    pod = tolerate({"spec": {"nodeSelector": {"x": "y"}}}, 2)
+    assert "nodeSelector" not in pod["spec"] and pod["spec"]["tolerations"][0]["value"] == "2"
+
+
+def _conf(**changes: Any) -> dict[str, Any]:
+    base = {
+        "cpu_alloc_mean": 0.6,
+        "agent_unbound": 0,
+        "agent_bound_p99_real_s": 1.0,
+        "batch_wait_censored_mean_s": 100.0,
+        "max_moves_node_wave": 0,
+        "violations": [],
+    }
+    return base | changes
+
+
+def test_verdict_needs_every_part_of_the_goal() -> None:
+    static = _conf()
+    assert verdict(static, _conf(cpu_alloc_mean=0.76, max_moves_node_wave=1))[0]
+    assert not verdict(static, _conf(cpu_alloc_mean=0.74))[0]  # +14 points
+    assert not verdict(static, _conf(cpu_alloc_mean=0.8, agent_bound_p99_real_s=1.5))[0]
+    assert not verdict(static, _conf(cpu_alloc_mean=0.8, batch_wait_censored_mean_s=120.0))[0]
+    assert not verdict(static, _conf(cpu_alloc_mean=0.8, max_moves_node_wave=2))[0]
+    assert not verdict(static, _conf(cpu_alloc_mean=0.8, violations=["x"]))[0]
