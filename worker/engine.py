@@ -22,6 +22,20 @@ How a decision is made, and why it is fast:
    failure message. The explanation is memoized per pod shape while the cache does not change, so a burst of
    pods that cannot fit does not rescan the cluster per pod.
 
+Batched decisions (kube-scheduler 1.35's opportunistic batching, done exactly): pods of one shape decided one
+after another (a burst from one template, as the queue hands them out) reuse what the previous decisions of
+their run found, on every node that has not changed since. A pod is batchable when no ``applies`` filter
+applies to it (no inter-pod rule, no claim), nothing is nominated anywhere and it has no nomination of its own;
+its shape is its signature, its requests, its session and each node-local score plugin's ``batch_key``
+(``worker.framework``). The run keeps, per node, the verdict of the static and dynamic filters and the node-local
+part of the score, each valid while the node's ``NodeInfo`` (its ``generation``) and static version are the same:
+assuming the previous pod changed one node, so only that node is filtered and scored again. The walk of the
+index, ``usable``, ``widen`` and the plugins without ``batch_key`` (window-normalized scores) run as for any
+pod. Scores are summed node-local plugins first, then the others, for every decision, so a kept part and a
+fresh one add up to the same float: a batched decision equals the one made from scratch
+(``tests/unit/worker/test_batching.py`` compares them). A run starts at the second pod of a shape and ends at
+the first pod of another.
+
 Nominated pods (kube-scheduler's RunFilterPluginsWithNominatedPods): on a node to which pending pods of equal
 or higher priority are nominated (``Cache.nominated``), the dynamic filters run first with those pods counted
 there, then, if that passes, without them (a nominated pod that is not bound yet must not satisfy an affinity
@@ -34,7 +48,7 @@ The engine never mutates the cache: assuming the result is the caller's job (``w
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from itertools import chain
 from typing import Any, cast
@@ -96,7 +110,9 @@ class Engine:
         self._always = [f for f in self.dynamic_filters if not hasattr(f, "applies")]
         self._sometimes = [f for f in self.dynamic_filters if hasattr(f, "applies")]
         # kube's PreFilter verdicts (a verdict for the pod, before any node): only plugins with ``applies``
-        self._prefilters = [f for f in self._sometimes if hasattr(f, "prefilter")]
+        self._prefilters: dict[FilterPlugin, Callable[[PodRecord], Status | None]] = {
+            f: f.prefilter for f in self._sometimes if hasattr(f, "prefilter")
+        }
         self._planners = [f for f in self._sometimes if hasattr(f, "plan")]
         for plugin in [*filters, *(p for p, _ in scores)]:
             attach = getattr(plugin, "attach", None)
@@ -144,19 +160,20 @@ class Engine:
     def schedule(self, pod: PodRecord) -> Decision:
         if pod.parse_error is not None:
             return Decision(None, Code.UNRESOLVABLE, pod.parse_error, index_hit=False)
-        for p in self._prefilters:
-            if p.applies(pod):
-                refused: Status | None = p.prefilter(pod)
-                if refused is not None:
-                    return self._refused(pod, refused)
+        dynamic = self._always
+        for f in self._sometimes:
+            if f.applies(pod):
+                # in ``_sometimes``' order, so the first refusal is the one kube's PreFilter gives
+                prefilter = self._prefilters.get(f)
+                if prefilter is not None:
+                    refused = prefilter(pod)
+                    if refused is not None:
+                        return self._refused(pod, refused)
+                dynamic = [*dynamic, f]
         memo = self._static.get(pod.signature)
         if memo is None:
             memo = self._static[pod.signature] = {}
         usable = self.cache.usable
-        dynamic = self._always
-        for f in self._sometimes:
-            if f.applies(pod):
-                dynamic = [*dynamic, f]
         want = self.feasible_nodes
         feasible: list[NodeInfo] = []
         evaluated = 0
