@@ -22,6 +22,20 @@ How a decision is made, and why it is fast:
    failure message. The explanation is memoized per pod shape while the cache does not change, so a burst of
    pods that cannot fit does not rescan the cluster per pod.
 
+Batched decisions (kube-scheduler 1.35's opportunistic batching, done exactly): pods of one shape decided one
+after another (a burst from one template, as the queue hands them out) reuse what the previous decisions of
+their run found, on every node that has not changed since. A pod is batchable when no ``applies`` filter
+applies to it (no inter-pod rule, no claim), nothing is nominated anywhere and it has no nomination of its own;
+its shape is its signature, its requests, its session and each node-local score plugin's ``batch_key``
+(``worker.framework``). The run keeps, per node, the verdict of the static and dynamic filters and the node-local
+part of the score, each valid while the node's ``NodeInfo`` (its ``generation``) and static version are the same:
+assuming the previous pod changed one node, so only that node is filtered and scored again. The walk of the
+index, ``usable``, ``widen`` and the plugins without ``batch_key`` (window-normalized scores) run as for any
+pod. Scores are summed node-local plugins first, then the others, for every decision, so a kept part and a
+fresh one add up to the same float: a batched decision equals the one made from scratch
+(``tests/unit/worker/test_batching.py`` compares them). A run starts at the second pod of a shape and ends at
+the first pod of another.
+
 Nominated pods (kube-scheduler's RunFilterPluginsWithNominatedPods): on a node to which pending pods of equal
 or higher priority are nominated (``Cache.nominated``), the dynamic filters run first with those pods counted
 there, then, if that passes, without them (a nominated pod that is not bound yet must not satisfy an affinity
@@ -34,20 +48,26 @@ The engine never mutates the cache: assuming the result is the caller's job (``w
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from itertools import chain
+from typing import Any, cast
 
 from common.protocol import Candidate
 from common.records import NodeName, PodRecord
 from common.reporting import unschedulable_message
 from worker.cache import Cache
-from worker.framework import Code, FilterPlugin, ScorePlugin, Status
+from worker.framework import Code, FilterPlugin, NodeLocalScore, ScorePlugin, Status
 from worker.nodeinfo import NodeInfo
 from worker.volumes import VolumePlan
 
 DEFAULT_FEASIBLE_NODES = 16
 EXTRA_NODES = 4  # feasible holders of a pod's image added to a window that has none (step 4 above)
+_SKIPPED = object()  # a node-local score plugin that does not apply to the pod, in a batch's shape
+
+# A batch's memory, per node name: [NodeInfo, its generation, its static version, fits the shape, the node-local
+# part of its score (None until the node is scored)]; an entry is used only while the first three are current.
+_Run = dict[str, list[Any]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +100,7 @@ class Engine:
         *,
         feasible_nodes: int = DEFAULT_FEASIBLE_NODES,
         session_label: str = "",
+        batching: bool = True,
     ) -> None:
         if feasible_nodes < 1:
             raise ValueError("feasible_nodes must be at least 1")
@@ -89,13 +110,24 @@ class Engine:
         self._always = [f for f in self.dynamic_filters if not hasattr(f, "applies")]
         self._sometimes = [f for f in self.dynamic_filters if hasattr(f, "applies")]
         # kube's PreFilter verdicts (a verdict for the pod, before any node): only plugins with ``applies``
-        self._prefilters = [f for f in self._sometimes if hasattr(f, "prefilter")]
+        self._prefilters: dict[FilterPlugin, Callable[[PodRecord], Status | None]] = {
+            f: f.prefilter for f in self._sometimes if hasattr(f, "prefilter")
+        }
         self._planners = [f for f in self._sometimes if hasattr(f, "plan")]
         for plugin in [*filters, *(p for p, _ in scores)]:
             attach = getattr(plugin, "attach", None)
             if attach is not None:
                 attach(cache)
         self.scores = scores
+        # node-local score plugins (``batch_key``): their part of a node's score is kept within a batch
+        self._local = [(cast(NodeLocalScore, p), w) for p, w in scores if hasattr(p, "batch_key")]
+        self._global = [(p, w) for p, w in scores if not hasattr(p, "batch_key")]
+        # batched decisions (see the module docstring): the pod decided last, the current run and its shape
+        self._previous: PodRecord | None = None
+        self._run: _Run | None = None
+        self._run_shape: tuple[Any, ...] = ()
+        self.batched = 0  # decisions that reused what earlier decisions of their run found
+        self.batching = batching  # False: every decision from scratch (what a batch must equal)
         self._wideners = [p for p, weight in scores if weight > 0 and hasattr(p, "widen")]
         self.feasible_nodes = feasible_nodes
         self.session_label = session_label
@@ -128,19 +160,20 @@ class Engine:
     def schedule(self, pod: PodRecord) -> Decision:
         if pod.parse_error is not None:
             return Decision(None, Code.UNRESOLVABLE, pod.parse_error, index_hit=False)
-        for p in self._prefilters:
-            if p.applies(pod):
-                refused: Status | None = p.prefilter(pod)
-                if refused is not None:
-                    return self._refused(pod, refused)
+        dynamic = self._always
+        for f in self._sometimes:
+            if f.applies(pod):
+                # in ``_sometimes``' order, so the first refusal is the one kube's PreFilter gives
+                prefilter = self._prefilters.get(f)
+                if prefilter is not None:
+                    refused = prefilter(pod)
+                    if refused is not None:
+                        return self._refused(pod, refused)
+                dynamic = [*dynamic, f]
         memo = self._static.get(pod.signature)
         if memo is None:
             memo = self._static[pod.signature] = {}
         usable = self.cache.usable
-        dynamic = self._always
-        for f in self._sometimes:
-            if f.applies(pod):
-                dynamic = [*dynamic, f]
         want = self.feasible_nodes
         feasible: list[NodeInfo] = []
         evaluated = 0
@@ -151,42 +184,84 @@ class Engine:
             candidates = self.cache.scalar_candidates(min(pod.requests.scalar))
         else:
             candidates = self.cache.index.candidates(pod.requests.milli_cpu)
+        # The session's nodes are walked first (``leading`` of them), then the index without them.
+        leading = 0
         if self.session_label:
             session = pod.labels.get(self.session_label)
             if session:
                 first = self.cache.session_nodes(session)
                 if first:
                     seen = {i.node.name for i in first}
-                    candidates = _chain(first, candidates, seen)
+                    leading = len(first)
+                    candidates = chain(first, candidates)
         nominated = self.cache.nominated
         mine = pod.nominated_node or self.cache.nominated_node.get(pod.key)
         if mine:
             info = self.cache.nodes.get(NodeName(mine))
             if info is not None and usable(info.node.name) and self.verdict(pod, info) is None:
                 return Decision(NodeName(mine), Code.SUCCESS, "", 1, 1)
+        run = (
+            self._run_for(pod)
+            if self.batching and dynamic is self._always and not nominated and not mine
+            else None
+        )
+        self._previous = pod
+        static_versions = self.cache.static_versions
         for info in candidates:
-            evaluated += 1
-            if self._static_verdict(pod, info, memo) is not None:
+            name = info.node.name
+            if leading:
+                leading -= 1
+            elif seen is not None and name in seen:
                 continue
-            if nominated and info.node.name in nominated:
+            evaluated += 1
+            if run is not None:
+                # batched: this node's verdict for the shape, unless the node changed since it was made
+                known = run.get(name)
+                if (
+                    known is None
+                    or known[0] is not info
+                    or known[1] != info.generation
+                    or known[2] != static_versions.get(name, 0)
+                ):
+                    known = run[name] = [
+                        info,
+                        info.generation,
+                        static_versions.get(name, 0),
+                        self._static_verdict(pod, info, memo) is None
+                        and all(f.filter(pod, info) is None for f in dynamic),
+                        None,
+                    ]
+                if known[3] and usable(name):
+                    feasible.append(info)
+                    if len(feasible) >= want:
+                        break
+                continue
+            # ``_static_verdict``, its memo hit inlined: this loop is the hot path
+            entry = memo.get(name)
+            if entry is not None and entry[0] == static_versions.get(name, 0):
+                if entry[1] is not None:
+                    continue
+            elif self._static_verdict(pod, info, memo) is not None:
+                continue
+            if nominated and name in nominated:
                 ok = self._dynamic_verdict(pod, info) is None
             else:
-                ok = True
                 for f in dynamic:
                     if f.filter(pod, info) is not None:
                         ok = False
                         break
-            if not ok or not usable(info.node.name):
-                continue
-            feasible.append(info)
-            if len(feasible) >= want:
-                break
+                else:
+                    ok = True
+            if ok and usable(name):
+                feasible.append(info)
+                if len(feasible) >= want:
+                    break
         if not feasible:
             return self._explain(pod, inter_pod=dynamic is not self._always)
         if len(feasible) >= want and self._wideners and not pod.requests.scalar:
             # The walk stopped early, so there may be nodes beyond it that hold the pod's images.
             evaluated += self._widen(pod, feasible, memo, dynamic, after=seen is None)
-        best = feasible[0] if len(feasible) == 1 else self._best(pod, feasible)
+        best = feasible[0] if len(feasible) == 1 else self._best(pod, feasible, run)
         return Decision(NodeName(best.node.name), Code.SUCCESS, "", evaluated, len(feasible))
 
     def _widen(
@@ -264,15 +339,93 @@ class Engine:
                 return plan
         return None
 
-    def _best(self, pod: PodRecord, feasible: list[NodeInfo]) -> NodeInfo:
-        totals = [0.0] * len(feasible)
-        for plugin, weight in self.scores:
-            if not plugin.applies(pod):
-                continue
-            for i, s in enumerate(plugin.scores(pod, feasible)):
-                totals[i] += weight * s
-        best_i = max(range(len(feasible)), key=totals.__getitem__)
-        return feasible[best_i]
+    def _run_for(self, pod: PodRecord) -> _Run | None:
+        """The batch ``pod`` belongs to: the run of the previous decisions when they were of its shape, a new
+        one when the previous pod was (the second pod of a run starts recording), else None. Called only for
+        pods no ``applies`` filter applies to, with no nomination anywhere in the cache."""
+        previous = self._previous
+        if (
+            previous is None
+            or previous.signature != pod.signature
+            or previous.requests != pod.requests
+            or previous.labels.get(self.session_label) != pod.labels.get(self.session_label)
+        ):
+            self._run = None
+            return None
+        shape = self._shape(pod)
+        run = self._run
+        if run is None or self._run_shape != shape:
+            run = self._run = {}
+            self._run_shape = shape
+        else:
+            self.batched += 1
+        return run
+
+    def _shape(self, pod: PodRecord) -> tuple[Any, ...]:
+        """What decides a batchable pod's verdicts and node-local scores on a node that has not changed: its
+        signature and requests (the filters'), and each node-local score plugin's ``batch_key`` (see the
+        module docstring)."""
+        r = pod.requests
+        return (
+            pod.signature,
+            r.milli_cpu,
+            r.memory,
+            r.ephemeral_storage,
+            tuple(sorted(r.scalar.items())),
+            pod.labels.get(self.session_label) if self.session_label else None,
+            tuple(p.batch_key(pod) if p.applies(pod) else _SKIPPED for p, _ in self._local),
+        )
+
+    def _best(self, pod: PodRecord, feasible: list[NodeInfo], run: _Run | None = None) -> NodeInfo:
+        # The weighted sum per node: the node-local plugins first, then the others, each group in profile
+        # order. The order is fixed so the float sums (and the ties) are the same whether a node's node-local
+        # part was computed now or kept from an earlier decision of the run; the first highest wins.
+        local = [(p, w) for p, w in self._local if p.applies(pod)]
+        totals: list[float] | None = None
+        if run is None:
+            totals = self._local_totals(pod, feasible, local)
+        elif local:
+            totals = []
+            missing: list[int] = []
+            for j, info in enumerate(feasible):
+                known = run.get(info.node.name)
+                # every window node's entry was made or checked by this walk; extras from ``_widen`` may have none
+                if known is None or known[4] is None or known[0] is not info or known[1] != info.generation:
+                    missing.append(j)
+                    totals.append(0.0)
+                else:
+                    totals.append(known[4])
+            if missing:
+                fresh = self._local_totals(pod, [feasible[j] for j in missing], local)
+                assert fresh is not None
+                for j, total in zip(missing, fresh, strict=True):
+                    totals[j] = total
+                    known = run.get(feasible[j].node.name)
+                    if known is not None and known[0] is feasible[j] and known[1] == feasible[j].generation:
+                        known[4] = total
+        for plugin, weight in self._global:
+            if plugin.applies(pod):
+                scores = plugin.scores(pod, feasible)
+                if totals is None:
+                    totals = [weight * s for s in scores]
+                else:
+                    totals = [t + weight * s for t, s in zip(totals, scores, strict=True)]
+        if totals is None:
+            return feasible[0]
+        return feasible[totals.index(max(totals))]
+
+    @staticmethod
+    def _local_totals(
+        pod: PodRecord, nodes: list[NodeInfo], local: list[tuple[NodeLocalScore, int]]
+    ) -> list[float] | None:
+        totals: list[float] | None = None
+        for plugin, weight in local:
+            scores = plugin.scores(pod, nodes)
+            if totals is None:
+                totals = [weight * s for s in scores]
+            else:
+                totals = [t + weight * s for t, s in zip(totals, scores, strict=True)]
+        return totals
 
     def filter_all(self, pod: PodRecord, info: NodeInfo) -> Status | None:
         """Every filter, in profile order (static first); used for explanations and audits."""
@@ -405,10 +558,3 @@ class Engine:
         if len(self._explained) > 4096:
             self._explained.clear()
         return decision
-
-
-def _chain(first: list[NodeInfo], rest: Iterable[NodeInfo], seen: set[str]) -> Iterator[NodeInfo]:
-    yield from first
-    for info in rest:
-        if info.node.name not in seen:
-            yield info

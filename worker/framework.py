@@ -18,6 +18,14 @@ arithmetic dry run (``worker.preemption``) trusts that answer to skip re-running
 aside, so ``Registry.build`` refuses a filter that does not declare it (a new filter is never silently taken
 for one whose verdict ignores the pods). A filter that cannot tell answers True.
 
+What a batch may keep (``worker.engine``'s batched decisions of pods of one shape): a dynamic filter without
+``applies`` reads only the pod's signature and requests and the node's ``NodeInfo``; a score plugin with a
+``batch_key(pod)`` method is *node-local*: its score of a node is a function of that key and of the node's
+``NodeInfo`` alone (whatever else it reads, such as cluster-wide image counts, is part of the key), never
+normalized over the nodes it is given. Any change of a ``NodeInfo`` bumps its ``generation``, so a verdict or
+node-local score kept for a shape stays exact while the node's generation does. A plugin that cannot promise
+that has no ``batch_key`` and is computed again for every decision.
+
 Status codes, not exceptions, for expected outcomes (kube-scheduler's codes):
 - ``UNSCHEDULABLE``: the node cannot take the pod now; the pod waits in the unschedulable pool and moves back
   when an event (a node change, a pod deletion) could help it.
@@ -29,7 +37,7 @@ Status codes, not exceptions, for expected outcomes (kube-scheduler's codes):
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -83,6 +91,13 @@ class ScorePlugin(Protocol):
         """One score on 0..100 per candidate node, normalized over the candidates where the plugin's raw
         scores are relative (kube-scheduler's Score + NormalizeScore in one call, to keep the per-node cost
         of the hot path to one list comprehension)."""
+
+
+class NodeLocalScore(ScorePlugin, Protocol):
+    """A score plugin whose scores a batch may keep per node (see the module docstring)."""
+
+    def batch_key(self, pod: PodRecord) -> Hashable:
+        """Everything of the pod (and of the cluster beyond the node) that the node's score depends on."""
 
 
 PluginFactory = Callable[[Mapping[str, Any]], Any]

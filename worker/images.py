@@ -12,6 +12,8 @@ Invariants (kube-scheduler's cache semantics):
   kube-scheduler (``removeNodeImageStates`` then ``addNodeImageStates``).
 - An update whose old and new lists are the same object (records intern equal lists) costs nothing, so status
   heartbeats that leave images alone do not touch the counts.
+- ``version`` changes whenever any count or size may have changed (every update whose lists differ), so a
+  reader may keep what it derived from the counts for as long as ``version`` stays the same.
 
 ``ImageHolders`` (also owned by the cache) answers "which usable nodes hold image X, fullest first" for
 ImageLocality's extra candidates (``worker.engine``): the capacity index's window of ``feasible_nodes`` nodes in
@@ -41,15 +43,17 @@ HOLDER_MIN_SIZE = 23 * 1024 * 1024
 
 
 class ImageStates:
-    __slots__ = ("_states",)
+    __slots__ = ("_states", "version")
 
     def __init__(self) -> None:
         # name -> [size in bytes, nodes listing it]
         self._states: dict[str, list[int]] = {}
+        self.version = 0
 
     def update(self, old: NodeImages, new: NodeImages) -> None:
         if old is new:
             return
+        self.version += 1
         states = self._states
         for name in old.names:  # names are unique per node
             state = states[name]

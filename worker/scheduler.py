@@ -335,6 +335,7 @@ class Scheduler:
             "queue": self.queue.statistics(),
             "cache": self.cache.statistics(),
             "decisions": self.decisions,
+            "batched": self.engine.batched,  # decisions that reused their batch's run (``worker.engine``)
             "unschedulable": self.unschedulable,
             "bound": self.binder.bound,
             "binding_in_flight": self.binder.in_flight(),

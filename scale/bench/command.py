@@ -25,8 +25,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument(
         "--mix",
         action="append",
-        choices=("plain", "mix", "interpod", "preempt"),
+        choices=("plain", "mix", "interpod", "preempt", "pool"),
         help="workload mix (repeatable; default all; preempt runs at most 1,000 pods)",
+    )
+    e.add_argument(
+        "--no-batching",
+        action="store_true",
+        help="decide every pod from scratch (batched decisions of one shape off), for comparison",
     )
     e.add_argument("--json", action="store_true", help="one JSON object per line")
 
@@ -181,6 +186,7 @@ def run(args: argparse.Namespace) -> int:
             as_json=args.json,
             feasible_nodes=args.feasible_nodes,
             mixes=args.mix,
+            batching=not args.no_batching,
         )
     if args.bench == "cluster":
         from scale.bench import cluster

@@ -9,6 +9,11 @@ Three mixes: ``plain`` agent pods, ``mix`` (a fifth each with node affinity and 
 third with required anti-affinity on the hostname against their pool, a third with both a zone spread
 (ScheduleAnyway) and preferred hostname anti-affinity; so every pool's counts are read and updated per pod.
 
+``pool``: the pods of one template, as a warm pool or a burst from one workload sends them (one size, no
+session, no rules), so consecutive pods have one shape and are decided as a batch (``worker.engine``). The
+``batched`` column counts the decisions that reused their run; ``--no-batching`` decides every pod from
+scratch, for the side-by-side comparison (the placements are the same).
+
 A fourth, ``preempt``: every node is first filled with lowest-priority placeholder pods (``BALLOON`` each, as
 many as its CPU holds), then high-priority agent pods of the same size arrive, so every one of them needs a victim. A decision
 there is the whole of what the worker does on its decision path: the failed filter pass, preemption's dry run
@@ -39,7 +44,8 @@ from worker.settings import WorkerSettings
 
 POOL_SIZE = 8
 HOSTNAME = "kubernetes.io/hostname"
-MIXES = ("plain", "mix", "interpod", "preempt")
+MIXES = ("plain", "mix", "interpod", "preempt", "pool")
+POOL_REQUESTS = {"cpu": "250m", "memory": "256Mi"}  # the pool mix's one size
 BALLOON = {"cpu": "1", "memory": "2Gi"}  # one placeholder pod of the preempt mix
 PREEMPTOR_PRIORITY = 1000
 PREEMPT_PODS = 1000
@@ -93,6 +99,9 @@ def _pod(index: int, mix: str, seed: int) -> dict[str, Any]:
     if mix == "interpod":
         return interpod_pod(index, seed=seed)
     pod = agent_pod(index, mix=mix == "mix", seed=seed)
+    if mix == "pool":
+        pod["metadata"]["labels"] = {"app": "agent-pool"}
+        pod["spec"]["containers"][0]["resources"]["requests"] = dict(POOL_REQUESTS)
     if mix == "preempt":
         # the size of a placeholder: the room one victim frees is taken whole, so the next pod needs its own
         pod["spec"]["priority"] = PREEMPTOR_PRIORITY
@@ -139,10 +148,17 @@ class EngineResult:
     cpu_us_per_pod: float
     nodes_evaluated_mean: float
     full_scans: int
+    batched: int = 0  # decisions that reused their batch's run
 
 
 def run_engine_bench(
-    nodes: int, pods: int, *, mix: bool | str, feasible_nodes: int = 16, seed: int = 0
+    nodes: int,
+    pods: int,
+    *,
+    mix: bool | str,
+    feasible_nodes: int = 16,
+    seed: int = 0,
+    batching: bool = True,
 ) -> EngineResult:
     """``mix``: one of ``MIXES`` (True and False stand for "mix" and "plain")."""
     kind = mix if isinstance(mix, str) else ("mix" if mix else "plain")
@@ -154,6 +170,7 @@ def run_engine_bench(
     for obj in generate_nodes(nodes, seed=seed):
         cache.upsert_node(node_from_json(obj))
     engine = build_engine(settings, cache)
+    engine.batching = batching
     evaluator: Evaluator | None = None
     if kind == "preempt":
         fill_with_balloons(cache)
@@ -193,6 +210,7 @@ def run_engine_bench(
         cpu_us_per_pod=round(cpu / pods * 1e6, 1),
         nodes_evaluated_mean=round(evaluated / pods, 1),
         full_scans=engine.full_scans,
+        batched=engine.batched,
     )
 
 
@@ -214,20 +232,21 @@ def main(
     as_json: bool,
     feasible_nodes: int,
     mixes: list[str] | None = None,
+    batching: bool = True,
 ) -> int:
     if not as_json:
         print(
-            f"{'nodes':>6} {'mix':>8} {'pods':>7} {'placed':>7} {'pods/s':>9} {'p50 us':>8} {'p99 us':>8} {'cpu us/pod':>10} {'evaluated':>9}"
+            f"{'nodes':>6} {'mix':>8} {'pods':>7} {'placed':>7} {'pods/s':>9} {'p50 us':>8} {'p99 us':>8} {'cpu us/pod':>10} {'evaluated':>9} {'batched':>7}"
         )
     for n in node_counts:
         for mix in mixes or MIXES:
-            r = run_engine_bench(n, pods, mix=mix, feasible_nodes=feasible_nodes)
+            r = run_engine_bench(n, pods, mix=mix, feasible_nodes=feasible_nodes, batching=batching)
             if as_json:
                 print(json.dumps(asdict(r)), flush=True)
             else:
                 print(
                     f"{r.nodes:>6} {r.mix:>8} {r.pods:>7} {r.placed:>7} {r.pods_per_s:>9.0f} {r.p50_us:>8.0f} "
-                    f"{r.p99_us:>8.0f} {r.cpu_us_per_pod:>10.0f} {r.nodes_evaluated_mean:>9.1f}",
+                    f"{r.p99_us:>8.0f} {r.cpu_us_per_pod:>10.0f} {r.nodes_evaluated_mean:>9.1f} {r.batched:>7}",
                     flush=True,
                 )
     return 0

@@ -21,6 +21,9 @@ class WarmNode:
         self.label = label
         self.value = value
 
+    def batch_key(self, pod: PodRecord) -> tuple[()]:
+        return ()
+
     def applies(self, pod: PodRecord) -> bool:
         return True
 
@@ -37,6 +40,9 @@ class SessionLocality:
 
     def __init__(self, label: str) -> None:
         self.label = label
+
+    def batch_key(self, pod: PodRecord) -> str:
+        return pod.labels[self.label]
 
     def applies(self, pod: PodRecord) -> bool:
         return self.label in pod.labels

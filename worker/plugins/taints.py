@@ -66,6 +66,8 @@ class TaintScore:
         return True
 
     def scores(self, pod: PodRecord, nodes: list[NodeInfo]) -> list[float]:
+        if not any(info.node.taints for info in nodes):
+            return [100.0] * len(nodes)  # the common case: no taint anywhere, every raw score 0
         raw = [
             sum(
                 1
