@@ -35,9 +35,9 @@ Invariants:
   re-sends the whole object, and after its creation the events of a pod's life change only its
   ``spec.nodeName`` (the binding) and its status or annotations (running, conditions). A record carries
   ``spec_digest``, a 128-bit BLAKE2b digest of the JSON of everything the spec-derived fields are computed from
-  (namespace, labels, owner references, the spec but its ``nodeName``). Given the pod's previous record with
-  the same uid and digest, those fields are taken from it and only the metadata and status fields (and the
-  node name, with what depends on it) are read again, so the result equals a full parse.
+  (namespace, owner references, the spec but its ``nodeName``). Given the pod's previous record with the same
+  uid and digest, those fields are taken from it and only the metadata and status fields (and the node name and
+  the labels, with what depends on them) are read again, so the result equals a full parse.
 """
 
 from __future__ import annotations
@@ -950,7 +950,7 @@ def spec_digest(meta: dict[str, Any], spec: dict[str, Any]) -> bytes:
     if "nodeName" in spec:
         spec = {k: v for k, v in spec.items() if k != "nodeName"}
     try:
-        raw = orjson.dumps((meta.get("namespace"), meta.get("labels"), meta.get("ownerReferences"), spec))
+        raw = orjson.dumps((meta.get("namespace"), meta.get("ownerReferences"), spec))
     except TypeError:  # orjson.JSONEncodeError: not JSON (a dispatched pod is checked, a watched one is JSON)
         return b""
     return hashlib.blake2b(raw, digest_size=16).digest()
@@ -976,6 +976,34 @@ def _status_fields(meta: dict[str, Any], status: dict[str, Any]) -> dict[str, An
     }
 
 
+def _reparse(
+    previous: PodRecord, meta: dict[str, Any], spec: dict[str, Any], status: dict[str, Any]
+) -> PodRecord | None:
+    """``previous`` brought up to date with an object of the same uid and spec digest, or None when only a
+    full parse can say what the record is."""
+    node = spec.get("nodeName") or ""
+    changes = _status_fields(meta, status)
+    if node != previous.node_name:
+        if previous.node_name or previous.parse_error is not None or not isinstance(node, str):
+            return None
+        # the binding: a placed pod keeps no images and is not refused for unsupported fields, and without
+        # a parse error before, the spec's own rules parsed cleanly
+        changes.update(node_name=_intern(node), images=())
+    raw_labels = meta.get("labels") or {}
+    if raw_labels != previous.labels:
+        # Labels are read by the pod's inter-pod terms (matchLabelKeys) only; the API server adds the node's
+        # topology labels at the binding.
+        if previous.parse_error is not None:
+            return None
+        try:
+            labels = _interned(dict(raw_labels))
+            inter_pod = _inter_pod(spec, previous.namespace, labels)
+        except (ValueError, TypeError, AttributeError, ArithmeticError, RecursionError):
+            return None  # the full parse says how
+        changes.update(labels=labels, inter_pod=inter_pod)
+    return replace(previous, **changes)
+
+
 def pod_key(obj: dict[str, Any]) -> PodKey:
     """The key ``pod_from_json`` gives the record of ``obj``."""
     meta = obj.get("metadata") or {}
@@ -997,13 +1025,9 @@ def pod_from_json(obj: dict[str, Any], previous: PodRecord | None = None) -> Pod
         and previous.spec_digest == digest
         and previous.uid == (meta.get("uid") or "")
     ):
-        node = spec.get("nodeName") or ""
-        if node == previous.node_name:
-            return replace(previous, **_status_fields(meta, status))
-        if not previous.node_name and previous.parse_error is None and isinstance(node, str):
-            # the binding: a placed pod keeps no images and is not refused for unsupported fields, and
-            # without a parse error before, the spec's own rules parsed cleanly
-            return replace(previous, node_name=_intern(node), images=(), **_status_fields(meta, status))
+        reused = _reparse(previous, meta, spec, status)
+        if reused is not None:
+            return reused
     namespace = meta.get("namespace") or "default"
     name = meta.get("name") or ""
     error: str | None = None

@@ -52,6 +52,9 @@ def _status_only(obj: Obj, rng: random.Random) -> None:
 def _mutations() -> list[Callable[[Obj, random.Random], None]]:
     def bind(obj: Obj, rng: random.Random) -> None:
         obj["spec"]["nodeName"] = f"n{rng.randint(0, 3)}"
+        if rng.random() < 0.5:
+            # kube-apiserver copies the node's topology labels onto the pod at its binding
+            obj["metadata"].setdefault("labels", {})["topology.kubernetes.io/zone"] = "z1"
 
     def annotate(obj: Obj, rng: random.Random) -> None:
         obj["metadata"].setdefault("annotations", {})[f"a{rng.randint(0, 2)}"] = "x"
@@ -129,6 +132,7 @@ def test_status_events_and_the_binding_reuse_the_spec_fields() -> None:
     pending = pod_from_json(obj)
     bound_obj = copy.deepcopy(obj)
     bound_obj["spec"]["nodeName"] = "n1"
+    bound_obj["metadata"]["labels"]["topology.kubernetes.io/zone"] = "z1"  # added by the API server
     _status_only(bound_obj, random.Random(1))
     bound = pod_from_json(bound_obj, pending)
     assert bound == pod_from_json(bound_obj)
