@@ -46,7 +46,8 @@ required fields and the versions must not talk.
 
 Leader -> worker
     HELLO     {v, leader, term, nonce}         first frame
-    DISPATCH  {id, pod, min_rv, preempt}       place this pod (the API object as the leader saw it), but
+    DISPATCH  {id, pod, min_rv, preempt}       place this pod (the API object as the leader saw it, its
+                                               ``metadata.managedFields`` left out), but
                                                decide only once the worker's pod watch has reached
                                                resourceVersion ``min_rv`` (0: at once); see "The topology
                                                lane" in docs/architecture.md. ``preempt``: "" (place it
