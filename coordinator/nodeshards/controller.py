@@ -162,6 +162,7 @@ class ShardingController:
             name="sharding-pods",
         )
         self._watch_pods = asyncio.Event()
+        self._pooled = -1  # the node table's version the label pool was last set from
         self.source.listeners.append(self._wake_now)
         self.nodes.listeners.append(self._node_changed)
         self.shards.listeners.append(self._wake_now)
@@ -224,8 +225,11 @@ class ShardingController:
         agent = self.source.agent
         self._apply_rebalance(policy)
         if policy is None or agent is None:
-            self.pool.set(pool_weights(self.nodes.nodes, self.nodes.nodes))
+            if self._pooled != self.nodes.version:  # the label pool: only the node table changes it
+                self.pool.set(pool_weights(self.nodes.nodes, self.nodes.nodes))
+                self._pooled = self.nodes.version
         else:
+            self._pooled = -1  # the pool is the policy's now: a later label pool is set afresh
             if not self._pods.synced.is_set():
                 self._watch_pods.set()
                 await self._pods.synced.wait()  # once per term: the requests are complete from then on

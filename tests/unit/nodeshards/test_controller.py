@@ -271,3 +271,30 @@ async def test_the_bound_pods_are_watched_only_once_a_policy_is_in_force() -> No
     ctl._pods.synced.set()  # as the reflector does after its first list
     await asyncio.wait_for(passing, 1.0)
     assert ctl._evaluated is not None
+
+
+async def test_the_label_pool_is_set_again_only_when_the_nodes_change() -> None:
+    term = SimpleNamespace(active=True, record=SimpleNamespace(candidate_id="c"), lost=asyncio.Event())
+    ctl = ShardingController(
+        FakeApi(),  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        term,  # type: ignore[arg-type]
+        ShardingOptions(configmap="cm", namespace="ns", scheduler_name="agent"),
+        pool=PolicyPool(),
+        held=frozenset,
+        keys=KeyLayout("/t"),
+        assignment=AssignmentPolicy(),
+    )
+
+    async def no_record() -> None:
+        return None
+
+    ctl._publish_record = no_record  # type: ignore[method-assign]
+    ctl.nodes.replace([node_obj(f"n{i}", "8") for i in range(4)])
+    changes: list[int] = []
+    ctl.pool.listeners.append(lambda: changes.append(len(ctl.pool.nodes())))
+    await ctl._pass()
+    await ctl._pass()
+    ctl.nodes.event("DELETED", node_obj("n3", "8"))
+    await ctl._pass()
+    assert changes == [4, 3]
