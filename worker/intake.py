@@ -279,6 +279,7 @@ class Intake:
         if self._server is not None:
             self._server.close()
         if self.results.stream is not None:
+            self.results.stream.flush()  # the RESULTs sent in this pass of the loop still go out
             self.results.stream.writer.close()
         for writer in list(self._handshaking):
             writer.close()

@@ -45,12 +45,14 @@ class RequestTable:
         meta = obj.get("metadata") or {}
         key = str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")
         status = obj.get("status") or {}
-        digest = spec_digest(meta, obj.get("spec") or {})
+        spec = obj.get("spec") or {}
+        digest = spec_digest(meta, spec)
         old = self._pods.get(key)
         if (
             old is not None
             and digest
             and self._digests.get(key) == digest
+            and old[0] == spec.get("nodeName")
             and status.get("phase") not in ("Succeeded", "Failed")
         ):
             return key, old, digest  # the spec (node and requests) is the one the entry was parsed from
