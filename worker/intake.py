@@ -117,24 +117,26 @@ class LeaderStream:
         self.session = session
         self.term = term
         self._frames: list[bytes] = []  # sealed, in order, not yet written
+        self._queued = 0  # their bytes
 
     def send(self, message: protocol.Message) -> None:
         if self.writer.is_closing():
             return
         if not self._frames:
             asyncio.get_running_loop().call_soon(self.flush)
-        self._frames.append(self.session.seal(message))
+        frame = self.session.seal(message)
+        self._frames.append(frame)
+        self._queued += len(frame)
 
     def flush(self) -> None:
         """Write the frames sent so far."""
-        frames, self._frames = self._frames, []
+        frames, self._frames, self._queued = self._frames, [], 0
         if frames and not self.writer.is_closing():
             self.writer.write(b"".join(frames))
 
     def buffered(self) -> int:
         transport = self.writer.transport
-        queued = sum(map(len, self._frames))
-        return queued + (transport.get_write_buffer_size() if transport is not None else 0)
+        return self._queued + (transport.get_write_buffer_size() if transport is not None else 0)
 
     async def drain(self) -> None:
         """Wait for the buffer to flush; ``TimeoutError`` if the leader has not read for ``DEAD_AFTER``."""
