@@ -46,7 +46,8 @@ required fields and the versions must not talk.
 
 Leader -> worker
     HELLO     {v, leader, term, nonce}         first frame
-    DISPATCH  {id, pod, min_rv, preempt}       place this pod (the API object as the leader saw it), but
+    DISPATCH  {id, pod, min_rv, preempt}       place this pod (the API object as the leader saw it, its
+                                               ``metadata.managedFields`` left out), but
                                                decide only once the worker's pod watch has reached
                                                resourceVersion ``min_rv`` (0: at once); see "The topology
                                                lane" in docs/architecture.md. ``preempt``: "" (place it
@@ -495,17 +496,36 @@ def _candidate(m: Mapping[str, Any]) -> Candidate | None:
     return Candidate(node, violations, highest, total, victims, start)
 
 
-def _json_like(value: Any, depth: int = 0) -> bool:
-    """True for what a JSON document can hold: maps with string keys, lists, strings, numbers, bools, null."""
-    if depth > 64:
-        return False
-    if value is None or isinstance(value, str | int | float | bool):
+_MAX_DEPTH = 64
+_SCALAR = (str, int, float, bool, type(None))
+
+
+def _json_like(value: Any) -> bool:
+    """True for what a JSON document can hold: maps with string keys, lists, strings, numbers, bools, null;
+    nothing nested deeper than ``_MAX_DEPTH``. Iterative (every DISPATCH's pod passes here): scalars are
+    checked in their container's loop, only containers are stacked."""
+    if isinstance(value, _SCALAR):
         return True
-    if isinstance(value, list):
-        return all(_json_like(v, depth + 1) for v in value)
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and _json_like(v, depth + 1) for k, v in value.items())
-    return False
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, dict):
+            for k in v:
+                if not isinstance(k, str):
+                    return False
+            children: Any = v.values()
+        elif isinstance(v, list):
+            children = v
+        else:
+            return False
+        if depth >= _MAX_DEPTH and len(children):
+            return False  # its children would be deeper than allowed
+        for c in children:
+            if isinstance(c, dict | list):
+                stack.append((c, depth + 1))
+            elif not isinstance(c, _SCALAR):
+                return False
+    return True
 
 
 def _optional_map(obj: Mapping[str, Any], name: str) -> Mapping[str, Any]:

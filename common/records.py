@@ -31,15 +31,25 @@ Invariants:
   signature, which most pods share with many others, are shared immutable objects (``shared``, bounded by
   ``SHARED_LIMIT`` distinct values so hostile input cannot grow it). Equal values compare and hash as before:
   nothing depends on identity.
+- Re-parsing is skipped where nothing it reads changed (``pod_from_json(obj, previous)``): every pod event
+  re-sends the whole object, and after its creation the events of a pod's life change only its
+  ``spec.nodeName`` (the binding) and its status or annotations (running, conditions). A record carries
+  ``spec_digest``, a 128-bit BLAKE2b digest of the JSON of everything the spec-derived fields are computed from
+  (namespace, owner references, the spec but its ``nodeName``). Given the pod's previous record with the same
+  uid and digest, those fields are taken from it and only the metadata and status fields (and the node name and
+  the labels, with what depends on them) are read again, so the result equals a full parse.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, NewType
+
+import orjson
 
 from common.quantity import QuantityError, parse_milli, parse_units
 from common.support import unsupported
@@ -417,6 +427,9 @@ class PodRecord:
     controller: tuple[str, str, str] | None = None
     # volumes backed by a claim, as (volume name, generic ephemeral?, claimName): read by worker.volumes
     claims: tuple[tuple[str, bool, str], ...] = ()
+    # digest of what every field above except the metadata/status ones is computed from (``pod_from_json``);
+    # b"" when it could not be computed (then no later parse reuses this record)
+    spec_digest: bytes = b""
 
     @property
     def terminal(self) -> bool:
@@ -931,11 +944,90 @@ def _claims(spec: dict[str, Any]) -> tuple[tuple[str, bool, str], ...]:
     return tuple(out)
 
 
-def pod_from_json(obj: dict[str, Any]) -> PodRecord:
-    """Parse a Pod object. Never raises for bad spec content: see ``PodRecord.parse_error``."""
+def spec_digest(meta: dict[str, Any], spec: dict[str, Any]) -> bytes:
+    """The digest of what a pod record's spec-derived fields are read from, ``spec.nodeName`` aside (see the
+    module docstring); b"" for content JSON cannot hold."""
+    if "nodeName" in spec:
+        spec = {k: v for k, v in spec.items() if k != "nodeName"}
+    try:
+        raw = orjson.dumps((meta.get("namespace"), meta.get("ownerReferences"), spec))
+    except TypeError:  # orjson.JSONEncodeError: not JSON (a dispatched pod is checked, a watched one is JSON)
+        return b""
+    return hashlib.blake2b(raw, digest_size=16).digest()
+
+
+def _status_fields(meta: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+    """The fields of a pod record read from its metadata (besides labels and owners) and status."""
+    return {
+        "uid": meta.get("uid") or "",
+        "resource_version": meta.get("resourceVersion") or "",
+        "phase": _intern(status.get("phase") or "Pending"),
+        "annotations": dict(meta.get("annotations") or {}),
+        "deleting": bool(meta.get("deletionTimestamp")),
+        "nominated_node": str(status.get("nominatedNodeName") or ""),
+        "start_time": _start_time(status.get("startTime")),
+        "preempted": any(
+            isinstance(c, dict)
+            and c.get("type") == "DisruptionTarget"
+            and c.get("status") == "True"
+            and c.get("reason") == "PreemptionByScheduler"
+            for c in status.get("conditions") or ()
+        ),
+    }
+
+
+def _reparse(
+    previous: PodRecord, meta: dict[str, Any], spec: dict[str, Any], status: dict[str, Any]
+) -> PodRecord | None:
+    """``previous`` brought up to date with an object of the same uid and spec digest, or None when only a
+    full parse can say what the record is."""
+    node = spec.get("nodeName") or ""
+    changes = _status_fields(meta, status)
+    if node != previous.node_name:
+        if previous.node_name or previous.parse_error is not None or not isinstance(node, str):
+            return None
+        # the binding: a placed pod keeps no images and is not refused for unsupported fields, and without
+        # a parse error before, the spec's own rules parsed cleanly
+        changes.update(node_name=_intern(node), images=())
+    raw_labels = meta.get("labels") or {}
+    if raw_labels != previous.labels:
+        # Labels are read by the pod's inter-pod terms (matchLabelKeys) only; the API server adds the node's
+        # topology labels at the binding.
+        if previous.parse_error is not None:
+            return None
+        try:
+            labels = _interned(dict(raw_labels))
+            inter_pod = _inter_pod(spec, previous.namespace, labels)
+        except (ValueError, TypeError, AttributeError, ArithmeticError, RecursionError):
+            return None  # the full parse says how
+        changes.update(labels=labels, inter_pod=inter_pod)
+    return replace(previous, **changes)
+
+
+def pod_key(obj: dict[str, Any]) -> PodKey:
+    """The key ``pod_from_json`` gives the record of ``obj``."""
+    meta = obj.get("metadata") or {}
+    return PodKey(f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}")
+
+
+def pod_from_json(obj: dict[str, Any], previous: PodRecord | None = None) -> PodRecord:
+    """Parse a Pod object. Never raises for bad spec content: see ``PodRecord.parse_error``.
+
+    ``previous``: this pod's last record, if the caller keeps one. When its uid and ``spec_digest`` match, its
+    spec-derived fields are reused and only the metadata and status fields are read (the same result)."""
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
+    digest = spec_digest(meta, spec)
+    if (
+        previous is not None
+        and digest
+        and previous.spec_digest == digest
+        and previous.uid == (meta.get("uid") or "")
+    ):
+        reused = _reparse(previous, meta, spec, status)
+        if reused is not None:
+            return reused
     namespace = meta.get("namespace") or "default"
     name = meta.get("name") or ""
     error: str | None = None
@@ -969,14 +1061,10 @@ def pod_from_json(obj: dict[str, Any]) -> PodRecord:
         key=PodKey(f"{namespace}/{name}"),
         namespace=_intern(namespace),
         name=name,
-        uid=meta.get("uid") or "",
-        resource_version=meta.get("resourceVersion") or "",
         scheduler_name=_intern(spec.get("schedulerName") or "default-scheduler"),
         node_name=_intern(spec.get("nodeName") or ""),
-        phase=_intern(status.get("phase") or "Pending"),
         priority=priority if isinstance(priority, int) else 0,
         labels=labels,
-        annotations=dict(meta.get("annotations") or {}),
         host_ports=fields["host_ports"],
         requests=fields["requests"],
         node_selector=fields["node_selector"],
@@ -984,23 +1072,15 @@ def pod_from_json(obj: dict[str, Any]) -> PodRecord:
         preferred_terms=fields["preferred_terms"],
         tolerations=fields["tolerations"],
         scheduling_gates=gates,
-        deleting=bool(meta.get("deletionTimestamp")),
         parse_error=error,
         signature=signature,
         inter_pod=inter_pod,
-        nominated_node=str(status.get("nominatedNodeName") or ""),
         preempt_never=spec.get("preemptionPolicy") == "Never",
-        start_time=_start_time(status.get("startTime")),
-        preempted=any(
-            isinstance(c, dict)
-            and c.get("type") == "DisruptionTarget"
-            and c.get("status") == "True"
-            and c.get("reason") == "PreemptionByScheduler"
-            for c in status.get("conditions") or ()
-        ),
         images=images,
         controller=_controller(meta),
         claims=claims,
+        spec_digest=digest,
+        **_status_fields(meta, status),
     )
 
 

@@ -334,6 +334,11 @@ class Cache:
             self.generation += 1
         return freed or helps
 
+    def placed(self, key: PodKey) -> PodRecord | None:
+        """The record accounted for ``key`` (bound or assumed), if any."""
+        node = self.pod_node.get(key)
+        return self.nodes[node].pods.get(key) if node is not None else None
+
     def remove_pod(self, key: PodKey) -> bool:
         self.assumed.pop(key, None)
         freed = self._unaccount(key) is not None

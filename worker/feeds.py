@@ -5,7 +5,10 @@
 - ``PodFeed``: every non-terminal pod into the cache (pods of every scheduler use capacity); with
   ``watch_pending`` (standalone) also every pending pod of our scheduler name into the queue. Freed capacity
   wakes the unschedulable pods; a deleted pod leaves the queue and the reporter, and ``gone`` is told (what
-  the scheduler keeps per dispatched pod outside the queue goes with it).
+  the scheduler keeps per dispatched pod outside the queue goes with it). Each event is parsed with the
+  pod's latest record as ``previous`` (``common.records.pod_from_json``: the placed pod's from the cache, or
+  the pending pod's it keeps in ``pending`` for pods of our scheduler name), so a status-only event re-reads
+  the status only; a DISPATCH of a pending pod is parsed the same way (``worker.intake``).
 - ``NamespaceFeed``: every Namespace's labels into the cache (``namespaceSelector`` terms of pod (anti-)affinity);
   a change that may satisfy a waiting pod's required affinity wakes the unschedulable pods.
 - ``WorkloadFeed``: the selectors of Services, ReplicationControllers, ReplicaSets and StatefulSets into the
@@ -36,7 +39,7 @@ from typing import Any
 
 from common import metrics
 from common.kube import KubeClient
-from common.records import NodeName, PodKey, PodRecord, node_from_json, pod_from_json
+from common.records import NodeName, PodKey, PodRecord, node_from_json, pod_from_json, pod_key
 from common.reporting import Reporter
 from common.watching import Reflector
 from worker.cache import Cache
@@ -133,17 +136,27 @@ class PodFeed:
         self.watch_pending = watch_pending
         self.progress = progress or asyncio.Event()
         self.gone = gone  # a pod of ours was deleted, finished or placed: it will not be decided here again
+        # The latest record of each pending pod of ours: the ``previous`` of its next parse, here and for a
+        # DISPATCH of it (``worker.intake``), so neither parses again what the watch already has.
+        self.pending: dict[PodKey, PodRecord] = {}
+
+    def previous(self, key: PodKey) -> PodRecord | None:
+        """The latest record of ``key`` this worker holds (placed, or pending and ours), if any."""
+        return self.cache.placed(key) or self.pending.get(key)
 
     def admit(self, pod: PodRecord, seen_at: float) -> None:
         """A pod from the watch: queue it if it is ours and waiting; drop it from the queue once placed.
         ``seen_at`` (the queue's clock) is when the watch delivered it: the start of the "queued" stage."""
         if pod.scheduler_name != self.scheduler_name:
+            self.pending.pop(pod.key, None)
             return
         if pod.node_name or pod.deleting:
+            self.pending.pop(pod.key, None)
             self.queue.delete(pod.key)
             self.cache.unnominate(pod.key)
             self.gone(pod.key)
             return
+        self.pending[pod.key] = pod
         nominated = pod.nominated_node or self.cache.nominated_node.get(pod.key)
         if nominated:
             self.cache.nominate(pod, NodeName(nominated))  # the newest record holds the room
@@ -156,6 +169,7 @@ class PodFeed:
     def replace(self, objects: list[dict[str, Any]]) -> None:
         seen_at = self.queue.clock()
         pods = [pod_from_json(o) for o in objects]
+        self.pending.clear()
         self.cache.replace_pods([p for p in pods if p.node_name and not p.terminal])
         for p in pods:
             self.admit(p, seen_at)
@@ -166,8 +180,10 @@ class PodFeed:
 
     def event(self, kind: str, obj: dict[str, Any]) -> None:
         seen_at = self.queue.clock()
-        pod = pod_from_json(obj)
+        # Most events of a placed pod change only its status: the cached record lets the parse skip the rest.
+        pod = pod_from_json(obj, self.previous(pod_key(obj)))
         if kind == "DELETED" or pod.terminal:
+            self.pending.pop(pod.key, None)
             self.queue.delete(pod.key)
             self.cache.unnominate(pod.key)
             self.reporter.forget(pod.key)
@@ -227,21 +243,16 @@ class Watches:
         self.client = client
         self.cache = cache
         self.progress = asyncio.Event()
-        self.pods = Reflector(
-            client,
-            "/api/v1/pods",
-            PodFeed(
-                cache,
-                queue,
-                reporter,
-                scheduler_name=scheduler_name,
-                watch_pending=watch_pending,
-                progress=self.progress,
-                gone=gone,
-            ),
-            params=POD_PARAMS,
-            name="pods",
+        self.pod_feed = PodFeed(
+            cache,
+            queue,
+            reporter,
+            scheduler_name=scheduler_name,
+            watch_pending=watch_pending,
+            progress=self.progress,
+            gone=gone,
         )
+        self.pods = Reflector(client, "/api/v1/pods", self.pod_feed, params=POD_PARAMS, name="pods")
         node_params = {"labelSelector": node_selector} if node_selector else {}
         self.nodes = Reflector(
             client, "/api/v1/nodes", NodeFeed(cache, queue), params=node_params, name="nodes"

@@ -50,7 +50,7 @@ from collections.abc import Callable, Mapping
 from common import metrics, protocol
 from common.etcd.kv import KeyValue
 from common.keyring import Keys
-from common.records import NodeName, PodKey, PodRecord, pod_from_json
+from common.records import NodeName, PodKey, PodRecord, pod_from_json, pod_key
 from common.reporting import Reporter
 from worker.audit import AuditLog
 from worker.engine import Decision
@@ -93,8 +93,12 @@ def _result(
     )
 
 
-def _dispatch(msg: protocol.Dispatch) -> tuple[int, PodRecord, int]:
-    return msg.id, pod_from_json(msg.pod), msg.min_rv
+def _dispatch(
+    msg: protocol.Dispatch, previous: Callable[[PodKey], PodRecord | None]
+) -> tuple[int, PodRecord, int]:
+    """The DISPATCH's id, pod and ``min_rv``. The pod is parsed with the record this worker's watch already
+    holds for it as ``previous`` (usually the same object: only its status is read again)."""
+    return msg.id, pod_from_json(msg.pod, previous(pod_key(msg.pod))), msg.min_rv
 
 
 def elected_term(election: Mapping[str, KeyValue]) -> int | None:
@@ -103,23 +107,40 @@ def elected_term(election: Mapping[str, KeyValue]) -> int | None:
 
 
 class LeaderStream:
-    """One authenticated leader stream: every frame written to it is sealed by its session, in order."""
+    """One authenticated leader stream: every frame written to it is sealed by its session, in order.
+
+    Frames sent in one pass of the event loop (the ACKs of a batch of DISPATCHes, the RESULTs of a batch of
+    bindings) are written together at the end of it: one write, not one system call per frame."""
 
     def __init__(self, writer: asyncio.StreamWriter, session: protocol.Session, term: int) -> None:
         self.writer = writer
         self.session = session
         self.term = term
+        self._frames: list[bytes] = []  # sealed, in order, not yet written
+        self._queued = 0  # their bytes
 
     def send(self, message: protocol.Message) -> None:
-        if not self.writer.is_closing():
-            self.writer.write(self.session.seal(message))
+        if self.writer.is_closing():
+            return
+        if not self._frames:
+            asyncio.get_running_loop().call_soon(self.flush)
+        frame = self.session.seal(message)
+        self._frames.append(frame)
+        self._queued += len(frame)
+
+    def flush(self) -> None:
+        """Write the frames sent so far."""
+        frames, self._frames, self._queued = self._frames, [], 0
+        if frames and not self.writer.is_closing():
+            self.writer.write(b"".join(frames))
 
     def buffered(self) -> int:
         transport = self.writer.transport
-        return transport.get_write_buffer_size() if transport is not None else 0
+        return self._queued + (transport.get_write_buffer_size() if transport is not None else 0)
 
     async def drain(self) -> None:
         """Wait for the buffer to flush; ``TimeoutError`` if the leader has not read for ``DEAD_AFTER``."""
+        self.flush()
         async with asyncio.timeout(protocol.DEAD_AFTER):
             await self.writer.drain()
 
@@ -260,6 +281,7 @@ class Intake:
         if self._server is not None:
             self._server.close()
         if self.results.stream is not None:
+            self.results.stream.flush()  # the RESULTs sent in this pass of the loop still go out
             self.results.stream.writer.close()
         for writer in list(self._handshaking):
             writer.close()
@@ -359,7 +381,7 @@ class Intake:
 
     def handle(self, msg: protocol.Message, stream: LeaderStream) -> None:
         if isinstance(msg, protocol.Dispatch):
-            dispatch_id, pod, min_rv = _dispatch(msg)
+            dispatch_id, pod, min_rv = _dispatch(msg, self.sched.watches.pod_feed.previous)
             self.received += 1
             if pod.scheduler_name != self.scheduler_name:
                 self.foreign_pods += 1

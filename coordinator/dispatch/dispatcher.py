@@ -28,6 +28,8 @@ Invariants:
   an ordinary one for every rule here: one worker at a time, the lane's order and ``min_rv``, in flight until
   the RESULT (the worker answers once the pod is bound, or no if the node is no longer a candidate).
 - Malformed pods are reported unschedulable at once with their parse error; they are never dispatched.
+- A DISPATCH carries the pod as the watch showed it, without ``metadata.managedFields`` (no scheduler reads
+  them; they are often the larger part of the object).
 - Pods with inter-pod rules go through the topology lane (``lane``): a pod the lane holds back is not
   dispatched until the lane lets it (it is considered again as soon as the lane's state changes), and every
   DISPATCH carries the lane's ``min_rv`` for that pod. The lane is told every dispatch, every answer, every
@@ -102,6 +104,15 @@ class _PendingFeed:
             self.d.observe(obj)
 
 
+def _for_dispatch(obj: dict[str, Any]) -> dict[str, Any]:
+    """The pod as it is kept and sent in DISPATCH: without ``metadata.managedFields``, which no scheduler
+    reads and which is often the larger part of a pod object (every DISPATCH is packed, MACed and checked)."""
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict) or "managedFields" not in meta:
+        return obj
+    return {**obj, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
+
+
 def _revision(rv: object) -> int:
     """A resourceVersion as an integer (etcd's revision), 0 if it is not one."""
     try:
@@ -174,6 +185,7 @@ class Dispatcher:
 
     def observe(self, obj: dict[str, Any]) -> PodKey:
         record = pod_from_json(obj)
+        obj = _for_dispatch(obj)
         key = record.key
         if record.node_name or record.terminal or record.deleting:
             self.forget(key, _revision(record.resource_version))

@@ -9,7 +9,8 @@ connected the link sends PING every ``HEARTBEAT_INTERVAL`` (checked as frames ar
 every ``CAPACITY_INTERVAL`` keeps them coming, and its PONG keeps an idle stream alive). Every frame it writes
 is sealed by the stream's ``protocol.Session``.
 
-Backpressure: ``drain`` waits for the write buffer to flush, but at most ``DRAIN_WAIT``, so a worker that has
+Writes: frames sent in one pass of the event loop are written together when it ends (or at ``drain``), in
+the order they were sent. Backpressure: ``drain`` waits for the write buffer to flush, but at most ``DRAIN_WAIT``, so a worker that has
 stopped reading (paused, partitioned) slows the dispatch loop by at most that per pass until its stream is
 declared dead; a dead stream is aborted, its unsent buffer discarded (its pods are re-dispatched).
 
@@ -92,6 +93,7 @@ class Link:
         self.clock = clock
         self._writer: asyncio.StreamWriter | None = None
         self._session: protocol.Session | None = None
+        self._frames: list[bytes] = []  # sealed for ``_writer``'s stream, in order, not yet written
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> Link:
@@ -108,9 +110,21 @@ class Link:
 
     def send(self, message: protocol.Message) -> None:
         if self._writer is not None and self._session is not None and not self._writer.is_closing():
-            self._writer.write(self._session.seal(message))
+            # Frames sent in one pass of the event loop (a burst of DISPATCHes) go out in one write.
+            if not self._frames:
+                asyncio.get_running_loop().call_soon(self._flush, self._writer)
+            self._frames.append(self._session.seal(message))
+
+    def _flush(self, writer: asyncio.StreamWriter) -> None:
+        if writer is not self._writer:
+            return  # that stream is gone, and its frames with it (``_run`` dropped them)
+        frames, self._frames = self._frames, []
+        if frames and not writer.is_closing():
+            writer.write(b"".join(frames))
 
     async def drain(self) -> None:
+        if self._writer is not None:
+            self._flush(self._writer)
         if self._writer is not None and not self._writer.is_closing():
             with contextlib.suppress(ConnectionError, TimeoutError):
                 async with asyncio.timeout(DRAIN_WAIT):
@@ -138,7 +152,7 @@ class Link:
                 log.warning("stream to worker %s broke: %s", self.worker_id, e)
             finally:
                 writer.transport.abort()  # not close(): that would wait to flush to a worker that may not read
-                self._writer, self._session = None, None
+                self._writer, self._session, self._frames = None, None, []
                 if up:
                     self.events.link_down(self)
             await asyncio.sleep(CONNECT_RETRY)

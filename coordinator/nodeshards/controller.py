@@ -29,7 +29,9 @@ Invariants:
 - A node leaves the published set only when no worker holds it and no round of the shard map can still grant it.
   Before the shard map's mirror has listed (``held`` unknown), nothing published is withdrawn.
 - With no policy (no ConfigMap seen, and not told to use the default) the pool is the label-selected node set,
-  computed as ``coordinator.workershards.pools.LabelPool`` computes it, and no NodeShard is written. Once a
+  computed as ``coordinator.workershards.pools.LabelPool`` computes it, no NodeShard is written, and the bound
+  pods are not watched (their requests matter only to a policy; the first pass with a policy starts that watch
+  and evaluates once it has listed). Once a
   policy is in force it stays: an invalid edit or a deleted ConfigMap keeps it (``configsource``).
 - Every API and etcd write is skipped once the term is no longer active.
 - Once a policy is in force, the worker-shard assignment runs on its ``rebalance`` settings; a new policy reaches
@@ -149,14 +151,18 @@ class ShardingController:
                 name="sharding-configmap",
             ),
             Reflector(client, "/api/v1/nodes", self.nodes, params=selector, name="sharding-nodes"),
-            Reflector(
-                client,
-                "/api/v1/pods",
-                self.requests,
-                params={"fieldSelector": BOUND_LIVE_PODS},
-                name="sharding-pods",
-            ),
         )
+        # Only a policy's evaluation reads the requests: the bound pods are watched from the first pass that
+        # has a policy in force, so a coordinator without one does not watch every pod a second time.
+        self._pods = Reflector(
+            client,
+            "/api/v1/pods",
+            self.requests,
+            params={"fieldSelector": BOUND_LIVE_PODS},
+            name="sharding-pods",
+        )
+        self._watch_pods = asyncio.Event()
+        self._pooled = -1  # the node table's version the label pool was last set from
         self.source.listeners.append(self._wake_now)
         self.nodes.listeners.append(self._node_changed)
         self.shards.listeners.append(self._wake_now)
@@ -187,11 +193,16 @@ class ShardingController:
             for reflector in self._reflectors:
                 tg.create_task(reflector.run(), name=reflector.name)
             tg.create_task(self.shards.run(), name="nodeshards")
+            tg.create_task(self._run_pods(), name=self._pods.name)
             tg.create_task(self.events.run(), name="sharding-events")
             for reflector in self._reflectors:
                 await reflector.synced.wait()
             await self.shards.synced.wait()
             tg.create_task(self._loop(), name="sharding-loop")
+
+    async def _run_pods(self) -> None:
+        await self._watch_pods.wait()
+        await self._pods.run()
 
     async def _loop(self) -> None:
         backoff = api_retry()
@@ -214,8 +225,14 @@ class ShardingController:
         agent = self.source.agent
         self._apply_rebalance(policy)
         if policy is None or agent is None:
-            self.pool.set(pool_weights(self.nodes.nodes, self.nodes.nodes))
+            if self._pooled != self.nodes.version:  # the label pool: only the node table changes it
+                self.pool.set(pool_weights(self.nodes.nodes, self.nodes.nodes))
+                self._pooled = self.nodes.version
         else:
+            self._pooled = -1  # the pool is the policy's now: a later label pool is set afresh
+            if not self._pods.synced.is_set():
+                self._watch_pods.set()
+                await self._pods.synced.wait()  # once per term: the requests are complete from then on
             if self._due(policy):
                 self._evaluate(policy)
             await self._write_specs(policy)  # compares first: writes only what differs (or was lost)

@@ -6,7 +6,8 @@ requested on each, kept current by two watches.
 - ``RequestTable`` (watch of bound, non-terminal pods, across namespaces): CPU requests summed per node, updated
   incrementally per event from a pod -> (node, millicores) table, so utilisation costs nothing to read.
   The field selector does the filtering: a pod enters the watch when bound and leaves it when it terminates or
-  is deleted.
+  is deleted. Most events of a bound pod change only its status: an event whose ``spec_digest`` (what the
+  requests are read from, ``common.records``) equals the entry's keeps the entry's millicores unparsed.
 
 ``views`` builds the ``NodeView`` list the policy evaluates (utilisation = requests / allocatable, as in
 Volcano's sharding controller; no metrics server).
@@ -18,7 +19,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
 
-from common.records import NodeName, pod_from_json
+from common.records import NodeName, pod_from_json, spec_digest
 from coordinator.nodeshards.policy import NodeView
 from coordinator.workershards.pools import NodeFacts
 
@@ -30,6 +31,7 @@ class RequestTable:
 
     def __init__(self) -> None:
         self._pods: dict[str, tuple[NodeName, int]] = {}
+        self._digests: dict[str, bytes] = {}  # the spec digest each entry of ``_pods`` was parsed from
         self._per_node: dict[NodeName, int] = defaultdict(int)
 
     def requested(self, node: NodeName) -> int:
@@ -39,16 +41,28 @@ class RequestTable:
     def __len__(self) -> int:
         return len(self._pods)
 
-    @staticmethod
-    def _entry(obj: dict[str, Any]) -> tuple[str, tuple[NodeName, int] | None]:
+    def _entry(self, obj: dict[str, Any]) -> tuple[str, tuple[NodeName, int] | None, bytes]:
         meta = obj.get("metadata") or {}
         key = str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")
+        status = obj.get("status") or {}
+        spec = obj.get("spec") or {}
+        digest = spec_digest(meta, spec)
+        old = self._pods.get(key)
+        if (
+            old is not None
+            and digest
+            and self._digests.get(key) == digest
+            and old[0] == spec.get("nodeName")
+            and status.get("phase") not in ("Succeeded", "Failed")
+        ):
+            return key, old, digest  # the spec (node and requests) is the one the entry was parsed from
         rec = pod_from_json(obj)
         if not rec.node_name or rec.terminal:
-            return key, None
-        return key, (NodeName(rec.node_name), rec.requests.milli_cpu)
+            return key, None, digest
+        return key, (NodeName(rec.node_name), rec.requests.milli_cpu), digest
 
     def _remove(self, key: str) -> None:
+        self._digests.pop(key, None)
         old = self._pods.pop(key, None)
         if old is not None:
             node, milli = old
@@ -60,16 +74,19 @@ class RequestTable:
 
     def replace(self, objects: list[dict[str, Any]]) -> None:
         self._pods.clear()
+        self._digests.clear()
         self._per_node.clear()
         for obj in objects:
             self.event("ADDED", obj)
 
     def event(self, kind: str, obj: dict[str, Any]) -> None:
-        key, entry = self._entry(obj)
+        key, entry, digest = self._entry(obj)
         self._remove(key)
         if kind != "DELETED" and entry is not None:
             self._pods[key] = entry
             self._per_node[entry[0]] += entry[1]
+            if digest:
+                self._digests[key] = digest
 
 
 def views(

@@ -70,6 +70,7 @@ class NodeTable:
     def __init__(self) -> None:
         self.nodes: dict[NodeName, NodeFacts] = {}
         self.listeners: list[Callable[[], None]] = []
+        self.version = 0  # grows with every reported change
 
     @staticmethod
     def _facts(obj: dict[str, Any]) -> tuple[NodeName, NodeFacts]:
@@ -77,6 +78,7 @@ class NodeTable:
         return rec.name, NodeFacts(rec.allocatable.milli_cpu, dict(rec.labels))
 
     def _changed(self) -> None:
+        self.version += 1
         for callback in self.listeners:
             callback()
 

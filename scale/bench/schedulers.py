@@ -283,6 +283,15 @@ def launch(
         f"--kube-api-burst={CLIENT_BURST}",
     ]
     suffix = f"-{tag}" if tag else ""
+    # AGENT_BENCH_PROFILE_DIR: every one of our processes runs under cProfile, its stats written there when it
+    # stops (to find where the CPU of a coordinator and its workers goes; the processes run slower meanwhile).
+    profile_dir = os.environ.get("AGENT_BENCH_PROFILE_DIR", "")
+
+    def profiled(process: str) -> Path | None:
+        if profile_to is not None:
+            return profile_to
+        return Path(profile_dir) / f"{spec.name}-{process}{suffix}.pstats" if profile_dir else None
+
     if spec.kind == KUBE:
         return Running(spec, cluster, [])
     if spec.kind == NOOP:
@@ -312,7 +321,7 @@ def launch(
                 f"--metrics-address={addresses[0]}",
                 f"--bind-concurrency={spec.bind_concurrency}",
                 "--id=bench-standalone",
-                profile_to=profile_to,
+                profile_to=profiled("worker"),
             ),
             logs / f"{spec.name}-worker{suffix}.log",
         )
@@ -335,6 +344,7 @@ def launch(
                     f"--id=bench-w{i + 1}",
                     f"--bind-concurrency={spec.bind_concurrency}",
                     f"--metrics-address={addresses[i]}",
+                    profile_to=profiled(f"worker-{i + 1}"),
                 ),
                 logs / f"{spec.name}-worker-{i + 1}{suffix}.log",
             )
@@ -350,6 +360,7 @@ def launch(
                 f"--etcd-prefix={prefix}",
                 "--id=bench-coordinator",
                 f"--metrics-address={addresses[spec.workers]}",
+                profile_to=profiled("coordinator"),
             ),
             logs / f"{spec.name}-coordinator{suffix}.log",
         )

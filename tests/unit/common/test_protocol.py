@@ -290,6 +290,58 @@ def test_deeply_nested_pod() -> None:
         decode(pack(fields))
 
 
+def test_nesting_is_allowed_exactly_to_the_depth_limit() -> None:
+    # the pod map is depth 0; spec 1; so a chain under spec.deep of n maps puts its innermost value at n + 1
+    for depth, ok in ((protocol._MAX_DEPTH - 2, True), (protocol._MAX_DEPTH - 1, False)):
+        deep: Any = 1
+        for _ in range(depth):
+            deep = {"x": deep}
+        fields = raw(Dispatch(1, POD))
+        fields["pod"] = _with(("spec", "deep"), deep)
+        if ok:
+            assert isinstance(decode(pack(fields)), Dispatch)
+        else:
+            with pytest.raises(ProtocolError):
+                decode(pack(fields))
+
+
+def _json_like_reference(value: Any, depth: int = 0) -> bool:
+    """The definition, recursively: maps with string keys, lists, and JSON scalars, at most 64 deep."""
+    if depth > 64:
+        return False
+    if value is None or isinstance(value, str | int | float | bool):
+        return True
+    if isinstance(value, list):
+        return all(_json_like_reference(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _json_like_reference(v, depth + 1) for k, v in value.items())
+    return False
+
+
+def test_the_json_check_agrees_with_its_definition() -> None:
+    import random
+
+    rng = random.Random(4)
+    odd: list[Any] = [b"x", (1,), {1: 2}, msgpack.ExtType(1, b""), set()]
+
+    def value(depth: int) -> Any:
+        r = rng.random()
+        if depth > 70 or r < 0.3:
+            return rng.choice(odd) if rng.random() < 0.03 else rng.choice([1, "a", None, True, 1.5])
+        if r < 0.65:
+            return [value(depth + 1) for _ in range(rng.randint(0, 3))]
+        return {str(i): value(depth + 1) for i in range(rng.randint(0, 3))}
+
+    def chain(n: int, leaf: Any) -> Any:
+        for i in range(n):
+            leaf = [leaf] if i % 2 else {"k": leaf}
+        return leaf
+
+    for i in range(5000):
+        v = value(0) if i % 2 else chain(rng.randint(60, 70), rng.choice([1, [], {}, [1], {"a": 1}, *odd]))
+        assert protocol._json_like(v) == _json_like_reference(v), v
+
+
 @pytest.mark.parametrize(
     "value", [pytest.param(-1, id="negative"), pytest.param("7", id="string"), pytest.param(True, id="bool")]
 )

@@ -48,6 +48,18 @@ async def test_dispatches_to_a_summarised_worker(rig: Rig) -> None:
     assert rig.d.statistics()["workers"]["w1"]["in_flight"] == 1
 
 
+async def test_a_dispatch_carries_the_pod_without_its_managed_fields(rig: Rig) -> None:
+    (w1,) = rig.workers("w1")
+    w1.up().summary()
+    obj = pod("a")
+    obj["metadata"]["managedFields"] = [{"manager": "m", "operation": "Update", "fieldsV1": {"f:spec": {}}}]
+    rig.d.observe(obj)
+    rig.step()
+    [sent] = w1.dispatches()
+    assert "managedFields" not in sent.pod["metadata"] and "managedFields" in obj["metadata"]
+    assert sent.pod == pod("a")
+
+
 async def test_no_verdict_while_a_worker_has_sent_no_summary(rig: Rig) -> None:
     (w1,) = rig.workers("w1")
     w1.up()  # connected, no CAPACITY yet: settling

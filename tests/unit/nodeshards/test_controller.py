@@ -240,3 +240,61 @@ async def test_volcanos_default_policy_on_idle_nodes_is_explained() -> None:
     assert not ctl.pool.nodes() and ctl.policy_configmap() is None
     assert "the shard policy (built-in default) gives the agent shard" in ctl.why_empty()
     assert "none of the 4 nodes" in ctl.why_empty()
+
+
+async def test_the_bound_pods_are_watched_only_once_a_policy_is_in_force() -> None:
+    # Only a policy's evaluation reads the requests: without one the coordinator does not watch every pod.
+    term = SimpleNamespace(active=True, record=SimpleNamespace(candidate_id="c"), lost=asyncio.Event())
+    ctl = ShardingController(
+        FakeApi(),  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        term,  # type: ignore[arg-type]
+        ShardingOptions(configmap="cm", namespace="ns", scheduler_name="agent"),
+        pool=PolicyPool(),
+        held=frozenset,
+        keys=KeyLayout("/t"),
+        assignment=AssignmentPolicy(),
+    )
+    ctl.shards.available = True
+    ctl.nodes.replace([node_obj(f"n{i}", "8") for i in range(4)])
+
+    async def no_record() -> None:
+        return None
+
+    ctl._publish_record = no_record  # type: ignore[method-assign]  # etcd is not part of this test
+    await ctl._pass()
+    assert not ctl._watch_pods.is_set() and len(ctl.pool.nodes()) == 4  # the label pool, no pod watch
+    ctl.source.event("ADDED", configmap({"sharding.yaml": SHARDING % 3}, "1"))
+    passing = asyncio.create_task(ctl._pass())
+    await asyncio.sleep(0.01)
+    assert ctl._watch_pods.is_set() and not passing.done()  # no evaluation before the pods are listed
+    ctl._pods.synced.set()  # as the reflector does after its first list
+    await asyncio.wait_for(passing, 1.0)
+    assert ctl._evaluated is not None
+
+
+async def test_the_label_pool_is_set_again_only_when_the_nodes_change() -> None:
+    term = SimpleNamespace(active=True, record=SimpleNamespace(candidate_id="c"), lost=asyncio.Event())
+    ctl = ShardingController(
+        FakeApi(),  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        term,  # type: ignore[arg-type]
+        ShardingOptions(configmap="cm", namespace="ns", scheduler_name="agent"),
+        pool=PolicyPool(),
+        held=frozenset,
+        keys=KeyLayout("/t"),
+        assignment=AssignmentPolicy(),
+    )
+
+    async def no_record() -> None:
+        return None
+
+    ctl._publish_record = no_record  # type: ignore[method-assign]
+    ctl.nodes.replace([node_obj(f"n{i}", "8") for i in range(4)])
+    changes: list[int] = []
+    ctl.pool.listeners.append(lambda: changes.append(len(ctl.pool.nodes())))
+    await ctl._pass()
+    await ctl._pass()
+    ctl.nodes.event("DELETED", node_obj("n3", "8"))
+    await ctl._pass()
+    assert changes == [4, 3]

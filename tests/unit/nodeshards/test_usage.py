@@ -31,3 +31,16 @@ def test_request_table_sums_live_bound_pods_per_node() -> None:
     nodes.replace([node_obj("n2", "1")])
     (view,) = views(nodes.nodes, table, {NodeName("n2"): "agent"})
     assert view.util_pct == 25 and view.holder == "agent"
+
+
+def test_status_only_events_keep_the_entry_and_spec_changes_replace_it() -> None:
+    table = RequestTable()
+    table.event("ADDED", pod_obj("a", "n1", "500m"))
+    running = pod_obj("a", "n1", "500m")
+    running["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    table.event("MODIFIED", running)
+    assert table.requested(NodeName("n1")) == 500 and len(table) == 1
+    table.event("MODIFIED", pod_obj("a", "n1", "700m"))  # resized: the spec changed, parsed again
+    assert table.requested(NodeName("n1")) == 700
+    table.event("MODIFIED", pod_obj("a", "n1", "700m", phase="Failed"))  # terminal, same spec
+    assert table.requested(NodeName("n1")) == 0 and len(table) == 0
