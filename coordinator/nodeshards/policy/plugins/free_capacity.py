@@ -14,6 +14,9 @@ selector, so their free CPU is not counted: the shard may then hold more than th
 With ``reclaim: true`` the free CPU of a node is allocatable minus the requests of *this scheduler's own* pods
 (``NodeView.requested_by``, by pod ``schedulerName``): other schedulers' pods on a node the shard takes leave as
 they finish (the other side releases the node and places nothing new there), so their CPU counts as coming back.
+The walk then takes nodes free of other schedulers' pods first (their CPU is usable now) and the rest after, each
+group in rank order, so a node whose batch pods have drained is never handed back in favour of one still draining;
+the result is still a subsequence of the ranked list.
 This is what lets the shard grow when a batch backlog keeps every other node full (plain free CPU is then never
 there to find), and stops it counting a taken node's draining batch pods as used (which would make it overshoot
 and then hand the surplus back). It takes a filter that lets full nodes in (``maxCPUUtil: 1.0``); the price is
@@ -52,12 +55,30 @@ class FreeCapacity:
         return max(0, node.allocatable_milli_cpu - used)
 
     def select(self, ranked: Sequence[NodeView], reserved: int, scheduler: str) -> Sequence[NodeView]:
+        if self.reclaim:
+            return self._reclaiming(ranked, scheduler)
         free = 0
         for i, node in enumerate(ranked):
             if free >= self.min_free_milli_cpu:
                 return ranked[:i]
             free += self._free(node, scheduler)
         return ranked
+
+    def _reclaiming(self, ranked: Sequence[NodeView], scheduler: str) -> Sequence[NodeView]:
+        """Nodes without other schedulers' pods first (their CPU is free now), then the rest, each group in rank
+        order; the chosen nodes are returned in rank order (a subsequence: nothing reordered)."""
+
+        def others(node: NodeView) -> bool:
+            return node.requested_milli_cpu > node.requested_by.get(scheduler, 0)
+
+        order = sorted(range(len(ranked)), key=lambda i: (others(ranked[i]), i))
+        free, keep = 0, []
+        for i in order:
+            if free >= self.min_free_milli_cpu:
+                break
+            free += self._free(ranked[i], scheduler)
+            keep.append(i)
+        return [ranked[i] for i in sorted(keep)]
 
     def shortfall(self, selected: int) -> int:
         return 0  # the target is CPU, not a node count: nothing to report in nodes

@@ -94,3 +94,25 @@ def test_reclaim_must_be_a_boolean() -> None:
             )
         )
 
+
+def test_reclaim_keeps_drained_nodes_before_draining_ones() -> None:
+    # the agent holds b (its batch pods drained) and a, c (batch pods still draining, so busier and ranked
+    # first): the target needs two nodes; the drained b is kept, never handed back for a draining one
+    p = policy(
+        scheduler(
+            "agent",
+            "agent",
+            band(0.0, 1.0),
+            {"name": "free-capacity", "arguments": {"minFreeCPU": 14, "reclaim": True}},
+        ),
+        scheduler("batch", "volcano", band(0.0, 1.0)),
+        rank_hysteresis=1.0,
+    )
+    nodes = [
+        _split("a", 2000, 8000, "agent"),
+        _split("b", 2000, 0, "agent"),
+        _split("c", 0, 9000, "agent"),
+    ]
+    result = p.evaluate(nodes)
+    assert result.desired["agent"] == ("a", "b")  # b (8 free now) then a (8 once drained): 16 >= 14
+    assert [(m.node, m.target) for m in result.moves] == [("c", "batch")]
