@@ -3,8 +3,9 @@ requested on each, kept current by two watches.
 
 - ``NodeTable`` (``coordinator.workershards.pools``; watch of the nodes matching the coordinator's node selector):
   allocatable CPU and labels, the same table the label pool keeps.
-- ``RequestTable`` (watch of bound, non-terminal pods, across namespaces): CPU requests summed per node, updated
-  incrementally per event from a pod -> (node, millicores) table, so utilisation costs nothing to read.
+- ``RequestTable`` (watch of bound, non-terminal pods, across namespaces): CPU requests summed per node, and per
+  node and pod ``schedulerName`` (what ``free-capacity``'s ``reclaim`` reads), updated incrementally per event
+  from a pod -> (node, millicores, scheduler) table, so utilisation costs nothing to read.
   The field selector does the filtering: a pod enters the watch when bound and leaves it when it terminates or
   is deleted. Most events of a bound pod change only its status: an event whose ``spec_digest`` (what the
   requests are read from, ``common.records``) equals the entry's keeps the entry's millicores unparsed.
@@ -30,18 +31,23 @@ class RequestTable:
     """Watch handler of bound, live pods: CPU requests per node."""
 
     def __init__(self) -> None:
-        self._pods: dict[str, tuple[NodeName, int]] = {}
+        self._pods: dict[str, tuple[NodeName, int, str]] = {}
         self._digests: dict[str, bytes] = {}  # the spec digest each entry of ``_pods`` was parsed from
         self._per_node: dict[NodeName, int] = defaultdict(int)
+        self._by_scheduler: dict[NodeName, dict[str, int]] = defaultdict(dict)
 
     def requested(self, node: NodeName) -> int:
         """Millicores requested by the live pods bound to ``node``."""
         return self._per_node.get(node, 0)
 
+    def requested_by(self, node: NodeName) -> dict[str, int]:
+        """Millicores requested on ``node`` per pod ``schedulerName`` (a copy; only schedulers with pods)."""
+        return dict(self._by_scheduler.get(node, {}))
+
     def __len__(self) -> int:
         return len(self._pods)
 
-    def _entry(self, obj: dict[str, Any]) -> tuple[str, tuple[NodeName, int] | None, bytes]:
+    def _entry(self, obj: dict[str, Any]) -> tuple[str, tuple[NodeName, int, str] | None, bytes]:
         meta = obj.get("metadata") or {}
         key = str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")
         status = obj.get("status") or {}
@@ -59,23 +65,32 @@ class RequestTable:
         rec = pod_from_json(obj)
         if not rec.node_name or rec.terminal:
             return key, None, digest
-        return key, (NodeName(rec.node_name), rec.requests.milli_cpu), digest
+        return key, (NodeName(rec.node_name), rec.requests.milli_cpu, rec.scheduler_name), digest
 
     def _remove(self, key: str) -> None:
         self._digests.pop(key, None)
         old = self._pods.pop(key, None)
         if old is not None:
-            node, milli = old
+            node, milli, scheduler = old
             left = self._per_node[node] - milli
             if left:
                 self._per_node[node] = left
             else:
                 del self._per_node[node]
+            per = self._by_scheduler[node]
+            mine = per.get(scheduler, 0) - milli
+            if mine:
+                per[scheduler] = mine
+            else:
+                per.pop(scheduler, None)
+                if not per:
+                    del self._by_scheduler[node]
 
     def replace(self, objects: list[dict[str, Any]]) -> None:
         self._pods.clear()
         self._digests.clear()
         self._per_node.clear()
+        self._by_scheduler.clear()
         for obj in objects:
             self.event("ADDED", obj)
 
@@ -84,7 +99,10 @@ class RequestTable:
         self._remove(key)
         if kind != "DELETED" and entry is not None:
             self._pods[key] = entry
-            self._per_node[entry[0]] += entry[1]
+            node, milli, scheduler = entry
+            self._per_node[node] += milli
+            per = self._by_scheduler[node]
+            per[scheduler] = per.get(scheduler, 0) + milli
             if digest:
                 self._digests[key] = digest
 
@@ -94,6 +112,13 @@ def views(
 ) -> list[NodeView]:
     """One ``NodeView`` per node; ``holders`` maps a node to the scheduler whose NodeShard lists it now."""
     return [
-        NodeView(name, facts.allocatable_milli_cpu, requests.requested(name), facts.labels, holders.get(name))
+        NodeView(
+            name,
+            facts.allocatable_milli_cpu,
+            requests.requested(name),
+            facts.labels,
+            holders.get(name),
+            requests.requested_by(name),
+        )
         for name, facts in nodes.items()
     ]

@@ -155,7 +155,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     sh.add_argument("--simulated", type=float, default=600.0, help="simulated seconds of waves (>= 600)")
     sh.add_argument("--compression", type=float, default=5.0, help="simulated seconds per real second")
     sh.add_argument("--wave-rate", type=float, default=5.0, help="agent arrivals per simulated s in a burst")
+    sh.add_argument("--wave-period", type=float, default=120.0, help="simulated s from one wave to the next")
+    sh.add_argument(
+        "--wave-burst", type=float, default=20.0, help="simulated s of arrivals at a wave's start"
+    )
+    sh.add_argument("--lifetime-min", type=float, default=5.0, help="agent pod lifetime floor, simulated s")
+    sh.add_argument(
+        "--lifetime-max", type=float, default=300.0, help="agent pod lifetime ceiling, simulated s"
+    )
     sh.add_argument("--backlog", type=int, default=3000, help="batch pods queued at the start")
+    sh.add_argument("--batch-runtime", type=float, default=240.0, help="simulated s each batch pod runs")
     sh.add_argument(
         "--tuned-max-util", type=float, default=0.95, help="tuned: the agent shard's util ceiling"
     )
@@ -166,7 +175,35 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     sh.add_argument("--tuned-band-hysteresis", type=float, default=0.0)
     sh.add_argument("--tuned-rank-hysteresis", type=float, default=1.0)
     sh.add_argument("--tuned-max-moves", type=int, default=4, help="tuned: maxMovesPerSync")
-    sh.add_argument("--configs", type=_names, default=None, help="default: static,volcano-example,tuned")
+    sh.add_argument(
+        "--tuned-reclaim",
+        action="store_true",
+        help="tuned and scheduled: free-capacity reclaim (batch pods count as capacity that comes back), util cap 100%%",
+    )
+    sh.add_argument(
+        "--scheduled-free-cpu-low", type=float, default=4.0, help="scheduled: free cores kept between waves"
+    )
+    sh.add_argument(
+        "--scheduled-free-cpu-high", type=float, default=28.0, help="scheduled: free cores kept for a wave"
+    )
+    sh.add_argument(
+        "--scheduled-lead",
+        type=float,
+        default=60.0,
+        help="scheduled: simulated s the high target precedes a wave",
+    )
+    sh.add_argument(
+        "--scheduled-hold",
+        type=float,
+        default=20.0,
+        help="scheduled: simulated s the high target outlasts a burst",
+    )
+    sh.add_argument(
+        "--configs",
+        type=_names,
+        default=None,
+        help="default: static,volcano-example,tuned; also known: scheduled (tuned with a wave schedule)",
+    )
     sh.add_argument("--seed", type=int, default=0)
     sh.add_argument(
         "--out", type=Path, default=None, help="results directory (default results/share-TIMESTAMP)"

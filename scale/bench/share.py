@@ -22,7 +22,8 @@ Invariants: the plan depends only on the spec (same spec, same pods, same times)
 burst windows only; every lifetime is within its bounds after compression.
 
 The run (``scale.bench.share_run``) gives every configuration nodes of ``node_cpu`` CPUs; the ``tuned_*`` fields
-parameterise the tuned configuration's policy there.
+parameterise the tuned configuration's policy there, the ``scheduled_*`` fields the scheduled one's (the tuned
+policy with its free-CPU target switched ahead of each wave: ``scheduled_targets``, pure like the plan).
 """
 
 from __future__ import annotations
@@ -62,6 +63,17 @@ class ShareSpec:
     tuned_band_hysteresis: float = 0.0
     tuned_rank_hysteresis: float = 1.0
     tuned_max_moves: int = 4
+    #: free-capacity's ``reclaim`` (count batch pods on a node as capacity that comes back) with the agent's
+    #: util ceiling lifted to 100 %, so the shard can take nodes a batch backlog keeps full
+    tuned_reclaim: bool = False
+    #: the scheduled configuration: the tuned policy whose ``minFreeCPU`` the run switches from ``low`` (quiet) to
+    #: ``high`` ``scheduled_lead_s`` simulated seconds before each wave and back when its burst ends, as an
+    #: operator's scheduled edit of the ConfigMap would for waves known in advance
+    scheduled_free_cpu_low: float = 4.0
+    scheduled_free_cpu_high: float = 28.0
+    scheduled_lead_s: float = 60.0
+    #: simulated seconds ``high`` stays in force after a burst ends, while its last pods are still being placed
+    scheduled_hold_s: float = 20.0
 
     def __post_init__(self) -> None:
         if self.simulated_s < MIN_SIMULATED_S:
@@ -72,11 +84,59 @@ class ShareSpec:
             raise ValueError("share: 0 < wave_burst_s <= wave_period_s")
         if not 0 < self.lifetime_min_s <= self.lifetime_max_s:
             raise ValueError("share: 0 < lifetime_min_s <= lifetime_max_s")
+        if not 0 < self.scheduled_free_cpu_low <= self.scheduled_free_cpu_high:
+            raise ValueError("share: 0 < scheduled_free_cpu_low <= scheduled_free_cpu_high")
+        if self.scheduled_lead_s < 0 or self.scheduled_hold_s < 0:
+            raise ValueError("share: scheduled_lead_s and scheduled_hold_s must be >= 0")
         if self.batch_backlog < 0:
             raise ValueError("share: batch_backlog must be >= 0")
 
     def real(self, simulated: float) -> float:
         return simulated / self.compression
+
+
+def scheduled_targets(spec: ShareSpec) -> list[tuple[float, float]]:
+    """The scheduled configuration's ``minFreeCPU`` switches as (real offset from the first wave, cores), sorted:
+    ``high`` ``scheduled_lead_s`` before every wave after the first (the first starts under ``high``), ``low``
+    ``scheduled_hold_s`` after each burst ends (lead + hold are cut to fit the quiet part of a period, the
+    lead first). Depends on the spec only."""
+    quiet = spec.wave_period_s - spec.wave_burst_s
+    hold = min(spec.scheduled_hold_s, quiet)
+    lead = min(spec.scheduled_lead_s, quiet - hold)
+    out: list[tuple[float, float]] = []
+    start = 0.0
+    while start < spec.simulated_s:
+        if start > 0:
+            out.append((spec.real(start - lead), spec.scheduled_free_cpu_high))
+        out.append((spec.real(start + spec.wave_burst_s + hold), spec.scheduled_free_cpu_low))
+        start += spec.wave_period_s
+    return out
+
+
+def agent_demand(spec: ShareSpec) -> list[float]:
+    """Cores the plan's agent pods request at each whole simulated second of the waves, were every pod running
+    from its arrival for its lifetime: the demand a split must serve (its peak) and the capacity a fixed agent
+    pool leaves idle (pool minus the mean). Depends on the spec only."""
+    plan = share_plan(spec, namespace="demand", scheduler_name="demand")
+    seconds = math.ceil(spec.simulated_s)
+    delta = [0] * (seconds + 1)  # milli CPU, exact
+    for arrival in plan.agents:
+        pod = arrival.pod
+        milli = sum(_milli(c["resources"]["requests"]["cpu"]) for c in pod["spec"]["containers"])
+        start = arrival.at * spec.compression
+        life = float(pod["metadata"]["annotations"][LIFETIME_ANNOTATION].removesuffix("ms")) / 1000
+        end = start + life * spec.compression
+        delta[min(seconds, math.ceil(start))] += milli
+        delta[min(seconds, math.ceil(end))] -= milli
+    out, level = [], 0
+    for d in delta[:seconds]:
+        level += d
+        out.append(level / 1000)
+    return out
+
+
+def _milli(quantity: str) -> int:
+    return int(quantity[:-1]) if quantity.endswith("m") else round(float(quantity) * 1000)
 
 
 @dataclass(frozen=True, slots=True)

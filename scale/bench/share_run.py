@@ -10,7 +10,10 @@ same agent arrivals (``scale.bench.share.share_plan``) at the same moments, so t
 
 Configurations (``policies``): ``static`` (node-limit split, ``maxMovesPerSync: 0`` freezes it after the first
 evaluation), ``volcano-example`` (Volcano's example ConfigMap as shipped, its entries renamed, its sync period
-compressed like every other time) and ``tuned`` (this project's policy for the mix, in Volcano's format).
+compressed like every other time) and ``tuned`` (this project's policy for the mix, in Volcano's format); on
+request (``--configs``) also ``scheduled``: the tuned policy whose free-CPU target the run raises ahead of each
+wave and lowers when its burst ends (``scale.bench.share.scheduled_targets``, ConfigMap edits the coordinator
+applies as new policy versions), the forecast an operator who knows the waves' times could give.
 
 Measured per configuration (``summarize``): CPU and memory allocation (requests / allocatable over the
 configuration's nodes; mean and p10 of samples every ``SAMPLE_S`` during the waves), agent create->bound and
@@ -52,7 +55,7 @@ from coordinator.nodeshards import bodies
 from coordinator.nodeshards.bodies import parse_nodeshard
 from scale.bench import stages
 from scale.bench.schedulers import python_module, start, stop_children
-from scale.bench.share import SHARE, ShareSpec, share_plan
+from scale.bench.share import SHARE, ShareSpec, agent_demand, scheduled_targets, share_plan
 from scale.bench.share_batch import BatchSide
 from scale.bench.workloads import RUN_LABEL
 from scale.cluster import Cluster, ClusterOptions, start_cluster_async
@@ -66,7 +69,9 @@ log = logging.getLogger(__name__)
 STATIC = "static"
 VOLCANO = "volcano-example"
 TUNED = "tuned"
-CONFIGS = (STATIC, VOLCANO, TUNED)
+SCHEDULED = "scheduled"
+CONFIGS = (STATIC, VOLCANO, TUNED)  # the default set
+KNOWN = (*CONFIGS, SCHEDULED)
 CRD_MANIFEST = PROJECT_ROOT / "manifests" / "crds" / "nodeshards.shard.volcano.sh.yaml"
 VOLCANO_EXAMPLE = PROJECT_ROOT / "tests" / "unit" / "nodeshards" / "policy" / "volcano_example_configmap.yaml"
 CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
@@ -105,6 +110,35 @@ def volcano_example_sharding() -> dict[str, Any]:
     return data
 
 
+def tuned_sharding(spec: ShareSpec, free_cpu: float, *, agent: str, batch: str) -> dict[str, Any]:
+    """The tuned policy's ``sharding.yaml`` keeping ``free_cpu`` cores free in the agent shard (the scheduled
+    configuration is this document with ``free_cpu`` switched over time)."""
+    anyutil = {"name": "allocation-rate", "weight": 1, "arguments": {"minCPUUtil": 0.0, "maxCPUUtil": 1.0}}
+    max_util = 1.0 if spec.tuned_reclaim else spec.tuned_agent_max_util
+    free_args: dict[str, Any] = {"minFreeCPU": free_cpu}
+    if spec.tuned_reclaim:
+        free_args["reclaim"] = True
+    return {
+        "schedulerConfigs": [
+            {
+                "name": agent,
+                "type": "agent",
+                "policies": [
+                    {
+                        "name": "allocation-rate",
+                        "weight": 1,
+                        "arguments": {"minCPUUtil": 0.0, "maxCPUUtil": max_util},
+                    },
+                    {"name": "free-capacity", "arguments": free_args},
+                ],
+            },
+            {"name": batch, "type": "volcano", "policies": [anyutil]},
+        ],
+        "shardSyncPeriod": _go_seconds(spec.real(spec.tuned_sync_s)),
+        "enableNodeEventTrigger": True,
+    }
+
+
 def policies(spec: ShareSpec, *, nodes: int, agent_nodes: int, agent: str, batch: str) -> dict[str, Policy]:
     """The three configurations for one installation whose NodeShards are named ``agent`` and ``batch``.
 
@@ -124,25 +158,7 @@ def policies(spec: ShareSpec, *, nodes: int, agent_nodes: int, agent: str, batch
     for entry in example["schedulerConfigs"]:
         entry["name"] = names[entry["type"]]
     example["shardSyncPeriod"] = _go_seconds(spec.real(60.0))  # "60s" as shipped, compressed
-    tuned = {
-        "schedulerConfigs": [
-            {
-                "name": agent,
-                "type": "agent",
-                "policies": [
-                    {
-                        "name": "allocation-rate",
-                        "weight": 1,
-                        "arguments": {"minCPUUtil": 0.0, "maxCPUUtil": spec.tuned_agent_max_util},
-                    },
-                    {"name": "free-capacity", "arguments": {"minFreeCPU": spec.tuned_free_cpu}},
-                ],
-            },
-            {"name": batch, "type": "volcano", "policies": [anyutil]},
-        ],
-        "shardSyncPeriod": _go_seconds(spec.real(spec.tuned_sync_s)),
-        "enableNodeEventTrigger": True,
-    }
+    tuned = tuned_sharding(spec, spec.tuned_free_cpu, agent=agent, batch=batch)
     tuned_settings = {
         "shards": {
             "bandHysteresis": spec.tuned_band_hysteresis,
@@ -167,12 +183,23 @@ def policies(spec: ShareSpec, *, nodes: int, agent_nodes: int, agent: str, batch
         ),
         TUNED: Policy(
             TUNED,
-            f"agent: nodes at 0-{spec.tuned_agent_max_util:.0%} CPU requested, busiest first, as many as "
-            f"{spec.tuned_free_cpu:g} cores of free CPU need (free-capacity); batch: the rest. Nodes the agents "
-            f"left idle go to batch, which fills them. Sync every {spec.tuned_sync_s:g} simulated s, band "
+            f"agent: nodes at 0-{1.0 if spec.tuned_reclaim else spec.tuned_agent_max_util:.0%} CPU requested, "
+            f"busiest first, as many as {spec.tuned_free_cpu:g} cores of free CPU need (free-capacity"
+            f"{', reclaim: batch pods count as capacity that comes back' if spec.tuned_reclaim else ''}); "
+            f"batch: the rest. Nodes the agents left idle go to batch, which fills them. Sync every {spec.tuned_sync_s:g} simulated s, band "
             f"hysteresis {spec.tuned_band_hysteresis:g}, rank hysteresis {spec.tuned_rank_hysteresis:g}, at "
             f"most {spec.tuned_max_moves} moves per sync",
             _yaml(tuned),
+            _yaml(tuned_settings),
+        ),
+        SCHEDULED: Policy(
+            SCHEDULED,
+            f"the tuned policy (same ranking, sync and hysteresis) with its free-capacity target switched by "
+            f"the run, as an operator's scheduled ConfigMap edit would: {spec.scheduled_free_cpu_high:g} cores "
+            f"from {spec.scheduled_lead_s:g} simulated s before each wave until {spec.scheduled_hold_s:g} s after "
+            "its burst ends, "
+            f"{spec.scheduled_free_cpu_low:g} cores between waves",
+            _yaml(tuned_sharding(spec, spec.scheduled_free_cpu_high, agent=agent, batch=batch)),
             _yaml(tuned_settings),
         ),
     }
@@ -678,6 +705,29 @@ async def _wait_ready(kube: KubeClient, installs: list[Install], shards: ShardTr
         await asyncio.sleep(0.5)
 
 
+async def _schedule_targets(
+    kube: KubeClient, install: Install, spec: ShareSpec, t0: float, stop: asyncio.Event
+) -> None:
+    """The scheduled configuration's ConfigMap edits (``scale.bench.share.scheduled_targets``) at their times;
+    each is a new policy version, which the coordinator evaluates at once."""
+    path = f"/api/v1/namespaces/{install.namespace}/configmaps/sharding"
+    for at, cores in scheduled_targets(spec):
+        delay = t0 + at - time.monotonic()
+        if delay > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), delay)
+        if stop.is_set():
+            return
+        doc = tuned_sharding(spec, cores, agent=install.scheduler, batch=install.batch_shard)
+        await kube.patch(path, {"data": {"sharding.yaml": _yaml(doc)}})
+        log.info(
+            "%s: minFreeCPU %g at %.0f simulated s",
+            install.tag,
+            cores,
+            (time.monotonic() - t0) * spec.compression,
+        )
+
+
 async def _get_raw(kube: KubeClient, name: str) -> dict[str, Any] | None:
     try:
         obj: dict[str, Any] = await kube.get(bodies.object_path(name))
@@ -768,6 +818,9 @@ async def run_share(
                     await asyncio.wait_for(stop.wait(), SAMPLE_S)
 
         side_tasks.append(asyncio.create_task(sampler()))
+        for install in installs:
+            if install.policy.name == SCHEDULED:
+                side_tasks.append(asyncio.create_task(_schedule_targets(kube, install, spec, t0, stop)))
         gate = asyncio.Semaphore(CREATE_CONCURRENCY)
         creates: list[asyncio.Task[None]] = []
         arrivals = [
@@ -813,11 +866,13 @@ async def run_share(
         for install, out in zip(installs, configs_out, strict=True):
             out["sharding_yaml"] = install.policy.sharding
             out["settings_yaml"] = install.policy.settings
+        demand = agent_demand(spec)
         return {
             "spec": asdict(spec),
             "nodes_per_config": nodes,
             "node_shape": f"{spec.node_cpu} CPU / {spec.node_cpu * GI_PER_CPU}Gi",
             "agent_nodes_static": agent_nodes,
+            "agent_demand": {"peak_cpu": max(demand, default=0.0), "mean_cpu": statistics.fmean(demand)},
             "real_seconds": t_end - t0,
             "configs": configs_out,
         }
@@ -874,7 +929,12 @@ def main(args: Any) -> int:
         simulated_s=args.simulated,
         compression=args.compression,
         wave_rate=args.wave_rate,
+        wave_period_s=args.wave_period,
+        wave_burst_s=args.wave_burst,
+        lifetime_min_s=args.lifetime_min,
+        lifetime_max_s=args.lifetime_max,
         batch_backlog=args.backlog,
+        batch_runtime_s=args.batch_runtime,
         seed=args.seed,
         tuned_agent_max_util=args.tuned_max_util,
         tuned_sync_s=args.tuned_sync,
@@ -882,12 +942,17 @@ def main(args: Any) -> int:
         tuned_rank_hysteresis=args.tuned_rank_hysteresis,
         tuned_free_cpu=args.tuned_free_cpu,
         tuned_max_moves=args.tuned_max_moves,
+        tuned_reclaim=args.tuned_reclaim,
+        scheduled_free_cpu_low=args.scheduled_free_cpu_low,
+        scheduled_free_cpu_high=args.scheduled_free_cpu_high,
+        scheduled_lead_s=args.scheduled_lead,
+        scheduled_hold_s=args.scheduled_hold,
         node_cpu=args.node_cpu,
     )
     configs = tuple(args.configs or CONFIGS)
-    unknown = [c for c in configs if c not in CONFIGS]
+    unknown = [c for c in configs if c not in KNOWN]
     if unknown:
-        print(f"unknown configuration(s) {', '.join(unknown)}; known: {', '.join(CONFIGS)}")
+        print(f"unknown configuration(s) {', '.join(unknown)}; known: {', '.join(KNOWN)}")
         return 2
     out = (args.out or Path("results") / f"share-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     (out / "logs").mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""``agent-scheduler bench share`` end to end on a tiny run: three shard policies side by side, each with its own
+"""``agent-scheduler bench share`` end to end on a tiny run: the four shard policies side by side, each with its own
 nodes, coordinator + worker and batch stand-in (issue 15).
 
 Runs the real command as a subprocess (its own cluster on free ports, stopped at the end) and checks the
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from scale.bench.share import ShareSpec, share_plan
-from scale.bench.share_run import CONFIGS, STATIC, TUNED
+from scale.bench.share_run import KNOWN, STATIC, TUNED
 from tests.integration.support import ROOT
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -44,6 +44,11 @@ def test_tiny_share_run_keeps_the_invariants_and_writes_the_report(tmp_path: Pat
         f"--compression={COMPRESSION:g}",
         f"--wave-rate={WAVE_RATE:g}",
         f"--backlog={BACKLOG}",
+        # the scheduled configuration too (its ConfigMap edits during the run), and free-capacity's reclaim
+        "--configs=static,volcano-example,tuned,scheduled",
+        "--tuned-reclaim",
+        "--scheduled-free-cpu-high=4",
+        "--scheduled-free-cpu-low=1",
         f"--out={out}",
     ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=GUARD_TIMEOUT, check=False)
@@ -58,7 +63,7 @@ def test_tiny_share_run_keeps_the_invariants_and_writes_the_report(tmp_path: Pat
         ).agents
     )
     by_name = {c["config"]: c for c in result["configs"]}
-    assert sorted(by_name) == sorted(CONFIGS)
+    assert sorted(by_name) == sorted(KNOWN)
     for name, conf in by_name.items():
         assert conf["violations"] == [], name
         assert conf["agent_pods"] == planned, name  # every created agent pod seen: none lost

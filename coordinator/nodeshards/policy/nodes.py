@@ -45,6 +45,8 @@ class NodeView:
     """The node's labels (for ``warmup``)."""
     holder: str | None = None
     """Scheduler whose NodeShard currently lists the node, or ``None``."""
+    requested_by: Mapping[str, int] = field(default_factory=dict, hash=False, compare=False)
+    """Millicores of ``requested_milli_cpu`` per pod ``schedulerName`` (for ``free-capacity``'s ``reclaim``)."""
     util_pct: int | None = field(init=False, compare=False)
     """Utilisation in whole percent, ``None`` when the node has no allocatable CPU (computed)."""
 

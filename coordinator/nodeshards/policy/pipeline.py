@@ -67,7 +67,7 @@ def select(scheduler: SchedulerPolicy, ranked: Sequence[NodeView], reserved: int
     for selector in scheduler.selectors:
         if not chosen:
             break
-        chosen = selector.select(chosen, reserved)
+        chosen = selector.select(chosen, reserved, scheduler.name)
     return list(chosen)
 
 

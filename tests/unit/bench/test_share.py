@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scale.bench.share import MIN_SIMULATED_S, ShareSpec, share_plan
+from scale.bench.share import MIN_SIMULATED_S, ShareSpec, agent_demand, share_plan
 from scale.bench.workloads import LIFETIME_ANNOTATION
 
 
@@ -55,3 +55,15 @@ def test_plan_is_deterministic_and_bad_specs_are_refused() -> None:
         ShareSpec(simulated_s=60)
     with pytest.raises(ValueError):
         ShareSpec(wave_burst_s=200)
+    with pytest.raises(ValueError):
+        ShareSpec(scheduled_free_cpu_low=8, scheduled_free_cpu_high=4)
+
+
+def test_agent_demand_follows_the_waves() -> None:
+    spec = ShareSpec(lifetime_max_s=60.0)
+    demand = agent_demand(spec)
+    assert len(demand) == 600 and min(demand) >= 0
+    period = int(spec.wave_period_s)
+    # lifetimes end within 60 s of a burst's end: the last seconds before every wave are quiet
+    assert all(demand[k * period - 1] == 0 for k in range(1, 5))
+    assert max(demand) > 5 * sum(demand) / len(demand) / 2  # high peak-to-mean

@@ -6,9 +6,19 @@ from __future__ import annotations
 from typing import Any
 
 from coordinator.nodeshards.policy import NodeView, parse_configmap
-from scale.bench.share import ShareSpec
+from scale.bench.share import ShareSpec, scheduled_targets
 from scale.bench.share_report import verdict
-from scale.bench.share_run import CONFIGS, STATIC, TUNED, VOLCANO, policies, share_node, tolerate
+from scale.bench.share_run import (
+    KNOWN,
+    SCHEDULED,
+    STATIC,
+    TUNED,
+    VOLCANO,
+    policies,
+    share_node,
+    tolerate,
+    tuned_sharding,
+)
 
 
 def _parsed(name: str, nodes: int = 12, agent_nodes: int = 4) -> Any:
@@ -20,7 +30,7 @@ def _parsed(name: str, nodes: int = 12, agent_nodes: int = 4) -> Any:
 
 
 def test_every_configuration_is_a_valid_sharding_configmap() -> None:
-    for name in CONFIGS:
+    for name in KNOWN:
         policy = _parsed(name)
         assert [s.name for s in policy.sharding.schedulers] == ["a", "b"]
         assert policy.sharding.shard_sync_period_seconds < 60  # compressed like every other time
@@ -52,6 +62,28 @@ def test_tuned_releases_idle_agent_nodes_beyond_its_free_cpu_target() -> None:
     result = policy.evaluate(idle)
     assert len(result.desired["a"]) <= need and len(result.moves) <= spec.tuned_max_moves
     assert all(m.target == "b" for m in result.moves)
+
+
+def test_scheduled_is_the_tuned_policy_with_its_target_raised_ahead_of_each_wave() -> None:
+    spec = ShareSpec(
+        wave_period_s=120, wave_burst_s=20, scheduled_lead_s=50, scheduled_hold_s=10, compression=10
+    )
+    scheduled, tuned = _parsed(SCHEDULED), _parsed(TUNED)
+    assert scheduled.sharding.shard_sync_period_seconds == tuned.sharding.shard_sync_period_seconds
+    # the first wave starts under the high target; each later one gets it lead_s earlier; low hold_s after
+    # each burst; lead + hold never exceed the quiet part of a period
+    assert scheduled_targets(ShareSpec(scheduled_lead_s=90, scheduled_hold_s=30))[:2] == [
+        (5.0, 4.0),
+        (5.0, 28.0),
+    ]
+    targets = scheduled_targets(spec)
+    assert targets[:3] == [(3.0, 4.0), (7.0, 28.0), (15.0, 4.0)]
+    assert [t for t, _ in targets] == sorted(t for t, _ in targets)
+    assert len(targets) == 2 * 5 - 1  # five waves in 600 s
+    # every switch is a valid policy for the coordinator, differing only in the target
+    for _, cores in targets:
+        doc = tuned_sharding(spec, cores, agent="a", batch="b")
+        assert doc["schedulerConfigs"][0]["policies"][1]["arguments"] == {"minFreeCPU": cores}
 
 
 def test_nodes_and_pods_of_a_configuration_carry_its_taint_and_toleration() -> None:

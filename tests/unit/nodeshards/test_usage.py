@@ -44,3 +44,21 @@ def test_status_only_events_keep_the_entry_and_spec_changes_replace_it() -> None
     assert table.requested(NodeName("n1")) == 700
     table.event("MODIFIED", pod_obj("a", "n1", "700m", phase="Failed"))  # terminal, same spec
     assert table.requested(NodeName("n1")) == 0 and len(table) == 0
+
+
+def test_request_table_splits_each_node_by_the_pods_scheduler() -> None:
+    table = RequestTable()
+    agent = pod_obj("a", "n1", "500m")
+    agent["spec"]["schedulerName"] = "agent"
+    table.replace([agent, pod_obj("b", "n1", "1"), pod_obj("c", "n1", "2")])
+    assert table.requested_by(NodeName("n1")) == {"agent": 500, "default-scheduler": 3000}
+    table.event("DELETED", pod_obj("b", "n1", "1"))
+    table.event("MODIFIED", pod_obj("c", "n1", "2", phase="Failed"))
+    assert table.requested_by(NodeName("n1")) == {"agent": 500}
+    table.event("DELETED", agent)
+    assert table.requested_by(NodeName("n1")) == {} and table.requested(NodeName("n1")) == 0
+    nodes = NodeTable()
+    nodes.replace([node_obj("n1", "4")])
+    table.event("ADDED", agent)
+    (view,) = views(nodes.nodes, table, {})
+    assert view.requested_by == {"agent": 500}

@@ -56,9 +56,12 @@ class Scorer(Protocol):
 
 @runtime_checkable
 class Selector(Protocol):
-    """Select phase: cut the ranked list (never reorder it)."""
+    """Select phase: keep a subsequence of the ranked list (usually a prefix; never reorder it)."""
 
-    def select(self, ranked: Sequence[NodeView], reserved: int) -> Sequence[NodeView]: ...
+    def select(self, ranked: Sequence[NodeView], reserved: int, scheduler: str) -> Sequence[NodeView]:
+        """Cut ``ranked`` for ``scheduler`` (the entry's name, its pods' ``schedulerName``); ``reserved`` nodes
+        are pinned to it already and not in ``ranked``."""
+        ...
 
     def shortfall(self, selected: int) -> int:
         """How many nodes short of this selector's informational minimum ``selected`` is (0 if none)."""

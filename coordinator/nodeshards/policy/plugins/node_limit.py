@@ -31,7 +31,7 @@ class NodeLimit:
     def name(self) -> str:
         return NAME
 
-    def select(self, ranked: Sequence[NodeView], reserved: int) -> Sequence[NodeView]:
+    def select(self, ranked: Sequence[NodeView], reserved: int, scheduler: str) -> Sequence[NodeView]:
         if self.max_nodes is None:
             return ranked
         return ranked[: max(0, self.max_nodes - reserved)]

@@ -55,3 +55,64 @@ def test_arguments_round_trip_in_cores() -> None:
     entry = p.sharding.schedulers[0].policies[0]
     assert entry.to_dict()["arguments"] == {"minFreeCPU": 2.5}
     assert "free CPU >= 2.5" in p.summary()
+
+
+def _split(name: str, agent_milli: int, batch_milli: int, holder: str) -> Any:
+    from dataclasses import replace
+
+    n = node(name, (agent_milli + batch_milli) / 10_000, holder=holder)
+    return replace(n, requested_by={k: v for k, v in (("agent", agent_milli), ("batch", batch_milli)) if v})
+
+
+def test_reclaim_counts_other_schedulers_pods_as_capacity_that_comes_back() -> None:
+    # every node full under a batch backlog: without reclaim no free CPU is ever found; with it the agent
+    # keeps its own busy node and takes just enough full batch nodes for the target
+    def reclaiming(on: bool) -> Any:
+        args: dict[str, Any] = {"minFreeCPU": 12, "reclaim": True} if on else {"minFreeCPU": 12}
+        return policy(
+            scheduler("agent", "agent", band(0.0, 1.0), {"name": "free-capacity", "arguments": args}),
+            scheduler("batch", "volcano", band(0.0, 1.0)),
+            rank_hysteresis=1.0,
+        )
+
+    nodes = [
+        _split("a", 6000, 4000, "agent"),  # the agent's own pods use 6 of 10 cores; batch pods still draining
+        _split("b", 0, 10_000, "batch"),
+        _split("c", 0, 10_000, "batch"),
+        _split("d", 0, 10_000, "batch"),
+    ]
+    assert reclaiming(True).evaluate(nodes).desired["agent"] == ("a", "b")  # 4 + 10 >= 12
+    assert reclaiming(False).evaluate(nodes).desired["agent"] == ("a", "b", "c", "d")  # 0 free: never reached
+    assert "reclaiming" in reclaiming(True).summary()
+
+
+def test_reclaim_must_be_a_boolean() -> None:
+    with pytest.raises(PolicyConfigError):
+        policy(
+            scheduler(
+                "agent", "agent", {"name": "free-capacity", "arguments": {"minFreeCPU": 1, "reclaim": 2}}
+            )
+        )
+
+
+def test_reclaim_keeps_drained_nodes_before_draining_ones() -> None:
+    # the agent holds b (its batch pods drained) and a, c (batch pods still draining, so busier and ranked
+    # first): the target needs two nodes; the drained b is kept, never handed back for a draining one
+    p = policy(
+        scheduler(
+            "agent",
+            "agent",
+            band(0.0, 1.0),
+            {"name": "free-capacity", "arguments": {"minFreeCPU": 14, "reclaim": True}},
+        ),
+        scheduler("batch", "volcano", band(0.0, 1.0)),
+        rank_hysteresis=1.0,
+    )
+    nodes = [
+        _split("a", 2000, 8000, "agent"),
+        _split("b", 2000, 0, "agent"),
+        _split("c", 0, 9000, "agent"),
+    ]
+    result = p.evaluate(nodes)
+    assert result.desired["agent"] == ("a", "b")  # b (8 free now) then a (8 once drained): 16 >= 14
+    assert [(m.node, m.target) for m in result.moves] == [("c", "batch")]
