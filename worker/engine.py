@@ -9,8 +9,11 @@ How a decision is made, and why it is fast:
 3. Dynamic filters (resources, host ports) run on each candidate; the walk stops after
    ``feasible_nodes`` feasible nodes (like kube-scheduler's percentage of nodes to score). A dynamic filter
    with an ``applies(pod)`` method (the inter-pod rules) runs only for the pods it applies to, so plain pods
-   do not pay for it; plugins with an ``attach(cache)`` method are given the cache once, here.
-4. Score plugins that apply to the pod score those candidates; weighted sum; highest wins, ties by order.
+   do not pay for it, and one with ``passes_every_node(pod)`` (NodePorts) is left out of the walk of a pod it
+   says that of (a pod without host ports); plugins with an ``attach(cache)`` method are given the cache
+   once, here.
+4. Score plugins that apply to the pod score those candidates; weighted sum (one list per plugin, added in
+   C: ``_accumulate``); highest wins, ties by order.
    A score plugin with a ``widen(pod, window)`` method (ImageLocality) names images no node of the window
    holds; the engine then adds up to ``EXTRA_NODES`` feasible holders of them (the cache's ``ImageHolders``,
    in the index's order, from where the walk stopped on), evaluating at most ``feasible_nodes`` more nodes,
@@ -50,7 +53,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from itertools import chain
+from itertools import chain, repeat
+from operator import add, mul
 from typing import Any, cast
 
 from common.protocol import Candidate
@@ -91,6 +95,19 @@ class Decision:
         return self.node is not None
 
 
+def _accumulate(totals: list[float] | None, weight: int, scores: list[float], n: int) -> list[float]:
+    """``totals`` plus ``weight`` times ``scores``, element by element (a new list; None: no totals yet).
+    The same float operations as ``[t + weight * s for t, s in zip(totals, scores)]``: ``1 * s`` is ``s``
+    exactly, so a weight of 1 skips the multiplication, and ``map`` runs the additions in C."""
+    if len(scores) != n:
+        raise ValueError(f"a score plugin gave {len(scores)} scores for {n} nodes")
+    if weight != 1:
+        scores = list(map(mul, repeat(weight), scores))
+    elif totals is None:
+        return list(scores)  # a copy: the plugin may keep the list it returned
+    return scores if totals is None else list(map(add, totals, scores))
+
+
 class Engine:
     def __init__(
         self,
@@ -108,6 +125,11 @@ class Engine:
         self.static_filters = [f for f in filters if f.static]
         self.dynamic_filters = [f for f in filters if not f.static]
         self._always = [f for f in self.dynamic_filters if not hasattr(f, "applies")]
+        # the walk's per-node checks of ``_always``, bound once; a filter with ``passes_every_node(pod)`` is left
+        # out of a decision for which it says so (NodePorts for a pod without host ports)
+        self._always_checks: list[tuple[Callable[[PodRecord, NodeInfo], Status | None], Any]] = [
+            (f.filter, getattr(f, "passes_every_node", None)) for f in self._always
+        ]
         self._sometimes = [f for f in self.dynamic_filters if hasattr(f, "applies")]
         # kube's PreFilter verdicts (a verdict for the pod, before any node): only plugins with ``applies``
         self._prefilters: dict[FilterPlugin, Callable[[PodRecord], Status | None]] = {
@@ -161,6 +183,7 @@ class Engine:
         if pod.parse_error is not None:
             return Decision(None, Code.UNRESOLVABLE, pod.parse_error, index_hit=False)
         dynamic = self._always
+        checks = [check for check, skip in self._always_checks if skip is None or not skip(pod)]
         for f in self._sometimes:
             if f.applies(pod):
                 # in ``_sometimes``' order, so the first refusal is the one kube's PreFilter gives
@@ -170,6 +193,7 @@ class Engine:
                     if refused is not None:
                         return self._refused(pod, refused)
                 dynamic = [*dynamic, f]
+                checks.append(f.filter)
         memo = self._static.get(pod.signature)
         if memo is None:
             memo = self._static[pod.signature] = {}
@@ -246,8 +270,8 @@ class Engine:
             if nominated and name in nominated:
                 ok = self._dynamic_verdict(pod, info) is None
             else:
-                for f in dynamic:
-                    if f.filter(pod, info) is not None:
+                for check in checks:
+                    if check(pod, info) is not None:
                         ok = False
                         break
                 else:
@@ -405,11 +429,7 @@ class Engine:
                         known[4] = total
         for plugin, weight in self._global:
             if plugin.applies(pod):
-                scores = plugin.scores(pod, feasible)
-                if totals is None:
-                    totals = [weight * s for s in scores]
-                else:
-                    totals = [t + weight * s for t, s in zip(totals, scores, strict=True)]
+                totals = _accumulate(totals, weight, plugin.scores(pod, feasible), len(feasible))
         if totals is None:
             return feasible[0]
         return feasible[totals.index(max(totals))]
@@ -420,11 +440,7 @@ class Engine:
     ) -> list[float] | None:
         totals: list[float] | None = None
         for plugin, weight in local:
-            scores = plugin.scores(pod, nodes)
-            if totals is None:
-                totals = [weight * s for s in scores]
-            else:
-                totals = [t + weight * s for t, s in zip(totals, scores, strict=True)]
+            totals = _accumulate(totals, weight, plugin.scores(pod, nodes), len(nodes))
         return totals
 
     def filter_all(self, pod: PodRecord, info: NodeInfo) -> Status | None:

@@ -70,6 +70,10 @@ class ImageStates:
     def __contains__(self, name: str) -> bool:
         return name in self._states
 
+    def holds_any(self, names: tuple[str, ...]) -> bool:
+        """Does some node list one of ``names``? (In C, no generator: asked on every decision.)"""
+        return not self._states.keys().isdisjoint(names)
+
     def __len__(self) -> int:
         return len(self._states)
 

@@ -88,8 +88,7 @@ class ImageLocality:
 
     def applies(self, pod: PodRecord) -> bool:
         # Every node scores 0 unless some node lists one of the pod's images.
-        images = self._images
-        return any(name in images for name in pod.images)
+        return self._images.holds_any(pod.images)
 
     def batch_key(self, pod: PodRecord) -> tuple[Any, ...]:
         # the cluster-wide counts the scores derive from are part of the key

@@ -48,6 +48,11 @@ class NodePorts:
     def node_pods(self, pod: PodRecord) -> bool:
         return bool(pod.host_ports)  # a pod without host ports passes every node
 
+    def passes_every_node(self, pod: PodRecord) -> bool:
+        """True when ``filter`` passes every node for ``pod`` (it asks for no host port): the engine's walk
+        then leaves this filter out of the pod's decision."""
+        return not pod.host_ports
+
     def filter(self, pod: PodRecord, node: NodeInfo) -> Status | None:
         if not pod.host_ports or not node.ports:
             return None

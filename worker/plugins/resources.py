@@ -2,7 +2,9 @@
 default for agent pods: it leaves whole nodes free for batch work), LeastAllocated and BalancedAllocation.
 
 Scores follow kube-scheduler: CPU and memory, each weighted 1, using the non-zero request defaults for
-request-less pods, on a 0..100 scale.
+request-less pods, on a 0..100 scale. The allocation scores read the same requested fractions; the fractions
+computed last are kept with the pod, the node list and each node's ``generation`` they came from, so the second
+plugin of a decision reuses them while all three are unchanged (``_Last``).
 """
 
 from __future__ import annotations
@@ -69,8 +71,36 @@ class NodeResourcesFit:
         return Status(code, tuple(reasons)) if reasons else None
 
 
+class _Last:
+    """The fractions computed last, with what they were computed from. MostAllocated and BalancedAllocation
+    both score the same nodes for the same pod one after the other in a decision; the second reuses the first's
+    fractions when the pod is the same object, the node list holds the same ``NodeInfo`` objects in the same
+    order and no node changed since (its ``generation``, which every change of its record or pods bumps)."""
+
+    __slots__ = ("fractions", "generations", "nodes", "pod")
+
+    def __init__(self) -> None:
+        self.pod: PodRecord | None = None
+        self.nodes: list[NodeInfo] = []
+        self.generations: list[int] = []
+        self.fractions: list[tuple[float, float]] = []
+
+
+_last = _Last()
+
+
 def _fractions(pod: PodRecord, nodes: list[NodeInfo]) -> list[tuple[float, float]]:
     """(cpu, memory) requested fractions per node with the pod added, capped at 1 (kube-scheduler's rule)."""
+    last = _last
+    generations = [info.generation for info in nodes]
+    if last.pod is pod and last.nodes == nodes and last.generations == generations:
+        return last.fractions
+    fractions = _compute(pod, nodes)
+    last.pod, last.nodes, last.generations, last.fractions = pod, list(nodes), generations, fractions
+    return fractions
+
+
+def _compute(pod: PodRecord, nodes: list[NodeInfo]) -> list[tuple[float, float]]:
     pod_cpu = pod.requests.milli_cpu or DEFAULT_MILLI_CPU_FOR_SCORING
     pod_mem = pod.requests.memory or DEFAULT_MEMORY_FOR_SCORING
     out: list[tuple[float, float]] = []
