@@ -12,8 +12,8 @@ How a decision is made, and why it is fast:
    do not pay for it, and one with ``passes_every_node(pod)`` (NodePorts) is left out of the walk of a pod it
    says that of (a pod without host ports); plugins with an ``attach(cache)`` method are given the cache
    once, here.
-4. Score plugins that apply to the pod score those candidates; weighted sum (one list per plugin, added in
-   C: ``_accumulate``); highest wins, ties by order.
+4. Score plugins that apply to the pod score those candidates; weighted sum (the plugins' lists chained and added in C,
+   one list made at the end: ``_accumulate``); highest wins, ties by order.
    A score plugin with a ``widen(pod, window)`` method (ImageLocality) names images no node of the window
    holds; the engine then adds up to ``EXTRA_NODES`` feasible holders of them (the cache's ``ImageHolders``,
    in the index's order, from where the walk stopped on), evaluating at most ``feasible_nodes`` more nodes,
@@ -51,7 +51,7 @@ The engine never mutates the cache: assuming the result is the caller's job (``w
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import chain, repeat
 from operator import add, mul
@@ -95,17 +95,16 @@ class Decision:
         return self.node is not None
 
 
-def _accumulate(totals: list[float] | None, weight: int, scores: list[float], n: int) -> list[float]:
-    """``totals`` plus ``weight`` times ``scores``, element by element (a new list; None: no totals yet).
-    The same float operations as ``[t + weight * s for t, s in zip(totals, scores)]``: ``1 * s`` is ``s``
-    exactly, so a weight of 1 skips the multiplication, and ``map`` runs the additions in C."""
+def _accumulate(totals: Iterable[float] | None, weight: int, scores: list[float], n: int) -> Iterator[float]:
+    """``totals`` plus ``weight`` times ``scores``, element by element, lazily (None: no totals yet); the
+    caller makes a list of the last one. The same float operations, in the same order, as ``[t + weight * s
+    for t, s in zip(totals, scores)]`` one plugin after another: ``1 * s`` is ``s`` exactly, so a weight of 1
+    skips the multiplication, and the chained ``map``s run in C without a list per plugin. A plugin's list is
+    read only when the caller makes its list, so the caller does that before it calls that plugin again."""
     if len(scores) != n:
         raise ValueError(f"a score plugin gave {len(scores)} scores for {n} nodes")
-    if weight != 1:
-        scores = list(map(mul, repeat(weight), scores))
-    elif totals is None:
-        return list(scores)  # a copy: the plugin may keep the list it returned
-    return scores if totals is None else list(map(add, totals, scores))
+    weighted: Iterable[float] = scores if weight == 1 else map(mul, repeat(weight), scores)
+    return iter(weighted) if totals is None else map(add, totals, weighted)
 
 
 class Engine:
@@ -427,21 +426,23 @@ class Engine:
                     known = run.get(feasible[j].node.name)
                     if known is not None and known[0] is feasible[j] and known[1] == feasible[j].generation:
                         known[4] = total
+        summed: Iterable[float] | None = totals
         for plugin, weight in self._global:
             if plugin.applies(pod):
-                totals = _accumulate(totals, weight, plugin.scores(pod, feasible), len(feasible))
-        if totals is None:
+                summed = _accumulate(summed, weight, plugin.scores(pod, feasible), len(feasible))
+        if summed is None:
             return feasible[0]
+        totals = list(summed)
         return feasible[totals.index(max(totals))]
 
     @staticmethod
     def _local_totals(
         pod: PodRecord, nodes: list[NodeInfo], local: list[tuple[NodeLocalScore, int]]
     ) -> list[float] | None:
-        totals: list[float] | None = None
+        totals: Iterable[float] | None = None
         for plugin, weight in local:
             totals = _accumulate(totals, weight, plugin.scores(pod, nodes), len(nodes))
-        return totals
+        return None if totals is None else list(totals)
 
     def filter_all(self, pod: PodRecord, info: NodeInfo) -> Status | None:
         """Every filter, in profile order (static first); used for explanations and audits."""
