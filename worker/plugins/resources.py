@@ -2,9 +2,9 @@
 default for agent pods: it leaves whole nodes free for batch work), LeastAllocated and BalancedAllocation.
 
 Scores follow kube-scheduler: CPU and memory, each weighted 1, using the non-zero request defaults for
-request-less pods, on a 0..100 scale. The allocation scores read the same requested fractions; the fractions
-computed last are kept with the pod, the node list and each node's ``generation`` they came from, so the second
-plugin of a decision reuses them while all three are unchanged (``_Last``).
+request-less pods, on a 0..100 scale. The allocation scores read the same requested fractions: one pass over
+the nodes computes all three lists, kept with the pod, the node list and each node's ``generation`` they came
+from, so the second plugin of a decision takes its list while all three are unchanged (``_Last``).
 """
 
 from __future__ import annotations
@@ -72,48 +72,53 @@ class NodeResourcesFit:
 
 
 class _Last:
-    """The fractions computed last, with what they were computed from. MostAllocated and BalancedAllocation
-    both score the same nodes for the same pod one after the other in a decision; the second reuses the first's
-    fractions when the pod is the same object, the node list holds the same ``NodeInfo`` objects in the same
-    order and no node changed since (its ``generation``, which every change of its record or pods bumps)."""
+    """The allocation scores computed last, with what they were computed from. MostAllocated and
+    BalancedAllocation both score the same nodes for the same pod one after the other in a decision: the first
+    computes both lists in one pass over the nodes, the second takes its list when the pod is the same object,
+    the node list holds the same ``NodeInfo`` objects in the same order and no node changed since (its
+    ``generation``, which every change of its record or pods bumps)."""
 
-    __slots__ = ("fractions", "generations", "nodes", "pod")
+    __slots__ = ("balanced", "generations", "least", "most", "nodes", "pod")
 
     def __init__(self) -> None:
         self.pod: PodRecord | None = None
         self.nodes: list[NodeInfo] = []
         self.generations: list[int] = []
-        self.fractions: list[tuple[float, float]] = []
+        self.most: list[float] = []
+        self.least: list[float] = []
+        self.balanced: list[float] = []
 
 
 _last = _Last()
 
 
-def _fractions(pod: PodRecord, nodes: list[NodeInfo]) -> list[tuple[float, float]]:
-    """(cpu, memory) requested fractions per node with the pod added, capped at 1 (kube-scheduler's rule)."""
+def _scores(pod: PodRecord, nodes: list[NodeInfo]) -> _Last:
+    """The three allocation scores of ``nodes`` for ``pod`` (``_last``, recomputed unless still current)."""
     last = _last
     generations = [info.generation for info in nodes]
     if last.pod is pod and last.nodes == nodes and last.generations == generations:
-        return last.fractions
-    fractions = _compute(pod, nodes)
-    last.pod, last.nodes, last.generations, last.fractions = pod, list(nodes), generations, fractions
-    return fractions
-
-
-def _compute(pod: PodRecord, nodes: list[NodeInfo]) -> list[tuple[float, float]]:
+        return last
     pod_cpu = pod.requests.milli_cpu or DEFAULT_MILLI_CPU_FOR_SCORING
     pod_mem = pod.requests.memory or DEFAULT_MEMORY_FOR_SCORING
-    out: list[tuple[float, float]] = []
-    append = out.append
+    most: list[float] = []
+    least: list[float] = []
+    balanced: list[float] = []
     for info in nodes:
         alloc = info.node.allocatable
         cpu = alloc.milli_cpu
         memory = alloc.memory
-        # ``min(1.0, x)`` spelled out: the same value, without a call per node (this runs on every decision)
-        fc = (info.nonzero_cpu + pod_cpu) / cpu if cpu > 0 else 1.0
-        fm = (info.nonzero_memory + pod_mem) / memory if memory > 0 else 1.0
-        append((fc if fc < 1.0 else 1.0, fm if fm < 1.0 else 1.0))
-    return out
+        # the requested fractions with the pod added, capped at 1 (kube-scheduler's rule); ``min(1.0, x)``
+        # spelled out: the same value, without a call per node (this runs on every decision)
+        c = (info.nonzero_cpu + pod_cpu) / cpu if cpu > 0 else 1.0
+        m = (info.nonzero_memory + pod_mem) / memory if memory > 0 else 1.0
+        fc = c if c < 1.0 else 1.0
+        fm = m if m < 1.0 else 1.0
+        most.append(50.0 * (fc + fm))
+        least.append(50.0 * ((1.0 - fc) + (1.0 - fm)))
+        balanced.append(100.0 * (1.0 - abs(fc - fm) / 2.0))
+    last.pod, last.nodes, last.generations = pod, list(nodes), generations
+    last.most, last.least, last.balanced = most, least, balanced
+    return last
 
 
 class MostAllocated:
@@ -128,7 +133,7 @@ class MostAllocated:
         return True
 
     def scores(self, pod: PodRecord, nodes: list[NodeInfo]) -> list[float]:
-        return [50.0 * (fc + fm) for fc, fm in _fractions(pod, nodes)]
+        return list(_scores(pod, nodes).most)
 
 
 class LeastAllocated:
@@ -143,7 +148,7 @@ class LeastAllocated:
         return True
 
     def scores(self, pod: PodRecord, nodes: list[NodeInfo]) -> list[float]:
-        return [50.0 * ((1.0 - fc) + (1.0 - fm)) for fc, fm in _fractions(pod, nodes)]
+        return list(_scores(pod, nodes).least)
 
 
 class BalancedAllocation:
@@ -158,7 +163,7 @@ class BalancedAllocation:
         return True
 
     def scores(self, pod: PodRecord, nodes: list[NodeInfo]) -> list[float]:
-        return [100.0 * (1.0 - abs(fc - fm) / 2.0) for fc, fm in _fractions(pod, nodes)]
+        return list(_scores(pod, nodes).balanced)
 
 
 def fit(_: Mapping[str, Any]) -> NodeResourcesFit:

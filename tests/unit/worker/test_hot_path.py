@@ -9,16 +9,21 @@ from collections.abc import Iterable
 
 import pytest
 
-from common.records import NodeName
+from common.records import (
+    DEFAULT_MEMORY_FOR_SCORING,
+    DEFAULT_MILLI_CPU_FOR_SCORING,
+    NodeName,
+    PodRecord,
+)
 from tests.builders import make_node, make_pod
 from tests.unit.worker.helpers import engine_over, place
 from worker.cache import Cache
 from worker.engine import _accumulate
 from worker.images import ImageStates
-from worker.plugins import resources
+from worker.nodeinfo import NodeInfo
 from worker.plugins.images import ImageLocality
 from worker.plugins.ports import NodePorts
-from worker.plugins.resources import BalancedAllocation, MostAllocated
+from worker.plugins.resources import BalancedAllocation, LeastAllocated, MostAllocated
 
 
 def test_accumulate_is_the_weighted_sum_float_for_float() -> None:
@@ -51,13 +56,26 @@ def test_accumulate_refuses_a_wrong_number_of_scores() -> None:
         _accumulate(None, 1, [1.0, 2.0], 3)
 
 
+def fractions(pod: PodRecord, nodes: list[NodeInfo]) -> list[tuple[float, float]]:
+    """kube-scheduler's requested fractions with the pod added, capped at 1, computed plainly."""
+    cpu = pod.requests.milli_cpu or DEFAULT_MILLI_CPU_FOR_SCORING
+    memory = pod.requests.memory or DEFAULT_MEMORY_FOR_SCORING
+    return [
+        (
+            min(1.0, (i.nonzero_cpu + cpu) / i.node.allocatable.milli_cpu),
+            min(1.0, (i.nonzero_memory + memory) / i.node.allocatable.memory),
+        )
+        for i in nodes
+    ]
+
+
 def test_shared_fractions_follow_every_node_change() -> None:
     """The second plugin reuses the first's fractions only for the same pod and unchanged nodes in the same
     order; any assume, removal or other list gives fresh ones, equal to a computation from scratch."""
     rng = random.Random(3)
     eng = engine_over([make_node(f"n{i}", cpu=str(4 + i), memory=f"{8 + i}Gi").record() for i in range(6)])
     cache = eng.cache
-    most, balanced = MostAllocated(), BalancedAllocation()
+    most, balanced, least = MostAllocated(), BalancedAllocation(), LeastAllocated()
     pods = [
         make_pod(f"p{i}").req(cpu=f"{rng.randint(1, 9) * 100}m", memory=f"{rng.randint(1, 9)}00Mi").record()
         for i in range(40)
@@ -68,9 +86,10 @@ def test_shared_fractions_follow_every_node_change() -> None:
         rng.shuffle(nodes)
         nodes = nodes[: rng.randint(1, len(nodes))]
         for _ in range(2):
-            fresh = resources._compute(pod, nodes)
+            fresh = fractions(pod, nodes)
             assert most.scores(pod, nodes) == [50.0 * (fc + fm) for fc, fm in fresh]
             assert balanced.scores(pod, nodes) == [100.0 * (1.0 - abs(fc - fm) / 2.0) for fc, fm in fresh]
+            assert least.scores(pod, nodes) == [50.0 * ((1.0 - fc) + (1.0 - fm)) for fc, fm in fresh]
             # the same list object, changed in place: a node swapped out, or a node changed
             if len(nodes) > 1:
                 nodes.reverse()
@@ -88,7 +107,7 @@ def test_shared_fractions_see_an_assume_between_the_two_plugins() -> None:
     before = MostAllocated().scores(pod, nodes)
     eng.cache.assume(make_pod("q").req(cpu="2", memory="1Gi").record(), NodeName("a"))
     after = BalancedAllocation().scores(pod, nodes)
-    fresh = resources._compute(pod, nodes)
+    fresh = fractions(pod, nodes)
     assert after == [100.0 * (1.0 - abs(fc - fm) / 2.0) for fc, fm in fresh]
     assert MostAllocated().scores(pod, nodes) != before
 
