@@ -45,7 +45,9 @@ there, then, if that passes, without them (a nominated pod that is not bound yet
 either). A pod with a nomination of its own is tried on that node first and goes there if it fits, as
 kube-scheduler does. Nodes without nominations pay one dict lookup for this.
 
-The engine never mutates the cache: assuming the result is the caller's job (``worker.scheduler``).
+The engine never mutates the cache: assuming the result is the caller's job (``worker.scheduler``). A
+successful ``Decision`` is immutable and one object serves every success with the same node, evaluated and
+feasible counts (at most ``SUCCEEDED_KEPT`` kept).
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ from worker.nodeinfo import NodeInfo
 from worker.volumes import VolumePlan
 
 DEFAULT_FEASIBLE_NODES = 16
+SUCCEEDED_KEPT = 4096  # successful Decisions kept for reuse before the memo starts over
 EXTRA_NODES = 4  # feasible holders of a pod's image added to a window that has none (step 4 above)
 _SKIPPED = object()  # a node-local score plugin that does not apply to the pod, in a batch's shape
 
@@ -157,6 +160,8 @@ class Engine:
         # (signature, request shape) -> (cache generation, node count, decision)
         self._explained: dict[tuple[Any, ...], tuple[int, int, Decision]] = {}
         self.full_scans = 0
+        # (node, evaluated, feasible) -> the successful Decision with those values (see ``schedule``)
+        self._succeeded: dict[tuple[str, int, int], Decision] = {}
         # the per-node verdicts of the latest full scan that found no node: (pod, cache generation, topology
         # version, [(node, verdict)] in the order of the cache's nodes); preemption's first step reads them
         # instead of scanning again when nothing changed in between (``scan_of``)
@@ -285,7 +290,18 @@ class Engine:
             # The walk stopped early, so there may be nodes beyond it that hold the pod's images.
             evaluated += self._widen(pod, feasible, memo, dynamic, after=seen is None)
         best = feasible[0] if len(feasible) == 1 else self._best(pod, feasible, run)
-        return Decision(NodeName(best.node.name), Code.SUCCESS, "", evaluated, len(feasible))
+        # A Decision is immutable, and successes repeat (binpacking sends pod after pod to one node with the
+        # same counts), so one object per (node, evaluated, feasible) serves them all: building one costs more
+        # than the lookup.
+        key = (best.node.name, evaluated, len(feasible))
+        decision = self._succeeded.get(key)
+        if decision is None:
+            if len(self._succeeded) >= SUCCEEDED_KEPT:
+                self._succeeded.clear()
+            decision = self._succeeded[key] = Decision(
+                NodeName(best.node.name), Code.SUCCESS, "", evaluated, len(feasible)
+            )
+        return decision
 
     def _widen(
         self,

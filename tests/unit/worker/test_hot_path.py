@@ -17,8 +17,10 @@ from common.records import (
 )
 from tests.builders import make_node, make_pod
 from tests.unit.worker.helpers import engine_over, place
+from worker import engine as engine_module
 from worker.cache import Cache
-from worker.engine import _accumulate
+from worker.engine import Decision, _accumulate
+from worker.framework import Code
 from worker.images import ImageStates
 from worker.nodeinfo import NodeInfo
 from worker.plugins.images import ImageLocality
@@ -148,3 +150,15 @@ def test_holds_any_is_membership_of_some_name() -> None:
     plugin.attach(cache)
     assert plugin.applies(make_pod("p").image("gcr.io/a:latest").record())
     assert not plugin.applies(make_pod("q").image("gcr.io/b:latest").record())
+
+
+def test_successes_with_the_same_counts_share_one_decision(monkeypatch: pytest.MonkeyPatch) -> None:
+    eng = engine_over([make_node(f"n{i}", cpu="64").record() for i in range(3)])
+    first = eng.schedule(make_pod("a").req(cpu="100m").record())
+    second = eng.schedule(make_pod("b").req(cpu="100m").record())
+    assert first == second and first is second and first.ok
+    assert first == Decision(first.node, Code.SUCCESS, "", first.evaluated, first.feasible)
+    monkeypatch.setattr(engine_module, "SUCCEEDED_KEPT", 2)
+    for i in range(12):
+        place(eng, make_pod(f"p{i}").req(cpu="30").record())  # each one moves the walk: new counts, new nodes
+        assert len(eng._succeeded) <= 2
