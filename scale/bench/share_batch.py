@@ -50,6 +50,33 @@ async def get_shard(kube: KubeClient, name: str) -> NodeShard | None:
         return None
 
 
+async def claim_and_confirm(
+    kube: KubeClient, shard: str, agent_shard: str, published: frozenset[str]
+) -> tuple[frozenset[str], frozenset[str]] | None:
+    """Steps 1 and 2 of a batch side's safe point (the module docstring): publish ``nodesDesired`` minus the agent
+    shard's ``nodesInUse`` as this shard's ``nodesInUse`` (when it differs from ``published``, or the status was
+    never written), then read the agent shard again. Returns (what is now published, the nodes confirmed usable),
+    or None while the shard does not exist. ``nodesToAdd`` lists the desired nodes the agent side still uses;
+    ``nodesToRemove`` the nodes this publication gives up."""
+    mine = await get_shard(kube, shard)
+    if mine is None:
+        return None
+    agent = await get_shard(kube, agent_shard)
+    agent_use = agent.nodes_in_use if agent is not None else frozenset()
+    desired = frozenset(mine.nodes_desired)
+    usable = desired - agent_use
+    if usable != published or mine.last_update_time is None:
+        body = bodies.status_patch(
+            nodes_in_use=usable,
+            nodes_to_add=desired & agent_use,
+            nodes_to_remove=published - usable,
+            now=datetime.now(UTC),
+        )
+        await kube.patch(bodies.status_path(shard), body)
+    agent = await get_shard(kube, agent_shard)  # confirm after our own claim
+    return usable, usable - (agent.nodes_in_use if agent is not None else frozenset())
+
+
 @dataclass(slots=True)
 class Release:
     """One batch pod released at a safe point: what it may use and when."""
@@ -82,18 +109,6 @@ class BatchSide:
     errors: list[str] = field(default_factory=list)
     _attempt: int = 0
 
-    async def _publish(
-        self, in_use: frozenset[str], desired: frozenset[str], agent_use: frozenset[str]
-    ) -> None:
-        body = bodies.status_patch(
-            nodes_in_use=in_use,
-            nodes_to_add=desired & agent_use,
-            nodes_to_remove=self.published - in_use,
-            now=datetime.now(UTC),
-        )
-        await self.kube.patch(bodies.status_path(self.shard), body)
-        self.published = in_use
-
     async def run(self, stop: asyncio.Event) -> None:
         """Safe points until ``stop`` is set; the last step still waits for (or withdraws) its pods."""
         while not stop.is_set():
@@ -106,17 +121,10 @@ class BatchSide:
                 await asyncio.wait_for(stop.wait(), POLL_S)
 
     async def step(self) -> None:
-        mine = await get_shard(self.kube, self.shard)
-        if mine is None:
+        claimed = await claim_and_confirm(self.kube, self.shard, self.agent_shard, self.published)
+        if claimed is None:
             return
-        agent = await get_shard(self.kube, self.agent_shard)
-        agent_use = agent.nodes_in_use if agent is not None else frozenset()
-        desired = frozenset(mine.nodes_desired)
-        usable = desired - agent_use
-        if usable != self.published or mine.last_update_time is None:
-            await self._publish(usable, desired, frozenset(agent_use))
-        agent = await get_shard(self.kube, self.agent_shard)  # confirm after our own claim
-        confirmed = usable - (agent.nodes_in_use if agent is not None else frozenset())
+        self.published, confirmed = claimed
         self.safe_points += 1
         if confirmed and self.backlog:
             await self._wave(confirmed)

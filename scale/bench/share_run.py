@@ -45,7 +45,7 @@ import time
 from collections import defaultdict, deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -526,30 +526,19 @@ def _handoffs(
     return out
 
 
-def _dual_desired(install: Install, shards: ShardTracker) -> int:
-    """Shard versions after which a node was in both NodeShards' nodesDesired: the coordinator writes the two
-    specs one after the other, so a moving node is briefly in both; harmless, because a node is used only once
-    published in one shard's nodesInUse and confirmed absent from the other's (audited in ``_violations``)."""
-    desired: dict[str, frozenset[str]] = {}
+def _in_both(install: Install, shards: ShardTracker, field: Literal["desired", "in_use"]) -> int:
+    """Shard versions after which a node was listed in both NodeShards' ``field`` (``desired``: spec
+    ``nodesDesired``; ``in_use``: status ``nodesInUse``). Both are reported, not violations:
+    - ``desired``: the coordinator writes the two specs one after the other, so a moving node is briefly in both;
+    - ``in_use``: claim-then-confirm allows it for a moment (both claim, then one sees the other's claim and keeps
+      off).
+    What must never happen, a pod binding on a node its side did not hold alone, is audited in ``_violations``."""
+    listed: dict[str, frozenset[str]] = {}
     count = 0
     for event in sorted(shards.events, key=lambda e: e.rv):
         if event.shard in (install.scheduler, install.batch_shard):
-            desired[event.shard] = event.desired
-            if desired.get(install.scheduler, frozenset()) & desired.get(install.batch_shard, frozenset()):
-                count += 1
-    return count
-
-
-def _dual_in_use(install: Install, shards: ShardTracker) -> int:
-    """Shard versions after which a node was published in both NodeShards' ``nodesInUse``. Claim-then-confirm
-    allows it for a moment (both claim, then one sees the other's claim and keeps off); reported, not a violation:
-    what must never happen, a pod binding there, is audited in ``_violations``."""
-    in_use: dict[str, frozenset[str]] = {}
-    count = 0
-    for event in sorted(shards.events, key=lambda e: e.rv):
-        if event.shard in (install.scheduler, install.batch_shard):
-            in_use[event.shard] = event.in_use
-            if in_use.get(install.scheduler, frozenset()) & in_use.get(install.batch_shard, frozenset()):
+            listed[event.shard] = getattr(event, field)
+            if listed.get(install.scheduler, frozenset()) & listed.get(install.batch_shard, frozenset()):
                 count += 1
     return count
 
@@ -663,8 +652,8 @@ def summarize(
         if during
         else None,
         "violations": _violations(install, pods, shards),
-        "dual_desired_versions": _dual_desired(install, shards),
-        "dual_in_use_versions": _dual_in_use(install, shards),
+        "dual_desired_versions": _in_both(install, shards, "desired"),
+        "dual_in_use_versions": _in_both(install, shards, "in_use"),
         "batch_errors": batch.errors[:10],
         "samples": [asdict(s) for s in samples],
         "move_times_s": [((at - t0) * c, node, src, dst) for at, node, src, dst in moves],

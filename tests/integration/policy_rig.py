@@ -19,7 +19,6 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +33,7 @@ from coordinator.nodeshards import bodies
 from coordinator.nodeshards.bodies import NodeShard, parse_nodeshard
 from coordinator.status import collect
 from scale.bench.schedulers import agent_rules
+from scale.bench.share_batch import claim_and_confirm, get_shard
 from scale.cluster import Cluster
 from tests.integration.support import SchedulerProcess
 
@@ -78,13 +78,6 @@ async def _served(kube: KubeClient) -> bool:
     except (NotFound, TooManyRequests):  # 429 "storage is (re)initializing" right after the CRD is created
         return False
     return True
-
-
-async def get_shard(kube: KubeClient, name: str) -> NodeShard | None:
-    try:
-        return parse_nodeshard(await kube.get(bodies.object_path(name)))
-    except NotFound:
-        return None
 
 
 async def delete_shard(kube: KubeClient, name: str) -> None:
@@ -346,32 +339,13 @@ class BatchStandIn:
         self.deleted_pending = 0
         self._live: list[list[str]] = []
 
-    async def _publish(
-        self, in_use: frozenset[str], desired: frozenset[str], agent_use: frozenset[str]
-    ) -> None:
-        body = bodies.status_patch(
-            nodes_in_use=in_use,
-            nodes_to_add=desired & agent_use,
-            nodes_to_remove=in_use - desired,
-            now=datetime.now(UTC),
-        )
-        await self.kube.patch(bodies.status_path(self.name), body)
-        self.published = in_use
-
     async def run(self) -> None:
         while True:
-            mine, agent = await get_shard(self.kube, self.name), await get_shard(self.kube, self.agent)
-            if mine is None:
-                await asyncio.sleep(POLL)
-                continue
-            agent_use = agent.nodes_in_use if agent is not None else frozenset()
-            usable = frozenset(mine.nodes_desired) - agent_use
-            if usable != self.published or mine.last_update_time is None:
-                await self._publish(usable, frozenset(mine.nodes_desired), frozenset(agent_use))
-            agent = await get_shard(self.kube, self.agent)  # confirm after our own claim
-            confirmed = usable - (agent.nodes_in_use if agent is not None else frozenset())
-            if confirmed:
-                await self._wave(sorted(confirmed))
+            claimed = await claim_and_confirm(self.kube, self.name, self.agent, self.published)
+            if claimed is not None:
+                self.published, confirmed = claimed
+                if confirmed:
+                    await self._wave(sorted(confirmed))
             await asyncio.sleep(POLL)
 
     async def _wave(self, nodes: list[str]) -> None:

@@ -59,19 +59,31 @@ class FakeApi:
         self._bump(self.objects[name])
 
 
-def controller(api: FakeApi, held: Any, assignment: AssignmentPolicy | None = None) -> ShardingController:
+def bare_controller(
+    api: FakeApi,
+    held: Any = frozenset,
+    assignment: AssignmentPolicy | None = None,
+    *,
+    use_default: bool = False,
+) -> ShardingController:
+    """A leader's sharding controller on ``api`` with NodeShards available, no nodes and no ConfigMap yet."""
     term = SimpleNamespace(active=True, record=SimpleNamespace(candidate_id="c"), lost=asyncio.Event())
     ctl = ShardingController(
         api,  # type: ignore[arg-type]
         None,  # type: ignore[arg-type]
         term,  # type: ignore[arg-type]
-        ShardingOptions(configmap="cm", namespace="ns", scheduler_name="agent"),
+        ShardingOptions(configmap="cm", namespace="ns", scheduler_name="agent", use_default=use_default),
         pool=PolicyPool(),
         held=held,
         keys=KeyLayout("/t"),
         assignment=assignment or AssignmentPolicy(),
     )
     ctl.shards.available = True
+    return ctl
+
+
+def controller(api: FakeApi, held: Any, assignment: AssignmentPolicy | None = None) -> ShardingController:
+    ctl = bare_controller(api, held, assignment)
     ctl.nodes.replace(
         [node_obj(f"n{i}", "8", {"node.volcano.sh/warmup": "true"} if i < 2 else None) for i in range(5)]
     )
@@ -223,18 +235,7 @@ async def test_an_empty_pool_is_explained_and_the_policy_configmap_is_the_event_
 async def test_volcanos_default_policy_on_idle_nodes_is_explained() -> None:
     # Volcano's default gives the agent scheduler only busy nodes: on idle ones, none. No ConfigMap: the event
     # goes elsewhere (the coordinator's Pod).
-    term = SimpleNamespace(active=True, record=SimpleNamespace(candidate_id="c"), lost=asyncio.Event())
-    ctl = ShardingController(
-        FakeApi(),  # type: ignore[arg-type]
-        None,  # type: ignore[arg-type]
-        term,  # type: ignore[arg-type]
-        ShardingOptions(configmap="cm", namespace="ns", scheduler_name="agent", use_default=True),
-        pool=PolicyPool(),
-        held=frozenset,
-        keys=KeyLayout("/t"),
-        assignment=AssignmentPolicy(),
-    )
-    ctl.shards.available = True
+    ctl = bare_controller(FakeApi(), use_default=True)
     ctl.nodes.replace([node_obj(f"n{i}", "8") for i in range(4)])
     await one_pass(ctl)
     assert not ctl.pool.nodes() and ctl.policy_configmap() is None
@@ -244,18 +245,7 @@ async def test_volcanos_default_policy_on_idle_nodes_is_explained() -> None:
 
 async def test_the_bound_pods_are_watched_only_once_a_policy_is_in_force() -> None:
     # Only a policy's evaluation reads the requests: without one the coordinator does not watch every pod.
-    term = SimpleNamespace(active=True, record=SimpleNamespace(candidate_id="c"), lost=asyncio.Event())
-    ctl = ShardingController(
-        FakeApi(),  # type: ignore[arg-type]
-        None,  # type: ignore[arg-type]
-        term,  # type: ignore[arg-type]
-        ShardingOptions(configmap="cm", namespace="ns", scheduler_name="agent"),
-        pool=PolicyPool(),
-        held=frozenset,
-        keys=KeyLayout("/t"),
-        assignment=AssignmentPolicy(),
-    )
-    ctl.shards.available = True
+    ctl = bare_controller(FakeApi())
     ctl.nodes.replace([node_obj(f"n{i}", "8") for i in range(4)])
 
     async def no_record() -> None:
@@ -274,17 +264,7 @@ async def test_the_bound_pods_are_watched_only_once_a_policy_is_in_force() -> No
 
 
 async def test_the_label_pool_is_set_again_only_when_the_nodes_change() -> None:
-    term = SimpleNamespace(active=True, record=SimpleNamespace(candidate_id="c"), lost=asyncio.Event())
-    ctl = ShardingController(
-        FakeApi(),  # type: ignore[arg-type]
-        None,  # type: ignore[arg-type]
-        term,  # type: ignore[arg-type]
-        ShardingOptions(configmap="cm", namespace="ns", scheduler_name="agent"),
-        pool=PolicyPool(),
-        held=frozenset,
-        keys=KeyLayout("/t"),
-        assignment=AssignmentPolicy(),
-    )
+    ctl = bare_controller(FakeApi())
 
     async def no_record() -> None:
         return None
