@@ -314,6 +314,11 @@ async def run_scenario(rig: Rig, s: Scenario, scheduler: str) -> Outcome:
         if victim is None or victim["metadata"].get("deletionTimestamp"):
             deleted.add(name)
     suffix = message[message.index("preemption:") :] if not node and "preemption:" in message else ""
+    if not node:
+        # A preemptor left pending would preempt the next scenario's placed pods on its fresh nodes (both
+        # schedulers see every node): the scenario ends with it gone.
+        with contextlib.suppress(NotFound):
+            await kube.delete(f"/api/v1/namespaces/{namespace}/pods/{prefix}preemptor")
     return Outcome(names.index(node) if node else None, deleted, suffix)
 
 
