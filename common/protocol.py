@@ -116,7 +116,7 @@ import secrets
 import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, Protocol
 
 import msgpack
 
@@ -189,6 +189,28 @@ MAX_VICTIMS: Final = 1 << 20  # more pods than any node holds
 _PRIORITY_OFFSET: Final = 2**31  # as worker.preemption's priority sum: each victim adds priority + 2**31
 
 
+class Ranked(Protocol):
+    """What ranks a preemption candidate: ``Candidate`` on the wire, ``worker.preemption.Summary`` in a shard."""
+
+    @property
+    def pdb_violations(self) -> int: ...
+    @property
+    def highest_priority(self) -> int: ...
+    @property
+    def priority_sum(self) -> int: ...
+    @property
+    def victims(self) -> int: ...
+    @property
+    def earliest_start(self) -> float: ...
+
+
+def candidate_rank(c: Ranked) -> tuple[int, int, int, int, float]:
+    """kube-scheduler's pickOneNodeForPreemption order, one rule for the shard and the leader: smaller is better,
+    criterion by criterion -- fewest budget violations, lowest highest priority, smallest sum, fewest victims,
+    latest start."""
+    return (c.pdb_violations, c.highest_priority, c.priority_sum, c.victims, -c.earliest_start)
+
+
 @dataclass(frozen=True, slots=True)
 class Candidate:
     """One shard's best preemption candidate, what kube-scheduler's pickOneNodeForPreemption compares: the
@@ -204,15 +226,8 @@ class Candidate:
     earliest_start: float
 
     def rank(self) -> tuple[int, int, int, int, float]:
-        """Smaller is better, criterion by criterion (the same order as ``worker.preemption.Summary``): fewest
-        budget violations, lowest highest priority, smallest sum, fewest victims, latest start."""
-        return (
-            self.pdb_violations,
-            self.highest_priority,
-            self.priority_sum,
-            self.victims,
-            -self.earliest_start,
-        )
+        """Smaller is better (``candidate_rank``)."""
+        return candidate_rank(self)
 
 
 @dataclass(frozen=True, slots=True)

@@ -140,14 +140,8 @@ class Summary:
         )
 
     def rank(self) -> tuple[int, int, int, int, float]:
-        """Smaller is better, criterion by criterion (kube-scheduler's pickOneNodeForPreemption)."""
-        return (
-            self.pdb_violations,
-            self.highest_priority,
-            self.priority_sum,
-            self.victims,
-            -self.earliest_start,
-        )
+        """Smaller is better (``common.protocol.candidate_rank``, the rule the leader applies too)."""
+        return protocol.candidate_rank(self)
 
 
 def better(a: Summary, b: Summary) -> bool:
