@@ -448,6 +448,7 @@ async def _run_workload(
         started_at=started_at,
         pods_waiting_for_pulls=observed.pods_waiting_for_pulls,
         pulls=observed.pulls,
+        process_names=running.process_names(),
     )
     if workload.preempt:
         result.params["overcommitted_nodes"] = _overcommitted(

@@ -3,7 +3,8 @@
 A ``ProcessMeter`` is given named groups, each a function returning the PIDs that belong to it right now (the
 scheduler's processes, the API server, etcd, kwok, this process). ``start()`` takes a baseline, a background
 task samples every ``period`` seconds (new PIDs and children appear, exited ones keep their last reading), and
-``stop()`` returns each group's CPU seconds (user + system, also of reaped children) and its peak summed RSS.
+``stop()`` returns each group's CPU seconds (user + system, also of reaped children) and its peak summed RSS, and
+each process's own CPU seconds (by PID), so a report can say which process of a group the CPU went to.
 
 It also reads the whole host's busy CPU time, so the report can say how much of the machine's CPU went to
 processes outside the measured groups (other work on a shared machine makes numbers noisy; this says how noisy).
@@ -114,8 +115,13 @@ class ProcessMeter:
         self._host_cpu = host_busy_seconds() - self._host_start
         out: dict[str, Usage] = {}
         for group, tracked in self._tracked.items():
-            cpu = sum(max(0.0, e.last - e.first) for e in tracked.values())
-            out[group] = Usage(round(cpu, 3), self._peak[group], len(tracked))
+            by_pid: dict[int, float] = {}
+            for (pid, _), e in tracked.items():
+                by_pid[pid] = by_pid.get(pid, 0.0) + max(0.0, e.last - e.first)
+            cpu = sum(by_pid.values())
+            out[group] = Usage(
+                round(cpu, 3), self._peak[group], len(tracked), {p: round(c, 3) for p, c in by_pid.items()}
+            )
         return out
 
     @property

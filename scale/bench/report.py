@@ -300,6 +300,21 @@ def stage_table(results: Sequence[RunResult]) -> list[str]:
     return lines
 
 
+def process_cpu_table(results: Sequence[RunResult]) -> list[str]:
+    """Markdown: each scheduler process's CPU-s per 1k pods, for runs with more than one process."""
+    runs = sorted(
+        (r for r in results if len(r.cpu_s_per_1k_pods_by_process) > 1 and not r.error),
+        key=lambda r: (r.nodes, _workload_order(r.workload), r.scheduler),
+    )
+    if not runs:
+        return []
+    lines = ["| nodes | workload | scheduler | total | per process |", "|---:|---|---|---:|---|"]
+    for r in runs:
+        parts = ", ".join(f"{name} {cpu:.2f}" for name, cpu in r.cpu_s_per_1k_pods_by_process.items())
+        lines.append(f"| {r.nodes} | {r.workload} | {r.scheduler} | {r.cpu_s_per_1k_pods:.2f} | {parts} |")
+    return lines
+
+
 def _stage_plots(out: Path, results: Sequence[RunResult]) -> list[tuple[str, str]]:
     """One stacked-bar figure of stage means per node count: a panel per workload, a bar per configuration."""
     import matplotlib
@@ -453,6 +468,16 @@ def render(
             "mean minus the worker's stage means.",
             "",
             *stages,
+            "",
+        ]
+    per_process = process_cpu_table(results)
+    if per_process:
+        lines += [
+            "## Where the scheduler CPU goes: CPU-s per 1k pods of each process",
+            "",
+            "The `sched CPU-s/1k pods` column split by process (user + system CPU over the run, as the column).",
+            "",
+            *per_process,
             "",
         ]
     lim = limits(results, cores)

@@ -181,6 +181,8 @@ class RunResult:
     cdf_ms: list[float] = field(default_factory=list)
     timeline: list[list[float]] = field(default_factory=list)
     stages: dict[str, dict[str, float]] = field(default_factory=dict)  # per stage: count, mean/p50/p99 ms
+    # CPU-s per 1k bound pods of each scheduler process (coordinator, worker-1, ...): where the sum went
+    cpu_s_per_1k_pods_by_process: dict[str, float] = field(default_factory=dict)
     schema: int = SCHEMA_VERSION
     started_at: str = ""
     error: str = ""
@@ -235,6 +237,7 @@ class Usage:
     cpu_s: float = 0.0
     peak_rss_bytes: int = 0
     processes: int = 0
+    by_pid: Mapping[int, float] = field(default_factory=dict)  # each process's CPU seconds
 
 
 def summarize(
@@ -254,12 +257,15 @@ def summarize(
     started_at: str = "",
     pods_waiting_for_pulls: int = 0,
     pulls: int = 0,
+    process_names: Mapping[int, str] | None = None,
 ) -> RunResult:
     """Fold one run's observations into a ``RunResult``.
 
     ``origin`` is when the workload started and ``end`` when measuring stopped (same clock as the pod times).
     ``usage`` has the groups ``scheduler``, ``apiserver``, ``etcd``, ``kwok`` and ``loadgen``; missing ones read
     as zero. ``host_cpu_s`` is the host's busy CPU over the window, from which the groups' CPU is subtracted.
+    ``process_names`` names the scheduler's processes by PID (a child process counts under its parent's name
+    only if named; unnamed ones are summed as ``other``).
     """
     bound = [p for p in agent if p.is_bound]
     latencies = [max(0.0, p.latency) for p in bound]
@@ -318,4 +324,15 @@ def summarize(
         cdf_ms=cdf(latencies),
         timeline=timeline(bound_times, origin=origin),
         started_at=started_at,
+        cpu_s_per_1k_pods_by_process=_by_process(sched, process_names or {}, len(bound)),
     )
+
+
+def _by_process(sched: Usage, names: Mapping[int, str], bound: int) -> dict[str, float]:
+    if not bound or not sched.by_pid:
+        return {}
+    out: dict[str, float] = {}
+    for pid, cpu in sched.by_pid.items():
+        name = names.get(pid, "other")
+        out[name] = out.get(name, 0.0) + cpu
+    return {name: round(cpu / bound * 1000, 3) for name, cpu in sorted(out.items())}

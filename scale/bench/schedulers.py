@@ -142,7 +142,7 @@ def start(name: str, argv: list[str], log_path: Path) -> ProcessRecord:
 
 def python_module(module: str, *args: str, profile_to: Path | None = None) -> list[str]:
     if profile_to is not None:
-        return [sys.executable, "-m", "cProfile", "-o", str(profile_to), "-m", module, *args]
+        return [sys.executable, "-m", "scale.bench.cpuprofile", str(profile_to), module, *args]
     return [sys.executable, "-m", module, *args]
 
 
@@ -177,6 +177,12 @@ class Running:
         self.etcd_endpoint = etcd_endpoint
         self.metrics_addresses = metrics_addresses or []  # host:port of each of our processes' /metrics
         self.notes: list[str] = []
+
+    def process_names(self) -> dict[int, str]:
+        """PID -> name of each process counted as the scheduler's (``coordinator``, ``worker-1``, ...)."""
+        if self.spec.kind == KUBE:
+            return dict.fromkeys(self.pids(), "kube-scheduler")
+        return {c.pid: c.name for c in self.children}
 
     def pids(self) -> list[int]:
         """The processes whose CPU and memory count as the scheduler's (children included by the meter)."""
@@ -283,8 +289,9 @@ def launch(
         f"--kube-api-burst={CLIENT_BURST}",
     ]
     suffix = f"-{tag}" if tag else ""
-    # AGENT_BENCH_PROFILE_DIR: every one of our processes runs under cProfile, its stats written there when it
-    # stops (to find where the CPU of a coordinator and its workers goes; the processes run slower meanwhile).
+    # AGENT_BENCH_PROFILE_DIR: every one of our processes runs under cProfile (CPU-timed: scale.bench.cpuprofile),
+    # its stats written there when it stops (to find where the CPU of a coordinator and its workers goes; the
+    # processes run slower meanwhile).
     profile_dir = os.environ.get("AGENT_BENCH_PROFILE_DIR", "")
 
     def profiled(process: str) -> Path | None:

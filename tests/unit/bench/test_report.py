@@ -189,3 +189,17 @@ def test_preempt_runs_get_a_table_side_by_side() -> None:
     assert "| 1000 | agent-standalone | 3000 | 3000 | 8000 | 1010 |" in lines[2]
     assert lines[3].startswith("| 1000 | kube-scheduler-qps5000 |")
     assert report.preemption_table(results()) == []
+
+
+def test_the_report_splits_a_coordinated_run_cpu_by_process(tmp_path: Path) -> None:
+    coord = run("agent-coord-2", "backlog", pps=500, p99=3000, cpu=1.8)
+    coord.cpu_s_per_1k_pods_by_process = {"coordinator": 0.4, "worker-1": 0.7, "worker-2": 0.7}
+    single = run("agent-standalone", "backlog", pps=500, p99=3000, cpu=0.8)
+    single.cpu_s_per_1k_pods_by_process = {"worker": 0.8}
+    text = report.write(tmp_path, [*results(), coord, single]).read_text()
+    assert "## Where the scheduler CPU goes: CPU-s per 1k pods of each process" in text
+    assert (
+        "| 1000 | backlog | agent-coord-2 | 1.80 | coordinator 0.40, worker-1 0.70, worker-2 0.70 |" in text
+    )
+    # one process has nothing to split: the standalone run is not listed, and runs without the field neither
+    assert report.process_cpu_table([single, *results()]) == []

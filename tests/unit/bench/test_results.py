@@ -135,6 +135,28 @@ class TestSummarize:
         assert result.duration_s == 2.0
         assert len(result.cdf_ms) == CDF_POINTS
 
+    def test_splits_the_scheduler_cpu_by_named_process(self) -> None:
+        result = summarize(
+            scheduler="agent-coord-2",
+            scheduler_kind="agent",
+            workload="burst",
+            nodes=10,
+            agent=[_times("agent", i * 0.01, i * 0.01 + 0.05) for i in range(200)],
+            origin=0.0,
+            end=2.0,
+            usage={"scheduler": Usage(0.9, 0, 4, {10: 0.2, 11: 0.3, 12: 0.3, 13: 0.1})},
+            host_cpu_s=3.0,
+            process_names={10: "coordinator", 11: "worker-1", 12: "worker-2"},
+        )
+        # per 1k of the 200 bound pods; a PID without a name (a child process) is summed as "other"
+        assert result.cpu_s_per_1k_pods_by_process == pytest.approx(
+            {"coordinator": 1.0, "other": 0.5, "worker-1": 1.5, "worker-2": 1.5}
+        )
+        assert sum(result.cpu_s_per_1k_pods_by_process.values()) == pytest.approx(result.cpu_s_per_1k_pods)
+        assert RunResult.from_json(result.to_json()).cpu_s_per_1k_pods_by_process == (
+            result.cpu_s_per_1k_pods_by_process
+        )
+
     def test_a_bind_seen_before_the_send_returned_counts_as_zero_latency(self) -> None:
         result = summarize(
             scheduler="s",
