@@ -208,8 +208,12 @@ class Cache:
             self.scalar_nodes.setdefault(resource, set()).add(name)
 
     def scalar_candidates(self, resource: str) -> list[NodeInfo]:
-        """Indexed nodes offering an extended resource, fullest CPU first (binpack) or emptiest (spread)."""
-        infos = [self.nodes[n] for n in self.scalar_nodes.get(resource, ()) if n in self.index]
+        """Indexed nodes offering an extended resource, fullest CPU first (binpack) or emptiest (spread), equal
+        free CPU in name order (the set's own order depends on the process's string hash seed, and the walk's
+        order breaks score ties: the same cluster must give the same placement in every process)."""
+        names = sorted(n for n in self.scalar_nodes.get(resource, ()) if n in self.index)
+        infos = [self.nodes[n] for n in names]
+        # A stable sort: equal free CPU keeps the name order, in both directions.
         infos.sort(key=NodeInfo.free_milli_cpu, reverse=not self.index.ascending)
         return infos
 

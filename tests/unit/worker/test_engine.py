@@ -115,3 +115,31 @@ def test_random_load_never_overcommits_and_every_fitting_pod_is_placed() -> None
         assert len(info.pods) <= alloc.pods, name
         assert info.requested.milli_cpu == sum(p.requests.milli_cpu for p in info.pods.values())
     assert NodeName("n0") in eng.cache.nodes
+
+
+GPU_PLACEMENT = """
+from tests.builders import make_node, make_pod
+from tests.unit.worker.helpers import engine_over, place
+nodes = [make_node(f"gpu-{i}", cpu="8").extended("nvidia.com/gpu", "4").record() for i in range(12)]
+print(place(engine_over(nodes), make_pod("p").req(cpu="1", nvidia_gpu="1").record()))
+"""
+
+
+def test_a_gpu_pod_among_equal_nodes_lands_on_the_same_node_whatever_the_hash_seed() -> None:
+    # The extended-resource walk came from a set (string-hash order); ties in the walk decide between equal
+    # scores, so two processes given the same cluster chose different nodes.
+    import os
+    import subprocess
+    import sys
+
+    chosen = set()
+    for seed in ("0", "1", "2", "3"):
+        out = subprocess.run(
+            [sys.executable, "-c", GPU_PLACEMENT],
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        chosen.add(out.stdout.strip())
+    assert len(chosen) == 1 and chosen.pop().startswith("gpu-")
