@@ -11,11 +11,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from common.kube import KubeClient
+from common.kube import KubeClient, NotFound
 from scale.audit import Audit, audit_capacity  # noqa: F401 - re-exported: the tests import the audit here
 from scale.cluster import Cluster
 from scale.cluster.processes import is_running, spawn, stop, tail
@@ -121,6 +121,32 @@ async def wait_for(
 
 def all_bound(n: int) -> Any:
     return lambda pods: len(pods) == n and all(p["spec"].get("nodeName") for p in pods)
+
+
+@contextlib.asynccontextmanager
+async def priority_classes(
+    kube: KubeClient, prefix: str, values: Mapping[str, int], *, never: Collection[str] = ()
+) -> AsyncIterator[dict[str, str]]:
+    """PriorityClasses ``<prefix>-<key>`` of the given values (those in ``never`` with ``preemptionPolicy:
+    Never``), deleted on exit; yields key -> class name. PriorityClasses are cluster-scoped: the caller makes the
+    prefix unique per run."""
+    names = {k: f"{prefix}-{k}" for k in values}
+    try:
+        for k, value in values.items():
+            body: dict[str, Any] = {
+                "apiVersion": "scheduling.k8s.io/v1",
+                "kind": "PriorityClass",
+                "metadata": {"name": names[k]},
+                "value": value,
+            }
+            if k in never:
+                body["preemptionPolicy"] = "Never"
+            await kube.post("/apis/scheduling.k8s.io/v1/priorityclasses", body)
+        yield names
+    finally:
+        for name in names.values():
+            with contextlib.suppress(NotFound):
+                await kube.delete(f"/apis/scheduling.k8s.io/v1/priorityclasses/{name}")
 
 
 class CuttableProxy:

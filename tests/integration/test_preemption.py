@@ -31,7 +31,7 @@ import pytest
 from common.kube import KubeClient, NotFound
 from scale.cluster import Cluster
 from scale.cluster import make_node as make_fleet_node
-from tests.integration.support import SchedulerProcess, list_pods, start_worker
+from tests.integration.support import SchedulerProcess, list_pods, priority_classes, start_worker
 
 pytestmark = pytest.mark.integration
 
@@ -112,25 +112,9 @@ class Outcome:
 
 @pytest.fixture
 async def classes(kube: KubeClient) -> AsyncIterator[dict[str, str]]:
-    run = uuid.uuid4().hex[:6]
-    names = {k: f"preempt-{run}-{k}" for k in PRIORITIES}
-    names.update({k: f"preempt-{run}-{k}" for k in NEVER})
-    for k, value in [*PRIORITIES.items(), *NEVER.items()]:
-        body = {
-            "apiVersion": "scheduling.k8s.io/v1",
-            "kind": "PriorityClass",
-            "metadata": {"name": names[k]},
-            "value": value,
-        }
-        if k in NEVER:
-            body["preemptionPolicy"] = "Never"
-        await kube.post("/apis/scheduling.k8s.io/v1/priorityclasses", body)
-    try:
+    prefix = f"preempt-{uuid.uuid4().hex[:6]}"
+    async with priority_classes(kube, prefix, {**PRIORITIES, **NEVER}, never=NEVER) as names:
         yield names
-    finally:
-        for name in names.values():
-            with contextlib.suppress(NotFound):
-                await kube.delete(f"/apis/scheduling.k8s.io/v1/priorityclasses/{name}")
 
 
 @pytest.fixture

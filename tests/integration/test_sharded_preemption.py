@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 
 from common.kube import KubeClient, NotFound
-from tests.integration.support import list_pods
+from tests.integration.support import list_pods, priority_classes
 from tests.integration.test_coordinator import (  # the harness of the coordinator tests
     Deployment,
     deployment,  # noqa: F401 - the fixture, used by name
@@ -52,22 +52,8 @@ PRIORITIES = {"low": 10, "mid": 100, "high": 1000}
 
 @pytest.fixture
 async def classes(kube: KubeClient) -> AsyncIterator[dict[str, str]]:
-    run = uuid.uuid4().hex[:6]
-    names = {k: f"xshard-{run}-{k}" for k in PRIORITIES}
-    for k, value in PRIORITIES.items():
-        body = {
-            "apiVersion": "scheduling.k8s.io/v1",
-            "kind": "PriorityClass",
-            "metadata": {"name": names[k]},
-            "value": value,
-        }
-        await kube.post("/apis/scheduling.k8s.io/v1/priorityclasses", body)
-    try:
+    async with priority_classes(kube, f"xshard-{uuid.uuid4().hex[:6]}", PRIORITIES) as names:
         yield names
-    finally:
-        for name in names.values():
-            with contextlib.suppress(NotFound):
-                await kube.delete(f"/apis/scheduling.k8s.io/v1/priorityclasses/{name}")
 
 
 def pod(name: str, klass: str, cpu: str, *, scheduler: str, selector: dict[str, str]) -> dict[str, Any]:
