@@ -50,6 +50,7 @@ from scale.bench.schedulers import (
     NOOP,
     QUICK_SCHEDULERS,
     SCHEDULERS,
+    VOLCANO,
     Running,
     SchedulerSpec,
     grant_agent_rbac,
@@ -60,7 +61,7 @@ from scale.bench.schedulers import (
 )
 from scale.bench.share import SHARE
 from scale.bench.volcano import VolcanoProbe
-from scale.bench.volcano import probe as probe_volcano
+from scale.bench.volcano import locate as locate_volcano
 from scale.bench.workloads import (
     BACKLOG,
     BURST,
@@ -113,7 +114,12 @@ class BenchConfig:
     stall_s: float = 30.0
     timeout_s: float = 300.0
     profile: bool = False
-    volcano: bool = True
+    volcano: bool = True  # locate or try to build Volcano's agent-scheduler (``scale.bench.volcano``)
+    #: a prebuilt Volcano agent-scheduler, or a volcano checkout to build it in (``scale.bench.volcano.locate``)
+    volcano_binary: str = ""
+    volcano_src: Path | None = None
+    #: the Volcano configurations join ``schedulers`` when a binary is found (the default scheduler list)
+    add_volcano: bool = False
     work_dir: Path | None = None
     #: runs of each scheduler × workload; the one least disturbed by processes outside the bench is kept
     repeat: int = 1
@@ -559,6 +565,7 @@ async def bench_scheduler(
     config: BenchConfig,
     results: list[RunResult],
     profiles: list[str],
+    volcano_binary: str = "",
 ) -> None:
     """All workloads of one scheduler on one fresh cluster; appends to ``results`` (and writes the file)."""
     logs = config.out / "logs" / f"{nodes}"
@@ -586,7 +593,7 @@ async def bench_scheduler(
         log.info("cluster of %d nodes for %s ready in %.0fs", nodes, spec.name, time.monotonic() - began)
         async with cluster.client(qps=50000, burst=50000, max_connections=256) as client:
             kubeconfig, notes = measured_kubeconfig(cluster, await grant_agent_rbac(client))
-            running = launch(spec, cluster, logs, kubeconfig=kubeconfig)
+            running = launch(spec, cluster, logs, kubeconfig=kubeconfig, volcano_binary=volcano_binary)
             why = await until_ready(client, spec, running, nodes=nodes, fleet=fleet, notes=notes)
             if why:
                 for workload in workloads:
@@ -656,26 +663,44 @@ async def run_bench(config: BenchConfig) -> list[RunResult]:
     results: list[RunResult] = []
     profiles: list[str] = []
     volcano: VolcanoProbe | None = None
-    if config.volcano:
-        log.info("trying to build Volcano's agent-scheduler (bounded)")
-        volcano = await asyncio.to_thread(probe_volcano, config.out / "bin")
+    wants_volcano = any(SCHEDULERS[name].kind == VOLCANO for name in config.schedulers)
+    if config.volcano or wants_volcano:
+        log.info("locating or building Volcano's agent-scheduler (bounded)")
+        volcano = await asyncio.to_thread(
+            locate_volcano, config.out / "bin", binary=config.volcano_binary, src=config.volcano_src
+        )
         log.info("Volcano: %s", volcano.reason)
         (config.out / "volcano.json").write_text(json.dumps(asdict(volcano), indent=1) + "\n")
+    volcano_binary = volcano.binary if volcano is not None and volcano.built else ""
+    schedulers = list(config.schedulers)
+    if config.add_volcano and volcano_binary:
+        schedulers += [
+            name for name, spec in SCHEDULERS.items() if spec.kind == VOLCANO and name not in schedulers
+        ]
     for nodes in config.nodes:
         specs = config.workloads or default_workloads(
             nodes, quick=config.quick, rate=config.rate, burst=config.burst, pods=config.pods
         )
         workloads = [scaled(specs[name], pull_delay_s=config.pull_delay_s) for name in config.workload_names]
         fleet = generate_nodes(nodes, prepulled=config.prepulled)
-        for name in config.schedulers:
+        for name in schedulers:
+            spec = SCHEDULERS[name]
+            if spec.kind == VOLCANO and not volcano_binary:
+                why = volcano.reason if volcano is not None else "not attempted"
+                results += [
+                    _failed(spec, w, nodes, f"no Volcano agent-scheduler binary: {why}") for w in workloads
+                ]
+                dump(results, config.out / "results.json")
+                continue
             await bench_scheduler(
-                SCHEDULERS[name],
+                spec,
                 nodes,
                 workloads=workloads,
                 fleet=fleet,
                 config=config,
                 results=results,
                 profiles=profiles,
+                volcano_binary=volcano_binary,
             )
     report.write(config.out, results, volcano=volcano, profiles=profiles, quick=config.quick)
     return results
@@ -699,6 +724,8 @@ def main(
     quiet_wait_s: float | None = None,
     pull_delay_s: float | None = None,
     prepulled: float | None = None,
+    volcano_binary: str = "",
+    volcano_src: Path | None = None,
 ) -> int:
     unknown = [s for s in schedulers or () if s not in SCHEDULERS]
     if unknown:
@@ -713,7 +740,8 @@ def main(
     stamp = time.strftime("%Y%m%d-%H%M%S")
     config = BenchConfig(
         nodes=nodes or ([QUICK_NODES] if quick else list(FULL_NODES)),
-        schedulers=schedulers or list(QUICK_SCHEDULERS if quick else SCHEDULERS),
+        schedulers=schedulers
+        or list(QUICK_SCHEDULERS if quick else [n for n, s in SCHEDULERS.items() if s.kind != VOLCANO]),
         workload_names=workloads
         or ([BACKLOG, STEADY] if quick else [BACKLOG, BURST, STEADY, "churn", "mix"]),
         out=(out or Path("results") / f"bench-{'quick-' if quick else ''}{stamp}").resolve(),
@@ -723,6 +751,9 @@ def main(
         pods=pods,
         profile=profile,
         volcano=volcano and not quick,
+        volcano_binary=volcano_binary,
+        volcano_src=volcano_src,
+        add_volcano=not schedulers and not quick,
         stall_s=stall_s if stall_s is not None else (15.0 if quick else 30.0),
         timeout_s=timeout_s if timeout_s is not None else (60.0 if quick else 300.0),
         repeat=repeat,

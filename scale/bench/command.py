@@ -56,8 +56,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=_names,
         default=None,
         help="agent-standalone,agent-standalone-bc256,agent-coord-1,agent-coord-2,kube-scheduler-qps5000,"
-        "kube-scheduler-default,"
-        "no-decision (default all; --quick: agent-standalone,kube-scheduler-qps5000,no-decision)",
+        "kube-scheduler-default,no-decision,volcano-agent-1w,volcano-agent-4w (default all, the volcano ones "
+        "when its binary is found; --quick: agent-standalone,kube-scheduler-qps5000,no-decision)",
     )
     c.add_argument(
         "--out", type=Path, default=None, help="results directory (default results/bench-TIMESTAMP)"
@@ -66,7 +66,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c.add_argument("--burst", type=int, default=None, help="pods in the burst workload")
     c.add_argument("--pods", type=int, default=None, help="agent pods of the steady, churn and mix workloads")
     c.add_argument("--profile", action="store_true", help="also run agent-standalone's burst under cProfile")
-    c.add_argument("--no-volcano", action="store_true", help="do not try to build Volcano's agent-scheduler")
+    c.add_argument(
+        "--no-volcano",
+        action="store_true",
+        help="do not locate or try to build Volcano's agent-scheduler (unless a volcano-agent-* scheduler is named)",
+    )
+    c.add_argument(
+        "--volcano-binary",
+        default="",
+        help="Volcano's agent-scheduler binary (default $VOLCANO_AGENT_SCHEDULER); with one, the default "
+        "schedulers include volcano-agent-1w and volcano-agent-4w",
+    )
+    c.add_argument(
+        "--volcano-src",
+        type=Path,
+        default=None,
+        help="a checkout of volcano-sh/volcano to build ./cmd/agent-scheduler in (when no binary is given)",
+    )
     c.add_argument(
         "--stall", type=float, default=None, help="stop waiting after this many seconds without a bind"
     )
@@ -245,6 +261,8 @@ def run(args: argparse.Namespace) -> int:
             quiet_wait_s=args.quiet_wait,
             pull_delay_s=args.pull_delay,
             prepulled=args.prepulled,
+            volcano_binary=args.volcano_binary,
+            volcano_src=args.volcano_src,
         )
     if args.bench == "simulate":
         from scale.bench import simulate

@@ -497,8 +497,14 @@ def render(
     if volcano is None:
         lines.append("Not attempted in this run (`--quick` or `--no-volcano`).")
     else:
-        state = f"built {volcano.version}" if volcano.built else "not built"
-        lines.append(f"{state} after {volcano.seconds:.0f}s: {volcano.reason}")
+        state = f"found ({volcano.version})" if volcano.built else "not found"
+        lines.append(f"{state} after {volcano.seconds:.0f}s: {volcano.reason}.")
+        ran = sorted({r.scheduler for r in results if r.scheduler_kind == "volcano-agent-scheduler"})
+        if volcano.built and ran:
+            lines.append(
+                f"Measured as {', '.join(ran)} (its scheduling workers in one process, sharding mode `none`, "
+                "client qps/burst 5000, its default plugins), in the tables above."
+            )
     lines.append("")
     noted = [r for r in results if r.notes or r.error]
     if noted:

@@ -9,6 +9,10 @@ Kinds:
 - ``no-decision``: ``scale.bench.noop_binder``, binds each pod to a precomputed node (the ceiling), with 256
   bindings in flight: more than the worker's default 64, fewer than the API server's priority-and-fairness
   level admits (at 512, bindings get 429s here).
+- ``volcano-agent-scheduler``: Volcano's agent-scheduler binary (``scale.bench.volcano`` locates or builds it)
+  with N scheduling workers in its one process (``--scheduler-worker-count``: 1 is its default), client
+  qps/burst 5000, sharding mode ``none`` (no Volcano CRDs), leader election off, its default configuration
+  (actions ``allocate``, plugins ``predicates`` and ``nodeorder``). Runs only when a binary was found.
 
 Every cluster runs kube-scheduler, because the mix workload's batch pods are the default scheduler's; when it
 is not the scheduler under test it runs at qps 5000 and is not measured.
@@ -54,9 +58,11 @@ log = logging.getLogger(__name__)
 AGENT = "agent"
 KUBE = "kube-scheduler"
 NOOP = "no-decision"
+VOLCANO = "volcano-agent-scheduler"
 
 AGENT_SCHEDULER_NAME = DEFAULT_SCHEDULER_NAME
 KUBE_SCHEDULER_NAME = "default-scheduler"
+VOLCANO_SCHEDULER_NAME = "volcano-agent-scheduler"
 ETCD_PREFIX = f"{DEFAULT_ETCD_PREFIX}-bench"
 CLIENT_QPS = 5000.0
 CLIENT_BURST = 5000
@@ -73,7 +79,7 @@ class SchedulerSpec:
     name: str
     kind: str
     description: str
-    #: agent: 0 for standalone, else a coordinator and this many workers
+    #: agent: 0 for standalone, else a coordinator and this many workers; Volcano: its scheduling workers
     workers: int = 0
     #: client qps/burst of the cluster's kube-scheduler
     kube_qps: float = CLIENT_QPS
@@ -84,9 +90,12 @@ class SchedulerSpec:
     @property
     def pod_scheduler_name(self) -> str:
         """What the measured pods put in ``spec.schedulerName``."""
-        return {AGENT: AGENT_SCHEDULER_NAME, KUBE: KUBE_SCHEDULER_NAME, NOOP: noop_binder.SCHEDULER_NAME}[
-            self.kind
-        ]
+        return {
+            AGENT: AGENT_SCHEDULER_NAME,
+            KUBE: KUBE_SCHEDULER_NAME,
+            NOOP: noop_binder.SCHEDULER_NAME,
+            VOLCANO: VOLCANO_SCHEDULER_NAME,
+        }[self.kind]
 
 
 SCHEDULERS: dict[str, SchedulerSpec] = {
@@ -127,6 +136,18 @@ SCHEDULERS: dict[str, SchedulerSpec] = {
             kind=NOOP,
             bind_concurrency=256,
             description="binds to precomputed nodes, 256 bindings in flight: the API server's ceiling",
+        ),
+        SchedulerSpec(
+            name="volcano-agent-1w",
+            kind=VOLCANO,
+            workers=1,
+            description="Volcano's agent-scheduler, 1 scheduling worker (its default), client qps/burst 5000",
+        ),
+        SchedulerSpec(
+            name="volcano-agent-4w",
+            kind=VOLCANO,
+            workers=4,
+            description="Volcano's agent-scheduler, 4 scheduling workers in one process, client qps/burst 5000",
         ),
     )
 }
@@ -279,8 +300,10 @@ def launch(
     kubeconfig: Path,
     profile_to: Path | None = None,
     tag: str = "",
+    volcano_binary: str = "",
 ) -> Running:
-    """Start the processes of ``spec`` (none for kube-scheduler, which the cluster runs)."""
+    """Start the processes of ``spec`` (none for kube-scheduler, which the cluster runs; Volcano's from
+    ``volcano_binary``)."""
     cli = "agent_scheduler.cli"
     common = [
         f"--kubeconfig={kubeconfig}",
@@ -301,6 +324,28 @@ def launch(
 
     if spec.kind == KUBE:
         return Running(spec, cluster, [])
+    if spec.kind == VOLCANO:
+        if not volcano_binary:
+            raise ValueError(f"{spec.name}: no Volcano agent-scheduler binary")
+        listen, healthz = free_ports(2)
+        child = start(
+            "volcano-agent-scheduler",
+            [
+                volcano_binary,
+                f"--kubeconfig={kubeconfig}",
+                f"--scheduler-name={spec.pod_scheduler_name}",
+                f"--scheduler-worker-count={spec.workers}",
+                f"--kube-api-qps={CLIENT_QPS:g}",
+                f"--kube-api-burst={CLIENT_BURST}",
+                "--leader-elect=false",
+                "--scheduler-sharding-mode=none",
+                f"--listen-address={LOOPBACK}:{listen}",
+                f"--healthz-address={LOOPBACK}:{healthz}",
+                "--cache-dumper=false",
+            ],
+            logs / f"{spec.name}{suffix}.log",
+        )
+        return Running(spec, cluster, [child])
     if spec.kind == NOOP:
         child = start(
             "no-decision",

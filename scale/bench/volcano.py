@@ -1,20 +1,23 @@
-"""Can Volcano's agent-scheduler be built here? A bounded attempt whose answer goes into the report.
+"""Volcano's agent-scheduler for ``bench cluster``: the binary located or built, with a bounded attempt whose
+answer goes into the report.
 
-Volcano (volcano.sh/volcano >= v1.14) ships ``cmd/agent-scheduler``. Its go.mod pins Kubernetes staging modules
-with ``replace`` directives, which Go ignores in a dependency, so building it from the module proxy takes a
-wrapper module that requires volcano and repeats every one of its replace directives. Steps, each with a
-timeout, stopping at the first failure:
+Volcano (volcano.sh/volcano >= v1.14) ships ``cmd/agent-scheduler``. Where it comes from, first match wins:
 
-1. ``go list -m -versions volcano.sh/volcano``: which versions the proxy offers; pick the newest >= v1.14.
-2. ``go mod download -json volcano.sh/volcano@V``: its go.mod, whose ``replace`` lines are copied.
-3. ``go build`` of ``volcano.sh/volcano/cmd/agent-scheduler`` in the wrapper module.
+1. a binary given (``--volcano-binary`` or ``$VOLCANO_AGENT_SCHEDULER``);
+2. a checkout of volcano-sh/volcano given (``--volcano-src``): ``go build ./cmd/agent-scheduler`` inside it, where
+   its go.mod's ``replace`` directives apply (the way Volcano builds it);
+3. the module proxy: Volcano's go.mod pins Kubernetes staging modules with ``replace`` directives, which Go
+   ignores in a dependency, so this takes a wrapper module that requires volcano and repeats every one of its
+   replace directives (``go list -m -versions``, ``go mod download``, ``go build``), each step with a timeout.
 
-The result says how far it got and why it stopped. A built binary is not yet run by ``bench cluster``: it
-also needs Volcano's CRDs and scheduler configuration, which is follow-up work stated in the report.
+A binary found runs as the ``volcano-agent-*`` schedulers of ``scale.bench.schedulers`` in sharding mode
+``none``, which needs none of Volcano's CRDs. The probe's ``reason`` says where the binary came from, or how far
+the attempt got and why it stopped.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -29,7 +32,8 @@ MODULE = "volcano.sh/volcano"
 PACKAGE = "volcano.sh/volcano/cmd/agent-scheduler"
 MIN_VERSION = (1, 14, 0)
 LIST_TIMEOUT = 90.0
-BUILD_TIMEOUT = 900.0  # the brief's bound: no more than about 15 minutes on Volcano
+BUILD_TIMEOUT = 900.0  # no more than about 15 minutes on Volcano
+BINARY_ENV = "VOLCANO_AGENT_SCHEDULER"  # a prebuilt binary, when no --volcano-binary is given
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +91,93 @@ def _first_error(text: str) -> str:
     return " ".join(lines[:2])[:400] if lines else "no output"
 
 
+def locate(
+    out_dir: Path, *, binary: str = "", src: Path | None = None, build_timeout: float = BUILD_TIMEOUT
+) -> VolcanoProbe:
+    """The binary given (``binary``, else ``$VOLCANO_AGENT_SCHEDULER``), else one built from the checkout ``src``,
+    else the module-proxy attempt (``probe``)."""
+    binary = binary or os.environ.get(BINARY_ENV, "")
+    if binary:
+        return given(binary)
+    if src is not None:
+        return build_checkout(src, out_dir, build_timeout=build_timeout)
+    return probe(out_dir, build_timeout=build_timeout)
+
+
+def given(binary: str) -> VolcanoProbe:
+    """A prebuilt binary: usable when it is an executable file that answers ``--version``."""
+    began = time.monotonic()
+    path = Path(binary).expanduser().resolve()
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        return VolcanoProbe(False, "", "", f"{binary} is not an executable file", 0.0)
+    try:
+        proc = subprocess.run(
+            [str(path), "--version"], capture_output=True, text=True, timeout=LIST_TIMEOUT, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return VolcanoProbe(False, "", "", f"{binary} --version failed: {e}", 0.0)
+    version = _version_line(proc.stdout + proc.stderr)
+    return VolcanoProbe(True, version, str(path), f"given binary {path}", round(time.monotonic() - began, 1))
+
+
+def _version_line(text: str) -> str:
+    """The ``Version:`` (or first) line of Volcano's ``--version`` output."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for line in lines:
+        if line.lower().startswith("version"):
+            version = line.split(":", 1)[-1].strip()
+            # a plain `go build` leaves Volcano's ldflags unset: "Version: Not provided."
+            return "unversioned build" if version.lower().startswith("not provided") else version[:80]
+    return lines[0][:80] if lines else "unknown"
+
+
+def build_checkout(src: Path, out_dir: Path, *, build_timeout: float = BUILD_TIMEOUT) -> VolcanoProbe:
+    """``go build ./cmd/agent-scheduler`` inside a checkout of volcano-sh/volcano."""
+    began = time.monotonic()
+
+    def done(built: bool, version: str, binary: str, reason: str) -> VolcanoProbe:
+        return VolcanoProbe(built, version, binary, reason, round(time.monotonic() - began, 1))
+
+    if shutil.which("go") is None:
+        return done(False, "", "", "no Go toolchain on PATH")
+    if not (src / "cmd" / "agent-scheduler").is_dir():
+        return done(False, "", "", f"{src} is not a volcano checkout with cmd/agent-scheduler")
+    commit = ""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        commit = subprocess.run(
+            ["git", "-C", str(src), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        ).stdout.strip()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    binary = out_dir / "volcano-agent-scheduler"
+    # Inside the checkout Volcano's own go.mod (and its replace directives) governs the build.
+    env = {**os.environ, "CGO_ENABLED": "0"}
+    try:
+        proc = subprocess.run(
+            ["go", "build", "-o", str(binary), "./cmd/agent-scheduler"],
+            cwd=src,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=build_timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return done(
+            False, commit, "", f"`go build ./cmd/agent-scheduler` did not finish within {build_timeout:.0f}s"
+        )
+    if proc.returncode != 0:
+        return done(
+            False, commit, "", f"building {src}/cmd/agent-scheduler failed: {_first_error(proc.stderr)}"
+        )
+    return done(
+        True, commit or "checkout", str(binary), f"built from the checkout {src} ({commit or 'no git'})"
+    )
+
+
 def probe(out_dir: Path, *, build_timeout: float = BUILD_TIMEOUT) -> VolcanoProbe:
     """Try to build Volcano's agent-scheduler into ``out_dir``; never raises for an expected failure."""
     began = time.monotonic()
@@ -135,9 +226,4 @@ def probe(out_dir: Path, *, build_timeout: float = BUILD_TIMEOUT) -> VolcanoProb
         code, text = _go(["build", "-o", str(binary), PACKAGE], work, build_timeout)
         if code != 0:
             return done(False, version, "", f"building {PACKAGE}@{version} failed: {_first_error(text)}")
-    return done(
-        True,
-        version,
-        str(binary),
-        "built; not run as a scheduler under test yet (needs Volcano's CRDs and scheduler configuration)",
-    )
+    return done(True, version, str(binary), f"built {MODULE}@{version} from the module proxy")

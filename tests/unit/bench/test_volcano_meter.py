@@ -1,12 +1,21 @@
-"""The Volcano build probe's parsing and the process meter (``scale.bench.volcano``, ``scale.bench.meter``)."""
+"""Locating and building Volcano's agent-scheduler, and the process meter (``scale.bench.volcano``, ``scale.bench.meter``)."""
 
 from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
+from typing import Any
 
 from scale.bench.meter import ProcessMeter, own_pid, with_children
-from scale.bench.volcano import newest_supported, replace_directives
+from scale.bench.volcano import (
+    BINARY_ENV,
+    build_checkout,
+    given,
+    locate,
+    newest_supported,
+    replace_directives,
+)
 
 GOMOD = """module volcano.sh/volcano
 
@@ -50,3 +59,38 @@ async def test_meter_charges_cpu_to_the_group() -> None:
     assert usage["nobody"].cpu_s == 0 and usage["nobody"].processes == 0
     assert meter.host_cpu_s >= 0.15
     assert with_children([os.getpid()])[0] == os.getpid()
+
+
+def test_a_given_binary_is_used_when_it_answers_version(tmp_path: Path) -> None:
+    binary = tmp_path / "vc-agent"
+    binary.write_text("#!/bin/sh\necho 'API Version: v1alpha1'\necho 'Version: v1.14.0-dev'\n")
+    binary.chmod(0o755)
+    found = locate(tmp_path / "out", binary=str(binary))
+    assert found.built and found.binary == str(binary.resolve())
+    assert found.version == "v1.14.0-dev"
+    assert "given binary" in found.reason
+
+
+def test_a_missing_binary_or_a_directory_without_the_command_is_refused_with_the_reason(
+    tmp_path: Path,
+) -> None:
+    missing = given(str(tmp_path / "nothing"))
+    assert not missing.built and "not an executable file" in missing.reason
+    not_volcano = build_checkout(tmp_path, tmp_path / "out")
+    assert not not_volcano.built
+    assert "cmd/agent-scheduler" in not_volcano.reason or "Go toolchain" in not_volcano.reason
+
+
+def test_the_environment_names_the_binary_when_no_flag_does(tmp_path: Path, monkeypatch: Any) -> None:
+    binary = tmp_path / "vc"
+    binary.write_text("#!/bin/sh\necho v9\n")
+    binary.chmod(0o755)
+    monkeypatch.setenv(BINARY_ENV, str(binary))
+    assert locate(tmp_path / "out").binary == str(binary.resolve())
+
+
+def test_a_plain_go_build_reads_as_unversioned(tmp_path: Path) -> None:
+    binary = tmp_path / "vc"
+    binary.write_text("#!/bin/sh\necho 'API Version: v1alpha1'\necho 'Version: Not provided.'\n")
+    binary.chmod(0o755)
+    assert given(str(binary)).version == "unversioned build"
