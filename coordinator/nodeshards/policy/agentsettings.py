@@ -11,6 +11,7 @@ would otherwise silently fall back to a default.
       bandHysteresis: 0.05
       rankHysteresis: 0.05
       maxMovesPerSync: 50          # null: unbounded
+      minResidenceSeconds: 0       # a node that changed scheduler stays this long (0: off)
     rebalance:                     # how nodes move between this scheduler's worker processes; applied by
       startSkew: 0.25              # ``coordinator.workershards.assignment`` from the shard map's next round
       stopSkew: 0.10
@@ -61,9 +62,20 @@ def _key(
     hi: float | None = None,
     positive: bool = False,
     nullable: bool = False,
+    omit_default: bool = False,
 ) -> dict[str, Any]:
-    """Field metadata: YAML key, type, inclusive bounds, ``positive`` (strictly above ``lo``), ``nullable``."""
-    return {"key": name, "kind": kind, "lo": lo, "hi": hi, "positive": positive, "nullable": nullable}
+    """Field metadata: YAML key, type, inclusive bounds, ``positive`` (strictly above ``lo``), ``nullable``;
+    ``omit_default``: left out of ``to_dict`` (so of the policy version) at its default, for a setting added
+    after versions were published, so that every policy without it keeps its version."""
+    return {
+        "key": name,
+        "kind": kind,
+        "lo": lo,
+        "hi": hi,
+        "positive": positive,
+        "nullable": nullable,
+        "omit_default": omit_default,
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +93,12 @@ class ShardSettings:
     )
     """At most this many held nodes change scheduler per evaluation (the rest are deferred to later syncs);
     ``null`` means unbounded, 0 freezes held nodes. Assigning a node nobody holds is not a move."""
+    min_residence_seconds: float = field(
+        default=0.0, metadata=_key("minResidenceSeconds", float, lo=0.0, hi=86400.0 * 7, omit_default=True)
+    )
+    """A node that moved to a scheduler stays with it at least this many seconds (per-node hysteresis in time:
+    it cannot move back, or on, before then); 0 disables. The leader keeps the move times in memory, so a new
+    leader starts with none resting (``coordinator.nodeshards.controller``)."""
 
 
 _ASSIGNMENT_DEFAULTS = AssignmentConfig()
@@ -150,7 +168,11 @@ _IGNORED_KEYS = {
 
 
 def _section_dict(section: DataclassInstance) -> dict[str, object]:
-    return {f.metadata["key"]: getattr(section, f.name) for f in dataclasses.fields(section)}
+    return {
+        f.metadata["key"]: getattr(section, f.name)
+        for f in dataclasses.fields(section)
+        if not (f.metadata["omit_default"] and getattr(section, f.name) == f.default)
+    }
 
 
 def _read_value(m: dict[str, object], f: dataclasses.Field[Any], path: str) -> object:

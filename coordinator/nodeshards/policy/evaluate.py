@@ -12,6 +12,12 @@ Semantics (Volcano's, plus two dampers an operator needs):
    While deferred, a node may sit outside its holder's band, and a holder may exceed ``maxNodes`` if it held
    more nodes than a newly lowered limit allows. Because deferred nodes keep their slots, an allowed move may
    land somewhere other than the ideal pass put it (possibly nowhere) until a later sync.
+4. Residence (``minResidenceSeconds``): nodes the caller names ``resting`` - held nodes that moved to their holder
+   more recently than that - are pinned to their holder in every pass, like deferred nodes (they keep their
+   slots, and selectors do not see them), and are not moves. The caller keeps the move times (the evaluation
+   has no clock). A node is thus never moved twice within the residence, whatever the policy wants; with a
+   residence of about half a wave period, a node lent out after one wave is not the one taken back before the
+   next, so lent nodes rotate and each moves at most once per wave.
 
 All nodes are evaluated in one pass: there is no batching (Volcano's 50-node batches forgot earlier batches'
 choices).
@@ -24,7 +30,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
@@ -80,8 +86,14 @@ def _moves(nodes: Iterable[NodeView], owners: Mapping[NodeName, str]) -> list[Sh
     ]
 
 
-def evaluate(sharding: ShardingConfig, settings: ShardSettings, nodes: Iterable[NodeView]) -> ShardEvaluation:
-    """Compute every scheduler's desired nodes; see the module docstring for the rules.
+def evaluate(
+    sharding: ShardingConfig,
+    settings: ShardSettings,
+    nodes: Iterable[NodeView],
+    resting: Collection[NodeName] = (),
+) -> ShardEvaluation:
+    """Compute every scheduler's desired nodes; see the module docstring for the rules. ``resting`` nodes (rule 4)
+    stay with their holder; a resting node without a (known) holder is ignored.
 
     Raises ``ValueError`` if two views share a node name.
     """
@@ -94,7 +106,8 @@ def evaluate(sharding: ShardingConfig, settings: ShardSettings, nodes: Iterable[
         if a.name == b.name:
             raise ValueError(f"node {a.name!r} given twice")
     damping = pipeline.Damping.of(settings)
-    result = pipeline.run(sharding.schedulers, views, damping, {})
+    rest = {n.name: n.holder for n in views if n.holder is not None and n.name in resting}
+    result = pipeline.run(sharding.schedulers, views, damping, rest)
     wanted = _moves(views, _owners(result))
     deferred: list[ShardMove] = []
     budget = settings.max_moves_per_sync
@@ -109,7 +122,7 @@ def evaluate(sharding: ShardingConfig, settings: ShardSettings, nodes: Iterable[
         ordered = sorted(wanted, key=urgency)
         allowed = {m.node for m in ordered[:budget]}
         deferred = ordered[budget:]
-        pinned = {n.name: n.holder for n in views if n.holder is not None and n.name not in allowed}
+        pinned = rest | {n.name: n.holder for n in views if n.holder is not None and n.name not in allowed}
         result = pipeline.run(sharding.schedulers, views, damping, pinned)
     owners = _owners(result)
     moves = _moves(views, owners)
