@@ -122,7 +122,8 @@ def evaluate(
         ordered = sorted(wanted, key=urgency)
         allowed = {m.node for m in ordered[:budget]}
         deferred = ordered[budget:]
-        pinned = rest | {n.name: n.holder for n in views if n.holder is not None and n.name not in allowed}
+        # Every held node not allowed to move is pinned, resting ones included (they were never moves).
+        pinned = {n.name: n.holder for n in views if n.holder is not None and n.name not in allowed}
         result = pipeline.run(sharding.schedulers, views, damping, pinned)
     owners = _owners(result)
     moves = _moves(views, owners)

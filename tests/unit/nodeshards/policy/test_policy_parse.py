@@ -252,3 +252,22 @@ def test_go_durations(text: str, nanos: int) -> None:
 def test_invalid_go_durations(text: str) -> None:
     with pytest.raises(DurationError):
         parse_go_duration(text)
+
+
+def test_min_residence_is_parsed_and_a_policy_without_it_keeps_its_version() -> None:
+    sharding = (HERE / "volcano_policy_readme_sharding.yaml").read_text(encoding="utf-8")
+    plain = parse_configmap({SHARDING_KEY: sharding, SETTINGS_KEY: "shards: {maxMovesPerSync: 5}\n"})
+    zero = parse_configmap(
+        {SHARDING_KEY: sharding, SETTINGS_KEY: "shards: {maxMovesPerSync: 5, minResidenceSeconds: 0}\n"}
+    )
+    resting = parse_configmap(
+        {SHARDING_KEY: sharding, SETTINGS_KEY: "shards: {maxMovesPerSync: 5, minResidenceSeconds: 12.5}\n"}
+    )
+    assert resting.settings.shards.min_residence_seconds == 12.5
+    plain_shards, resting_shards = plain.settings.to_dict()["shards"], resting.settings.to_dict()["shards"]
+    assert isinstance(plain_shards, dict) and isinstance(resting_shards, dict)
+    assert "minResidenceSeconds" not in plain_shards  # the default is left out of the hash
+    assert zero.version == plain.version  # so every policy written before the setting keeps its version
+    assert resting.version != plain.version
+    assert resting_shards["minResidenceSeconds"] == 12.5
+    assert "residence 12.5s" in resting.summary()
