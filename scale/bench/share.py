@@ -111,16 +111,19 @@ def scheduled_levels(spec: ShareSpec) -> list[tuple[float, bool]]:
     """The scheduled configuration's switches as (real offset from the first wave, high?), sorted: high
     ``scheduled_lead_s`` before every wave after the first (the first starts under high), low
     ``scheduled_hold_s`` after each burst ends (lead + hold are cut to fit the quiet part of a period, the
-    lead first). Depends on the spec only."""
+    lead first). The waves go on after the measured ones: the high switch for the wave that would follow the
+    last is kept when it falls inside the run, so the schedule does not lend nodes over the end of the run
+    that it would have to take back in time for that wave. Depends on the spec only."""
     quiet = spec.wave_period_s - spec.wave_burst_s
     hold = min(spec.scheduled_hold_s, quiet)
     lead = min(spec.scheduled_lead_s, quiet - hold)
     out: list[tuple[float, bool]] = []
     start = 0.0
-    while start < spec.simulated_s:
+    while start - lead < spec.simulated_s:
         if start > 0:
             out.append((spec.real(start - lead), True))
-        out.append((spec.real(start + spec.wave_burst_s + hold), False))
+        if start < spec.simulated_s:
+            out.append((spec.real(start + spec.wave_burst_s + hold), False))
         start += spec.wave_period_s
     return out
 

@@ -82,7 +82,8 @@ def test_scheduled_is_the_tuned_policy_with_its_target_raised_ahead_of_each_wave
     targets = scheduled_targets(spec)
     assert targets[:3] == [(3.0, 4.0), (7.0, 28.0), (15.0, 4.0)]
     assert [t for t, _ in targets] == sorted(t for t, _ in targets)
-    assert len(targets) == 2 * 5 - 1  # five waves in 600 s
+    assert len(targets) == 2 * 5  # five waves in 600 s, and the sixth's high switch before the end
+    assert targets[-1] == (spec.real(600 - 50), 28.0)
     # every switch is a valid policy for the coordinator, differing only in the target
     for _, cores in targets:
         doc = tuned_sharding(spec, cores, agent="a", batch="b")
