@@ -217,6 +217,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="tuned and scheduled: minResidenceSeconds, simulated s (a node that moved stays that long; 0: off)",
     )
     sh.add_argument(
+        "--tuned-batch-residence",
+        type=float,
+        default=0.0,
+        help="tuned and scheduled: the batch shard's minResidenceSecondsByScheduler, simulated s (0: as above)",
+    )
+    sh.add_argument(
         "--configs",
         type=_names,
         default=None,

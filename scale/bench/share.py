@@ -82,6 +82,10 @@ class ShareSpec:
     #: the tuned and scheduled configurations' ``minResidenceSeconds`` (simulated s; 0: off): a node that moved
     #: stays with its new shard at least this long
     tuned_residence_s: float = 0.0
+    #: the same for nodes given to the batch shard (``minResidenceSecondsByScheduler``; 0: as above): a lent node
+    #: stays with batch that long, so with it above the gap between waves the nodes lent after one wave are not
+    #: the ones taken back before the next
+    tuned_batch_residence_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.simulated_s < MIN_SIMULATED_S:
@@ -100,8 +104,8 @@ class ShareSpec:
             raise ValueError("share: batch_backlog must be >= 0")
         if self.scheduled_nodes_high and not 0 < self.scheduled_nodes_low <= self.scheduled_nodes_high:
             raise ValueError("share: 0 < scheduled_nodes_low <= scheduled_nodes_high")
-        if self.tuned_residence_s < 0:
-            raise ValueError("share: tuned_residence_s must be >= 0")
+        if self.tuned_residence_s < 0 or self.tuned_batch_residence_s < 0:
+            raise ValueError("share: tuned_residence_s and tuned_batch_residence_s must be >= 0")
 
     def real(self, simulated: float) -> float:
         return simulated / self.compression

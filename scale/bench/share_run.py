@@ -193,6 +193,9 @@ def policies(spec: ShareSpec, *, nodes: int, agent_nodes: int, agent: str, batch
         residence = (
             f", a node stays {spec.tuned_residence_s:g} simulated s where it moved (minResidenceSeconds)"
         )
+    if spec.tuned_batch_residence_s:
+        tuned_shards["minResidenceSecondsByScheduler"] = {batch: spec.real(spec.tuned_batch_residence_s)}
+        residence += f", a node lent to batch stays there {spec.tuned_batch_residence_s:g} simulated s"
     tuned_settings = {"shards": tuned_shards}
     if spec.scheduled_nodes_high:
         levels = f"{spec.scheduled_nodes_high} nodes (node-limit; busiest first)"
@@ -978,6 +981,7 @@ def main(args: Any) -> int:
         scheduled_nodes_high=args.scheduled_nodes_high,
         scheduled_nodes_low=args.scheduled_nodes_low,
         tuned_residence_s=args.tuned_residence,
+        tuned_batch_residence_s=args.tuned_batch_residence,
         node_cpu=args.node_cpu,
     )
     configs = tuple(args.configs or CONFIGS)

@@ -112,10 +112,10 @@ class EffectivePolicy:
             f"node events {'on' if s.enable_node_event_trigger else 'off'}"
         ]
         lines += [f"  {i}. {scheduler.describe()}" for i, scheduler in enumerate(s.schedulers, 1)]
-        residence = (
-            f", residence {format_seconds(round(shards.min_residence_seconds * 1e9))}"
-            if shards.min_residence_seconds
-            else ""
+        rest = [("", shards.min_residence_seconds)] if shards.min_residence_seconds else []
+        rest += [(f" {name}", seconds) for name, seconds in shards.min_residence_by_scheduler]
+        residence = "".join(
+            f", residence{name} {format_seconds(round(seconds * 1e9))}" for name, seconds in rest
         )
         lines.append(
             f"  shards: band hysteresis {shards.band_hysteresis:g}, rank hysteresis {shards.rank_hysteresis:g}, "
