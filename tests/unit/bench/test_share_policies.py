@@ -3,7 +3,10 @@ the coordinator's own policy code, and the goal verdict."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
+
+import pytest
 
 from common.records import NodeName
 from coordinator.nodeshards.policy import NodeView, parse_configmap
@@ -103,13 +106,20 @@ ROTATING = ShareSpec(
     scheduled_lead_s=50,
     scheduled_hold_s=10,
 )
+# Waves twice as far apart: the agent gives its nodes back after 60 s, a lent node stays with batch 200 s (more
+# than the 150 s gap between an agent stint's end and the next wave's lead).
+ROTATING_LONG = dataclasses.replace(
+    ROTATING, simulated_s=960, wave_period_s=240, scheduled_hold_s=20, tuned_batch_residence_s=200
+)
 
 
-def test_scheduled_node_counts_with_residence_rotate_the_lent_nodes_one_move_per_node_per_wave() -> None:
+@pytest.mark.parametrize("spec", [ROTATING, ROTATING_LONG], ids=["period-120", "period-240"])
+def test_scheduled_node_counts_with_residence_rotate_the_lent_nodes_one_move_per_node_per_wave(
+    spec: ShareSpec,
+) -> None:
     """The committed scheduled configuration, evaluated as the coordinator does (on every switch and every sync,
     resting nodes = moved less than minResidenceSeconds ago) on 16 nodes where every batch node is full: the
     agent shard has its 7 nodes at each wave's start, and no node moves twice in one wave period."""
-    spec = ROTATING
     settings = policies(spec, nodes=16, agent_nodes=7, agent="a", batch="b")[SCHEDULED].settings
     level = {
         up: parse_configmap(
@@ -120,8 +130,8 @@ def test_scheduled_node_counts_with_residence_rotate_the_lent_nodes_one_move_per
         )
         for up in (True, False)
     }
-    residence = level[True].settings.shards.min_residence_seconds
-    assert residence == spec.real(60)
+    shards = level[True].settings.shards
+    assert shards.residence("a") == spec.real(60)
     period, sync = spec.real(spec.wave_period_s), spec.real(spec.tuned_sync_s)
     switches = scheduled_levels(spec)
     times = sorted(
@@ -129,6 +139,7 @@ def test_scheduled_node_counts_with_residence_rotate_the_lent_nodes_one_move_per
     )
     holders: dict[NodeName, str] = {}
     moved_at: dict[NodeName, list[float]] = {}
+    moved_to: dict[NodeName, str | None] = {}
     high = True
     agent_at_wave_start: list[int] = []
     for t in times:
@@ -143,14 +154,15 @@ def test_scheduled_node_counts_with_residence_rotate_the_lent_nodes_one_move_per
             )
             for i in range(16)
         ]
-        resting = {n for n, ts in moved_at.items() if t - ts[-1] < residence}
+        resting = {n for n, ts in moved_at.items() if t - ts[-1] < shards.residence(moved_to[n])}
         result = level[high].evaluate(views, resting)
         for move in result.moves:
             moved_at.setdefault(move.node, []).append(t)
+            moved_to[move.node] = move.target
         holders = dict(result.owners)
         if t % period == 0:
             agent_at_wave_start.append(len(result.desired["a"]))
-    assert agent_at_wave_start == [7] * 5
+    assert agent_at_wave_start == [7] * round(spec.simulated_s / spec.wave_period_s)
     assert moved_at  # nodes were lent between waves
     for node, ts in moved_at.items():
         windows = [int(x // period) for x in ts]

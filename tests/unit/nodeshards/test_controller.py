@@ -281,9 +281,14 @@ async def test_the_label_pool_is_set_again_only_when_the_nodes_change() -> None:
     assert changes == [4, 3]
 
 
-async def _switch(ctl: ShardingController, api: FakeApi, max_nodes: int, rv: str) -> frozenset[NodeName]:
+async def _switch(
+    ctl: ShardingController,
+    api: FakeApi,
+    max_nodes: int,
+    rv: str,
+    settings: str = "shards: {rankHysteresis: 1.0, minResidenceSeconds: 10}\n",
+) -> frozenset[NodeName]:
     """Apply a ConfigMap edit (the agent's maxNodes), run one pass, and let the store see the written specs."""
-    settings = "shards: {rankHysteresis: 1.0, minResidenceSeconds: 10}\n"
     data = {"sharding.yaml": SHARDING % max_nodes, "agent-scheduler.yaml": settings}
     ctl.source.event("MODIFIED", configmap(data, rv))
     await one_pass(ctl)
@@ -334,3 +339,30 @@ async def test_without_residence_the_lent_nodes_come_straight_back() -> None:
         await one_pass(ctl)
         ctl.shards.replace(list(api.objects.values()))
     assert ctl.desired("agent") == first  # the same nodes moved out and back: what residence prevents
+
+
+async def test_a_node_lent_to_batch_rests_for_its_residence_there_while_agent_nodes_go_back_sooner() -> None:
+    """Waves further apart than an agent stint: the batch shard's own residence (longer than the gap between
+    waves) keeps the nodes lent after one wave from being taken back before the next, while the agent's
+    shorter one lets it give nodes back right after a wave."""
+    api = FakeApi()
+    ctl = bare_controller(api, frozenset)
+    now = [0.0]
+    ctl._clock = lambda: now[0]
+    ctl.nodes.replace([node_obj(f"n{i}", "8") for i in range(6)])
+    settings = "shards: {rankHysteresis: 1.0, minResidenceSeconds: 10, minResidenceSecondsByScheduler: {batch: 30}}\n"
+    moved: dict[NodeName, list[tuple[float, str]]] = {}
+    previous: frozenset[NodeName] | None = None
+    for t, size in ((0, 3), (1, 1), (15, 3), (27, 1), (41, 3), (53, 1), (67, 3)):
+        now[0] = float(t)
+        desired = await _switch(ctl, api, size, str(t + 1), settings)
+        assert len(desired) == size
+        if previous is not None:
+            for node in desired ^ previous:
+                moved.setdefault(node, []).append((now[0], "agent" if node in desired else "batch"))
+        previous = desired
+    for node, history in moved.items():
+        for (t0, to), (t1, _) in itertools.pairwise(history):
+            assert t1 - t0 >= (30 if to == "batch" else 10), (node, history)
+    assert [t for t, _ in moved[NodeName("n1")]] == [1.0, 41.0, 53.0]  # lent, rested 40 s, taken, given back
+    assert [t for t, _ in moved[NodeName("n3")]] == [15.0, 27.0, 67.0]

@@ -271,3 +271,23 @@ def test_min_residence_is_parsed_and_a_policy_without_it_keeps_its_version() -> 
     assert resting.version != plain.version
     assert resting_shards["minResidenceSeconds"] == 12.5
     assert "residence 12.5s" in resting.summary()
+
+
+def test_min_residence_by_scheduler_overrides_the_default_per_entry() -> None:
+    settings = parse_settings(
+        "shards: {minResidenceSeconds: 5, minResidenceSecondsByScheduler: {volcano: 200, agent-scheduler: 0}}\n"
+    )
+    shards = settings.shards
+    assert shards.min_residence_by_scheduler == (("agent-scheduler", 0.0), ("volcano", 200.0))
+    assert shards.residence("volcano") == 200.0
+    assert shards.residence("agent-scheduler") == 0.0
+    assert shards.residence("other") == shards.residence(None) == 5.0
+    assert settings.to_dict()["shards"] == {
+        "bandHysteresis": 0.05,
+        "rankHysteresis": 0.05,
+        "maxMovesPerSync": 50,
+        "minResidenceSeconds": 5.0,
+        "minResidenceSecondsByScheduler": {"agent-scheduler": 0.0, "volcano": 200.0},
+    }
+    assert hash(settings)  # still a hashable value
+    assert "minResidenceSecondsByScheduler" not in parse_settings("").to_dict()["shards"]
