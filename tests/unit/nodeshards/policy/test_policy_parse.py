@@ -290,4 +290,5 @@ def test_min_residence_by_scheduler_overrides_the_default_per_entry() -> None:
         "minResidenceSecondsByScheduler": {"agent-scheduler": 0.0, "volcano": 200.0},
     }
     assert hash(settings)  # still a hashable value
-    assert "minResidenceSecondsByScheduler" not in parse_settings("").to_dict()["shards"]
+    default_shards = parse_settings("").to_dict()["shards"]
+    assert isinstance(default_shards, dict) and "minResidenceSecondsByScheduler" not in default_shards
