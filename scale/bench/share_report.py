@@ -129,6 +129,8 @@ def write(out: Path, result: dict[str, Any], command: str = "") -> Path:
         "",
         f"Command: `{command}`" if command else "",
         "",
+        f"Commit: {result['commit']}" if result.get("commit") else "",
+        "",
         f"{len(result['configs'])} configurations on one local cluster at once, each on {result['nodes_per_config']} "
         f"nodes of {result['node_shape']} of its own, with its own coordinator + worker and batch stand-in; the "
         f"same agent arrivals at the same moments. {spec['simulated_s']:.0f} simulated seconds compressed "

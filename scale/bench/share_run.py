@@ -997,7 +997,9 @@ def main(args: Any) -> int:
         )
     )
     from scale.bench import share_report
+    from scale.bench.footprint import _commit
 
+    result["commit"] = _commit()
     (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
     command = "agent-scheduler " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     share_report.write(out, result, command)
