@@ -23,7 +23,8 @@ burst windows only; every lifetime is within its bounds after compression.
 
 The run (``scale.bench.share_run``) gives every configuration nodes of ``node_cpu`` CPUs; the ``tuned_*`` fields
 parameterise the tuned configuration's policy there, the ``scheduled_*`` fields the scheduled one's (the tuned
-policy with its free-CPU target switched ahead of each wave: ``scheduled_targets``, pure like the plan).
+policy with its free-CPU target, or a node count, switched ahead of each wave: ``scheduled_levels``, pure like the
+plan); ``tuned_residence_s`` / ``tuned_batch_residence_s`` are both configurations' ``minResidenceSeconds``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Evaluation: nodes in, each scheduler's desired node set out. Pure; no clock, no client.
 
-Semantics (Volcano's, plus two dampers an operator needs):
+Semantics (Volcano's, plus the dampers an operator needs):
 1. Ideal pass: the pipeline (``pipeline.run``) over all schedulers in config order, with the incumbent
    hysteresis of ``ShardSettings`` (wider band and a score bonus for nodes a scheduler already holds).
 2. Moves: a node *moves* when it has a holder and its new owner differs (another scheduler or none).
@@ -12,12 +12,13 @@ Semantics (Volcano's, plus two dampers an operator needs):
    While deferred, a node may sit outside its holder's band, and a holder may exceed ``maxNodes`` if it held
    more nodes than a newly lowered limit allows. Because deferred nodes keep their slots, an allowed move may
    land somewhere other than the ideal pass put it (possibly nowhere) until a later sync.
-4. Residence (``minResidenceSeconds``): nodes the caller names ``resting`` - held nodes that moved to their holder
-   more recently than that - are pinned to their holder in every pass, like deferred nodes (they keep their
-   slots, and selectors do not see them), and are not moves. The caller keeps the move times (the evaluation
-   has no clock). A node is thus never moved twice within the residence, whatever the policy wants; with a
-   residence of about half a wave period, a node lent out after one wave is not the one taken back before the
-   next, so lent nodes rotate and each moves at most once per wave.
+4. Residence (``minResidenceSeconds``, per holder ``minResidenceSecondsByScheduler``): nodes the caller names
+   ``resting`` - held nodes that moved to their holder more recently than its residence - are pinned to their
+   holder in every pass, like deferred nodes (they keep their slots, and selectors do not see them), and are not
+   moves. The caller keeps the move times (the evaluation has no clock). A node thus never leaves a holder
+   before its residence there is over, whatever the policy wants. When the residence with the side that lends
+   is longer than the gap between two waves' needs, the nodes lent after one wave are not the ones taken back
+   before the next: lent nodes rotate, and each moves at most once per wave.
 
 All nodes are evaluated in one pass: there is no batching (Volcano's 50-node batches forgot earlier batches'
 choices).
