@@ -8,7 +8,11 @@ of the loop (on a change, and at least every ``RECONCILE_INTERVAL``):
    ``enableNodeEventTrigger`` (at most once per ``MIN_EVENT_INTERVAL``). ``EffectivePolicy.evaluate`` over the
    managed nodes, with holders read from the NodeShards' ``spec.nodesDesired`` (hysteresis and the move budget
    live in the policy). Every scheduler of the policy gets its NodeShard ``spec.nodesDesired``, compared on
-   every pass and rewritten when it differs (a NodeShard deleted or edited by hand is restored).
+   every pass and rewritten when it differs (a NodeShard deleted or edited by hand is restored). The controller
+   remembers when each node last moved and to which scheduler (in this term, at the evaluation that moved it)
+   and passes the nodes that moved less than that scheduler's residence ago (``minResidenceSeconds``, or its
+   entry in ``minResidenceSecondsByScheduler``) as resting, so they stay put; a new term starts with none
+   resting (a failover can let a node move early once, which costs a handoff, never safety).
 2. Hand over (Volcano's rule): the agent shard may use ``its nodesDesired - every other shard's
    status.nodesInUse``. Those are the *candidates*.
 3. Claim, confirm, then offer: ``status.nodesInUse`` of the agent shard is published as ``held | candidates``,
@@ -171,6 +175,8 @@ class ShardingController:
         self._evaluated: EffectivePolicy | None = None
         self._evaluation: ShardEvaluation | None = None
         self._owners: Mapping[NodeName, str] = {}
+        # node -> when an evaluation of this term last moved it, and to whom (None: to no scheduler)
+        self._moved_at: dict[NodeName, tuple[float, str | None]] = {}
         self._next_eval = 0.0
         self._last_eval = float("-inf")
         self._node_event = False
@@ -264,7 +270,14 @@ class ShardingController:
             holders = self.shards.holders(names)
         else:
             holders = {n: s for n, s in self._owners.items() if s in names}
-        result = policy.evaluate(views(self.nodes.nodes, self.requests, holders))
+        shards = policy.settings.shards
+        self._moved_at = {
+            n: (t, to) for n, (t, to) in self._moved_at.items() if now - t < shards.residence(to)
+        }
+        result = policy.evaluate(views(self.nodes.nodes, self.requests, holders), frozenset(self._moved_at))
+        self._moved_at.update(
+            (move.node, (now, move.target)) for move in result.moves if shards.residence(move.target)
+        )
         self._evaluation, self._owners = result, result.owners
         self._evaluated, self._last_eval = policy, now
         self._next_eval = now + policy.sharding.shard_sync_period_seconds

@@ -215,6 +215,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="scheduled: simulated s the high target outlasts a burst",
     )
     sh.add_argument(
+        "--scheduled-nodes-high",
+        type=int,
+        default=0,
+        help="scheduled: switch node-limit's maxNodes to this for a wave instead of free CPU (0: free CPU)",
+    )
+    sh.add_argument(
+        "--scheduled-nodes-low",
+        type=int,
+        default=1,
+        help="scheduled: maxNodes between waves (with the above)",
+    )
+    sh.add_argument(
+        "--tuned-residence",
+        type=float,
+        default=0.0,
+        help="tuned and scheduled: minResidenceSeconds, simulated s (a node that moved stays that long; 0: off)",
+    )
+    sh.add_argument(
+        "--tuned-batch-residence",
+        type=float,
+        default=0.0,
+        help="tuned and scheduled: the batch shard's minResidenceSecondsByScheduler, simulated s (0: as above)",
+    )
+    sh.add_argument(
         "--configs",
         type=_names,
         default=None,

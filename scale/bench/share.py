@@ -23,7 +23,8 @@ burst windows only; every lifetime is within its bounds after compression.
 
 The run (``scale.bench.share_run``) gives every configuration nodes of ``node_cpu`` CPUs; the ``tuned_*`` fields
 parameterise the tuned configuration's policy there, the ``scheduled_*`` fields the scheduled one's (the tuned
-policy with its free-CPU target switched ahead of each wave: ``scheduled_targets``, pure like the plan).
+policy with its free-CPU target, or a node count, switched ahead of each wave: ``scheduled_levels``, pure like the
+plan); ``tuned_residence_s`` / ``tuned_batch_residence_s`` are both configurations' ``minResidenceSeconds``.
 """
 
 from __future__ import annotations
@@ -74,6 +75,18 @@ class ShareSpec:
     scheduled_lead_s: float = 60.0
     #: simulated seconds ``high`` stays in force after a burst ends, while its last pods are still being placed
     scheduled_hold_s: float = 20.0
+    #: when > 0, the scheduled configuration switches node-limit's ``maxNodes`` between ``scheduled_nodes_high``
+    #: (for a wave) and ``scheduled_nodes_low`` (between waves) instead of ``minFreeCPU``: the agent shard holds
+    #: a fixed number of nodes during a wave (the static split's, say) and does not grow while the wave fills it
+    scheduled_nodes_high: int = 0
+    scheduled_nodes_low: int = 1
+    #: the tuned and scheduled configurations' ``minResidenceSeconds`` (simulated s; 0: off): a node that moved
+    #: stays with its new shard at least this long
+    tuned_residence_s: float = 0.0
+    #: the same for nodes given to the batch shard (``minResidenceSecondsByScheduler``; 0: as above): a lent node
+    #: stays with batch that long, so with it above the gap between waves the nodes lent after one wave are not
+    #: the ones taken back before the next
+    tuned_batch_residence_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.simulated_s < MIN_SIMULATED_S:
@@ -90,27 +103,40 @@ class ShareSpec:
             raise ValueError("share: scheduled_lead_s and scheduled_hold_s must be >= 0")
         if self.batch_backlog < 0:
             raise ValueError("share: batch_backlog must be >= 0")
+        if self.scheduled_nodes_high and not 0 < self.scheduled_nodes_low <= self.scheduled_nodes_high:
+            raise ValueError("share: 0 < scheduled_nodes_low <= scheduled_nodes_high")
+        if self.tuned_residence_s < 0 or self.tuned_batch_residence_s < 0:
+            raise ValueError("share: tuned_residence_s and tuned_batch_residence_s must be >= 0")
 
     def real(self, simulated: float) -> float:
         return simulated / self.compression
 
 
-def scheduled_targets(spec: ShareSpec) -> list[tuple[float, float]]:
-    """The scheduled configuration's ``minFreeCPU`` switches as (real offset from the first wave, cores), sorted:
-    ``high`` ``scheduled_lead_s`` before every wave after the first (the first starts under ``high``), ``low``
+def scheduled_levels(spec: ShareSpec) -> list[tuple[float, bool]]:
+    """The scheduled configuration's switches as (real offset from the first wave, high?), sorted: high
+    ``scheduled_lead_s`` before every wave after the first (the first starts under high), low
     ``scheduled_hold_s`` after each burst ends (lead + hold are cut to fit the quiet part of a period, the
-    lead first). Depends on the spec only."""
+    lead first). The waves go on after the measured ones: the high switch for the wave that would follow the
+    last is kept when it falls inside the run, so the schedule does not lend nodes over the end of the run
+    that it would have to take back in time for that wave. Depends on the spec only."""
     quiet = spec.wave_period_s - spec.wave_burst_s
     hold = min(spec.scheduled_hold_s, quiet)
     lead = min(spec.scheduled_lead_s, quiet - hold)
-    out: list[tuple[float, float]] = []
+    out: list[tuple[float, bool]] = []
     start = 0.0
-    while start < spec.simulated_s:
+    while start - lead < spec.simulated_s:
         if start > 0:
-            out.append((spec.real(start - lead), spec.scheduled_free_cpu_high))
-        out.append((spec.real(start + spec.wave_burst_s + hold), spec.scheduled_free_cpu_low))
+            out.append((spec.real(start - lead), True))
+        if start < spec.simulated_s:
+            out.append((spec.real(start + spec.wave_burst_s + hold), False))
         start += spec.wave_period_s
     return out
+
+
+def scheduled_targets(spec: ShareSpec) -> list[tuple[float, float]]:
+    """``scheduled_levels`` as ``minFreeCPU`` switches: (real offset from the first wave, cores)."""
+    high, low = spec.scheduled_free_cpu_high, spec.scheduled_free_cpu_low
+    return [(at, high if up else low) for at, up in scheduled_levels(spec)]
 
 
 def agent_demand(spec: ShareSpec) -> list[float]:

@@ -34,7 +34,9 @@ def verdict(static: dict[str, Any], other: dict[str, Any]) -> tuple[bool, str]:
     wait_ok = (other["batch_wait_censored_mean_s"] or 1e9) <= (static["batch_wait_censored_mean_s"] or 0)
     reasons.append(f"batch wait {'no worse' if wait_ok else 'worse'}")
     moves_ok = other["max_moves_node_wave"] <= 1
-    reasons.append(f"at most one move per node per wave: {'yes' if moves_ok else 'no'}")
+    gap = other.get("min_move_gap_s")
+    shortest = "" if gap is None else f" (shortest time between two moves of one node {gap:.0f} simulated s)"
+    reasons.append(f"at most one move per node per wave: {'yes' if moves_ok else 'no'}{shortest}")
     met = gain >= GOAL_POINTS and p99_ok and wait_ok and moves_ok and not other["violations"]
     return met, "; ".join(reasons)
 
@@ -126,6 +128,8 @@ def write(out: Path, result: dict[str, Any], command: str = "") -> Path:
         "# share: agent waves over a batch backlog, shard policies side by side",
         "",
         f"Command: `{command}`" if command else "",
+        "",
+        f"Commit: {result['commit']}" if result.get("commit") else "",
         "",
         f"{len(result['configs'])} configurations on one local cluster at once, each on {result['nodes_per_config']} "
         f"nodes of {result['node_shape']} of its own, with its own coordinator + worker and batch stand-in; the "

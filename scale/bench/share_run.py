@@ -11,15 +11,17 @@ same agent arrivals (``scale.bench.share.share_plan``) at the same moments, so t
 Configurations (``policies``): ``static`` (node-limit split, ``maxMovesPerSync: 0`` freezes it after the first
 evaluation), ``volcano-example`` (Volcano's example ConfigMap as shipped, its entries renamed, its sync period
 compressed like every other time) and ``tuned`` (this project's policy for the mix, in Volcano's format); on
-request (``--configs``) also ``scheduled``: the tuned policy whose free-CPU target the run raises ahead of each
-wave and lowers when its burst ends (``scale.bench.share.scheduled_targets``, ConfigMap edits the coordinator
-applies as new policy versions), the forecast an operator who knows the waves' times could give.
+request (``--configs``) also ``scheduled``: the tuned policy whose target (free CPU, or with
+``scheduled_nodes_high`` a node count) the run raises ahead of each wave and lowers when its burst ends
+(``scale.bench.share.scheduled_levels``, ConfigMap edits the coordinator applies as new policy versions), the
+forecast an operator who knows the waves' times could give.
 
 Measured per configuration (``summarize``): CPU and memory allocation (requests / allocatable over the
 configuration's nodes; mean and p10 of samples every ``SAMPLE_S`` during the waves), agent create->bound and
 create->running p50/p99 in real seconds (from just before the create request to the watch showing it), batch pods started and
 their queue wait (from the backlog's start to bound; pods never started count to the end of the run), node moves
-per simulated minute and per node per wave, handoff durations (a node entering a shard's ``nodesDesired`` ->
+per simulated minute, per node per wave (windows of one wave period from the first wave's start) and the
+shortest time between two moves of one node, handoff durations (a node entering a shard's ``nodesDesired`` ->
 published in its ``nodesInUse``, real seconds) and the largest free CPU block per pool. Times are simulated
 seconds unless a name says ``real``: the scheduler's and the handoff's own latencies are not compressed.
 
@@ -55,7 +57,7 @@ from coordinator.nodeshards import bodies
 from coordinator.nodeshards.bodies import parse_nodeshard
 from scale.bench import stages
 from scale.bench.schedulers import python_module, start, stop_children
-from scale.bench.share import SHARE, ShareSpec, agent_demand, scheduled_targets, share_plan
+from scale.bench.share import SHARE, ShareSpec, agent_demand, scheduled_levels, share_plan
 from scale.bench.share_batch import BatchSide
 from scale.bench.workloads import RUN_LABEL
 from scale.cluster import Cluster, ClusterOptions, start_cluster_async
@@ -139,6 +141,27 @@ def tuned_sharding(spec: ShareSpec, free_cpu: float, *, agent: str, batch: str) 
     }
 
 
+def scheduled_sharding(spec: ShareSpec, high: bool, *, agent: str, batch: str) -> dict[str, Any]:
+    """The scheduled configuration's ``sharding.yaml`` at its high (a wave) or low (between waves) level: the
+    tuned document with ``minFreeCPU`` switched, or, with ``scheduled_nodes_high``, a node count: the agent
+    shard takes the busiest nodes (allocation-rate 0-100 %, scored by utilisation) up to node-limit's
+    ``maxNodes``."""
+    if not spec.scheduled_nodes_high:
+        cores = spec.scheduled_free_cpu_high if high else spec.scheduled_free_cpu_low
+        return tuned_sharding(spec, cores, agent=agent, batch=batch)
+    count = spec.scheduled_nodes_high if high else spec.scheduled_nodes_low
+    anyutil = {"name": "allocation-rate", "weight": 1, "arguments": {"minCPUUtil": 0.0, "maxCPUUtil": 1.0}}
+    limit = {"name": "node-limit", "arguments": {"minNodes": count, "maxNodes": count}}
+    return {
+        "schedulerConfigs": [
+            {"name": agent, "type": "agent", "policies": [anyutil, limit]},
+            {"name": batch, "type": "volcano", "policies": [anyutil]},
+        ],
+        "shardSyncPeriod": _go_seconds(spec.real(spec.tuned_sync_s)),
+        "enableNodeEventTrigger": True,
+    }
+
+
 def policies(spec: ShareSpec, *, nodes: int, agent_nodes: int, agent: str, batch: str) -> dict[str, Policy]:
     """The three configurations for one installation whose NodeShards are named ``agent`` and ``batch``.
 
@@ -159,13 +182,27 @@ def policies(spec: ShareSpec, *, nodes: int, agent_nodes: int, agent: str, batch
         entry["name"] = names[entry["type"]]
     example["shardSyncPeriod"] = _go_seconds(spec.real(60.0))  # "60s" as shipped, compressed
     tuned = tuned_sharding(spec, spec.tuned_free_cpu, agent=agent, batch=batch)
-    tuned_settings = {
-        "shards": {
-            "bandHysteresis": spec.tuned_band_hysteresis,
-            "rankHysteresis": spec.tuned_rank_hysteresis,
-            "maxMovesPerSync": spec.tuned_max_moves,
-        }
+    tuned_shards: dict[str, Any] = {
+        "bandHysteresis": spec.tuned_band_hysteresis,
+        "rankHysteresis": spec.tuned_rank_hysteresis,
+        "maxMovesPerSync": spec.tuned_max_moves,
     }
+    residence = ""
+    if spec.tuned_residence_s:
+        tuned_shards["minResidenceSeconds"] = spec.real(spec.tuned_residence_s)
+        residence = (
+            f", a node stays {spec.tuned_residence_s:g} simulated s where it moved (minResidenceSeconds)"
+        )
+    if spec.tuned_batch_residence_s:
+        tuned_shards["minResidenceSecondsByScheduler"] = {batch: spec.real(spec.tuned_batch_residence_s)}
+        residence += f", a node lent to batch stays there {spec.tuned_batch_residence_s:g} simulated s"
+    tuned_settings = {"shards": tuned_shards}
+    if spec.scheduled_nodes_high:
+        levels = f"{spec.scheduled_nodes_high} nodes (node-limit; busiest first)"
+        quiet = f"{spec.scheduled_nodes_low} between waves"
+    else:
+        levels = f"{spec.scheduled_free_cpu_high:g} cores of free CPU"
+        quiet = f"{spec.scheduled_free_cpu_low:g} cores between waves"
     return {
         STATIC: Policy(
             STATIC,
@@ -188,18 +225,17 @@ def policies(spec: ShareSpec, *, nodes: int, agent_nodes: int, agent: str, batch
             f"{', reclaim: batch pods count as capacity that comes back' if spec.tuned_reclaim else ''}); "
             f"batch: the rest. Nodes the agents left idle go to batch, which fills them. Sync every {spec.tuned_sync_s:g} simulated s, band "
             f"hysteresis {spec.tuned_band_hysteresis:g}, rank hysteresis {spec.tuned_rank_hysteresis:g}, at "
-            f"most {spec.tuned_max_moves} moves per sync",
+            f"most {spec.tuned_max_moves} moves per sync{residence}",
             _yaml(tuned),
             _yaml(tuned_settings),
         ),
         SCHEDULED: Policy(
             SCHEDULED,
-            f"the tuned policy (same ranking, sync and hysteresis) with its free-capacity target switched by "
-            f"the run, as an operator's scheduled ConfigMap edit would: {spec.scheduled_free_cpu_high:g} cores "
+            f"the tuned policy (same sync and hysteresis{residence}) with its agent target switched by "
+            f"the run, as an operator's scheduled ConfigMap edit would: {levels} "
             f"from {spec.scheduled_lead_s:g} simulated s before each wave until {spec.scheduled_hold_s:g} s after "
-            "its burst ends, "
-            f"{spec.scheduled_free_cpu_low:g} cores between waves",
-            _yaml(tuned_sharding(spec, spec.scheduled_free_cpu_high, agent=agent, batch=batch)),
+            f"its burst ends, {quiet}",
+            _yaml(scheduled_sharding(spec, True, agent=agent, batch=batch)),
             _yaml(tuned_settings),
         ),
     }
@@ -617,8 +653,13 @@ def summarize(
     handoffs = _handoffs(install, shards, moves)
     wave_s = spec.real(spec.wave_period_s)
     per_node_wave: dict[tuple[str, int], int] = defaultdict(int)
+    last_move: dict[str, float] = {}
+    gaps: list[float] = []
     for at, node, _, _ in moves:
         per_node_wave[(node, int(max(0.0, at - t0) // wave_s))] += 1
+        if node in last_move:
+            gaps.append((at - last_move[node]) * c)
+        last_move[node] = at
     minutes = (wave_end - t0) * c / 60
     return {
         "config": install.policy.name,
@@ -642,6 +683,7 @@ def summarize(
         "moves": len(moves),
         "moves_per_min": len(moves) / minutes if minutes > 0 else None,
         "max_moves_node_wave": max(per_node_wave.values(), default=0),
+        "min_move_gap_s": min(gaps, default=None),
         "handoff_p50_real_s": _pct(handoffs, 0.5),
         "handoff_max_real_s": max(handoffs, default=None),
         "unfinished_handoffs": len(moves) - len(handoffs),
@@ -697,22 +739,22 @@ async def _wait_ready(kube: KubeClient, installs: list[Install], shards: ShardTr
 async def _schedule_targets(
     kube: KubeClient, install: Install, spec: ShareSpec, t0: float, stop: asyncio.Event
 ) -> None:
-    """The scheduled configuration's ConfigMap edits (``scale.bench.share.scheduled_targets``) at their times;
+    """The scheduled configuration's ConfigMap edits (``scale.bench.share.scheduled_levels``) at their times;
     each is a new policy version, which the coordinator evaluates at once."""
     path = f"/api/v1/namespaces/{install.namespace}/configmaps/sharding"
-    for at, cores in scheduled_targets(spec):
+    for at, high in scheduled_levels(spec):
         delay = t0 + at - time.monotonic()
         if delay > 0:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), delay)
         if stop.is_set():
             return
-        doc = tuned_sharding(spec, cores, agent=install.scheduler, batch=install.batch_shard)
+        doc = scheduled_sharding(spec, high, agent=install.scheduler, batch=install.batch_shard)
         await kube.patch(path, {"data": {"sharding.yaml": _yaml(doc)}})
         log.info(
-            "%s: minFreeCPU %g at %.0f simulated s",
+            "%s: %s target at %.0f simulated s",
             install.tag,
-            cores,
+            "high" if high else "low",
             (time.monotonic() - t0) * spec.compression,
         )
 
@@ -936,6 +978,10 @@ def main(args: Any) -> int:
         scheduled_free_cpu_high=args.scheduled_free_cpu_high,
         scheduled_lead_s=args.scheduled_lead,
         scheduled_hold_s=args.scheduled_hold,
+        scheduled_nodes_high=args.scheduled_nodes_high,
+        scheduled_nodes_low=args.scheduled_nodes_low,
+        tuned_residence_s=args.tuned_residence,
+        tuned_batch_residence_s=args.tuned_batch_residence,
         node_cpu=args.node_cpu,
     )
     configs = tuple(args.configs or CONFIGS)
@@ -951,7 +997,9 @@ def main(args: Any) -> int:
         )
     )
     from scale.bench import share_report
+    from scale.bench.footprint import _commit
 
+    result["commit"] = _commit()
     (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
     command = "agent-scheduler " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     share_report.write(out, result, command)

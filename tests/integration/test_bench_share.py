@@ -44,11 +44,15 @@ def test_tiny_share_run_keeps_the_invariants_and_writes_the_report(tmp_path: Pat
         f"--compression={COMPRESSION:g}",
         f"--wave-rate={WAVE_RATE:g}",
         f"--backlog={BACKLOG}",
-        # the scheduled configuration too (its ConfigMap edits during the run), and free-capacity's reclaim
+        # the scheduled configuration too (its ConfigMap edits during the run, switching node counts), free-
+        # capacity's reclaim, and the residences the coordinator keeps per node (minResidenceSeconds, and per
+        # scheduler for the batch shard)
         "--configs=static,volcano-example,tuned,scheduled",
         "--tuned-reclaim",
-        "--scheduled-free-cpu-high=4",
-        "--scheduled-free-cpu-low=1",
+        "--scheduled-nodes-high=2",
+        "--scheduled-nodes-low=1",
+        "--tuned-residence=30",
+        "--tuned-batch-residence=60",
         f"--out={out}",
     ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=GUARD_TIMEOUT, check=False)

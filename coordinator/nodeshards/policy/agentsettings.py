@@ -11,6 +11,8 @@ would otherwise silently fall back to a default.
       bandHysteresis: 0.05
       rankHysteresis: 0.05
       maxMovesPerSync: 50          # null: unbounded
+      minResidenceSeconds: 0       # a node that changed scheduler stays this long (0: off)
+      minResidenceSecondsByScheduler: {volcano: 200}   # the same for nodes given to one scheduler entry
     rebalance:                     # how nodes move between this scheduler's worker processes; applied by
       startSkew: 0.25              # ``coordinator.workershards.assignment`` from the shard map's next round
       stopSkew: 0.10
@@ -61,9 +63,20 @@ def _key(
     hi: float | None = None,
     positive: bool = False,
     nullable: bool = False,
+    omit_default: bool = False,
 ) -> dict[str, Any]:
-    """Field metadata: YAML key, type, inclusive bounds, ``positive`` (strictly above ``lo``), ``nullable``."""
-    return {"key": name, "kind": kind, "lo": lo, "hi": hi, "positive": positive, "nullable": nullable}
+    """Field metadata: YAML key, type, inclusive bounds, ``positive`` (strictly above ``lo``), ``nullable``;
+    ``omit_default``: left out of ``to_dict`` (so of the policy version) at its default, for a setting added
+    after versions were published, so that every policy without it keeps its version."""
+    return {
+        "key": name,
+        "kind": kind,
+        "lo": lo,
+        "hi": hi,
+        "positive": positive,
+        "nullable": nullable,
+        "omit_default": omit_default,
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +94,24 @@ class ShardSettings:
     )
     """At most this many held nodes change scheduler per evaluation (the rest are deferred to later syncs);
     ``null`` means unbounded, 0 freezes held nodes. Assigning a node nobody holds is not a move."""
+    min_residence_seconds: float = field(
+        default=0.0, metadata=_key("minResidenceSeconds", float, lo=0.0, hi=86400.0 * 7, omit_default=True)
+    )
+    """A node that moved to a scheduler stays with it at least this many seconds (per-node hysteresis in time:
+    it cannot move back, or on, before then); 0 disables. The leader keeps the move times in memory, so a new
+    leader starts with none resting (``coordinator.nodeshards.controller``)."""
+    min_residence_by_scheduler: tuple[tuple[str, float], ...] = field(
+        default=(),
+        metadata=_key("minResidenceSecondsByScheduler", dict, lo=0.0, hi=86400.0 * 7, omit_default=True),
+    )
+    """``minResidenceSeconds`` for the nodes given to the named scheduler entries (name -> seconds, sorted by
+    name); entries not named use ``minResidenceSeconds``. A batch scheduler can thus keep a lent node long
+    enough for its jobs (and not see it taken back before the next wave) while the agent shard gives nodes
+    back soon after a wave. Names that match no scheduler entry are ignored."""
+
+    def residence(self, scheduler: str | None) -> float:
+        """Seconds a node given to ``scheduler`` (``None``: to nobody) stays there."""
+        return dict(self.min_residence_by_scheduler).get(scheduler or "", self.min_residence_seconds)
 
 
 _ASSIGNMENT_DEFAULTS = AssignmentConfig()
@@ -150,12 +181,27 @@ _IGNORED_KEYS = {
 
 
 def _section_dict(section: DataclassInstance) -> dict[str, object]:
-    return {f.metadata["key"]: getattr(section, f.name) for f in dataclasses.fields(section)}
+    out: dict[str, object] = {}
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        if f.metadata["omit_default"] and value == f.default:
+            continue
+        out[f.metadata["key"]] = dict(value) if f.metadata["kind"] is dict else value
+    return out
 
 
 def _read_value(m: dict[str, object], f: dataclasses.Field[Any], path: str) -> object:
     meta = f.metadata
     key: str = meta["key"]
+    if meta["kind"] is dict:  # name -> seconds, kept as sorted pairs (the settings stay hashable)
+        mapping = fields.as_mapping(m[key], fields.sub(path, key))
+        pairs = []
+        for name in sorted(mapping, key=str):
+            inner = fields.sub(path, key)
+            seconds = fields.get_float(mapping, name, inner, 0.0)
+            fields.check_range(seconds, fields.sub(inner, str(name)), meta["lo"], meta["hi"])
+            pairs.append((str(name), seconds))
+        return tuple(pairs)
     value: float | int | None
     if meta["kind"] is float:
         value = fields.get_float(m, key, path, 0.0)

@@ -15,10 +15,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 
+from common.records import NodeName
 from coordinator.nodeshards.policy.agentsettings import AgentSchedulerSettings, parse_settings
 from coordinator.nodeshards.policy.durations import format_seconds
 from coordinator.nodeshards.policy.errors import PolicyConfigError
@@ -97,9 +98,10 @@ class EffectivePolicy:
                 return agent
         raise LookupError(f"no scheduler of type agent named {name!r}")
 
-    def evaluate(self, nodes: Iterable[NodeView]) -> ShardEvaluation:
-        """Each scheduler's desired nodes for this policy (``coordinator.nodeshards.policy.evaluate``)."""
-        return evaluate(self.sharding, self.settings.shards, nodes)
+    def evaluate(self, nodes: Iterable[NodeView], resting: Collection[NodeName] = ()) -> ShardEvaluation:
+        """Each scheduler's desired nodes for this policy (``coordinator.nodeshards.policy.evaluate``);
+        ``resting``: nodes that moved less than ``minResidenceSeconds`` ago (they stay with their holder)."""
+        return evaluate(self.sharding, self.settings.shards, nodes, resting)
 
     def summary(self) -> str:
         """A compact multi-line description for ``agent-scheduler status``."""
@@ -110,9 +112,14 @@ class EffectivePolicy:
             f"node events {'on' if s.enable_node_event_trigger else 'off'}"
         ]
         lines += [f"  {i}. {scheduler.describe()}" for i, scheduler in enumerate(s.schedulers, 1)]
+        rest = [("", shards.min_residence_seconds)] if shards.min_residence_seconds else []
+        rest += [(f" {name}", seconds) for name, seconds in shards.min_residence_by_scheduler]
+        residence = "".join(
+            f", residence{name} {format_seconds(round(seconds * 1e9))}" for name, seconds in rest
+        )
         lines.append(
             f"  shards: band hysteresis {shards.band_hysteresis:g}, rank hysteresis {shards.rank_hysteresis:g}, "
-            f"moves/sync {moves}"
+            f"moves/sync {moves}{residence}"
         )
         lines.append(f"  workers: {reb.assignment_config().describe()}")
         if self.warnings:

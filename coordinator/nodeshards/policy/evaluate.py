@@ -1,6 +1,6 @@
 """Evaluation: nodes in, each scheduler's desired node set out. Pure; no clock, no client.
 
-Semantics (Volcano's, plus two dampers an operator needs):
+Semantics (Volcano's, plus the dampers an operator needs):
 1. Ideal pass: the pipeline (``pipeline.run``) over all schedulers in config order, with the incumbent
    hysteresis of ``ShardSettings`` (wider band and a score bonus for nodes a scheduler already holds).
 2. Moves: a node *moves* when it has a holder and its new owner differs (another scheduler or none).
@@ -12,6 +12,13 @@ Semantics (Volcano's, plus two dampers an operator needs):
    While deferred, a node may sit outside its holder's band, and a holder may exceed ``maxNodes`` if it held
    more nodes than a newly lowered limit allows. Because deferred nodes keep their slots, an allowed move may
    land somewhere other than the ideal pass put it (possibly nowhere) until a later sync.
+4. Residence (``minResidenceSeconds``, per holder ``minResidenceSecondsByScheduler``): nodes the caller names
+   ``resting`` - held nodes that moved to their holder more recently than its residence - are pinned to their
+   holder in every pass, like deferred nodes (they keep their slots, and selectors do not see them), and are not
+   moves. The caller keeps the move times (the evaluation has no clock). A node thus never leaves a holder
+   before its residence there is over, whatever the policy wants. When the residence with the side that lends
+   is longer than the gap between two waves' needs, the nodes lent after one wave are not the ones taken back
+   before the next: lent nodes rotate, and each moves at most once per wave.
 
 All nodes are evaluated in one pass: there is no batching (Volcano's 50-node batches forgot earlier batches'
 choices).
@@ -24,7 +31,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
@@ -80,8 +87,14 @@ def _moves(nodes: Iterable[NodeView], owners: Mapping[NodeName, str]) -> list[Sh
     ]
 
 
-def evaluate(sharding: ShardingConfig, settings: ShardSettings, nodes: Iterable[NodeView]) -> ShardEvaluation:
-    """Compute every scheduler's desired nodes; see the module docstring for the rules.
+def evaluate(
+    sharding: ShardingConfig,
+    settings: ShardSettings,
+    nodes: Iterable[NodeView],
+    resting: Collection[NodeName] = (),
+) -> ShardEvaluation:
+    """Compute every scheduler's desired nodes; see the module docstring for the rules. ``resting`` nodes (rule 4)
+    stay with their holder; a resting node without a (known) holder is ignored.
 
     Raises ``ValueError`` if two views share a node name.
     """
@@ -94,7 +107,8 @@ def evaluate(sharding: ShardingConfig, settings: ShardSettings, nodes: Iterable[
         if a.name == b.name:
             raise ValueError(f"node {a.name!r} given twice")
     damping = pipeline.Damping.of(settings)
-    result = pipeline.run(sharding.schedulers, views, damping, {})
+    rest = {n.name: n.holder for n in views if n.holder is not None and n.name in resting}
+    result = pipeline.run(sharding.schedulers, views, damping, rest)
     wanted = _moves(views, _owners(result))
     deferred: list[ShardMove] = []
     budget = settings.max_moves_per_sync
@@ -109,6 +123,7 @@ def evaluate(sharding: ShardingConfig, settings: ShardSettings, nodes: Iterable[
         ordered = sorted(wanted, key=urgency)
         allowed = {m.node for m in ordered[:budget]}
         deferred = ordered[budget:]
+        # Every held node not allowed to move is pinned, resting ones included (they were never moves).
         pinned = {n.name: n.holder for n in views if n.holder is not None and n.name not in allowed}
         result = pipeline.run(sharding.schedulers, views, damping, pinned)
     owners = _owners(result)

@@ -57,6 +57,12 @@ def test_plan_is_deterministic_and_bad_specs_are_refused() -> None:
         ShareSpec(wave_burst_s=200)
     with pytest.raises(ValueError):
         ShareSpec(scheduled_free_cpu_low=8, scheduled_free_cpu_high=4)
+    with pytest.raises(ValueError):
+        ShareSpec(scheduled_nodes_high=3, scheduled_nodes_low=4)
+    with pytest.raises(ValueError):
+        ShareSpec(scheduled_nodes_high=3, scheduled_nodes_low=0)
+    with pytest.raises(ValueError):
+        ShareSpec(tuned_residence_s=-1)
 
 
 def test_agent_demand_follows_the_waves() -> None:

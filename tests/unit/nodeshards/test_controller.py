@@ -4,6 +4,7 @@ handoff, spec writes, and the rebalance settings handed to the worker-shard assi
 from __future__ import annotations
 
 import asyncio
+import itertools
 from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
@@ -278,3 +279,90 @@ async def test_the_label_pool_is_set_again_only_when_the_nodes_change() -> None:
     ctl.nodes.event("DELETED", node_obj("n3", "8"))
     await ctl._pass()
     assert changes == [4, 3]
+
+
+async def _switch(
+    ctl: ShardingController,
+    api: FakeApi,
+    max_nodes: int,
+    rv: str,
+    settings: str = "shards: {rankHysteresis: 1.0, minResidenceSeconds: 10}\n",
+) -> frozenset[NodeName]:
+    """Apply a ConfigMap edit (the agent's maxNodes), run one pass, and let the store see the written specs."""
+    data = {"sharding.yaml": SHARDING % max_nodes, "agent-scheduler.yaml": settings}
+    ctl.source.event("MODIFIED", configmap(data, rv))
+    await one_pass(ctl)
+    ctl.shards.replace(list(api.objects.values()))
+    return ctl.desired("agent")
+
+
+async def test_a_node_that_moved_rests_for_min_residence_seconds_so_lent_nodes_rotate() -> None:
+    api = FakeApi()
+    ctl = bare_controller(api, frozenset)
+    now = [0.0]
+    ctl._clock = lambda: now[0]
+    ctl.nodes.replace([node_obj(f"n{i}", "8") for i in range(6)])  # all alike: ranked by name
+    moved_at: dict[NodeName, list[float]] = {}
+    previous: frozenset[NodeName] | None = None
+    for t, size in ((0, 3), (1, 1), (2, 3), (20, 1), (21, 3), (40, 1), (41, 3)):
+        now[0] = float(t)
+        desired = await _switch(ctl, api, size, str(t + 1))
+        assert len(desired) == size
+        if previous is not None:
+            for node in desired ^ previous:
+                moved_at.setdefault(node, []).append(now[0])
+        previous = desired
+    # The two nodes lent at t=1 are not taken back at t=2 (they rest until t=11): two others are.
+    assert ctl.shards.holders(["agent", "batch"])  # the store followed the specs
+    for node, times in moved_at.items():
+        gaps = [b - a for a, b in itertools.pairwise(times)]
+        assert all(gap >= 10 for gap in gaps), (node, times)
+    assert moved_at[NodeName("n1")] == [1.0, 21.0, 40.0]  # lent, taken back 20 s later, lent again
+    assert moved_at[NodeName("n3")] == [2.0, 20.0, 41.0]
+
+
+async def test_without_residence_the_lent_nodes_come_straight_back() -> None:
+    api = FakeApi()
+    ctl = bare_controller(api, frozenset)
+    ctl.nodes.replace([node_obj(f"n{i}", "8") for i in range(6)])
+    data = {"sharding.yaml": SHARDING % 3, "agent-scheduler.yaml": "shards: {rankHysteresis: 1.0}\n"}
+    ctl.source.event("ADDED", configmap(data, "1"))
+    await one_pass(ctl)
+    ctl.shards.replace(list(api.objects.values()))
+    first = ctl.desired("agent")
+    for max_nodes, rv in ((1, "2"), (3, "3")):
+        data = {
+            "sharding.yaml": SHARDING % max_nodes,
+            "agent-scheduler.yaml": "shards: {rankHysteresis: 1.0}\n",
+        }
+        ctl.source.event("MODIFIED", configmap(data, rv))
+        await one_pass(ctl)
+        ctl.shards.replace(list(api.objects.values()))
+    assert ctl.desired("agent") == first  # the same nodes moved out and back: what residence prevents
+
+
+async def test_a_node_lent_to_batch_rests_for_its_residence_there_while_agent_nodes_go_back_sooner() -> None:
+    """Waves further apart than an agent stint: the batch shard's own residence (longer than the gap between
+    waves) keeps the nodes lent after one wave from being taken back before the next, while the agent's
+    shorter one lets it give nodes back right after a wave."""
+    api = FakeApi()
+    ctl = bare_controller(api, frozenset)
+    now = [0.0]
+    ctl._clock = lambda: now[0]
+    ctl.nodes.replace([node_obj(f"n{i}", "8") for i in range(6)])
+    settings = "shards: {rankHysteresis: 1.0, minResidenceSeconds: 10, minResidenceSecondsByScheduler: {batch: 30}}\n"
+    moved: dict[NodeName, list[tuple[float, str]]] = {}
+    previous: frozenset[NodeName] | None = None
+    for t, size in ((0, 3), (1, 1), (15, 3), (27, 1), (41, 3), (53, 1), (67, 3)):
+        now[0] = float(t)
+        desired = await _switch(ctl, api, size, str(t + 1), settings)
+        assert len(desired) == size
+        if previous is not None:
+            for node in desired ^ previous:
+                moved.setdefault(node, []).append((now[0], "agent" if node in desired else "batch"))
+        previous = desired
+    for node, history in moved.items():
+        for (t0, to), (t1, _) in itertools.pairwise(history):
+            assert t1 - t0 >= (30 if to == "batch" else 10), (node, history)
+    assert [t for t, _ in moved[NodeName("n1")]] == [1.0, 41.0, 53.0]  # lent, rested 40 s, taken, given back
+    assert [t for t, _ in moved[NodeName("n3")]] == [15.0, 27.0, 67.0]

@@ -251,3 +251,49 @@ def test_invariants_on_random_clusters(seed: int) -> None:
     for n in nodes:
         if n.holder in ("volcano", "agent-scheduler") and result.owner(n.name) != n.holder:
             assert ShardMove(n.name, n.holder, result.owner(n.name)) in result.moves
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_resting_nodes_stay_with_their_holder_and_the_rest_is_evaluated_as_without_them(seed: int) -> None:
+    """Rule 4 (minResidenceSeconds): a resting node never moves, is never a move, and the other nodes are
+    placed exactly as if the resting ones had been pinned by the move budget (the same pinned second pass)."""
+    rng = random.Random(seed)
+    budget = rng.choice([None, 1, 5, 20])
+    p = policy(
+        scheduler("volcano", "volcano", band(0.0, 0.6), warmup(2), limit(rng.randint(2, 40), 2)),
+        scheduler("agent-scheduler", "agent", band(0.5, 1.0), warmup(5), limit(rng.randint(2, 40), 2)),
+        band_hysteresis=rng.choice([0.0, 0.05]),
+        rank_hysteresis=rng.choice([0.0, 0.1]),
+        max_moves=budget,
+    )
+    holders = [None, "volcano", "agent-scheduler", "gone"]
+    nodes = [
+        node(f"n{i}", rng.random() * 1.1, warm=rng.random() < 0.2, holder=rng.choice(holders))
+        for i in range(rng.randint(0, 80))
+    ]
+    resting = {n.name for n in nodes if rng.random() < 0.3}
+    result = p.evaluate(nodes, resting)
+    assert budget is None or len(result.moves) <= budget
+    for n in nodes:
+        if n.name in resting and n.holder in ("volcano", "agent-scheduler"):
+            assert result.owner(n.name) == n.holder
+            assert all(m.node != n.name for m in (*result.moves, *result.deferred))
+    # Resting nodes without a configured holder are not pinned (nobody to stay with): as if not resting.
+    unheld = {n.name for n in nodes if n.holder not in ("volcano", "agent-scheduler")}
+    assert p.evaluate(nodes, resting & unheld) == p.evaluate(nodes)
+    # Nothing resting: exactly the evaluation without the argument.
+    assert p.evaluate(nodes, ()) == p.evaluate(nodes)
+
+
+def test_a_resting_node_keeps_its_slot_and_another_node_is_chosen() -> None:
+    p = policy(
+        scheduler("agent-scheduler", "agent", band(0.0, 1.0), limit(2)),
+        scheduler("volcano", "volcano", band(0.0, 1.0)),
+        rank_hysteresis=1.0,
+    )
+    # a and b were just lent to volcano; c and d are volcano's since long. The agent wants 2 nodes again.
+    nodes = [node(x, 0.5, holder="volcano") for x in "abcd"]
+    assert p.evaluate(nodes).desired["agent-scheduler"] == names("a", "b")
+    rotated = p.evaluate(nodes, {NodeName("a"), NodeName("b")})
+    assert rotated.desired["agent-scheduler"] == names("c", "d")
+    assert {m.node for m in rotated.moves} == {"c", "d"}

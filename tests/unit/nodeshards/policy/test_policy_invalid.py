@@ -303,6 +303,30 @@ SETTINGS_CASES = [
     ),
     ("rank-hysteresis-negative", "shards: {rankHysteresis: -1}\n", "shards.rankHysteresis", "must be >= 0"),
     ("moves-negative", "shards: {maxMovesPerSync: -1}\n", "shards.maxMovesPerSync", "must be >= 0"),
+    (
+        "residence-by-scheduler-not-mapping",
+        "shards: {minResidenceSecondsByScheduler: 5}\n",
+        "shards.minResidenceSecondsByScheduler",
+        "must be a mapping",
+    ),
+    (
+        "residence-by-scheduler-negative",
+        "shards: {minResidenceSecondsByScheduler: {volcano: -1}}\n",
+        "shards.minResidenceSecondsByScheduler.volcano",
+        "must be >= 0",
+    ),
+    (
+        "residence-by-scheduler-not-number",
+        "shards: {minResidenceSecondsByScheduler: {volcano: soon}}\n",
+        "shards.minResidenceSecondsByScheduler.volcano",
+        "must be a number",
+    ),
+    (
+        "residence-negative",
+        "shards: {minResidenceSeconds: -5}\n",
+        "shards.minResidenceSeconds",
+        "must be >= 0",
+    ),
     ("start-skew-zero", "rebalance: {startSkew: 0}\n", "rebalance.startSkew", "must be > 0"),
     ("stop-skew-negative", "rebalance: {stopSkew: -0.1}\n", "rebalance.stopSkew", "must be >= 0"),
     (

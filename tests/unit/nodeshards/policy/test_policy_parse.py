@@ -252,3 +252,43 @@ def test_go_durations(text: str, nanos: int) -> None:
 def test_invalid_go_durations(text: str) -> None:
     with pytest.raises(DurationError):
         parse_go_duration(text)
+
+
+def test_min_residence_is_parsed_and_a_policy_without_it_keeps_its_version() -> None:
+    sharding = (HERE / "volcano_policy_readme_sharding.yaml").read_text(encoding="utf-8")
+    plain = parse_configmap({SHARDING_KEY: sharding, SETTINGS_KEY: "shards: {maxMovesPerSync: 5}\n"})
+    zero = parse_configmap(
+        {SHARDING_KEY: sharding, SETTINGS_KEY: "shards: {maxMovesPerSync: 5, minResidenceSeconds: 0}\n"}
+    )
+    resting = parse_configmap(
+        {SHARDING_KEY: sharding, SETTINGS_KEY: "shards: {maxMovesPerSync: 5, minResidenceSeconds: 12.5}\n"}
+    )
+    assert resting.settings.shards.min_residence_seconds == 12.5
+    plain_shards, resting_shards = plain.settings.to_dict()["shards"], resting.settings.to_dict()["shards"]
+    assert isinstance(plain_shards, dict) and isinstance(resting_shards, dict)
+    assert "minResidenceSeconds" not in plain_shards  # the default is left out of the hash
+    assert zero.version == plain.version  # so every policy written before the setting keeps its version
+    assert resting.version != plain.version
+    assert resting_shards["minResidenceSeconds"] == 12.5
+    assert "residence 12.5s" in resting.summary()
+
+
+def test_min_residence_by_scheduler_overrides_the_default_per_entry() -> None:
+    settings = parse_settings(
+        "shards: {minResidenceSeconds: 5, minResidenceSecondsByScheduler: {volcano: 200, agent-scheduler: 0}}\n"
+    )
+    shards = settings.shards
+    assert shards.min_residence_by_scheduler == (("agent-scheduler", 0.0), ("volcano", 200.0))
+    assert shards.residence("volcano") == 200.0
+    assert shards.residence("agent-scheduler") == 0.0
+    assert shards.residence("other") == shards.residence(None) == 5.0
+    assert settings.to_dict()["shards"] == {
+        "bandHysteresis": 0.05,
+        "rankHysteresis": 0.05,
+        "maxMovesPerSync": 50,
+        "minResidenceSeconds": 5.0,
+        "minResidenceSecondsByScheduler": {"agent-scheduler": 0.0, "volcano": 200.0},
+    }
+    assert hash(settings)  # still a hashable value
+    default_shards = parse_settings("").to_dict()["shards"]
+    assert isinstance(default_shards, dict) and "minResidenceSecondsByScheduler" not in default_shards
