@@ -150,7 +150,8 @@ class PodFeed:
         self.gone = gone  # a pod of ours was deleted, finished or placed: it will not be decided here again
         # Off: every event is parsed in full and applied (the reference the shortcuts are tested against).
         self.shortcuts = shortcuts
-        # The latest record of each pending pod of ours: the ``previous`` of its next parse, here and for a
+        # The latest record of each pending pod of ours that was parsed (standalone: all of them; under a
+        # coordinator only nominated ones, see ``_unread``): the ``previous`` of its next parse, here and for a
         # DISPATCH of it (``worker.intake``), so neither parses again what the watch already has.
         self.pending: dict[PodKey, PodRecord] = {}
 
