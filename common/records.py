@@ -35,9 +35,27 @@ Invariants:
   re-sends the whole object, and after its creation the events of a pod's life change only its
   ``spec.nodeName`` (the binding) and its status or annotations (running, conditions). A record carries
   ``spec_digest``, a 128-bit BLAKE2b digest of the JSON of everything the spec-derived fields are computed from
-  (namespace, owner references, the spec but its ``nodeName``). Given the pod's previous record with the same
-  uid and digest, those fields are taken from it and only the metadata and status fields (and the node name and
-  the labels, with what depends on them) are read again, so the result equals a full parse.
+  (the namespace and the spec but its ``nodeName``), and ``generation`` (``metadata.generation``). Given the
+  pod's previous record with the same uid and either the same non-zero generation or the same digest, the
+  spec-derived fields are taken from it and only the metadata and status fields (and the node name and the
+  labels, with what depends on them, and the controller from the owner references) are read again, each
+  compared with the previous value, so the result equals a full parse and is ``previous`` itself when
+  nothing changed. The generation stands for the spec because kube-apiserver bumps it on every change of a
+  pod's spec (since 1.33; measured on 1.36.3: 1 at creation, +1 for each update of tolerations, a gated pod's
+  node selector, scheduling gates, an image, ``activeDeadlineSeconds``, an in-place resize, ephemeral
+  containers, and for a graceful or immediate delete; unchanged by the binding, which sets only
+  ``spec.nodeName``, and by label, annotation, owner reference and status updates). An object without a
+  generation (an older API server) falls back to the digest.
+- A full parse takes the spec-derived fields (placement fields, their error, the refusal of an unsupported
+  field and the images of a pod not yet placed, gates, priority, claims, scheduler name) of an earlier parse of
+  the same digest and placement (``_SPEC_PARTS``, at most ``SPEC_PARTS_LIMIT`` entries): pods of one template
+  share one spec, so most full parses parse only metadata and status. The inter-pod terms also read the pod's
+  labels and are parsed for each pod.
+- ``pod_update(obj, previous)`` is ``pod_from_json`` for a placed pod's events, except that it returns
+  ``previous`` itself when only fields of ``UNREAD_WHEN_PLACED`` changed (resourceVersion, annotations, a
+  phase that is not terminal before or after): no reader of a placed pod's record reads them (the worker
+  reads its phase only as ``terminal``), so such a record is current in everything read. A field added to
+  ``PodRecord`` is read unless it is listed there.
 """
 
 from __future__ import annotations
@@ -45,7 +63,7 @@ from __future__ import annotations
 import hashlib
 import re
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any, NewType
 
@@ -427,9 +445,11 @@ class PodRecord:
     controller: tuple[str, str, str] | None = None
     # volumes backed by a claim, as (volume name, generic ephemeral?, claimName): read by worker.volumes
     claims: tuple[tuple[str, bool, str], ...] = ()
-    # digest of what every field above except the metadata/status ones is computed from (``pod_from_json``);
-    # b"" when it could not be computed (then no later parse reuses this record)
+    # digest of what every field above except the metadata/status ones and ``controller`` is computed from
+    # (``pod_from_json``); b"" when it could not be computed (then no later parse reuses this record)
     spec_digest: bytes = b""
+    # metadata.generation (0 when absent): the API server bumps it on every change of the spec
+    generation: int = 0
 
     @property
     def terminal(self) -> bool:
@@ -438,6 +458,9 @@ class PodRecord:
     @property
     def gated(self) -> bool:
         return bool(self.scheduling_gates)
+
+
+_POD_FIELDS = tuple(f.name for f in fields(PodRecord))
 
 
 @dataclass(frozen=True, slots=True)
@@ -950,10 +973,25 @@ def spec_digest(meta: dict[str, Any], spec: dict[str, Any]) -> bytes:
     if "nodeName" in spec:
         spec = {k: v for k, v in spec.items() if k != "nodeName"}
     try:
-        raw = orjson.dumps((meta.get("namespace"), meta.get("ownerReferences"), spec))
+        raw = orjson.dumps((meta.get("namespace"), spec))
     except TypeError:  # orjson.JSONEncodeError: not JSON (a dispatched pod is checked, a watched one is JSON)
         return b""
     return hashlib.blake2b(raw, digest_size=16).digest()
+
+
+def _generation(meta: dict[str, Any]) -> int:
+    value = meta.get("generation")
+    return value if type(value) is int and value > 0 else 0
+
+
+def _preempted(status: dict[str, Any]) -> bool:
+    return any(
+        isinstance(c, dict)
+        and c.get("type") == "DisruptionTarget"
+        and c.get("status") == "True"
+        and c.get("reason") == "PreemptionByScheduler"
+        for c in status.get("conditions") or ()
+    )
 
 
 def _status_fields(meta: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
@@ -966,29 +1004,39 @@ def _status_fields(meta: dict[str, Any], status: dict[str, Any]) -> dict[str, An
         "deleting": bool(meta.get("deletionTimestamp")),
         "nominated_node": str(status.get("nominatedNodeName") or ""),
         "start_time": _start_time(status.get("startTime")),
-        "preempted": any(
-            isinstance(c, dict)
-            and c.get("type") == "DisruptionTarget"
-            and c.get("status") == "True"
-            and c.get("reason") == "PreemptionByScheduler"
-            for c in status.get("conditions") or ()
-        ),
+        "preempted": _preempted(status),
+        "generation": _generation(meta),
     }
 
 
+# Fields of a placed pod's record that nothing reads (the worker reads a placed pod's phase only as
+# ``terminal``): ``pod_update`` keeps the previous record when an event changes no other field.
+UNREAD_WHEN_PLACED = frozenset({"resource_version", "annotations", "phase"})
+
+_TERMINAL = ("Succeeded", "Failed")
+
+
 def _reparse(
-    previous: PodRecord, meta: dict[str, Any], spec: dict[str, Any], status: dict[str, Any]
+    previous: PodRecord,
+    meta: dict[str, Any],
+    spec: dict[str, Any],
+    status: dict[str, Any],
+    *,
+    keep: bool = False,
 ) -> PodRecord | None:
     """``previous`` brought up to date with an object of the same uid and spec digest, or None when only a
-    full parse can say what the record is."""
+    full parse can say what the record is. Each field is compared with ``previous`` and only those that
+    differ are replaced (no new record when none does). ``keep``: return ``previous`` itself when only
+    fields of ``UNREAD_WHEN_PLACED`` changed and the pod was and stays placed and not terminal."""
+    changes: dict[str, Any] = {}
     node = spec.get("nodeName") or ""
-    changes = _status_fields(meta, status)
     if node != previous.node_name:
         if previous.node_name or previous.parse_error is not None or not isinstance(node, str):
             return None
         # the binding: a placed pod keeps no images and is not refused for unsupported fields, and without
         # a parse error before, the spec's own rules parsed cleanly
-        changes.update(node_name=_intern(node), images=())
+        changes["node_name"] = _intern(node)
+        changes["images"] = ()
     raw_labels = meta.get("labels") or {}
     if raw_labels != previous.labels:
         # Labels are read by the pod's inter-pod terms (matchLabelKeys) only; the API server adds the node's
@@ -1000,14 +1048,87 @@ def _reparse(
             inter_pod = _inter_pod(spec, previous.namespace, labels)
         except (ValueError, TypeError, AttributeError, ArithmeticError, RecursionError):
             return None  # the full parse says how
-        changes.update(labels=labels, inter_pod=inter_pod)
-    return replace(previous, **changes)
+        changes["labels"] = labels
+        changes["inter_pod"] = inter_pod
+    controller = _controller(meta)
+    if controller != previous.controller:
+        changes["controller"] = controller
+    deleting = bool(meta.get("deletionTimestamp"))
+    if deleting != previous.deleting:
+        changes["deleting"] = deleting
+    nominated = str(status.get("nominatedNodeName") or "")
+    if nominated != previous.nominated_node:
+        changes["nominated_node"] = nominated
+    start_time = _start_time(status.get("startTime"))
+    if start_time != previous.start_time:
+        changes["start_time"] = start_time
+    preempted = _preempted(status)
+    if preempted != previous.preempted:
+        changes["preempted"] = preempted
+    generation = _generation(meta)
+    if generation != previous.generation:
+        changes["generation"] = generation
+    read = bool(changes)  # a field some reader of a placed pod reads changed
+    phase = status.get("phase") or "Pending"
+    if phase != previous.phase:
+        changes["phase"] = _intern(phase)
+        read = read or phase in _TERMINAL or previous.phase in _TERMINAL
+    version = meta.get("resourceVersion") or ""
+    if version != previous.resource_version:
+        changes["resource_version"] = version
+    raw_annotations = meta.get("annotations") or {}
+    if raw_annotations != previous.annotations:
+        changes["annotations"] = dict(raw_annotations)
+    if not changes or (keep and not read and previous.node_name and phase not in _TERMINAL):
+        return previous
+    return _rebuilt(previous, changes)
+
+
+def _rebuilt(previous: PodRecord, changes: dict[str, Any]) -> PodRecord:
+    """``dataclasses.replace(previous, **changes)``, at a fraction of its cost (positional, no keyword dict)."""
+    return PodRecord(*[changes[n] if n in changes else getattr(previous, n) for n in _POD_FIELDS])
 
 
 def pod_key(obj: dict[str, Any]) -> PodKey:
     """The key ``pod_from_json`` gives the record of ``obj``."""
     meta = obj.get("metadata") or {}
     return PodKey(f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}")
+
+
+def _reused(
+    previous: PodRecord, meta: dict[str, Any], spec: dict[str, Any], status: dict[str, Any], *, keep: bool
+) -> tuple[PodRecord | None, bytes | None]:
+    """``_reparse`` when ``previous`` is of the same pod and spec, else None; and the digest of the spec when
+    it had to be computed (None when the generation vouched for it, or the uid differs)."""
+    if previous.uid != (meta.get("uid") or ""):
+        return None, None
+    generation = meta.get("generation")
+    if (
+        type(generation) is int
+        and generation > 0
+        and generation == previous.generation
+        and previous.spec_digest
+    ):
+        # The same generation is the same spec (the API server bumps it on every change of the spec; the
+        # binding, which sets only spec.nodeName, leaves it): no digest needed.
+        return _reparse(previous, meta, spec, status, keep=keep), None
+    digest = spec_digest(meta, spec)
+    if digest and digest == previous.spec_digest:
+        return _reparse(previous, meta, spec, status, keep=keep), digest
+    return None, digest
+
+
+def pod_update(obj: dict[str, Any], previous: PodRecord) -> PodRecord:
+    """``pod_from_json(obj, previous)``, except that ``previous`` itself is returned when ``previous`` is a
+    placed pod's record and ``obj`` changes none of its fields but those of ``UNREAD_WHEN_PLACED`` (the pod
+    still placed on the same node, not terminal): the record stays current in every field a reader of a placed
+    pod reads. Such events (a kubelet's or kwok's status updates after the pod started, annotations) then
+    cost a few dictionary lookups and comparisons."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    reused, _ = _reused(previous, meta, spec, status, keep=True)
+    return reused if reused is not None else pod_from_json(obj)
 
 
 def pod_from_json(obj: dict[str, Any], previous: PodRecord | None = None) -> PodRecord:
@@ -1018,35 +1139,83 @@ def pod_from_json(obj: dict[str, Any], previous: PodRecord | None = None) -> Pod
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
-    digest = spec_digest(meta, spec)
-    if (
-        previous is not None
-        and digest
-        and previous.spec_digest == digest
-        and previous.uid == (meta.get("uid") or "")
-    ):
-        reused = _reparse(previous, meta, spec, status)
+    digest: bytes | None = None
+    if previous is not None:
+        reused, digest = _reused(previous, meta, spec, status, keep=False)
         if reused is not None:
             return reused
+    if digest is None:
+        digest = spec_digest(meta, spec)
     namespace = meta.get("namespace") or "default"
     name = meta.get("name") or ""
-    error: str | None = None
     labels = _interned(dict(meta.get("labels") or {}))
+    placed = bool(spec.get("nodeName"))
+    parts = _SPEC_PARTS.get((digest, placed)) if digest else None
+    if parts is None:
+        parts = _spec_parts(obj, spec, placed)
+        if digest:
+            if len(_SPEC_PARTS) >= SPEC_PARTS_LIMIT:
+                _SPEC_PARTS.clear()
+            _SPEC_PARTS[(digest, placed)] = parts
+    error = parts.error
+    fields = parts.fields
+    signature = parts.signature
     inter_pod: InterPod | None = None
-    try:
-        fields = _placement_fields(spec)
-        inter_pod = _inter_pod(spec, namespace, labels)
-    except (ValueError, TypeError, AttributeError, ArithmeticError, RecursionError) as e:
-        # ValueError includes QuantityError; ArithmeticError an overflowing number (int() of an infinite float)
-        error = f"invalid pod spec: {e}"
-        fields = _empty_pod_fields()
-        inter_pod = None
-    images: tuple[str, ...] = ()
-    if not spec.get("nodeName"):  # a placed pod is not ours to refuse; its requests still count
-        error = unsupported(obj) or error
-        images = _pod_images(spec)
-    gates = tuple(g.get("name", "") for g in spec.get("schedulingGates") or () if isinstance(g, dict))
-    signature = shared(
+    if error is None:
+        try:
+            inter_pod = _inter_pod(spec, namespace, labels)
+        except (ValueError, TypeError, AttributeError, ArithmeticError, RecursionError) as e:
+            error = f"invalid pod spec: {e}"
+            fields, signature = _EMPTY_FIELDS, _EMPTY_SIGNATURE
+    if not placed:  # a placed pod is not ours to refuse; its requests still count
+        error = parts.refusal or error
+    return PodRecord(
+        key=PodKey(f"{namespace}/{name}"),
+        namespace=_intern(namespace),
+        name=name,
+        scheduler_name=parts.scheduler_name,
+        node_name=_intern(spec.get("nodeName") or ""),
+        priority=parts.priority,
+        labels=labels,
+        host_ports=fields["host_ports"],
+        requests=fields["requests"],
+        node_selector=fields["node_selector"],
+        required_terms=fields["required_terms"],
+        preferred_terms=fields["preferred_terms"],
+        tolerations=fields["tolerations"],
+        scheduling_gates=parts.gates,
+        parse_error=error,
+        signature=signature,
+        inter_pod=inter_pod,
+        preempt_never=parts.preempt_never,
+        images=parts.images,
+        controller=_controller(meta),
+        claims=parts.claims,
+        spec_digest=digest,
+        **_status_fields(meta, status),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _SpecParts:
+    """What a pod record takes from ``(namespace, spec)`` alone (the spec's ``nodeName`` only as placed or
+    not): the same for every pod of one spec digest, so kept per digest (``_SPEC_PARTS``). The inter-pod terms
+    also read the pod's labels (``matchLabelKeys``) and are parsed per pod."""
+
+    fields: dict[str, Any]  # the placement fields (``_placement_fields``), empty ones when they failed
+    error: str | None  # why they failed
+    signature: tuple[Any, ...]
+    refusal: str | None  # ``common.support.unsupported``, for a pod not placed
+    images: tuple[str, ...]  # for a pod not placed
+    gates: tuple[str, ...]
+    priority: int
+    claims: tuple[tuple[str, bool, str], ...]
+    scheduler_name: str
+    preempt_never: bool
+
+
+def _signature(fields: dict[str, Any]) -> tuple[Any, ...]:
+    return shared(  # type: ignore[no-any-return]
         (
             fields["node_selector"],
             fields["required_terms"],
@@ -1055,33 +1224,39 @@ def pod_from_json(obj: dict[str, Any], previous: PodRecord | None = None) -> Pod
             tuple(sorted(fields["requests"].scalar)),
         )
     )
+
+
+_EMPTY_FIELDS = _empty_pod_fields()
+_EMPTY_SIGNATURE = _signature(_EMPTY_FIELDS)
+
+
+def _spec_parts(obj: dict[str, Any], spec: dict[str, Any], placed: bool) -> _SpecParts:
+    error: str | None = None
+    try:
+        fields = _placement_fields(spec)
+        signature = _signature(fields)
+    except (ValueError, TypeError, AttributeError, ArithmeticError, RecursionError) as e:
+        # ValueError includes QuantityError; ArithmeticError an overflowing number (int() of an infinite float)
+        error = f"invalid pod spec: {e}"
+        fields, signature = _EMPTY_FIELDS, _EMPTY_SIGNATURE
     priority = spec.get("priority")
-    claims = _claims(spec)
-    return PodRecord(
-        key=PodKey(f"{namespace}/{name}"),
-        namespace=_intern(namespace),
-        name=name,
-        scheduler_name=_intern(spec.get("schedulerName") or "default-scheduler"),
-        node_name=_intern(spec.get("nodeName") or ""),
-        priority=priority if isinstance(priority, int) else 0,
-        labels=labels,
-        host_ports=fields["host_ports"],
-        requests=fields["requests"],
-        node_selector=fields["node_selector"],
-        required_terms=fields["required_terms"],
-        preferred_terms=fields["preferred_terms"],
-        tolerations=fields["tolerations"],
-        scheduling_gates=gates,
-        parse_error=error,
+    return _SpecParts(
+        fields=fields,
+        error=error,
         signature=signature,
-        inter_pod=inter_pod,
+        refusal=None if placed else unsupported(obj),
+        images=() if placed else _pod_images(spec),
+        gates=tuple(g.get("name", "") for g in spec.get("schedulingGates") or () if isinstance(g, dict)),
+        priority=priority if isinstance(priority, int) else 0,
+        claims=_claims(spec),
+        scheduler_name=_intern(spec.get("schedulerName") or "default-scheduler"),
         preempt_never=spec.get("preemptionPolicy") == "Never",
-        images=images,
-        controller=_controller(meta),
-        claims=claims,
-        spec_digest=digest,
-        **_status_fields(meta, status),
     )
+
+
+# (spec digest, placed) -> its parts; cleared when it grows past the bound (sharing is an optimisation)
+_SPEC_PARTS: dict[tuple[bytes, bool], _SpecParts] = {}
+SPEC_PARTS_LIMIT = 4096
 
 
 def _start_time(raw: Any) -> float | None:

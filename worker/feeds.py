@@ -5,10 +5,21 @@
 - ``PodFeed``: every non-terminal pod into the cache (pods of every scheduler use capacity); with
   ``watch_pending`` (standalone) also every pending pod of our scheduler name into the queue. Freed capacity
   wakes the unschedulable pods; a deleted pod leaves the queue and the reporter, and ``gone`` is told (what
-  the scheduler keeps per dispatched pod outside the queue goes with it). Each event is parsed with the
-  pod's latest record as ``previous`` (``common.records.pod_from_json``: the placed pod's from the cache, or
-  the pending pod's it keeps in ``pending`` for pods of our scheduler name), so a status-only event re-reads
-  the status only; a DISPATCH of a pending pod is parsed the same way (``worker.intake``).
+  the scheduler keeps per dispatched pod outside the queue goes with it). An event costs what it changes
+  (``shortcuts``, on outside tests that compare them with the full path):
+  - a DELETED event is not parsed (its key is all it is read for);
+  - a pod with no placed or assumed record here, not placed, not terminal, of another scheduler or (without
+    ``watch_pending``) ours neither nominated nor being deleted, is not parsed: a parse would only tell
+    ``admit`` to drop it from ``pending``. Under a coordinator every worker sees every pending pod of ours
+    and only one gets its DISPATCH, which then parses it in full (``worker.intake``, with ``previous``);
+  - an event of a placed pod is parsed with its cached record (``common.records.pod_update``), which is kept
+    as it is, and the cache is not touched, when nothing a reader of a placed pod reads changed (a kubelet's
+    status updates after the start, annotations): the record is current in every field read. Pods on nodes
+    this worker does not own get the same record as its own: their labels and nodes count for the inter-pod
+    rules across the cluster, and a node granted later is used with the records the watch gave it;
+  - any other event is parsed with the pod's latest record as ``previous`` (the placed pod's from the cache,
+    or the pending pod's kept in ``pending`` for pods of our scheduler name), so a status-only event re-reads
+    the status only; a DISPATCH of a pending pod is parsed the same way (``worker.intake``).
 - ``NamespaceFeed``: every Namespace's labels into the cache (``namespaceSelector`` terms of pod (anti-)affinity);
   a change that may satisfy a waiting pod's required affinity wakes the unschedulable pods.
 - ``WorkloadFeed``: the selectors of Services, ReplicationControllers, ReplicaSets and StatefulSets into the
@@ -39,7 +50,7 @@ from typing import Any
 
 from common import metrics
 from common.kube import KubeClient
-from common.records import NodeName, PodKey, PodRecord, node_from_json, pod_from_json, pod_key
+from common.records import NodeName, PodKey, PodRecord, node_from_json, pod_from_json, pod_key, pod_update
 from common.reporting import Reporter
 from common.watching import Reflector
 from worker.cache import Cache
@@ -128,6 +139,7 @@ class PodFeed:
         watch_pending: bool,
         progress: asyncio.Event | None = None,
         gone: Callable[[PodKey], None] = lambda key: None,
+        shortcuts: bool = True,
     ) -> None:
         self.cache = cache
         self.queue = queue
@@ -136,7 +148,10 @@ class PodFeed:
         self.watch_pending = watch_pending
         self.progress = progress or asyncio.Event()
         self.gone = gone  # a pod of ours was deleted, finished or placed: it will not be decided here again
-        # The latest record of each pending pod of ours: the ``previous`` of its next parse, here and for a
+        # Off: every event is parsed in full and applied (the reference the shortcuts are tested against).
+        self.shortcuts = shortcuts
+        # The latest record of each pending pod of ours that was parsed (standalone: all of them; under a
+        # coordinator only nominated ones, see ``_unread``): the ``previous`` of its next parse, here and for a
         # DISPATCH of it (``worker.intake``), so neither parses again what the watch already has.
         self.pending: dict[PodKey, PodRecord] = {}
 
@@ -180,21 +195,64 @@ class PodFeed:
 
     def event(self, kind: str, obj: dict[str, Any]) -> None:
         seen_at = self.queue.clock()
-        # Most events of a placed pod change only its status: the cached record lets the parse skip the rest.
-        pod = pod_from_json(obj, self.previous(pod_key(obj)))
-        if kind == "DELETED" or pod.terminal:
-            self.pending.pop(pod.key, None)
-            self.queue.delete(pod.key)
-            self.cache.unnominate(pod.key)
-            self.reporter.forget(pod.key)
-            self.gone(pod.key)
-            if self.cache.remove_pod(pod.key):
-                self.queue.move_all()
+        key = pod_key(obj)
+        if kind == "DELETED":
+            self._remove(key)  # nothing of the object is read but its key
+        elif not self.shortcuts:
+            self._apply(pod_from_json(obj), seen_at)
+        elif not self._unread(key, obj):
+            placed = self.cache.placed(key)
+            if placed is not None and placed.node_name and key not in self.cache.assumed:
+                # Most events of a placed pod change only its status: the cached record is kept when nothing
+                # a reader of a placed pod reads changed (``common.records.pod_update``)
+                pod = pod_update(obj, placed)
+                if pod is placed:
+                    if pod.scheduler_name == self.scheduler_name:
+                        self.admit(pod, seen_at)  # as the full path would (drops nothing it still holds)
+                else:
+                    self._apply(pod, seen_at)
+            else:
+                self._apply(pod_from_json(obj, placed or self.pending.get(key)), seen_at)
+        self.progress.set()
+
+    def _apply(self, pod: PodRecord, seen_at: float) -> None:
+        if pod.terminal:
+            self._remove(pod.key)
         else:
             if self.cache.upsert_pod(pod):
                 self.queue.move_all()
             self.admit(pod, seen_at)
-        self.progress.set()
+
+    def _remove(self, key: PodKey) -> None:
+        self.pending.pop(key, None)
+        self.queue.delete(key)
+        self.cache.unnominate(key)
+        self.reporter.forget(key)
+        self.gone(key)
+        if self.cache.remove_pod(key):
+            self.queue.move_all()
+
+    def _unread(self, key: PodKey, obj: dict[str, Any]) -> bool:
+        """True when ``obj``, a pod this worker has no placed or assumed record of, needs no parse: it is not
+        placed, not terminal, and either of another scheduler or (``watch_pending`` off: the leader's DISPATCH
+        brings our pods) ours, neither nominated nor being deleted. A parse would only have told ``admit`` to
+        drop the pod from ``pending`` (or to keep it there for the DISPATCH's parse, which then parses in full:
+        the same record). ``pending`` drops its older record, so nothing stale is kept."""
+        spec = obj.get("spec") or {}
+        if spec.get("nodeName") or key in self.cache.pod_node:
+            return False
+        status = obj.get("status") or {}
+        if status.get("phase") in ("Succeeded", "Failed"):
+            return False
+        if (spec.get("schedulerName") or "default-scheduler") == self.scheduler_name and (
+            self.watch_pending
+            or status.get("nominatedNodeName")
+            or key in self.cache.nominated_node
+            or (obj.get("metadata") or {}).get("deletionTimestamp")
+        ):
+            return False
+        self.pending.pop(key, None)
+        return True
 
 
 STORAGE_PATHS = {
