@@ -70,7 +70,8 @@ Worker -> leader
               for by its predecessor's result.
     CAPACITY  {nodes, free_cpu, free_memory, max_cpu, max_memory, pending, syncing, binds_per_s, ts,
                placing}
-              a compact summary of the worker's shard, every ``CAPACITY_INTERVAL``: totals of free
+              a compact summary of the worker's shard, every ``CAPACITY_INTERVAL`` in which it changed
+              and at least every ``HEARTBEAT_INTERVAL`` (the worker's heartbeat): totals of free
               millicores/bytes over usable owned nodes, and the largest free amounts on one node (a pod
               larger than ``max_*`` cannot fit this shard); ``syncing`` counts granted nodes not usable
               yet (the worker's cache is catching up with them); ``placing`` is false while the worker cannot

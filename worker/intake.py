@@ -9,7 +9,10 @@ Two objects:
   secret), accepts only the leader etcd currently elects, puts dispatched pods into the scheduler's queue
   through the dispatch gate (``worker.gate``: a pod waits there until the pod watch has reached the
   DISPATCH's ``min_rv``), answers heartbeats, and sends the capacity summary (kept current by the cache's
-  index, read in O(1)).
+  index, read in O(1)) each ``protocol.CAPACITY_INTERVAL`` in which it changed, and at least every
+  ``protocol.HEARTBEAT_INTERVAL`` even if it did not: that is the stream's heartbeat towards the leader.
+  A DISPATCH of a pod whose very object (same uid and resourceVersion) the pod watch already parsed reuses
+  that record rather than parsing the pod again (``same_object``).
 
 Invariants:
 - Only the elected leader's stream: a HELLO is accepted only if its MAC verifies and its ``term`` equals the
@@ -42,10 +45,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import socket
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from common import metrics, protocol
 from common.etcd.kv import KeyValue
@@ -96,9 +102,30 @@ def _result(
 def _dispatch(
     msg: protocol.Dispatch, previous: Callable[[PodKey], PodRecord | None]
 ) -> tuple[int, PodRecord, int]:
-    """The DISPATCH's id, pod and ``min_rv``. The pod is parsed with the record this worker's watch already
-    holds for it as ``previous`` (usually the same object: only its status is read again)."""
-    return msg.id, pod_from_json(msg.pod, previous(pod_key(msg.pod))), msg.min_rv
+    """The DISPATCH's id, pod and ``min_rv``. The pod is the record this worker already holds for it when
+    that record is of the very same object (``same_object``: usually so, the leader and this worker watch the
+    same pods), else it is parsed with that record as ``previous`` (only its status is read again)."""
+    held = previous(pod_key(msg.pod))
+    if held is not None and same_object(held, msg.pod):
+        return msg.id, held, msg.min_rv
+    return msg.id, pod_from_json(msg.pod, held), msg.min_rv
+
+
+def same_object(record: PodRecord, obj: Mapping[str, Any]) -> bool:
+    """Is ``record`` the parse of ``obj`` itself? True when both name the same uid and resourceVersion: the
+    API server gives every write of an object a new resourceVersion, so two copies of a pod with the same uid
+    and resourceVersion are the same object (the leader leaves out only ``metadata.managedFields``, which no
+    record reads), and parsing it again would give an equal record."""
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict):
+        return False
+    version, uid = meta.get("resourceVersion"), meta.get("uid")
+    return bool(version and uid) and version == record.resource_version and uid == record.uid
+
+
+def _changed(summary: protocol.Capacity, last: protocol.Capacity | None) -> bool:
+    """Does ``summary`` say anything ``last`` did not (its time aside)?"""
+    return last is None or dataclasses.replace(last, ts=summary.ts) != summary
 
 
 def elected_term(election: Mapping[str, KeyValue]) -> int | None:
@@ -156,7 +183,7 @@ class LeaderResults:
         self.audit = audit
         self.stream: LeaderStream | None = None
         self.pending: dict[PodKey, tuple[int, str]] = {}  # pod -> (dispatch id, uid) of its latest DISPATCH
-        self._bound_times: list[float] = []
+        self._bound_times: deque[float] = deque()  # monotonic times of the bindings, oldest first
 
     @property
     def term(self) -> int:
@@ -189,8 +216,10 @@ class LeaderResults:
 
     def binds_per_second(self) -> float:
         now = time.monotonic()
-        self._bound_times = [t for t in self._bound_times if now - t < BIND_RATE_WINDOW]
-        return len(self._bound_times) / BIND_RATE_WINDOW
+        times = self._bound_times
+        while times and now - times[0] >= BIND_RATE_WINDOW:
+            times.popleft()  # appended in time order: the ones out of the window are at the left
+        return len(times) / BIND_RATE_WINDOW
 
     # ----- worker.outcomes.Outcomes ----------------------------------------------------------------------
 
@@ -427,6 +456,11 @@ class Intake:
         )
 
     async def _report_capacity(self, stream: LeaderStream) -> None:
+        """Every ``CAPACITY_INTERVAL``: close the stream if its term is no longer elected, else send the
+        summary if it changed, and at least every ``HEARTBEAT_INTERVAL`` even if not (the stream's heartbeat:
+        the leader hears from an idle worker well within ``DEAD_AFTER``, and answers with PING)."""
+        last: protocol.Capacity | None = None
+        last_sent = float("-inf")
         while not stream.writer.is_closing():
             elected = self.elected()
             if elected is not None and elected != stream.term:
@@ -437,6 +471,11 @@ class Intake:
                 )
                 stream.writer.close()
                 return
-            stream.send(self.capacity())
-            await stream.drain()
+            summary = self.capacity()
+            now = time.monotonic()
+            if now - last_sent >= protocol.HEARTBEAT_INTERVAL or _changed(summary, last):
+                stream.send(summary)
+                last, last_sent = summary, now
+                if stream.buffered() > WRITE_HIGH_WATER:
+                    await stream.drain()
             await asyncio.sleep(protocol.CAPACITY_INTERVAL)

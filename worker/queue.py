@@ -130,9 +130,12 @@ class SchedulingQueue:
         self._wakeup.clear()
         return None
 
-    async def wait(self, timeout: float) -> None:
-        """Wait until activeQ may have something (or ``timeout`` passes)."""
+    async def wait(self, timeout: float | None = None) -> None:
+        """Wait until activeQ may have something (or ``timeout`` passes). Every way into activeQ wakes it."""
         if self._active:
+            return
+        if timeout is None:
+            await self._wakeup.wait()
             return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wakeup.wait(), timeout)

@@ -279,7 +279,9 @@ class Scheduler:
                 # so it would spin without ever yielding and starve the drain it was paused for.
                 await asyncio.sleep(HOUSEKEEPING_PERIOD)
                 continue
-            await self.queue.wait(HOUSEKEEPING_PERIOD)
+            # No timeout: every way into activeQ (an add, a backoff flush, a move) wakes the loop, and an idle
+            # worker should not wake up to find nothing to do.
+            await self.queue.wait()
             n = 0
             while not self.paused and (qp := self.queue.pop_nowait()) is not None:
                 self.schedule_one(qp)

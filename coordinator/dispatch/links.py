@@ -5,8 +5,9 @@ protocol's handshake under the current dispatch key (HELLO with this term, the w
 ``HELLO_TIMEOUT``, then a PING at once as the first session frame: the worker takes the stream only after it),
 then read frames until the stream breaks, a frame is malformed or fails its MAC, the worker sends ERROR, or
 nothing arrives for ``DEAD_AFTER``; then close, tell the owner, and connect again, until ``stop``. While
-connected the link sends PING every ``HEARTBEAT_INTERVAL`` (checked as frames arrive; the worker's CAPACITY
-every ``CAPACITY_INTERVAL`` keeps them coming, and its PONG keeps an idle stream alive). Every frame it writes
+connected the link sends PING every ``HEARTBEAT_INTERVAL`` (checked as frames arrive; the worker's CAPACITY,
+sent when it changes and at least every ``HEARTBEAT_INTERVAL``, keeps them coming, and its PONG keeps an idle
+stream alive). Every frame it writes
 is sealed by the stream's ``protocol.Session``.
 
 Writes: frames sent in one pass of the event loop are written together when it ends (or at ``drain``), in

@@ -129,16 +129,21 @@ async def test_rest_client_metrics_count_every_request(api: tuple[Reply, str]) -
         return sample("rest_client_request_duration_seconds_count", verb="GET", host=host) or 0.0
 
     # deltas, not totals: an earlier test in this process may have used the same ephemeral port (the host label)
-    before = requests("200", "GET"), requests("409", "POST"), gets()
+    before = requests("200", "GET"), requests("409", "POST"), gets(), requests("200", "POST")
     async with KubeClient(Credentials(server=f"http://{host}", token="t")) as client:
         await client.get("/api/v1/nodes")
         reply.status = 409
         with pytest.raises(Conflict):
             await client.post("/api/v1/pods", {})
-    assert (requests("200", "GET"), requests("409", "POST"), gets()) == (
-        before[0] + 1,
+        # the same method again with another code, and the same code with another method: each its own series
+        reply.status = 200
+        await client.post("/api/v1/pods", {})
+        await client.get("/api/v1/nodes")
+    assert (requests("200", "GET"), requests("409", "POST"), gets(), requests("200", "POST")) == (
+        before[0] + 2,
         before[1] + 1,
-        before[2] + 1,
+        before[2] + 2,
+        before[3] + 1,
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import hmac
 import socket
@@ -470,4 +471,33 @@ async def test_a_stream_whose_term_is_no_longer_elected_is_closed(worker: Worker
             break
         await asyncio.sleep(0.01)
     assert worker.results.stream is None
+    await leader.close()
+
+
+async def test_an_unchanged_capacity_summary_is_sent_only_as_the_heartbeat(
+    worker: Worker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(protocol, "HEARTBEAT_INTERVAL", 3600.0)  # no heartbeat within this test
+    leader = await Leader.connect(worker, term=1)
+    first = await leader.next(protocol.Capacity)
+    assert first.free_cpu == 4000
+    # Nothing changes: many capacity intervals pass without a summary (PONG is the next frame).
+    await asyncio.sleep(5 * protocol.CAPACITY_INTERVAL)
+    leader.send(protocol.Ping(ts=2.0))
+    assert (await leader.next(protocol.Pong)).ts == 2.0
+    assert leader.capacity is None  # ``next`` remembers any summary it skipped: there was none
+    # A change is sent at the next interval.
+    worker.sched.cache.upsert_node(make_node("n1", cpu="8").record())
+    assert (await leader.next(protocol.Capacity)).free_cpu == 8000
+    await leader.close()
+
+
+async def test_an_unchanged_capacity_summary_still_goes_out_as_the_heartbeat(
+    worker: Worker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(protocol, "HEARTBEAT_INTERVAL", 2 * protocol.CAPACITY_INTERVAL)
+    leader = await Leader.connect(worker, term=1)
+    first = await leader.next(protocol.Capacity)
+    again = await leader.next(protocol.Capacity)  # nothing changed: sent as the stream's heartbeat
+    assert dataclasses.replace(again, ts=first.ts) == first
     await leader.close()

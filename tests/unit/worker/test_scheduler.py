@@ -70,7 +70,7 @@ async def test_a_paused_loop_with_pods_waiting_still_yields(client: KubeClient) 
     waits = 0
     real_wait = sched.queue.wait
 
-    async def counting_wait(timeout: float) -> None:
+    async def counting_wait(timeout: float | None = None) -> None:
         nonlocal waits
         waits += 1
         if waits > 100:  # returning at once each time: a spin that never yields
@@ -106,3 +106,50 @@ async def test_the_leaders_preemption_choice_for_a_pod_goes_when_the_pod_goes(cl
     feed.event("MODIFIED", finished.json())
     feed.event("MODIFIED", elsewhere.on("n1").json())
     assert sched._preempt_on == {kept.record().key: "n0"}
+
+
+async def test_an_idle_loop_wakes_for_every_way_into_active_q(client: KubeClient) -> None:
+    """The loop waits without a timeout: a pod added, one whose backoff ends (housekeeping's flush) and one
+    moved by a cluster change must each wake it."""
+    now = [1000.0]
+    reporter = RecordingReporter(client)
+    sched = Scheduler(
+        client,
+        WorkerSettings(),
+        shard=WholeCluster(),
+        outcomes=PodReports(reporter),
+        reporter=reporter,
+        clock=lambda: now[0],
+    )
+    sched.cache.upsert_node(make_node("n1", cpu="1").record())
+    loop = asyncio.create_task(sched.scheduling_loop())
+    housekeeping = asyncio.create_task(sched.housekeeping())
+
+    async def decided(n: int) -> None:
+        for _ in range(500):  # up to 5 s
+            if sched.decisions >= n:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"{sched.decisions} decisions, expected {n}: the loop did not wake")
+
+    try:
+        await asyncio.sleep(0.1)  # the loop is idle now, waiting
+        sched.submit(make_pod("added").req(cpu="100m").record())
+        await decided(1)
+        sched.queue.requeue(make_pod("backoff").req(cpu="100m").record(), attempts=1)
+        await asyncio.sleep(0.1)
+        assert sched.decisions == 1  # still backing off
+        now[0] += 60.0  # its backoff is over: housekeeping's flush puts it in activeQ
+        await decided(2)
+        sched.submit(make_pod("big").req(cpu="2").record())
+        await decided(3)  # unschedulable: parked until something changes
+        assert sched.queue.where(make_pod("big").record().key) == "unschedulable"
+        sched.cache.upsert_node(make_node("n2", cpu="4").record())
+        now[0] += 60.0  # past its backoff: the move puts it straight into activeQ
+        sched.queue.move_all()  # what the node feed does on a node change
+        await decided(4)
+        assert sched.cache.pod_node.get(make_pod("big").record().key) == "n2"
+    finally:
+        for task in (loop, housekeeping):
+            task.cancel()
+        await asyncio.gather(loop, housekeeping, return_exceptions=True)
