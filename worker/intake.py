@@ -103,8 +103,10 @@ def _dispatch(
     msg: protocol.Dispatch, previous: Callable[[PodKey], PodRecord | None]
 ) -> tuple[int, PodRecord, int]:
     """The DISPATCH's id, pod and ``min_rv``. The pod is the record this worker already holds for it when
-    that record is of the very same object (``same_object``: usually so, the leader and this worker watch the
-    same pods), else it is parsed with that record as ``previous`` (only its status is read again)."""
+    that record is of the very same object (``same_object``), else it is parsed with that record as
+    ``previous``. Under a coordinator the pod watch keeps no record of a pending pod that is not nominated
+    (``worker.feeds.PodFeed``), so a first DISPATCH is usually parsed here in full, its spec-derived parts
+    shared with earlier pods of the same template (``common.records``)."""
     held = previous(pod_key(msg.pod))
     if held is not None and same_object(held, msg.pod):
         return msg.id, held, msg.min_rv
