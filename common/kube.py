@@ -533,15 +533,23 @@ class KubeClient:
         }[kind]
         return await self.request("PATCH", path, body=body, content_type=content_type)
 
-    async def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
-        """POST the pod's binding subresource. 409 means already bound or gone; 404 means deleted."""
+    async def bind(
+        self, namespace: str, name: str, uid: str, node: str, *, timeout: float | None = None
+    ) -> None:
+        """POST the pod's binding subresource. 409 means already bound or gone; 404 means deleted.
+
+        ``timeout`` (seconds) also goes to the API server as the request's ``timeout`` parameter, its deadline
+        for the request (its queueing in priority and fairness and its write included; without one it is the
+        server's ``--request-timeout``, 60 s by default): a binding its sender gave up on is then abandoned by
+        the server too, instead of landing up to a minute later (``common.etcd.leases.MAX_BIND_TIME``)."""
         body = {
             "apiVersion": "v1",
             "kind": "Binding",
             "metadata": {"name": name, "namespace": namespace, "uid": uid} if uid else {"name": name},
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
-        await self.post(f"/api/v1/namespaces/{namespace}/pods/{name}/binding", body)
+        params = {"timeout": f"{max(timeout, 0.001):.3f}s"} if timeout is not None else None
+        await self.post(f"/api/v1/namespaces/{namespace}/pods/{name}/binding", body, params)
 
     async def watch(
         self,

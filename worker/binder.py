@@ -14,7 +14,8 @@ still be applied later; see ``unanswered_hold``), as does one that failed and ha
 Fencing (the binder's half of "no binding outside the fencing window"): immediately before each attempt
 is sent, the shard (``worker.shard.ShardView.bind_deadline``) is asked whether the node is still usable
 and until when the lease keeps it so. The attempt runs under a deadline of ``attempt_timeout`` seconds,
-cut to end ``FENCE_MARGIN`` before the fencing deadline; an attempt that would have less than
+cut to end ``FENCE_MARGIN`` before the fencing deadline, and the POST carries the same deadline as its
+``timeout`` parameter, so the API server abandons it then too; an attempt that would have less than
 ``MIN_ATTEMPT`` seconds is not sent. Such a binding is forgotten (capacity returned) and its pod handed
 back to this worker's queue (``requeue``), like any transient failure: it is decided again, on a node
 this worker may still use, or answered as unschedulable (to the leader, under a coordinator). However long
@@ -27,7 +28,9 @@ Outcomes:
 - 404 Not Found (the pod was deleted): forget the assumption, capacity returns.
 - 429 / 5xx / timeout: retry with ``common.backoff`` (``RETRY_BACKOFF`` doubling to ``RETRY_BACKOFF_MAX``),
   at most ``retries`` times; then forget and ``requeue`` the pod in this worker's queue for another
-  scheduling attempt.
+  scheduling attempt. If any attempt went unanswered (a timeout, a broken connection), the API server may
+  still apply it: the assumption (the pod's room on the node) is kept for ``unanswered_hold`` first, and the
+  pod is handed back only if the watch has not shown it placed or deleted by then.
 - node no longer usable, lease fenced, or too little time left before the fencing deadline: forget and
   ``requeue`` at once, without sending.
 - anything else (400/422/403, e.g. an admission policy): forget, and tell the outcome receiver it was
@@ -417,7 +420,7 @@ class Binder:
             start = self.clock()
             try:
                 async with asyncio.timeout(budget):
-                    await self.client.bind(pod.namespace, pod.name, pod.uid, node)
+                    await self.client.bind(pod.namespace, pod.name, pod.uid, node, timeout=budget)
             except Conflict as e:
                 metrics.bind_results.labels("conflict").inc()
                 log.info(
@@ -471,5 +474,19 @@ class Binder:
             self.bound += 1
             self.outcomes.bound(pod, node, assumed_at=req.assumed_at, bound_at=time.time())
             return
+        if req.unanswered:
+            # An attempt the API server never answered may still be applied for ``unanswered_hold``: the
+            # pod keeps its room on the node until then (or until the watch shows where it is), and only then
+            # is it handed back. Returning the room at once let a later pod take it, and the late binding
+            # then overcommitted the node.
+            asyncio.get_running_loop().call_later(self.unanswered_hold, self._hand_back, req)
+            return
         self.cache.forget(pod.key)
         self.requeue(pod, req.attempts)
+
+    def _hand_back(self, req: BindRequest) -> None:
+        """The hold of a binding that ended unanswered is over: if the watch has not shown the pod placed (or
+        deleted) meanwhile, its assumption goes and the pod is scheduled again."""
+        if self.cache.is_assumed(req.pod.key):
+            self.cache.forget(req.pod.key)
+            self.requeue(req.pod, req.attempts)

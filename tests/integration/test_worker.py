@@ -204,3 +204,16 @@ async def test_a_namespace_labelled_lets_in_a_pod_waiting_for_affinity_by_namesp
         assert worker.alive(), worker.tail()
     finally:
         await delete_namespace(kube, other)
+
+
+async def test_the_api_server_takes_a_binding_with_its_deadline(kube: KubeClient, namespace: str) -> None:
+    # The binder sends its attempt's deadline as the request's `timeout` (the server's deadline for it):
+    # kube-apiserver must accept it on the binding subresource and apply the binding within it.
+    pod = make_pod("deadline").scheduler("nobody").obj
+    pod["metadata"]["namespace"] = namespace
+    created = await kube.post(f"/api/v1/namespaces/{namespace}/pods", pod)
+    nodes = (await kube.get("/api/v1/nodes"))["items"]
+    node = nodes[0]["metadata"]["name"]
+    await kube.bind(namespace, "deadline", created["metadata"]["uid"], node, timeout=5.0)
+    bound = await kube.get(f"/api/v1/namespaces/{namespace}/pods/deadline")
+    assert bound["spec"]["nodeName"] == node

@@ -27,9 +27,11 @@ class FakeApi(KubeClient):
         super().__init__(Credentials("http://127.0.0.1:9"))
         self.replies = list(replies)
         self.posts: list[tuple[str, Any]] = []
+        self.params: list[dict[str, str] | None] = []
 
     async def post(self, path: str, body: Any, params: dict[str, str] | None = None) -> Any:
         self.posts.append((path, body))
+        self.params.append(params)
         reply = self.replies.pop(0)
         if isinstance(reply, ApiError):
             raise reply
@@ -171,6 +173,7 @@ async def test_timeouts_retry_then_requeue() -> None:
     timeout = ServerError(0, "POST binding: TimeoutError: ")
     cache, api, rec, binder = await bind_once([timeout, timeout, timeout], retries=2)
     assert len(api.posts) == 3
+    await asyncio.sleep(0.05)  # after bind_once's unanswered_hold (0.01 s): the hold is the next test's
     assert rec.requeued == ["default/p"] and not rec.bound and not rec.rejected
     assert not cache.assumed and cache.nodes[NODE].requested.milli_cpu == 0
     assert binder.bound == 0
@@ -293,14 +296,62 @@ async def test_an_unanswered_attempt_keeps_its_node_in_flight_for_the_hold() -> 
     try:
         binder.submit(pod, NODE, queued_at=0.0, attempts=1)
         await asyncio.sleep(0.1)
-        assert rec.requeued == ["default/p"]  # the pod is handed back at once ...
-        assert binder.in_flight(NODE) == 1  # ... but a release of the node waits for the hold
+        assert binder.in_flight(NODE) == 1  # a release of the node waits for the hold ...
+        assert not rec.requeued and cache.is_assumed(pod.key)  # ... and so does the pod's room on it
         await asyncio.wait_for(binder.drain([NODE]), 2)
         assert binder.in_flight(NODE) == 0
+        await asyncio.sleep(0.05)
+        assert rec.requeued == ["default/p"] and not cache.is_assumed(pod.key)
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await api.close()
+
+
+async def test_an_unanswered_binding_keeps_the_pods_room_until_the_hold_ends_or_the_watch_shows_it() -> None:
+    # The API server may apply an attempt it never answered after the binder gave up on it: the room must not
+    # go to another pod meanwhile (it did, and the late binding overcommitted the node).
+    timeout = ServerError(0, "POST binding: TimeoutError: ")
+    for landed in (False, True):
+        cache = Cache()
+        cache.upsert_node(make_node(NODE, cpu="1").record())
+        pod = make_pod("p").req(cpu="1").record()
+        cache.assume(pod, NODE)
+        api = FakeApi([timeout])
+        rec = Recorded()
+        binder = Binder(
+            api,
+            cache,
+            Outcomes(rec),
+            requeue=rec.requeue,
+            retries=0,
+            retry_backoff=0.001,
+            unanswered_hold=0.2,
+        )
+        task = asyncio.create_task(binder.run())
+        try:
+            binder.submit(pod, NODE, queued_at=0.0, attempts=1)
+            await asyncio.sleep(0.05)
+            # given up, but the node is still full: no other pod can be placed on its room
+            assert cache.nodes[NODE].requested.milli_cpu == 1000 and not rec.requeued
+            if landed:  # the late binding is applied and the watch shows it
+                cache.upsert_pod(make_pod("p").req(cpu="1").on(NODE).record())
+            await asyncio.sleep(0.3)
+            if landed:
+                assert not rec.requeued and cache.placed(pod.key) is not None
+                assert cache.nodes[NODE].requested.milli_cpu == 1000
+            else:
+                assert rec.requeued == ["default/p"] and cache.nodes[NODE].requested.milli_cpu == 0
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await api.close()
+
+
+async def test_the_binding_post_carries_its_deadline_for_the_api_server() -> None:
+    _, api, _, _ = await bind_once([201])
+    assert api.params[0] is not None and api.params[0]["timeout"].endswith("s")
+    assert 0 < float(api.params[0]["timeout"][:-1]) <= 30.0
 
 
 async def test_retries_use_the_shared_backoff_and_check_the_shard_before_each_attempt() -> None:
