@@ -28,8 +28,8 @@ Outcomes:
 - 404 Not Found (the pod was deleted): forget the assumption, capacity returns.
 - 429 / 5xx / timeout: retry with ``common.backoff`` (``RETRY_BACKOFF`` doubling to ``RETRY_BACKOFF_MAX``),
   at most ``retries`` times; then forget and ``requeue`` the pod in this worker's queue for another
-  scheduling attempt. If any attempt went unanswered (a timeout, a broken connection), the API server may
-  still apply it: the assumption (the pod's room on the node) is kept for ``unanswered_hold`` first, and the
+  scheduling attempt. If any attempt went unanswered (a timeout, a broken connection) or got a 5xx (a 504
+  when the server's deadline passed, an etcd timeout), the API server may still apply it: the assumption (the pod's room on the node) is kept for ``unanswered_hold`` first, and the
   pod is handed back only if the watch has not shown it placed or deleted by then.
 - node no longer usable, lease fenced, or too little time left before the fencing deadline: forget and
   ``requeue`` at once, without sending.
@@ -102,7 +102,7 @@ class BindRequest:
     queued_at: float  # when the pod entered the scheduling queue (SLI start)
     attempts: int
     assumed_at: float  # wall clock, for the audit trail
-    unanswered: bool = False  # an attempt ended without a reply: the API server may still apply it
+    unanswered: bool = False  # an attempt ended without a reply or with a 5xx: the API server may still apply it
     submitted_at: float = 0.0  # on the binder's clock: start of the "bind_sent" stage
     volumes: VolumePlan | None = None  # claims to bind before the pod (kube's PreBind), None when none
 
@@ -437,7 +437,10 @@ class Binder:
                 return
             except (TooManyRequests, ServerError, TimeoutError) as e:
                 metrics.bind_results.labels("retried").inc()
-                if not isinstance(e, TooManyRequests) and (isinstance(e, TimeoutError) or e.status == 0):
+                if not isinstance(e, TooManyRequests):
+                    # No reply, or a 5xx: the write may still happen (kube-apiserver answers 504 when its
+                    # deadline passes while the write goes on; an etcd timeout is a 500). Only a 429, refused
+                    # by priority and fairness before any processing, certainly changed nothing.
                     req.unanswered = True
                 if attempt < self.retries:
                     delay = backoff.next()

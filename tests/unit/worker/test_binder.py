@@ -312,7 +312,8 @@ async def test_an_unanswered_binding_keeps_the_pods_room_until_the_hold_ends_or_
     # The API server may apply an attempt it never answered after the binder gave up on it: the room must not
     # go to another pod meanwhile (it did, and the late binding overcommitted the node).
     timeout = ServerError(0, "POST binding: TimeoutError: ")
-    for landed in (False, True):
+    server_timeout = ServerError(504, "Timeout: request did not complete within the requested timeout")
+    for landed, error in ((False, timeout), (True, timeout), (False, server_timeout)):
         cache = Cache()
         cache.upsert_node(make_node(NODE, cpu="1").record())
         pod = make_pod("p").req(cpu="1").record()
