@@ -102,7 +102,8 @@ class BindRequest:
     queued_at: float  # when the pod entered the scheduling queue (SLI start)
     attempts: int
     assumed_at: float  # wall clock, for the audit trail
-    unanswered: bool = False  # an attempt ended without a reply or with a 5xx: the API server may still apply it
+    # an attempt ended without a reply or with a 5xx: the API server may still apply it
+    unanswered: bool = False
     submitted_at: float = 0.0  # on the binder's clock: start of the "bind_sent" stage
     volumes: VolumePlan | None = None  # claims to bind before the pod (kube's PreBind), None when none
 

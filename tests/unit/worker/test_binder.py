@@ -313,12 +313,12 @@ async def test_an_unanswered_binding_keeps_the_pods_room_until_the_hold_ends_or_
     # go to another pod meanwhile (it did, and the late binding overcommitted the node).
     timeout = ServerError(0, "POST binding: TimeoutError: ")
     server_timeout = ServerError(504, "Timeout: request did not complete within the requested timeout")
-    for landed, error in ((False, timeout), (True, timeout), (False, server_timeout)):
+    for landed, answer in ((False, timeout), (True, timeout), (False, server_timeout)):
         cache = Cache()
         cache.upsert_node(make_node(NODE, cpu="1").record())
         pod = make_pod("p").req(cpu="1").record()
         cache.assume(pod, NODE)
-        api = FakeApi([timeout])
+        api = FakeApi([answer])
         rec = Recorded()
         binder = Binder(
             api,
