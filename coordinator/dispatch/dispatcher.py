@@ -49,7 +49,7 @@ from typing import Any, Protocol
 from common import metrics, protocol
 from common.keyring import Keys, NoSecret
 from common.kube import KubeClient
-from common.records import PodKey, PodRecord, pod_from_json
+from common.records import PodKey, PodRecord, pod_from_json, pod_key
 from common.watching import Reflector
 from coordinator import metrics as coordinator_metrics
 from coordinator.dispatch.choice import Worker, choose, for_candidates, pick_candidate
@@ -184,7 +184,10 @@ class Dispatcher:
     # ----- pods ------------------------------------------------------------------------------------------
 
     def observe(self, obj: dict[str, Any]) -> PodKey:
-        record = pod_from_json(obj)
+        # An update of a pod we hold (a status change, a gate lifted) reuses its spec-derived fields when the
+        # spec did not change (``pod_from_json``'s ``previous``: the same record as a full parse)
+        known = self.table.get(pod_key(obj))
+        record = pod_from_json(obj, known.record if known is not None else None)
         obj = _for_dispatch(obj)
         key = record.key
         if record.node_name or record.terminal or record.deleting:
@@ -489,8 +492,11 @@ class Dispatcher:
         while True:
             if not ready:
                 self.table.wakeup.clear()
+                # a timeout scope, not ``wait_for``: that would start a task per wait (about one per pod
+                # when pods arrive one by one)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.table.wakeup.wait(), IDLE_RESCAN)
+                    async with asyncio.timeout(IDLE_RESCAN):
+                        await self.table.wakeup.wait()
                 if not ready:
                     self.table.requeue_waiting()
             n = 0
@@ -500,7 +506,11 @@ class Dispatcher:
                 n += 1
                 if n % YIELD_EVERY == 0:
                     await asyncio.sleep(0)
-            await asyncio.gather(*(w.link.drain() for w in list(self.workers.values())))
+            # Write what this pass sent; wait (together, bounded) only for the links whose worker reads
+            # slower than we write.
+            behind = [w.link for w in list(self.workers.values()) if w.link.flush()]
+            if behind:
+                await asyncio.gather(*(link.drain() for link in behind))
             if ready and n == pending:
                 await asyncio.sleep(0.01)
 

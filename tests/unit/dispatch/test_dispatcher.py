@@ -3,10 +3,12 @@ it is declared unschedulable, and what happens when workers answer, go away or s
 
 from __future__ import annotations
 
+import copy
+import random
 from typing import Any
 
 from common import protocol
-from common.records import PodKey
+from common.records import PodKey, pod_from_json
 from coordinator.dispatch import UNSCHEDULABLE_RETRY
 from coordinator.dispatch.pending import (
     DISPATCH_TIMEOUT,
@@ -642,3 +644,46 @@ async def test_an_answer_over_no_nodes_is_try_later(rig: Rig) -> None:
         rig.clock.advance(REJECT_BACKOFF_MAX)
         rig.rescan()
     assert rig.reporter.verdicts == [] and rig.d.table.pods[key("a")].tried == set()
+
+
+async def test_updates_of_a_pending_pod_give_the_record_a_full_parse_gives(rig: Rig) -> None:
+    # ``observe`` hands the pod's last record to ``pod_from_json`` as ``previous``: whatever the updates, the
+    # table must hold what a parse without it gives (random updates of status, labels, gates, requests,
+    # spread constraints, uid).
+    rng = random.Random(14)
+    for trial in range(30):
+        name = f"p{trial}"
+        obj = PodBuilder(name).req(cpu="500m", memory="1Gi").obj
+        obj["metadata"]["uid"] = "u0"
+        obj["spec"]["schedulingGates"] = [{"name": "g"}]
+        for step in range(12):
+            obj = copy.deepcopy(obj)
+            meta, spec = obj["metadata"], obj["spec"]
+            change = rng.choice(["status", "label", "gates", "requests", "spread", "uid", "nothing"])
+            if change == "status":
+                obj["status"] = {
+                    "phase": "Pending",
+                    "conditions": [{"type": "PodScheduled", "reason": f"r{step}"}],
+                }
+            elif change == "label":
+                meta.setdefault("labels", {})[rng.choice("ab")] = str(rng.randrange(3))
+            elif change == "gates":
+                spec["schedulingGates"] = [] if spec.get("schedulingGates") else [{"name": "g"}]
+            elif change == "requests":
+                spec["containers"][0]["resources"]["requests"]["cpu"] = f"{rng.randrange(1, 4) * 100}m"
+            elif change == "spread":
+                spec["topologySpreadConstraints"] = [
+                    {
+                        "maxSkew": 1,
+                        "topologyKey": "topology.kubernetes.io/zone",
+                        "whenUnsatisfiable": rng.choice(["DoNotSchedule", "ScheduleAnyway"]),
+                        "labelSelector": {"matchLabels": {"a": "1"}},
+                    }
+                ]
+            elif change == "uid":
+                meta["uid"] = f"u{step}"
+            meta["resourceVersion"] = str(100 * trial + step + 1)
+            rig.d.observe(obj)
+            held = rig.d.table.pods[key(name)]
+            assert held.record == pod_from_json(copy.deepcopy(obj)), (trial, step, change)
+            assert held.obj == obj
