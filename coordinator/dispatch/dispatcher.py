@@ -52,7 +52,7 @@ from common.kube import KubeClient
 from common.records import PodKey, PodRecord, pod_from_json, pod_key
 from common.watching import Reflector
 from coordinator import metrics as coordinator_metrics
-from coordinator.dispatch.choice import Worker, choose, for_candidates, pick_candidate
+from coordinator.dispatch.choice import Worker, choose, decisive, for_candidates, pick_candidate
 from coordinator.dispatch.lane import ANTI_AFFINITY, Lane
 from coordinator.dispatch.links import Inbound, Link, LinkEvents, LinkFactory, Transport
 from coordinator.dispatch.pending import (
@@ -396,8 +396,13 @@ class Dispatcher:
             return
         match message:
             case protocol.Capacity():
+                changed = decisive(w.capacity) != decisive(message)
                 grew = w.summarised(message, self.table.record_of)
-                self.table.wakeup.set()
+                if changed:
+                    # the pods waiting for a worker to become able are considered again (``requeue_waiting``);
+                    # a summary that changes nothing ``choice`` decides by leaves them waiting (the idle
+                    # rescan still reconsiders them every ``IDLE_RESCAN``)
+                    self.table.wakeup.set()
                 if grew:
                     self.retry_parked(force=True)
             case protocol.Ack(dispatch_id):
