@@ -735,17 +735,26 @@ class Session:
         self._key = _mac(key, _SESSION_CONTEXT, hello_nonce, welcome_nonce)
         self._out = LEADER_TO_WORKER if leader else WORKER_TO_LEADER
         self._in = WORKER_TO_LEADER if leader else LEADER_TO_WORKER
+        # HMAC(S, ...) keyed once: every frame's MAC continues a copy (the same digest as ``_mac``, without
+        # deriving the keyed pads again per frame)
+        self._keyed = hmac.new(self._key, digestmod=hashlib.sha256)
         self._sent = 0
         self._read = 0
 
+    def _frame_mac(self, direction: bytes, seq: int, body: bytes) -> bytes:
+        h = self._keyed.copy()
+        h.update(direction + seq.to_bytes(8, "big"))
+        h.update(body)
+        return h.digest()
+
     def seal(self, message: Message) -> bytes:
         body = pack(message)
-        mac = _mac(self._key, self._out, self._sent.to_bytes(8, "big"), body)
+        mac = self._frame_mac(self._out, self._sent, body)
         self._sent += 1
         return _frame(mac, body)
 
     def open(self, mac: bytes, body: bytes) -> Message:
-        expected = _mac(self._key, self._in, self._read.to_bytes(8, "big"), body)
+        expected = self._frame_mac(self._in, self._read, body)
         if not hmac.compare_digest(mac, expected):
             raise ProtocolError(f"frame {self._read} not authenticated")
         self._read += 1

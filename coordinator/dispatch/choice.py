@@ -118,6 +118,15 @@ class Worker:
         return keys
 
 
+def decisive(capacity: protocol.Capacity | None) -> tuple[int, int, int, int, bool] | None:
+    """What of a summary decides *whether* its worker can take a pod or counts for a verdict (``fits``,
+    ``ready``, ``settling``, ``nodes``): a new summary equal in these can change where a pod goes (by load),
+    never whether a waiting pod can go anywhere."""
+    if capacity is None:
+        return None
+    return (capacity.nodes, capacity.max_cpu, capacity.max_memory, capacity.syncing, capacity.placing)
+
+
 def choose(workers: Iterable[Worker], pod: PodRecord, tried: Set[str], rng: random.Random) -> Worker | None:
     options = [w for w in workers if w.worker_id not in tried and not w.window_full and w.fits(pod)]
     if not options:

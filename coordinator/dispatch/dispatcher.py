@@ -49,10 +49,10 @@ from typing import Any, Protocol
 from common import metrics, protocol
 from common.keyring import Keys, NoSecret
 from common.kube import KubeClient
-from common.records import PodKey, PodRecord, pod_from_json
+from common.records import PodKey, PodRecord, pod_from_json, pod_key
 from common.watching import Reflector
 from coordinator import metrics as coordinator_metrics
-from coordinator.dispatch.choice import Worker, choose, for_candidates, pick_candidate
+from coordinator.dispatch.choice import Worker, choose, decisive, for_candidates, pick_candidate
 from coordinator.dispatch.lane import ANTI_AFFINITY, Lane
 from coordinator.dispatch.links import Inbound, Link, LinkEvents, LinkFactory, Transport
 from coordinator.dispatch.pending import (
@@ -184,7 +184,10 @@ class Dispatcher:
     # ----- pods ------------------------------------------------------------------------------------------
 
     def observe(self, obj: dict[str, Any]) -> PodKey:
-        record = pod_from_json(obj)
+        # An update of a pod we hold (a status change, a gate lifted) reuses its spec-derived fields when the
+        # spec did not change (``pod_from_json``'s ``previous``: the same record as a full parse)
+        known = self.table.get(pod_key(obj))
+        record = pod_from_json(obj, known.record if known is not None else None)
         obj = _for_dispatch(obj)
         key = record.key
         if record.node_name or record.terminal or record.deleting:
@@ -393,8 +396,13 @@ class Dispatcher:
             return
         match message:
             case protocol.Capacity():
+                changed = decisive(w.capacity) != decisive(message)
                 grew = w.summarised(message, self.table.record_of)
-                self.table.wakeup.set()
+                if changed:
+                    # the pods waiting for a worker to become able are considered again (``requeue_waiting``);
+                    # a summary that changes nothing ``choice`` decides by leaves them waiting (the idle
+                    # rescan still reconsiders them every ``IDLE_RESCAN``)
+                    self.table.wakeup.set()
                 if grew:
                     self.retry_parked(force=True)
             case protocol.Ack(dispatch_id):
@@ -489,8 +497,11 @@ class Dispatcher:
         while True:
             if not ready:
                 self.table.wakeup.clear()
+                # a timeout scope, not ``wait_for``: that would start a task per wait (about one per pod
+                # when pods arrive one by one)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.table.wakeup.wait(), IDLE_RESCAN)
+                    async with asyncio.timeout(IDLE_RESCAN):
+                        await self.table.wakeup.wait()
                 if not ready:
                     self.table.requeue_waiting()
             n = 0
@@ -500,7 +511,11 @@ class Dispatcher:
                 n += 1
                 if n % YIELD_EVERY == 0:
                     await asyncio.sleep(0)
-            await asyncio.gather(*(w.link.drain() for w in list(self.workers.values())))
+            # Write what this pass sent; wait (together, bounded) only for the links whose worker reads
+            # slower than we write.
+            behind = [w.link for w in list(self.workers.values()) if w.link.flush()]
+            if behind:
+                await asyncio.gather(*(link.drain() for link in behind))
             if ready and n == pending:
                 await asyncio.sleep(0.01)
 

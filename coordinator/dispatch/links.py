@@ -4,14 +4,15 @@ Lifecycle: connect to the worker's address (again every ``CONNECT_RETRY`` while 
 protocol's handshake under the current dispatch key (HELLO with this term, the worker's WELCOME within
 ``HELLO_TIMEOUT``, then a PING at once as the first session frame: the worker takes the stream only after it),
 then read frames until the stream breaks, a frame is malformed or fails its MAC, the worker sends ERROR, or
-nothing arrives for ``DEAD_AFTER``; then close, tell the owner, and connect again, until ``stop``. While
-connected the link sends PING every ``HEARTBEAT_INTERVAL`` (checked as frames arrive; the worker's CAPACITY,
-sent when it changes and at least every ``HEARTBEAT_INTERVAL``, keeps them coming, and its PONG keeps an idle
-stream alive). Every frame it writes
+nothing arrives for ``DEAD_AFTER`` (declared at most ``DEADLINE_SLACK`` later); then close, tell the owner,
+and connect again, until ``stop``. While connected the link sends PING every ``HEARTBEAT_INTERVAL`` (checked as
+frames arrive; the worker's CAPACITY, sent when it changes and at least every ``HEARTBEAT_INTERVAL``, keeps them
+coming, and its PONG keeps an idle stream alive). Every frame it writes
 is sealed by the stream's ``protocol.Session``.
 
-Writes: frames sent in one pass of the event loop are written together when it ends (or at ``drain``), in
-the order they were sent. Backpressure: ``drain`` waits for the write buffer to flush, but at most ``DRAIN_WAIT``, so a worker that has
+Writes: frames sent in one pass of the event loop are written together when it ends (or at ``flush`` or
+``drain``), in the order they were sent. Backpressure: ``flush`` says whether the write buffer is above its
+high-water mark, and ``drain`` then waits for it to flush, but at most ``DRAIN_WAIT``, so a worker that has
 stopped reading (paused, partitioned) slows the dispatch loop by at most that per pass until its stream is
 declared dead; a dead stream is aborted, its unsent buffer discarded (its pods are re-dispatched).
 
@@ -37,6 +38,7 @@ log = logging.getLogger(__name__)
 
 CONNECT_RETRY = 0.5
 DRAIN_WAIT = 0.25  # longest a drain waits for one worker to read
+DEADLINE_SLACK = 0.5  # a silent stream is declared dead up to this long after DEAD_AFTER (see ``_read``)
 
 Inbound = protocol.Capacity | protocol.Ack | protocol.Result
 
@@ -53,6 +55,10 @@ class Transport(Protocol):
     def send(self, message: protocol.Message) -> None:
         """Queue one message on the stream; dropped if the stream is not connected (its ``link_down``
         follows, or has already been told)."""
+
+    def flush(self) -> bool:
+        """Write what was sent so far (without waiting); True if ``drain`` would wait: the stream's write
+        buffer is above its high-water mark (the worker reads slower than we write)."""
 
     async def drain(self) -> None:
         """Wait until the stream's write buffer is flushed, or a bounded while (never raises)."""
@@ -123,6 +129,16 @@ class Link:
         if frames and not writer.is_closing():
             writer.write(b"".join(frames))
 
+    def flush(self) -> bool:
+        writer = self._writer
+        if writer is None:
+            return False
+        self._flush(writer)
+        if writer.is_closing():
+            return False
+        _, high = writer.transport.get_write_buffer_limits()
+        return writer.transport.get_write_buffer_size() > high
+
     async def drain(self) -> None:
         if self._writer is not None:
             self._flush(self._writer)
@@ -170,18 +186,31 @@ class Link:
         last_ping = self.clock()
         session = self._session
         assert session is not None
-        while True:
-            msg = await asyncio.wait_for(session.read(reader), protocol.DEAD_AFTER)
-            now = self.clock()
-            match msg:
-                case protocol.Capacity() | protocol.Ack() | protocol.Result():
-                    self.events.received(self, msg)
-                case protocol.Error(message):
-                    raise protocol.ProtocolError(f"worker says: {message}")
-                case _:
-                    # WELCOME and PONG only prove the worker alive (``wait_for`` above is the liveness check);
-                    # leader-to-worker messages coming back are ignored
-                    log.debug("ignoring %s from worker %s", type(msg).__name__, self.worker_id)
-            if now - last_ping >= protocol.HEARTBEAT_INTERVAL:
-                self.send(protocol.Ping(ts=time.time()))
-                last_ping = now
+        loop = asyncio.get_running_loop()
+        # Liveness: one deadline for the whole stream, pushed back as frames arrive, but only once it is
+        # nearer than DEAD_AFTER (at most every DEADLINE_SLACK): a stream is declared dead after DEAD_AFTER to
+        # DEAD_AFTER + DEADLINE_SLACK without a frame. (A ``wait_for`` per frame cost a task per frame, the
+        # larger part of reading one.)
+        dead_after = protocol.DEAD_AFTER
+        async with asyncio.timeout_at(loop.time() + dead_after + DEADLINE_SLACK) as deadline:
+            while True:
+                msg = await session.read(reader)
+                arrived = loop.time()
+                if (deadline.when() or 0.0) < arrived + dead_after:
+                    deadline.reschedule(arrived + dead_after + DEADLINE_SLACK)
+                now = self.clock()
+                self._received(msg)
+                if now - last_ping >= protocol.HEARTBEAT_INTERVAL:
+                    self.send(protocol.Ping(ts=time.time()))
+                    last_ping = now
+
+    def _received(self, msg: protocol.Message) -> None:
+        match msg:
+            case protocol.Capacity() | protocol.Ack() | protocol.Result():
+                self.events.received(self, msg)
+            case protocol.Error(message):
+                raise protocol.ProtocolError(f"worker says: {message}")
+            case _:
+                # WELCOME and PONG only prove the worker alive (the deadline in ``_read`` is the liveness
+                # check); leader-to-worker messages coming back are ignored
+                log.debug("ignoring %s from worker %s", type(msg).__name__, self.worker_id)

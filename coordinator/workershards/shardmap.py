@@ -33,6 +33,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from etcd3aio import Etcd3Client
 from etcd3aio.kv import KVService
@@ -71,6 +72,33 @@ log = logging.getLogger(__name__)
 DEFAULT_INTERVAL = 1.0  # a round at least this often, to notice pool changes and expired leases
 DEBOUNCE = 0.02  # let a burst of etcd events land before planning
 MAX_TXN_OPS = 128
+
+
+_R = TypeVar("_R", WorkerRecord, LoadReport, ReleaseAck, ShardAssignment, ShardMapMeta)
+
+
+class _Decoded:
+    """The records decoded from the mirror, by key, kept while the key holds the same bytes: a round, the
+    ack scan on every etcd change and the read-only views decode only what changed since (a record is a
+    pure function of its bytes, and frozen). A value that does not decode is not kept: it fails again, and
+    is logged again, every time it is read."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[str, tuple[bytes, object]] = {}
+
+    def get(self, kv: KeyValue, kind: type[_R]) -> _R:
+        """``kind.decode(kv.value)``; raises ``RecordError`` as it does."""
+        cached = self._by_key.get(kv.key)
+        if cached is not None and cached[0] == kv.value and type(cached[1]) is kind:
+            return cached[1]
+        record = kind.decode(kv.value)
+        self._by_key[kv.key] = (kv.value, record)
+        return record
+
+    def keep_only(self, keys: Mapping[str, object]) -> None:
+        """Forget the keys no longer in the mirror."""
+        if len(self._by_key) > len(keys):
+            self._by_key = {k: v for k, v in self._by_key.items() if k in keys}
 
 
 @dataclass(slots=True)
@@ -114,6 +142,7 @@ class ShardMapLeader:
             client, self._keys.root, prefix=True, on_change=self._mirror_changed, name="shardmap"
         )
         self._poked = asyncio.Event()
+        self._decoded = _Decoded()
         self._dead_leases: dict[int, float] = {}  # lease -> when etcd confirmed it gone (``clock``)
         # The latest ack seen per worker, kept after its key vanished with its lease (a graceful leave
         # acknowledges, then revokes): handoff rule 3c needs it once the lease is gone.
@@ -140,7 +169,7 @@ class ShardMapLeader:
             if parsed is None or parsed[0] is not KeyFamily.ACK:
                 continue
             try:
-                ack = ReleaseAck.decode(kv.value)
+                ack = self._decoded.get(kv, ReleaseAck)
             except RecordError:
                 continue  # logged by the round that reads it
             self._acks_seen[ack.worker_id] = ack
@@ -162,7 +191,7 @@ class ShardMapLeader:
             if parsed is None or parsed[0] is not KeyFamily.ASSIGNMENT:
                 continue
             try:
-                nodes |= ShardAssignment.decode(kv.value).held
+                nodes |= self._decoded.get(kv, ShardAssignment).held
             except RecordError:
                 continue  # logged by the round that reads it
         return frozenset(nodes)
@@ -175,7 +204,7 @@ class ShardMapLeader:
             if parsed is None or parsed[0] is not KeyFamily.ASSIGNMENT:
                 continue
             try:
-                counts[WorkerId(parsed[1])] = len(ShardAssignment.decode(kv.value).granted)
+                counts[WorkerId(parsed[1])] = len(self._decoded.get(kv, ShardAssignment).granted)
             except RecordError:
                 continue  # logged by the round that reads it
         return counts
@@ -264,7 +293,9 @@ class ShardMapLeader:
 
     def _snapshot(self) -> _Snapshot:
         snap = _Snapshot({}, {}, {}, {}, None, None)
-        for key, kv in list(self._mirror.items.items()):
+        items = self._mirror.items
+        self._decoded.keep_only(items)
+        for key, kv in list(items.items()):
             parsed = self._keys.parse(key)
             if parsed is None:
                 continue
@@ -273,18 +304,18 @@ class ShardMapLeader:
                 snap.meta_kv = kv  # kept even if unreadable: our next write must compare against it
             try:
                 if family is KeyFamily.MEMBER:
-                    record = WorkerRecord.decode(kv.value)
+                    record = self._decoded.get(kv, WorkerRecord)
                     snap.members[_owner(name, record.worker_id)] = (record, kv.lease)
                 elif family is KeyFamily.LOAD:
-                    snap.loads[WorkerId(name)] = LoadReport.decode(kv.value)
+                    snap.loads[WorkerId(name)] = self._decoded.get(kv, LoadReport)
                 elif family is KeyFamily.ACK:
-                    ack = ReleaseAck.decode(kv.value)
+                    ack = self._decoded.get(kv, ReleaseAck)
                     snap.acks[_owner(name, ack.worker_id)] = ack
                 elif family is KeyFamily.ASSIGNMENT:
-                    assignment = ShardAssignment.decode(kv.value)
+                    assignment = self._decoded.get(kv, ShardAssignment)
                     snap.assignments[_owner(name, assignment.worker_id)] = assignment
                 elif family is KeyFamily.SHARDMAP:
-                    snap.meta = ShardMapMeta.decode(kv.value)
+                    snap.meta = self._decoded.get(kv, ShardMapMeta)
             except RecordError as e:
                 # Only our own writes land under assign/, so this is corruption or a newer schema. The
                 # worker fails closed on it (owns nothing) and our next write for that worker replaces it.

@@ -42,6 +42,22 @@ async def test_session_frames_travel_both_ways_in_order() -> None:
     assert await leader.read(reader_of(worker.seal(Ack(1)))) == Ack(1)
 
 
+def test_session_macs_are_the_documented_hmacs() -> None:
+    # The wire format, computed from the module docstring alone: S = HMAC(K, "session" | hello nonce |
+    # welcome nonce), each frame's MAC = HMAC(S, direction | seq (8 bytes, big-endian) | body). Both ends
+    # must agree with it frame after frame, whatever state a session keeps between frames.
+    session_key = hmac.new(KEY, b"session" + HN + WN, hashlib.sha256).digest()
+    leader, worker = pair()
+    for seq, message in enumerate([Ping(1.0), Ack(3), Dispatch(4, {"metadata": {"name": "a"}}), Ack(5)]):
+        for side, direction in ((leader, b"L"), (worker, b"W")):
+            frame = side.seal(message)
+            (size,) = struct.unpack(">I", frame[:4])
+            mac, body = frame[4 : 4 + protocol.MAC_SIZE], frame[4 + protocol.MAC_SIZE :]
+            assert size == len(frame) - 4 and body == protocol.pack(message)
+            expected = hmac.new(session_key, direction + seq.to_bytes(8, "big") + body, hashlib.sha256)
+            assert mac == expected.digest()
+
+
 async def test_a_tampered_body_fails() -> None:
     leader, worker = pair()
     frame = bytearray(leader.seal(Ack(7)))

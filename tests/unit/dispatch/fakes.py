@@ -60,6 +60,9 @@ class FakeLink:
         if self._connected:
             self.sent.append(message)
 
+    def flush(self) -> bool:
+        return False
+
     async def drain(self) -> None:
         return None
 

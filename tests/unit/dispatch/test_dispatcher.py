@@ -3,10 +3,12 @@ it is declared unschedulable, and what happens when workers answer, go away or s
 
 from __future__ import annotations
 
+import copy
+import random
 from typing import Any
 
 from common import protocol
-from common.records import PodKey
+from common.records import PodKey, pod_from_json
 from coordinator.dispatch import UNSCHEDULABLE_RETRY
 from coordinator.dispatch.pending import (
     DISPATCH_TIMEOUT,
@@ -642,3 +644,125 @@ async def test_an_answer_over_no_nodes_is_try_later(rig: Rig) -> None:
         rig.clock.advance(REJECT_BACKOFF_MAX)
         rig.rescan()
     assert rig.reporter.verdicts == [] and rig.d.table.pods[key("a")].tried == set()
+
+
+async def test_updates_of_a_pending_pod_give_the_record_a_full_parse_gives(rig: Rig) -> None:
+    # ``observe`` hands the pod's last record to ``pod_from_json`` as ``previous``: whatever the updates, the
+    # table must hold what a parse without it gives (random updates of status, labels, gates, requests,
+    # spread constraints, uid).
+    rng = random.Random(14)
+    for trial in range(30):
+        name = f"p{trial}"
+        obj = PodBuilder(name).req(cpu="500m", memory="1Gi").obj
+        obj["metadata"]["uid"] = "u0"
+        obj["spec"]["schedulingGates"] = [{"name": "g"}]
+        for step in range(12):
+            obj = copy.deepcopy(obj)
+            meta, spec = obj["metadata"], obj["spec"]
+            change = rng.choice(["status", "label", "gates", "requests", "spread", "uid", "nothing"])
+            if change == "status":
+                obj["status"] = {
+                    "phase": "Pending",
+                    "conditions": [{"type": "PodScheduled", "reason": f"r{step}"}],
+                }
+            elif change == "label":
+                meta.setdefault("labels", {})[rng.choice("ab")] = str(rng.randrange(3))
+            elif change == "gates":
+                spec["schedulingGates"] = [] if spec.get("schedulingGates") else [{"name": "g"}]
+            elif change == "requests":
+                spec["containers"][0]["resources"]["requests"]["cpu"] = f"{rng.randrange(1, 4) * 100}m"
+            elif change == "spread":
+                spec["topologySpreadConstraints"] = [
+                    {
+                        "maxSkew": 1,
+                        "topologyKey": "topology.kubernetes.io/zone",
+                        "whenUnsatisfiable": rng.choice(["DoNotSchedule", "ScheduleAnyway"]),
+                        "labelSelector": {"matchLabels": {"a": "1"}},
+                    }
+                ]
+            elif change == "uid":
+                meta["uid"] = f"u{step}"
+            meta["resourceVersion"] = str(100 * trial + step + 1)
+            rig.d.observe(obj)
+            held = rig.d.table.pods[key(name)]
+            assert held.record == pod_from_json(copy.deepcopy(obj)), (trial, step, change)
+            assert held.obj == obj
+
+
+async def test_a_summary_that_changes_nothing_decisive_never_frees_a_waiting_pod(rig: Rig) -> None:
+    # The dispatcher does not wake the loop for a summary equal to the last one in what ``choice`` decides
+    # by (``decisive``). That is exact only if reconsidering every waiting pod after such a summary could
+    # never send one anywhere: check it against the full path (a rescan after it), randomly, with summaries
+    # that change only the other fields and summaries that may change anything.
+    rng = random.Random(1)
+    links = rig.workers("w1", "w2")
+    for i in range(40):
+        rig.d.observe(pod(f"p{i}", cpu=f"{rng.randrange(1, 9) * 500}m"))
+    shapes = [
+        (n, c, s, ok) for n in (0, 4) for c in (1000, 2500, 4000) for s in (0, 1) for ok in (True, False)
+    ]
+
+    def summary(shape: tuple[int, int, int, bool], **noise: Any) -> protocol.Capacity:
+        nodes, max_cpu, syncing, placing = shape
+        fields: dict[str, Any] = {
+            "free_cpu": 0,
+            "free_memory": 0,
+            "pending": 0,
+            "binds_per_s": 0.0,
+            "ts": 0.0,
+        }
+        fields.update(noise)
+        return protocol.Capacity(
+            nodes=nodes, max_cpu=max_cpu, max_memory=16 * GIB, syncing=syncing, placing=placing, **fields
+        )
+
+    considered = 0
+    for _ in range(400):
+        shape = {}
+        for link in links:  # fresh streams: every pod in flight is waiting again
+            link.down()
+            link.up()
+            shape[link.worker_id] = rng.choice(shapes)
+            link.events.received(link, summary(shape[link.worker_id]))
+        rig.rescan()
+        rig.step()  # every pod that can go somewhere has gone
+        waiting = [p for p in rig.d.table.pods.values() if p.waiting]
+        considered += len(waiting)
+        sent = sum(len(link.dispatches()) for link in links)
+        declared = rig.d.declared_unschedulable
+        rig.d.table.wakeup.clear()
+        link = rng.choice(links)
+        noise = {
+            "free_cpu": rng.randrange(10**6),
+            "free_memory": rng.randrange(10**9),
+            "pending": rng.randrange(9),
+            "binds_per_s": rng.random(),
+            "ts": rng.random(),
+        }
+        same = rng.random() < 0.3
+        new = list(shape[link.worker_id])
+        if not same:  # one field changed at random (perhaps to the value it had)
+            field = rng.choice([0, 1, 2, 2, 3, 3])  # syncing and placing more often: rarer to matter
+            new[field] = rng.choice([s[field] for s in shapes])
+        link.events.received(link, summary((new[0], new[1], new[2], new[3]), **noise))
+        woke = rig.d.table.wakeup.is_set()
+        assert not (same and woke)
+        rig.rescan()
+        rig.step()
+        if not woke:  # the full path sends nothing and declares nothing either
+            assert sum(len(link.dispatches()) for link in links) == sent
+            assert rig.d.declared_unschedulable == declared
+    assert considered > 1000  # many pods were waiting when the summaries came
+
+
+async def test_a_summary_that_changes_what_choice_reads_wakes_the_loop(rig: Rig) -> None:
+    (w1,) = rig.workers("w1")
+    w1.up().summary(max_cpu=1000)
+    rig.d.table.wakeup.clear()
+    w1.summary(max_cpu=1000)
+    assert not rig.d.table.wakeup.is_set()
+    for change in ({"max_cpu": 999}, {"nodes": 3}, {"max_memory": GIB}, {"syncing": 1}, {"placing": False}):
+        w1.summary(max_cpu=1000)
+        rig.d.table.wakeup.clear()
+        w1.summary(**{"max_cpu": 1000, **change})  # type: ignore[arg-type]
+        assert rig.d.table.wakeup.is_set(), change

@@ -234,13 +234,42 @@ async def test_a_worker_that_stops_reading_bounds_drain_and_is_dropped(
         await welcome(reader, writer)
         await events.until("up")
         big = {"metadata": {"name": "p", "annotations": {"pad": "x" * 200_000}}}
+        assert not link.flush()  # nothing written yet: the dispatch loop does not wait for this link
         for i in range(64):  # ~12 MiB the worker never reads: far beyond the socket buffers
             link.send(protocol.Dispatch(i, big))
+        assert link.flush()  # written, and backed up far above the high-water mark: the loop drains it
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         await link.drain()
         assert loop.time() - t0 < 10 * links.DRAIN_WAIT  # bounded, not until the worker reads
         await events.until("down")  # nothing came back for DEAD_AFTER: the stream is aborted
+        assert not link.connected
+        writer.close()
+    finally:
+        link.stop()
+
+
+async def test_a_worker_that_keeps_talking_stays_up_past_many_dead_afters(
+    worker: tuple[WorkerStandIn, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The liveness deadline is pushed back as frames arrive (not re-armed per frame): a stream whose frames
+    # keep coming must outlive many DEAD_AFTER periods, and go down once they stop.
+    monkeypatch.setattr(protocol, "DEAD_AFTER", 0.3)
+    monkeypatch.setattr(links, "DEADLINE_SLACK", 0.1)
+    stand_in, address = worker
+    events = Events()
+    link = Link("w1", address, events, leader_id="l", term=1).start()
+    try:
+        reader, writer = await stand_in.accept()
+        _, session = await welcome(reader, writer)
+        await events.until("up")
+        for _ in range(40):  # ~2 s of CAPACITY every 50 ms: several DEAD_AFTER + DEADLINE_SLACK periods
+            writer.write(session.seal(CAPACITY))
+            await writer.drain()
+            await asyncio.sleep(0.05)
+        assert events.log == ["up"] and link.connected
+        assert len(events.messages) == 40
+        await events.until("down")  # silent from now on
         assert not link.connected
         writer.close()
     finally:
