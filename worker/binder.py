@@ -28,11 +28,14 @@ Outcomes:
 - 404 Not Found (the pod was deleted): forget the assumption, capacity returns.
 - 429 / 5xx / timeout: retry with ``common.backoff`` (``RETRY_BACKOFF`` doubling to ``RETRY_BACKOFF_MAX``),
   at most ``retries`` times; then forget and ``requeue`` the pod in this worker's queue for another
-  scheduling attempt. If any attempt went unanswered (a timeout, a broken connection) or got a 5xx (a 504
-  when the server's deadline passed, an etcd timeout), the API server may still apply it: the assumption (the pod's room on the node) is kept for ``unanswered_hold`` first, and the
-  pod is handed back only if the watch has not shown it placed or deleted by then.
+  scheduling attempt. Unless an attempt went unanswered (a timeout, a broken connection, a 5xx: the API
+  server may still apply it): then the assumption is kept, its capacity taken, until ``unanswered_hold``
+  has passed and a read of the pod says what became of it (``_settle``): bound (anywhere) is handled as a
+  409, unbound is forgotten and requeued, deleted is forgotten. Forgetting at once would free the node's
+  capacity in this worker's cache while the API server binds the pod there: the next decisions would
+  overcommit the node.
 - node no longer usable, lease fenced, or too little time left before the fencing deadline: forget and
-  ``requeue`` at once, without sending.
+  ``requeue`` at once, without sending (after an unanswered attempt: as above, through ``_settle``).
 - anything else (400/422/403, e.g. an admission policy): forget, and tell the outcome receiver it was
   ``rejected`` (API's message). With ``requeue_rejected`` (standalone: no leader will dispatch it again)
   the pod is also requeued, as kube-scheduler retries a failed binding.
@@ -52,7 +55,8 @@ Invariant: every path that does not end in a confirmed binding gives the capacit
 ``in_flight(node)`` counts bindings under way per node, so a node release can wait for them (``drain``). An
 attempt that got no answer (timed out, connection broken) may still be applied by the API server after we
 gave up: its binding stays counted for ``unanswered_hold`` more (``MAX_BIND_TIME``, ``common.etcd.leases``),
-so a release acknowledged to the leader cannot be overtaken by it either.
+or until ``_settle`` has read the pod when the binding failed, so a release acknowledged to the leader cannot
+be overtaken by it either.
 """
 
 from __future__ import annotations
@@ -102,8 +106,8 @@ class BindRequest:
     queued_at: float  # when the pod entered the scheduling queue (SLI start)
     attempts: int
     assumed_at: float  # wall clock, for the audit trail
-    # an attempt ended without a reply or with a 5xx: the API server may still apply it
-    unanswered: bool = False
+    unanswered: bool = False  # an attempt ended without a reply: the API server may still apply it
+    settling: bool = False  # failed after an unanswered attempt: ``Binder._settle`` decides what it became
     submitted_at: float = 0.0  # on the binder's clock: start of the "bind_sent" stage
     volumes: VolumePlan | None = None  # claims to bind before the pod (kube's PreBind), None when none
 
@@ -146,6 +150,7 @@ class Binder:
         self._in_flight: dict[NodeName, int] = {}
         self._idle = asyncio.Condition()
         self._notifying: set[asyncio.Task[None]] = set()
+        self._settling: set[asyncio.Task[None]] = set()
         self._prebinding: dict[asyncio.Task[None], NodeName] = {}
         self.volume_bind_timeout = volume_bind_timeout
         self.bound = 0
@@ -366,7 +371,9 @@ class Binder:
             heapq.heappop(self._earliest)  # amortized: each number is pushed and popped once
         async with self._finished:
             self._finished.notify_all()
-        if req.unanswered:
+        if req.settling:
+            pass  # ``_settle`` ends the node's in-flight count once it knows where the pod is
+        elif req.unanswered:
             asyncio.get_running_loop().call_later(self.unanswered_hold, self._done_later, req.node)
         else:
             self._done(req.node)
@@ -439,9 +446,8 @@ class Binder:
             except (TooManyRequests, ServerError, TimeoutError) as e:
                 metrics.bind_results.labels("retried").inc()
                 if not isinstance(e, TooManyRequests):
-                    # No reply, or a 5xx: the write may still happen (kube-apiserver answers 504 when its
-                    # deadline passes while the write goes on; an etcd timeout is a 500). Only a 429, refused
-                    # by priority and fairness before any processing, certainly changed nothing.
+                    # No answer (timeout, broken connection), or a 5xx such as the API server's own 504
+                    # timeout, after which its storage write may still complete: the binding may land.
                     req.unanswered = True
                 if attempt < self.retries:
                     delay = backoff.next()
@@ -479,18 +485,56 @@ class Binder:
             self.outcomes.bound(pod, node, assumed_at=req.assumed_at, bound_at=time.time())
             return
         if req.unanswered:
-            # An attempt the API server never answered may still be applied for ``unanswered_hold``: the
-            # pod keeps its room on the node until then (or until the watch shows where it is), and only then
-            # is it handed back. Returning the room at once let a later pod take it, and the late binding
-            # then overcommitted the node.
-            asyncio.get_running_loop().call_later(self.unanswered_hold, self._hand_back, req)
+            # An attempt may still land: keep the assumption (the node's capacity stays taken) and hand the
+            # pod back only once it is known not to be bound (``_settle``).
+            req.settling = True
+            task = asyncio.get_running_loop().create_task(self._settle(req))
+            self._settling.add(task)
+            task.add_done_callback(self._settling.discard)
             return
         self.cache.forget(pod.key)
         self.requeue(pod, req.attempts)
 
-    def _hand_back(self, req: BindRequest) -> None:
-        """The hold of a binding that ended unanswered is over: if the watch has not shown the pod placed (or
-        deleted) meanwhile, its assumption goes and the pod is scheduled again."""
-        if self.cache.is_assumed(req.pod.key):
-            self.cache.forget(req.pod.key)
-            self.requeue(req.pod, req.attempts)
+    async def _settle(self, req: BindRequest) -> None:
+        """The binding of ``req`` failed after an unanswered attempt, which the API server may still apply:
+        wait ``unanswered_hold`` (by then it has landed or never will), then read the pod. Bound: keep the
+        assumption with its TTL running, as after a 409 (the watch shows where it is). Not bound: forget and
+        requeue. Gone: forget. Until then the capacity stays assumed and the node counted in flight, so
+        neither this worker's next decisions nor a release of the node can overtake the late binding."""
+        pod = req.pod
+        try:
+            await asyncio.sleep(self.unanswered_hold)
+            backoff = Backoff(self.retry_backoff, max(self.retry_backoff, RETRY_BACKOFF_MAX))
+            path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}"
+            while True:
+                try:
+                    obj = await self.client.get(path)
+                    break
+                except NotFound:
+                    obj = None
+                    break
+                except (ApiError, TimeoutError) as e:
+                    log.warning(
+                        "reading a pod after an unanswered binding failed (%s); retrying",
+                        e or type(e).__name__,
+                        extra={"pod": pod.key, "node": req.node},
+                    )
+                    await asyncio.sleep(backoff.next())
+            meta = (obj or {}).get("metadata") or {}
+            if obj is None or (pod.uid and meta.get("uid") != pod.uid):
+                log.info("bind: pod is gone", extra={"pod": pod.key, "node": req.node})
+                self.cache.forget(pod.key)
+                return
+            bound_to = (obj.get("spec") or {}).get("nodeName")
+            if bound_to:
+                log.info(
+                    "an unanswered binding landed (on %s); waiting for the watch",
+                    bound_to,
+                    extra={"pod": pod.key, "node": req.node},
+                )
+                self.cache.finish_binding(pod.key, self.clock())
+                return
+            self.cache.forget(pod.key)
+            self.requeue(pod, req.attempts)
+        finally:
+            self._done_later(req.node)

@@ -33,6 +33,11 @@
   ``progress`` is set after every pod event or relist the cache applied (the dispatch gate,
   ``worker.gate``, waits on it for the watch to reach a DISPATCH's ``min_rv``).
 
+Pods read directly (``PodFeed.apply_direct``: the catch-up of a granted node when the watch lags) are ahead
+of the watch: until the watch delivers a record of such a pod at least as new as the direct one, its older
+events (the pod still pending, before its binding) and an older relist snapshot are not applied to it, or they
+would take the pod off its node and free capacity the API server has given it (an overcommitted node).
+
 Nominations: a pending pod of our scheduler name whose ``status.nominatedNodeName`` is set is nominated in the
 cache (its room reserved, ``worker.cache``), so a nomination made by another worker, or by this one before a
 restart, is honoured; an update without one keeps the cache's nomination (this worker's own may be ahead of
@@ -154,6 +159,10 @@ class PodFeed:
         # coordinator only nominated ones, see ``_unread``): the ``previous`` of its next parse, here and for a
         # DISPATCH of it (``worker.intake``), so neither parses again what the watch already has.
         self.pending: dict[PodKey, PodRecord] = {}
+        # Pods read directly, ahead of the watch (``apply_direct``): their record and its resourceVersion.
+        self.direct: dict[PodKey, tuple[int, PodRecord]] = {}
+        # The resourceVersion of the relist being applied (``Watches`` sets it to the pod reflector's).
+        self.listed_revision: Callable[[], int] = lambda: 0
 
     def previous(self, key: PodKey) -> PodRecord | None:
         """The latest record of ``key`` this worker holds (placed, or pending and ours), if any."""
@@ -181,11 +190,27 @@ class PodFeed:
             if new and pod.key in self.queue:
                 metrics.observe_stage("queued", self.queue.clock() - seen_at)
 
+    def apply_direct(self, pods: list[PodRecord]) -> None:
+        """Account pods read directly (a consistent read, ahead of the watch), and hold them against the
+        watch's older records of them (see the module docstring)."""
+        for pod in pods:
+            if not pod.terminal and pod.key not in self.cache.pod_node:
+                self.cache.upsert_pod(pod)
+                self.direct[pod.key] = (int(pod.resource_version or 0), pod)
+
     def replace(self, objects: list[dict[str, Any]]) -> None:
         seen_at = self.queue.clock()
         pods = [pod_from_json(o) for o in objects]
         self.pending.clear()
+        if self.direct:
+            # A snapshot as new as a direct read replaces it; an older one (a relist that started before the
+            # read) must not undo it: the direct record is applied again and the watch's events awaited.
+            snapshot = self.listed_revision()
+            self.direct = {k: held for k, held in self.direct.items() if held[0] > snapshot}
+            pods = [p for p in pods if p.key not in self.direct]
         self.cache.replace_pods([p for p in pods if p.node_name and not p.terminal])
+        for _, record in self.direct.values():
+            self.cache.upsert_pod(record)
         for p in pods:
             self.admit(p, seen_at)
         listed = {p.key for p in pods if not p.node_name and not p.deleting and not p.terminal}
@@ -196,6 +221,11 @@ class PodFeed:
     def event(self, kind: str, obj: dict[str, Any]) -> None:
         seen_at = self.queue.clock()
         key = pod_key(obj)
+        if self.direct and (held := self.direct.get(key)) is not None:
+            if int((obj.get("metadata") or {}).get("resourceVersion") or 0) < held[0]:
+                self.progress.set()
+                return  # older than the pod's direct read: applying it would undo that read
+            del self.direct[key]
         if kind == "DELETED":
             self._remove(key)  # nothing of the object is read but its key
         elif not self.shortcuts:
@@ -311,6 +341,7 @@ class Watches:
             gone=gone,
         )
         self.pods = Reflector(client, "/api/v1/pods", self.pod_feed, params=POD_PARAMS, name="pods")
+        self.pod_feed.listed_revision = lambda: int(self.pods.resource_version or 0)
         node_params = {"labelSelector": node_selector} if node_selector else {}
         self.nodes = Reflector(
             client, "/api/v1/nodes", NodeFeed(cache, queue), params=node_params, name="nodes"
@@ -354,6 +385,4 @@ class Watches:
         return [pod_from_json(i) for i in items], target
 
     def apply_direct(self, pods: list[PodRecord]) -> None:
-        for pod in pods:
-            if not pod.terminal and pod.key not in self.cache.pod_node:
-                self.cache.upsert_pod(pod)
+        self.pod_feed.apply_direct(pods)

@@ -22,7 +22,8 @@ Invariants (the worker's half of "no node is ever usable by two workers at once"
 - A granted node becomes usable only after the cache holds every pod already bound there: either the pod
   watch completed a (re)list that started after the grant, or, per node, a consistent LIST of the pods bound
   there whose newest revision the watch has reached (after ``CATCH_UP_TIMEOUT`` the listed pods are applied
-  directly: a pod deleted meanwhile may count until the next relist, conservative, never over).
+  directly, and held against the watch's older records of them, ``worker.feeds``: a pod deleted meanwhile
+  may count until the watch shows it gone, conservative, never over).
 - A revoked node stops being usable, and is published as removed, before the release hook runs; the
   release acknowledgement is written only after the release hook returned (in the worker: every binding in
   flight to those nodes finished) for every node revoked up to that epoch. Releases are processed one at a
