@@ -320,6 +320,7 @@ async def deployment_with_victim(
         )
         d.procs["w2"] = victim
         await started(d, 2)
+        await caught_up(d)
         yield victim, etcd_proxy, api_proxy
     finally:
         etcd_proxy.unblock()
@@ -329,6 +330,22 @@ async def deployment_with_victim(
             await asyncio.to_thread(d.procs["w2"].stop)
         await api_proxy.stop()
         await etcd_proxy.stop()
+
+
+async def caught_up(d: Deployment) -> None:
+    """Wait until no node is moving and every worker's load report shows free capacity, i.e. its cache has
+    caught up with the nodes it was granted and it can take pods. The scenarios need the victim binding
+    mid-burst: a worker granted every node first (it registered first) lists each node's pods before using it,
+    and on a busy API server that took longer than the whole burst took the other worker (w2 then bound
+    nothing, and ``bound_by`` waited in vain)."""
+    await d.wait_status(
+        lambda s: all(
+            w.get("free_cpu", 0) > 0 and w.get("revoking", 0) == 0
+            for w in s["workers"].values()
+            if w.get("live")
+        ),
+        "every worker caught up with its nodes",
+    )
 
 
 async def bound_by(d: Deployment, worker: str, n: int) -> None:
