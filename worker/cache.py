@@ -211,10 +211,9 @@ class Cache:
         """Indexed nodes offering an extended resource, fullest CPU first (binpack) or emptiest (spread), equal
         free CPU in name order (the set's own order depends on the process's string hash seed, and the walk's
         order breaks score ties: the same cluster must give the same placement in every process)."""
-        names = sorted(n for n in self.scalar_nodes.get(resource, ()) if n in self.index)
-        infos = [self.nodes[n] for n in names]
-        # A stable sort: equal free CPU keeps the name order, in both directions.
-        infos.sort(key=NodeInfo.free_milli_cpu, reverse=not self.index.ascending)
+        sign = 1 if self.index.ascending else -1
+        infos = [self.nodes[n] for n in self.scalar_nodes.get(resource, ()) if n in self.index]
+        infos.sort(key=lambda i: (sign * i.free_milli_cpu(), i.node.name))
         return infos
 
     def _shard_changed(self, change: ShardChange) -> None:

@@ -11,8 +11,8 @@ Two objects:
   DISPATCH's ``min_rv``), answers heartbeats, and sends the capacity summary (kept current by the cache's
   index, read in O(1)) each ``protocol.CAPACITY_INTERVAL`` in which it changed, and at least every
   ``protocol.HEARTBEAT_INTERVAL`` even if it did not: that is the stream's heartbeat towards the leader.
-  A DISPATCH of a pod whose very object (same uid and resourceVersion) the pod watch already parsed reuses
-  that record rather than parsing the pod again (``same_object``).
+  A DISPATCH's pod is parsed with the record the pod watch holds for it as ``previous``
+  (``common.records.pod_from_json``), which is that record itself when the DISPATCH carries the same object.
 
 Invariants:
 - Only the elected leader's stream: a HELLO is accepted only if its MAC verifies and its ``term`` equals the
@@ -51,7 +51,6 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from common import metrics, protocol
 from common.etcd.kv import KeyValue
@@ -102,27 +101,12 @@ def _result(
 def _dispatch(
     msg: protocol.Dispatch, previous: Callable[[PodKey], PodRecord | None]
 ) -> tuple[int, PodRecord, int]:
-    """The DISPATCH's id, pod and ``min_rv``. The pod is the record this worker already holds for it when
-    that record is of the very same object (``same_object``), else it is parsed with that record as
-    ``previous``. Under a coordinator the pod watch keeps no record of a pending pod that is not nominated
-    (``worker.feeds.PodFeed``), so a first DISPATCH is usually parsed here in full, its spec-derived parts
-    shared with earlier pods of the same template (``common.records``)."""
-    held = previous(pod_key(msg.pod))
-    if held is not None and same_object(held, msg.pod):
-        return msg.id, held, msg.min_rv
-    return msg.id, pod_from_json(msg.pod, held), msg.min_rv
-
-
-def same_object(record: PodRecord, obj: Mapping[str, Any]) -> bool:
-    """Is ``record`` the parse of ``obj`` itself? True when both name the same uid and resourceVersion: the
-    API server gives every write of an object a new resourceVersion, so two copies of a pod with the same uid
-    and resourceVersion are the same object (the leader leaves out only ``metadata.managedFields``, which no
-    record reads), and parsing it again would give an equal record."""
-    meta = obj.get("metadata")
-    if not isinstance(meta, dict):
-        return False
-    version, uid = meta.get("resourceVersion"), meta.get("uid")
-    return bool(version and uid) and version == record.resource_version and uid == record.uid
+    """The DISPATCH's id, pod and ``min_rv``. The pod is parsed with the record this worker holds for it as
+    ``previous``: that record itself when nothing in it changed (the same object), else only what changed is
+    read again. Under a coordinator the pod watch keeps no record of a pending pod that is not nominated
+    (``worker.feeds.PodFeed``), so a first DISPATCH is usually parsed in full, its spec-derived parts shared
+    with earlier pods of the same template (``common.records``)."""
+    return msg.id, pod_from_json(msg.pod, previous(pod_key(msg.pod))), msg.min_rv
 
 
 def _changed(summary: protocol.Capacity, last: protocol.Capacity | None) -> bool:

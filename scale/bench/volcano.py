@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,8 +76,8 @@ def replace_directives(gomod: str) -> list[str]:
     return out
 
 
-def _go(args: list[str], cwd: Path, timeout: float) -> tuple[int, str]:
-    env = {**os.environ, "GOFLAGS": "-mod=mod", "CGO_ENABLED": "0"}
+def _go(args: list[str], cwd: Path, timeout: float, *, goflags: str = "-mod=mod") -> tuple[int, str]:
+    env = {**os.environ, "GOFLAGS": goflags, "CGO_ENABLED": "0"}
     try:
         proc = subprocess.run(
             ["go", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
@@ -84,6 +85,15 @@ def _go(args: list[str], cwd: Path, timeout: float) -> tuple[int, str]:
     except subprocess.TimeoutExpired:
         return 124, f"`go {' '.join(args)}` did not finish within {timeout:.0f}s"
     return proc.returncode, (proc.stdout + proc.stderr).strip()
+
+
+def _since(began: float) -> Callable[[bool, str, str, str], VolcanoProbe]:
+    """A probe result with the seconds since ``began``."""
+
+    def done(built: bool, version: str, binary: str, reason: str) -> VolcanoProbe:
+        return VolcanoProbe(built, version, binary, reason, round(time.monotonic() - began, 1))
+
+    return done
 
 
 def _first_error(text: str) -> str:
@@ -135,8 +145,7 @@ def build_checkout(src: Path, out_dir: Path, *, build_timeout: float = BUILD_TIM
     """``go build ./cmd/agent-scheduler`` inside a checkout of volcano-sh/volcano."""
     began = time.monotonic()
 
-    def done(built: bool, version: str, binary: str, reason: str) -> VolcanoProbe:
-        return VolcanoProbe(built, version, binary, reason, round(time.monotonic() - began, 1))
+    done = _since(began)
 
     if shutil.which("go") is None:
         return done(False, "", "", "no Go toolchain on PATH")
@@ -153,26 +162,10 @@ def build_checkout(src: Path, out_dir: Path, *, build_timeout: float = BUILD_TIM
         ).stdout.strip()
     out_dir.mkdir(parents=True, exist_ok=True)
     binary = out_dir / "volcano-agent-scheduler"
-    # Inside the checkout Volcano's own go.mod (and its replace directives) governs the build.
-    env = {**os.environ, "CGO_ENABLED": "0"}
-    try:
-        proc = subprocess.run(
-            ["go", "build", "-o", str(binary), "./cmd/agent-scheduler"],
-            cwd=src,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=build_timeout,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        return done(
-            False, commit, "", f"`go build ./cmd/agent-scheduler` did not finish within {build_timeout:.0f}s"
-        )
-    if proc.returncode != 0:
-        return done(
-            False, commit, "", f"building {src}/cmd/agent-scheduler failed: {_first_error(proc.stderr)}"
-        )
+    # Inside the checkout Volcano's own go.mod (and its replace directives) governs the build, as it is.
+    code, text = _go(["build", "-o", str(binary), "./cmd/agent-scheduler"], src, build_timeout, goflags="")
+    if code != 0:
+        return done(False, commit, "", f"building {src}/cmd/agent-scheduler failed: {_first_error(text)}")
     return done(
         True, commit or "checkout", str(binary), f"built from the checkout {src} ({commit or 'no git'})"
     )
@@ -182,8 +175,7 @@ def probe(out_dir: Path, *, build_timeout: float = BUILD_TIMEOUT) -> VolcanoProb
     """Try to build Volcano's agent-scheduler into ``out_dir``; never raises for an expected failure."""
     began = time.monotonic()
 
-    def done(built: bool, version: str, binary: str, reason: str) -> VolcanoProbe:
-        return VolcanoProbe(built, version, binary, reason, round(time.monotonic() - began, 1))
+    done = _since(began)
 
     if shutil.which("go") is None:
         return done(False, "", "", "no Go toolchain on PATH")

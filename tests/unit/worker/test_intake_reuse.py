@@ -1,7 +1,6 @@
-"""A DISPATCH of a pod whose very object (same uid and resourceVersion) this worker's watch already parsed
-reuses that record instead of parsing the pod again: the record must be exactly the one a full parse of the
-DISPATCH's pod gives, whatever the watch holds (the same object, an older or a newer one, another pod of the
-same name, nothing)."""
+"""A DISPATCH of a pod whose very object this worker's watch already parsed reuses that record instead of
+parsing the pod again: the record must be exactly the one a full parse of the DISPATCH's pod gives, whatever the
+watch holds (the same object, an older or a newer one, another pod of the same name, nothing)."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ from typing import Any
 from common import protocol
 from common.records import PodRecord, pod_from_json
 from tests.unit.common.test_records_reparse import _mutations, _pods
-from worker.intake import _dispatch, same_object
+from worker.intake import _dispatch
 
 Obj = dict[str, Any]
 
@@ -59,18 +58,3 @@ def test_a_dispatched_pod_is_the_full_parse_of_its_object_whatever_the_watch_hol
         else:
             parsed += 1
     assert reused > 100 and parsed > 100  # both paths were exercised
-
-
-def test_same_object_needs_both_the_uid_and_the_resource_version() -> None:
-    obj = _pods()[0]
-    record = pod_from_json(obj)
-    assert same_object(record, obj)
-    for field, value in (("uid", "other"), ("resourceVersion", "11")):
-        changed = copy.deepcopy(obj)
-        changed["metadata"][field] = value
-        assert not same_object(record, changed)
-    for field in ("uid", "resourceVersion"):  # neither may be missing, on either side
-        missing = copy.deepcopy(obj)
-        del missing["metadata"][field]
-        assert not same_object(pod_from_json(missing), missing)
-    assert not same_object(record, {"metadata": None})
