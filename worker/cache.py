@@ -115,6 +115,7 @@ class Cache:
         self.sessions: dict[str, dict[NodeName, int]] = {}
         # extended resource (nvidia.com/gpu, ...) -> nodes that have some: pods asking for one look only there
         self.scalar_nodes: dict[str, set[NodeName]] = {}
+        self._scalar_order: dict[str, list[NodeName]] = {}  # scalar_nodes in name order, rebuilt on a change
         # per-topology-domain counts for pod (anti-)affinity and topology spread
         self.topology = TopologyCounts(self.nodes)
         # node -> pending pods nominated to it (kube-scheduler's nominator), and the reverse
@@ -202,18 +203,25 @@ class Cache:
         for resource, nodes in list(self.scalar_nodes.items()):
             if resource not in have and name in nodes:
                 nodes.discard(name)
+                self._scalar_order.pop(resource, None)
                 if not nodes:
                     del self.scalar_nodes[resource]
         for resource in have:
-            self.scalar_nodes.setdefault(resource, set()).add(name)
+            nodes = self.scalar_nodes.setdefault(resource, set())
+            if name not in nodes:
+                nodes.add(name)
+                self._scalar_order.pop(resource, None)
 
     def scalar_candidates(self, resource: str) -> list[NodeInfo]:
         """Indexed nodes offering an extended resource, fullest CPU first (binpack) or emptiest (spread), equal
         free CPU in name order (the set's own order depends on the process's string hash seed, and the walk's
         order breaks score ties: the same cluster must give the same placement in every process)."""
-        sign = 1 if self.index.ascending else -1
-        infos = [self.nodes[n] for n in self.scalar_nodes.get(resource, ()) if n in self.index]
-        infos.sort(key=lambda i: (sign * i.free_milli_cpu(), i.node.name))
+        order = self._scalar_order.get(resource)
+        if order is None:  # sorted once per change of the set, not per decision
+            order = self._scalar_order[resource] = sorted(self.scalar_nodes.get(resource, ()))
+        infos = [self.nodes[n] for n in order if n in self.index]
+        # A stable sort: equal free CPU keeps the name order, in both directions.
+        infos.sort(key=NodeInfo.free_milli_cpu, reverse=not self.index.ascending)
         return infos
 
     def _shard_changed(self, change: ShardChange) -> None:
