@@ -12,6 +12,12 @@ released: nothing but the scheduler and its bindings load the API server), else 
 - latency: p99 create-to-bound at equal offered load (the steady workload, else churn, else mix) at most half;
 - ceiling: pods/s on the throughput workload at least 90 % of the no-decision binder's;
 - cost: CPU-seconds per 1,000 pods on the throughput workload no more than kube-scheduler's.
+
+The sharded path's goals (issue 14), each comparing a coordinated configuration (``agent-coord-N``: a leader and
+N workers) with the standalone worker, kube-scheduler and the no-decision binder on the same node count:
+- backlog at least 95 % of the no-decision ceiling's pods/s;
+- burst p50 and p99 create-to-bound at most 1.25x the standalone worker's, and p99 at most half kube-scheduler's;
+- burst CPU-seconds per 1,000 pods of all its processes summed at most 1.3x the standalone worker's.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ from scale.bench.volcano import VolcanoProbe
 
 KUBE_REFERENCE = "kube-scheduler-qps5000"
 CEILING = "no-decision"
+STANDALONE = "agent-standalone"
+COORDINATED_PREFIX = "agent-coord-"
 THROUGHPUT_WORKLOADS = ("backlog", "burst")  # the first one present is used
 WORKLOAD_ORDER = ("backlog", "burst", "steady", "churn", "mix", "preempt")
 PREEMPT = "preempt"
@@ -135,6 +143,46 @@ def goals(results: Sequence[RunResult]) -> list[Goal]:
                     None if ratio is None else ratio <= 1.0,
                 )
             )
+    return out
+
+
+SHARDED_GOALS = (
+    # (goal, workload, reference configuration, compared field, target, limit, at least?)
+    ("backlog share of the no-decision ceiling", "backlog", CEILING, "pods_per_s", ">= 0.95", 0.95, True),
+    ("burst p50 vs standalone", "burst", STANDALONE, "p50_ms", "<= 1.25x", 1.25, False),
+    ("burst p99 vs standalone", "burst", STANDALONE, "p99_ms", "<= 1.25x", 1.25, False),
+    ("burst p99 vs kube-scheduler", "burst", KUBE_REFERENCE, "p99_ms", "<= 0.5x", 0.5, False),
+    (
+        "burst CPU per 1k pods, all processes, vs standalone",
+        "burst",
+        STANDALONE,
+        "cpu_s_per_1k_pods",
+        "<= 1.3x",
+        1.3,
+        False,
+    ),
+)
+
+
+def sharded_goals(results: Sequence[RunResult]) -> list[Goal]:
+    """Issue 14's goals for every coordinated configuration and node count found in ``results``
+    (``cpu_s_per_1k_pods`` already sums every process of a configuration)."""
+    out: list[Goal] = []
+    coordinated = sorted({r.scheduler for r in results if r.scheduler.startswith(COORDINATED_PREFIX)})
+    for nodes in sorted({r.nodes for r in results}):
+        for coord in coordinated:
+            for name, workload, reference, field, target, limit, at_least in SHARDED_GOALS:
+                ours, theirs = (
+                    _find(results, coord, workload, nodes),
+                    _find(results, reference, workload, nodes),
+                )
+                value = (
+                    _ratio(float(getattr(ours, field)), float(getattr(theirs, field)))
+                    if ours and theirs
+                    else None
+                )
+                met = None if value is None else (value >= limit if at_least else value <= limit)
+                out.append(Goal(nodes, coord, name, target, value, met))
     return out
 
 
@@ -435,6 +483,18 @@ def render(
     for g in goals(results):
         value = "-" if g.value is None else f"{g.value:.2f}"
         lines.append(f"| {g.nodes} | {g.scheduler} | {g.goal} | {g.target} | {value} | **{g.verdict}** |")
+    sharded = sharded_goals(results)
+    if sharded:
+        lines += [
+            "",
+            "## Goals of the sharded path (coordinator + workers vs the standalone worker, issue 14)",
+            "",
+            "| nodes | agent configuration | goal | target | measured | verdict |",
+            "|---:|---|---|---|---:|---|",
+        ]
+        for g in sharded:
+            value = "-" if g.value is None else f"{g.value:.2f}"
+            lines.append(f"| {g.nodes} | {g.scheduler} | {g.goal} | {g.target} | {value} | **{g.verdict}** |")
     lines += ["", "## Results", "", table(results), ""]
     other = [r for r in results if not r.error and r.host_other_cpu_s > 0.2 * max(r.duration_s, 1e-9)]
     if other:

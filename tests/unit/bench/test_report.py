@@ -203,3 +203,36 @@ def test_the_report_splits_a_coordinated_run_cpu_by_process(tmp_path: Path) -> N
     )
     # one process has nothing to split: the standalone run is not listed, and runs without the field neither
     assert report.process_cpu_table([single, *results()]) == []
+
+
+def test_sharded_goals_compare_each_coordinated_configuration_with_the_standalone_worker(
+    tmp_path: Path,
+) -> None:
+    rs = [
+        *results(),
+        run("agent-coord-1", "burst", pps=850, p99=2400, cpu=1.2),
+        run("agent-coord-2", "backlog", pps=920, p99=4000, cpu=2.0),
+        run("no-decision", "backlog", kind="no-decision", pps=950, p99=1500, cpu=0.5),
+    ]
+    goals = report.sharded_goals(rs)
+    assert {g.scheduler for g in goals} == {"agent-coord-1", "agent-coord-2"}  # not standalone, not kube
+    one, two = verdicts(goals, "agent-coord-1"), verdicts(goals, "agent-coord-2")
+    assert one == {
+        "backlog share of the no-decision ceiling": "n/a",  # coord-1 ran no backlog
+        "burst p50 vs standalone": "met",  # 800 / 666.7 = 1.2
+        "burst p99 vs standalone": "met",  # 2400 / 2000 = 1.2
+        "burst p99 vs kube-scheduler": "met",  # 2400 / 5000 = 0.48
+        "burst CPU per 1k pods, all processes, vs standalone": "met",  # 1.2 / 1.0
+    }
+    assert two == {
+        "backlog share of the no-decision ceiling": "met",  # 920 / 950 = 0.97
+        "burst p50 vs standalone": "missed",  # 1.5x
+        "burst p99 vs standalone": "missed",
+        "burst p99 vs kube-scheduler": "missed",  # 3000 / 5000 = 0.6
+        "burst CPU per 1k pods, all processes, vs standalone": "missed",  # 3.0x
+    }
+    assert next(g for g in goals if g.scheduler == "agent-coord-2" and "CPU" in g.goal).value == 3.0
+    text = report.render(rs)
+    assert "## Goals of the sharded path" in text
+    assert "| 1000 | agent-coord-2 | burst p99 vs kube-scheduler | <= 0.5x | 0.60 | **missed** |" in text
+    assert "Goals of the sharded path" not in report.render(results()[:2])  # no coordinated run: no section
