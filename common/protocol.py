@@ -65,7 +65,8 @@ Worker -> leader
               highest_priority, priority_sum, victims, earliest_start}, found by a dry run that evicted and
               nominated nothing; only an unschedulable RESULT may carry one), "gone" (the pod
               was deleted), "rejected" (try later: the worker cannot take pods now, e.g. fenced or draining,
-              sent instead of ACK; or the binding was refused; or the pod is not for this scheduler). ``uid``
+              sent instead of ACK; or the binding was refused; or no node fits among those usable while
+              granted ones are still catching up; or the pod is not for this scheduler). ``uid``
               is the pod's uid as the worker saw it, so a pod recreated under the same name is not answered
               for by its predecessor's result.
     CAPACITY  {nodes, free_cpu, free_memory, max_cpu, max_memory, pending, syncing, binds_per_s, ts,

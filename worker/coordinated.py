@@ -122,7 +122,7 @@ class CoordinatedWorker:
             else None
         )
         reporter = new_reporter(client, settings)
-        self.results = LeaderResults(reporter, audit=self.audit)
+        self.results = LeaderResults(reporter, audit=self.audit, catching_up=self.shard.syncing)
         self.sched = Scheduler(
             client,
             settings,

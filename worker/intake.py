@@ -34,6 +34,9 @@ Invariants:
   Results carry the pod's uid, and a result is sent only for the pod (same uid) that was dispatched.
 - A pod whose ``spec.schedulerName`` is not ours is answered RESULT ``rejected`` and never queued.
 - An unschedulable pod is answered and leaves this worker's queue: the leader decides where it goes next.
+- A "no" is only given over the whole shard: while granted nodes are still catching up (``Shard.syncing``), an
+  unschedulable decision is answered RESULT ``rejected`` ("try later"), so the leader's verdict never counts a
+  shard's partial answer (its message would name too few nodes, and a node still catching up may fit the pod).
 - While the worker cannot place pods (fenced, draining), DISPATCH is answered with RESULT ``rejected`` at
   once, so the leader tries later or elsewhere without waiting.
 
@@ -164,9 +167,12 @@ class LeaderStream:
 class LeaderResults:
     """The current leader stream, the pods it dispatched, and the RESULTs owed to it (``Outcomes``)."""
 
-    def __init__(self, reporter: Reporter, *, audit: AuditLog | None = None) -> None:
+    def __init__(
+        self, reporter: Reporter, *, audit: AuditLog | None = None, catching_up: Callable[[], int] = lambda: 0
+    ) -> None:
         self.reporter = reporter
         self.audit = audit
+        self.catching_up = catching_up  # granted nodes the cache is still catching up on (``Shard.syncing``)
         self.stream: LeaderStream | None = None
         self.pending: dict[PodKey, tuple[int, str]] = {}  # pod -> (dispatch id, uid) of its latest DISPATCH
         self._bound_times: deque[float] = deque()  # monotonic times of the bindings, oldest first
@@ -221,7 +227,15 @@ class LeaderResults:
     def unschedulable(self, pod: PodRecord, decision: Decision) -> None:
         # Not reported on the pod: the leader may place it on another shard, and reports it when none can.
         dispatch_id = self._owed(pod)
-        if dispatch_id is not None:
+        if dispatch_id is None:
+            return
+        syncing = self.catching_up()
+        if syncing:
+            # A "no" over part of the shard: the nodes still catching up were not considered, and one of them
+            # may fit. The leader tries again later instead of counting a partial answer in its verdict.
+            message = f"{syncing} granted nodes still catching up; try later"
+            self.send(_result(dispatch_id, pod, protocol.REJECTED, message=message))
+        else:
             self.send(
                 _result(
                     dispatch_id,

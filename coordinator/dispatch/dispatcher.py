@@ -446,8 +446,8 @@ class Dispatcher:
         if result.outcome == protocol.GONE:
             self.table.pods.pop(key, None)
         elif result.outcome == protocol.REJECTED or result.nodes == 0:
-            # "Try later", never "no": the worker cannot place pods now, its binding was refused, or it
-            # considered no node at all (fenced or still catching up when it decided)
+            # "Try later", never "no": the worker cannot place pods now, its binding was refused, it was still
+            # catching up on granted nodes, or it considered no node at all (fenced when it decided)
             self.rejected += 1
             p.rejected(self.clock())
             self.table.enqueue(key)

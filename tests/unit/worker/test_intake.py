@@ -66,7 +66,7 @@ async def worker() -> AsyncIterator[Worker]:
     client = KubeClient(Credentials("http://127.0.0.1:9"))  # never called: no watch runs here
     reporter = RecordingReporter(client)
     shard = FixedShard(["n1"])
-    results = LeaderResults(reporter)
+    results = LeaderResults(reporter, catching_up=shard.syncing)
     sched = Scheduler(
         client, WorkerSettings(), shard=shard, outcomes=results, reporter=reporter, watch_pending=False
     )
@@ -242,6 +242,32 @@ async def test_unschedulable_pod_goes_back_to_the_leader_and_leaves_the_queue(wo
     assert result.reasons == {"Insufficient cpu": 1}
     assert "default/big" not in worker.sched.queue  # type: ignore[operator]
     assert not worker.reporter.failures  # the leader reports it when no shard can take it
+    await leader.close()
+
+
+async def test_no_fit_while_granted_nodes_catch_up_is_try_later_not_no(worker: Worker) -> None:
+    """A shard with nodes still catching up answers over part of itself: that is not a "no" the leader may
+    count in an unschedulable verdict (its node count would be short, and a node catching up may fit)."""
+    leader = await Leader.connect(worker, term=1)
+    worker.shard.syncing_nodes = 3
+    leader.send(protocol.Dispatch(id=12, pod=make_pod("big").req(cpu="64").json()))
+    await leader.next(protocol.Ack)
+    qp = worker.sched.queue.pop_nowait()
+    assert qp is not None
+    worker.sched.schedule_one(qp)
+    result = await leader.next(protocol.Result)
+    assert (result.id, result.outcome) == (12, protocol.REJECTED)
+    assert result.message == "3 granted nodes still catching up; try later"
+    assert not worker.reporter.failures  # nothing said on the pod: the leader decides
+    # caught up: the same pod is now a plain no over the whole shard
+    worker.shard.syncing_nodes = 0
+    leader.send(protocol.Dispatch(id=13, pod=make_pod("big").req(cpu="64").json()))
+    await leader.next(protocol.Ack)
+    qp = worker.sched.queue.pop_nowait()
+    assert qp is not None
+    worker.sched.schedule_one(qp)
+    result = await leader.next(protocol.Result)
+    assert (result.id, result.outcome, result.nodes) == (13, protocol.UNSCHEDULABLE, 1)
     await leader.close()
 
 
