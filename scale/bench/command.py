@@ -88,7 +88,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     c.add_argument("--timeout", type=float, default=None, help="stop waiting this long after the last create")
     c.add_argument(
-        "--repeat", type=int, default=1, help="runs per scheduler × workload; the least disturbed is kept"
+        "--repeat",
+        type=int,
+        default=1,
+        help="runs per scheduler × workload; the first undisturbed one is kept",
     )
     c.add_argument(
         "--quiet-wait",

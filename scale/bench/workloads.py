@@ -13,11 +13,12 @@ when (seconds after the workload starts), identical for every scheduler so that 
   stages (``scale.bench.stages``) complete it that long after it runs and then delete it, so capacity frees
   continuously and the scheduler sees a stream of deletions alongside the creations.
 - ``preempt`` (not in the default list: it fills the cluster first): every untainted node is first filled with
-  placeholder pods of the lowest priority (``PLACEHOLDER_CLASS``, ``PLACEHOLDER`` each, bound by ``nodeName``
-  so that no scheduler places them), then ``pods`` agent pods of a high priority (``PREEMPTOR_CLASS``) the
-  size of one placeholder arrive at once: each one binds only after the scheduler under test has preempted a
-  placeholder and kwok has deleted it (the cluster's ``pod-delete`` stage deletes a pod as soon as it has a
-  deletionTimestamp, so a graceful delete completes at once). Latency counts from each create to its bind;
+  placeholder pods of the lowest priority (``PLACEHOLDER_CLASS``; ``PLACEHOLDER`` each, ``LARGE_PLACEHOLDER``
+  above ``LARGE_FLEET`` nodes; bound by ``nodeName`` so that no scheduler places them), then ``pods`` agent pods
+  of a high priority (``PREEMPTOR_CLASS``) the size of one placeholder arrive at once: each one binds only after
+  the scheduler under test has preempted a placeholder and kwok has deleted it (the cluster's ``pod-delete``
+  stage deletes a pod as soon as it has a deletionTimestamp, so a graceful delete completes at once). Latency
+  counts from each create to its bind;
   the victims are the placeholders gone at the end.
 - ``mix``: agent pods with placement rules (``scale.workload`` mix: tolerations, zone affinity, node selectors,
   a few GPU pods) at ``rate``, plus batch pods at ``batch_rate`` for the default scheduler (kube-scheduler) on the
@@ -54,6 +55,10 @@ PLACEHOLDER_PRIORITY = -10
 PREEMPTOR_CLASS = "bench-agent-high"  # PriorityClass of the preemptors
 PREEMPTOR_PRIORITY = 100000
 PLACEHOLDER = {"cpu": "2", "memory": "8Gi"}  # the nodes' 1 CPU : 4Gi ratio: a node fills on both at once
+# Above this many nodes a placeholder (and so a preemptor) is ``LARGE_PLACEHOLDER``: the fill stays ~4 pods per
+# node (~19,000 at 5,000 nodes, not ~75,000), which one API server on the bench machine takes in a minute or two.
+LARGE_FLEET = 2000
+LARGE_PLACEHOLDER = {"cpu": "8", "memory": "32Gi"}
 
 AGENT = "agent"
 BATCH = "batch"
@@ -81,6 +86,8 @@ class WorkloadSpec:
     mix: bool = False
     #: fill the cluster with placeholders first; the agent pods preempt them (the preempt workload)
     preempt: bool = False
+    #: the requests of one placeholder, and of each preemptor (the preempt workload)
+    placeholder: tuple[tuple[str, str], ...] = tuple(PLACEHOLDER.items())
     #: create every pod while the scheduler is paused, then release them at once (the backlog workload)
     paused: bool = False
     #: creates in flight at once
@@ -114,6 +121,7 @@ class WorkloadSpec:
             "mix": self.mix,
             "paused": self.paused,
             "preempt": self.preempt,
+            **({"placeholder": dict(self.placeholder)} if self.preempt else {}),
             "create_concurrency": self.create_concurrency,
             "pull_delay_s": self.pull_delay_s,
             "seed": self.seed,
@@ -161,7 +169,12 @@ def default_workloads(
         MIX: WorkloadSpec(
             name=MIX, pods=steady_pods, rate=steady_rate, mix=True, batch_rate=max(1.0, steady_rate / 5)
         ),
-        PREEMPT: WorkloadSpec(name=PREEMPT, pods=burst if burst is not None else 1000, preempt=True),
+        PREEMPT: WorkloadSpec(
+            name=PREEMPT,
+            pods=burst if burst is not None else 1000,
+            preempt=True,
+            placeholder=tuple((LARGE_PLACEHOLDER if nodes > LARGE_FLEET else PLACEHOLDER).items()),
+        ),
     }
 
 
@@ -214,12 +227,15 @@ def priority_classes() -> list[dict[str, Any]]:
     ]
 
 
-def placeholders(fleet: list[dict[str, Any]], *, namespace: str) -> list[dict[str, Any]]:
-    """Lowest-priority placeholder pods that fill every untainted node of ``fleet`` (node objects) on CPU,
-    memory and pod count, each bound to its node by ``spec.nodeName``."""
-    cpu, memory = PLACEHOLDER["cpu"], PLACEHOLDER["memory"]
-    milli = int(cpu) * 1000
-    mem_gi = int(memory.removesuffix("Gi"))
+def placeholders(
+    fleet: list[dict[str, Any]], *, namespace: str, requests: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """Lowest-priority placeholder pods of ``requests`` (``PLACEHOLDER``: whole CPUs, memory in Gi) that fill
+    every untainted node of ``fleet`` (node objects) on CPU, memory and pod count, each bound to its node by
+    ``spec.nodeName``."""
+    requests = dict(requests or PLACEHOLDER)
+    milli = _milli(requests["cpu"])
+    mem_gi = _gi(requests["memory"])
     out: list[dict[str, Any]] = []
     for node in fleet:
         if (node.get("spec") or {}).get("taints"):
@@ -246,7 +262,7 @@ def placeholders(fleet: list[dict[str, Any]], *, namespace: str) -> list[dict[st
                             {
                                 "name": "pause",
                                 "image": "registry.local/pause:3",
-                                "resources": {"requests": dict(PLACEHOLDER)},
+                                "resources": {"requests": dict(requests)},
                             }
                         ],
                     },
@@ -294,7 +310,7 @@ def arrivals(
         if spec.preempt:
             pod["spec"]["priorityClassName"] = PREEMPTOR_CLASS
             for c in pod["spec"]["containers"]:
-                c.setdefault("resources", {})["requests"] = dict(PLACEHOLDER)
+                c.setdefault("resources", {})["requests"] = dict(spec.placeholder)
         if spec.lifetime_s > 0:
             lifetime = spec.lifetime_s * rng.uniform(0.5, 1.5)
             annotations[LIFETIME_ANNOTATION] = f"{lifetime * 1000:.0f}ms"

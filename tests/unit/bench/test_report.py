@@ -114,19 +114,29 @@ def test_rebuild_from_a_results_file(tmp_path: Path) -> None:
     assert "agent-standalone" in path.read_text()
 
 
-def test_repeated_runs_keep_the_least_disturbed_and_say_so() -> None:
-    from scale.bench.cluster import least_disturbed
+def test_repeated_runs_keep_the_first_quiet_one_and_say_so() -> None:
+    from scale.bench.cluster import kept_run
 
-    busy = run("agent-standalone", "burst", pps=100, p99=9000, cpu=1.0)
-    busy.host_other_cpu_s = 10.0  # 1 core over 10 s
-    quiet = run("agent-standalone", "burst", pps=300, p99=3000, cpu=1.0)
-    quiet.host_other_cpu_s = 1.0
-    failed = run("agent-standalone", "burst", pps=0, p99=0, cpu=0.0)
-    failed.error = "probe failed"
-    kept = least_disturbed([busy, failed, quiet])
-    assert kept is quiet
-    assert "least disturbed of 3" in kept.notes[-1] and "(kept)" in kept.notes[-1]
-    assert least_disturbed([busy]) is busy and busy.notes == []
+    def attempt(pps: int, outside_cores: float, error: str = "") -> RunResult:
+        r = run("agent-standalone", "burst", pps=pps, p99=3000, cpu=1.0)
+        r.host_other_cpu_s = outside_cores * r.duration_s
+        r.error = error
+        return r
+
+    # the first quiet run is kept even when a later one was quieter still: runs of one index compare alike
+    first, second = attempt(300, 0.2), attempt(250, 0.0)
+    assert kept_run([first, second], 0.3) is first
+    assert "first quiet one of 2" in first.notes[-1] and "run 1: 0.20 outside cores" in first.notes[-1]
+    # a disturbed or failed run is passed over for the next quiet one
+    busy, failed, quiet = attempt(100, 1.0), attempt(0, 0.0, error="probe failed"), attempt(300, 0.1)
+    assert kept_run([busy, failed, quiet], 0.3) is quiet
+    assert "(kept)" in quiet.notes[-1]
+    # none quiet: the least disturbed, failed ones last
+    busier, busy2, failed2 = attempt(100, 2.0), attempt(120, 1.0), attempt(0, 0.0, error="probe failed")
+    assert kept_run([busier, failed2, busy2], 0.3) is busy2
+    assert "least disturbed: none at most 0.3 outside cores" in busy2.notes[-1]
+    single = attempt(300, 5.0)
+    assert kept_run([single], 0.3) is single and single.notes == []
 
 
 def staged(scheduler: str, workload: str, stages: dict[str, float]) -> RunResult:

@@ -173,8 +173,36 @@ def test_preempt_workload_fills_untainted_nodes_and_sends_high_priority_pods_of_
     assert by_node == {"a": 8, "b": 8}  # b is full on memory; c is tainted
     assert {pc["metadata"]["name"]: pc["value"] for pc in priority_classes()}[PREEMPTOR_CLASS] > 0
     spec = default_workloads(50, burst=20)[PREEMPT]
+    assert dict(spec.placeholder) == PLACEHOLDER and spec.params()["placeholder"] == PLACEHOLDER
     plan = arrivals(spec, namespace="x", scheduler_name="s")
     assert len(plan) == 20
     for a in plan:
         assert a.pod["spec"]["priorityClassName"] == PREEMPTOR_CLASS
         assert a.pod["spec"]["containers"][0]["resources"]["requests"] == PLACEHOLDER
+
+
+def test_preempt_workload_on_a_large_fleet_uses_fewer_larger_placeholders_and_preemptors_of_their_size() -> (
+    None
+):
+    from scale.bench.workloads import (
+        LARGE_FLEET,
+        LARGE_PLACEHOLDER,
+        PLACEHOLDER,
+        PREEMPT,
+        default_workloads,
+        placeholders,
+    )
+
+    spec = default_workloads(LARGE_FLEET + 1)[PREEMPT]
+    assert dict(spec.placeholder) == LARGE_PLACEHOLDER
+    node = {
+        "metadata": {"name": "a"},
+        "spec": {},
+        "status": {"allocatable": {"cpu": "32", "memory": "128Gi", "pods": "110"}},
+    }
+    pods = placeholders([node], namespace="fill", requests=dict(spec.placeholder))
+    assert len(pods) == 4  # 32 CPU / 8
+    assert all(p["spec"]["containers"][0]["resources"]["requests"] == LARGE_PLACEHOLDER for p in pods)
+    for a in arrivals(spec, namespace="x", scheduler_name="s")[:5]:
+        assert a.pod["spec"]["containers"][0]["resources"]["requests"] == LARGE_PLACEHOLDER
+    assert dict(default_workloads(LARGE_FLEET)[PREEMPT].placeholder) == PLACEHOLDER
