@@ -23,7 +23,11 @@ How a decision is made, and why it is fast:
    can refuse the pod before any node is looked at, as kube-scheduler's PreFilter does.
 6. Only when no candidate is feasible does the engine scan every owned node, to count the reasons for the
    failure message. The explanation is memoized per pod shape while the cache does not change, so a burst of
-   pods that cannot fit does not rescan the cluster per pod.
+   pods that cannot fit does not rescan the cluster per pod. When the cache did change (a stream of
+   preemptors changes it with every nomination and every victim gone), the scan still reuses each node's
+   verdict for the shape while that node is unchanged (same ``NodeInfo``, generation and static version, and
+   no pod nominated to it): only the nodes that changed are filtered again. Not for pods with inter-pod rules
+   or claims, whose verdicts depend on more than their node.
 
 Batched decisions (kube-scheduler 1.35's opportunistic batching, done exactly): pods of one shape decided one
 after another (a burst from one template, as the queue hands them out) reuse what the previous decisions of
@@ -70,6 +74,7 @@ from worker.volumes import VolumePlan
 DEFAULT_FEASIBLE_NODES = 16
 SUCCEEDED_KEPT = 4096  # successful Decisions kept for reuse before the memo starts over
 EXTRA_NODES = 4  # feasible holders of a pod's image added to a window that has none (step 4 above)
+NODE_VERDICT_SHAPES = 16  # pod shapes whose per-node scan verdicts are kept (each holds one entry per node)
 _SKIPPED = object()  # a node-local score plugin that does not apply to the pod, in a batch's shape
 
 # A batch's memory, per node name: [NodeInfo, its generation, its static version, fits the shape, the node-local
@@ -159,6 +164,8 @@ class Engine:
         self._static: dict[tuple[Any, ...], dict[str, tuple[int, Status | None]]] = {}
         # (signature, request shape) -> (cache generation, node count, decision)
         self._explained: dict[tuple[Any, ...], tuple[int, int, Decision]] = {}
+        # the same shape -> node -> (its NodeInfo, generation, static version, verdict) from the latest scans
+        self._node_verdicts: dict[tuple[Any, ...], dict[str, tuple[NodeInfo, int, int, Status | None]]] = {}
         self.full_scans = 0
         # (node, evaluated, feasible) -> the successful Decision with those values (see ``schedule``)
         self._succeeded: dict[tuple[str, int, int], Decision] = {}
@@ -543,6 +550,9 @@ class Engine:
                 self.cache.topology.version,
                 self.cache.workloads.version,  # default spread constraints: their selector may change
             )
+        # a node's verdict depends on the nominated pods only where they are: the per-node memo keys on the
+        # shape without them, and never keeps a verdict for a node with a nominated pod
+        node_shape = shape
         if self.cache.nominated:
             # verdicts then depend on which nominated pods this pod must leave room for
             shape += (pod.priority, pod.key if pod.key in self.cache.nominated_node else None)
@@ -562,8 +572,33 @@ class Engine:
         resolvable = False
         placeable: NodeInfo | None = None
         verdicts: list[tuple[NodeInfo, Status]] = []
+        kept: dict[str, tuple[NodeInfo, int, int, Status | None]] | None = None
+        if not inter_pod and not pod.claims:
+            kept = self._node_verdicts.get(node_shape)
+            if kept is None:
+                if len(self._node_verdicts) >= NODE_VERDICT_SHAPES:
+                    self._node_verdicts.clear()
+                kept = self._node_verdicts[node_shape] = {}
+        static_versions = self.cache.static_versions
+        nominated = self.cache.nominated
         for info in owned:
-            st = self.verdict(pod, info)
+            if kept is None:
+                st = self.verdict(pod, info)
+            else:
+                name = info.node.name
+                known = kept.get(name)
+                version = static_versions.get(name, 0)
+                if (
+                    known is not None
+                    and known[0] is info
+                    and known[1] == info.generation
+                    and known[2] == version
+                    and not (nominated and name in nominated)
+                ):
+                    st = known[3]
+                else:
+                    st = self.verdict(pod, info)
+                    kept[name] = (info, info.generation, version, st)
             if st is None:
                 placeable = info  # the index missed it (should not happen); use it rather than fail
                 break

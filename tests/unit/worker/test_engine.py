@@ -5,6 +5,8 @@ import random
 from common.records import NodeName
 from tests.builders import make_node, make_pod
 from tests.unit.worker.helpers import FixedShard, engine_over, place
+from worker.scheduler import build_engine
+from worker.settings import WorkerSettings
 
 
 def test_binpacks_onto_the_fullest_node_that_fits() -> None:
@@ -24,6 +26,63 @@ def test_failure_message_counts_reasons_over_all_nodes() -> None:
     assert d.message == (
         "0/40 nodes are available: 12 Insufficient cpu, 28 node(s) had untolerated taint {dedicated: batch}."
     )
+
+
+def test_a_rescan_after_a_change_filters_again_only_the_nodes_that_changed() -> None:
+    nodes = [make_node(f"a{i}", cpu="1").record() for i in range(12)]
+    nodes += [make_node(f"b{i}").taint("dedicated", "batch").record() for i in range(28)]
+    eng = engine_over(nodes)
+    filtered: list[str] = []
+    verdict = eng.verdict
+    eng.verdict = lambda pod, info: filtered.append(info.node.name) or verdict(pod, info)  # type: ignore[method-assign]
+    small = make_pod("small").req(cpu="500m").record()
+    home = place(eng, small)
+    assert home is not None
+    big = make_pod("p").req(cpu="2").record()
+    assert eng.schedule(big).node is None and len(filtered) == 40
+    # a pod leaves a node (the cache's generation changes with it): only that node is filtered again
+    filtered.clear()
+    eng.cache.forget(small.key)
+    d = eng.schedule(big)
+    assert filtered == [home]
+    assert d.message.startswith("0/40 nodes are available: 12 Insufficient cpu, 28 node(s)")
+    # a node tainted (its static version) and a node with a nominated pod: both filtered again, and the
+    # message says what they say now
+    filtered.clear()
+    eng.cache.upsert_node(make_node("a0", cpu="1").taint("dedicated", "batch").record())
+    eng.cache.nominate(make_pod("waiting").req(cpu="100m").record(), NodeName("a1"))
+    d = eng.schedule(big)
+    assert sorted(filtered) == ["a0", "a1"]
+    assert d.message == (
+        "0/40 nodes are available: 11 Insufficient cpu, 29 node(s) had untolerated taint {dedicated: batch}."
+    )
+
+
+def test_rescans_say_what_a_scan_from_scratch_says_under_random_changes() -> None:
+    rng = random.Random(7)
+    nodes = [make_node(f"n{i}", cpu=rng.choice(["1", "2", "4"])).record() for i in range(30)]
+    eng = engine_over(nodes, feasible_nodes=16)
+    # the same cache, and an engine whose memo of earlier scans is dropped before each of its scans
+    fresh = build_engine(WorkerSettings(), eng.cache)
+    shapes = [make_pod(f"big{c}").req(cpu=c).record() for c in ("5", "6", "8")]
+    for step in range(60):
+        what = rng.random()
+        name = f"n{rng.randrange(30)}"
+        if what < 0.4:
+            place(eng, make_pod(f"s{step}").req(cpu=rng.choice(["250m", "500m", "1"])).record())
+        elif what < 0.6:
+            placed = [k for info in eng.cache.nodes.values() for k in info.pods]
+            if placed:
+                eng.cache.remove_pod(rng.choice(placed))
+        elif what < 0.8:
+            builder = make_node(name, cpu=rng.choice(["1", "2", "4"]))
+            eng.cache.upsert_node((builder.taint("t", "x") if rng.random() < 0.5 else builder).record())
+        else:
+            eng.cache.nominate(make_pod(f"w{step}").req(cpu="250m").record(), NodeName(name))
+        pod = rng.choice(shapes)
+        fresh._explained.clear()
+        fresh._node_verdicts.clear()
+        assert eng.schedule(pod).message == fresh.schedule(pod).message, step
 
 
 def test_only_owned_nodes_are_used_and_counted() -> None:
