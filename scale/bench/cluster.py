@@ -14,7 +14,8 @@ For each node count and each scheduler (``scale.bench.schedulers``), in this ord
    ``results.json`` at once, so an interrupted run keeps what it measured; then the namespace is deleted.
    The preempt workload first fills the nodes with placeholders (``_fill``, a namespace of their own, all
    Running before the measured pods arrive), and afterwards records the victims and any overcommitted node;
-   a cluster that runs it gets more kwok pod workers (``PREEMPT_KWOK_PARALLELISM``);
+   a cluster that runs it gets more kwok pod workers (``PREEMPT_KWOK_PARALLELISM``). The spread workload's
+   bound pods are audited against their pools' hard rules afterwards (``_spread_audit``);
 4. the scheduler stopped (by PID), its logs kept under ``logs/``, the cluster stopped and removed.
 
 Then ``report.md`` and the plots (``scale.bench.report``). Nothing is asserted: numbers are reported, with the
@@ -65,6 +66,7 @@ from scale.bench.volcano import locate as locate_volcano
 from scale.bench.workloads import (
     BACKLOG,
     BURST,
+    SPREAD,
     STEADY,
     WorkloadSpec,
     arrivals,
@@ -75,7 +77,8 @@ from scale.bench.workloads import (
 )
 from scale.cluster import Cluster, ClusterError, ClusterOptions, generate_nodes, start_cluster_async
 from scale.cluster.components import APISERVER, ETCD, KWOK, SCHEDULER
-from scale.cluster.nodes import PREPULLED_FRACTION
+from scale.cluster.nodes import LABEL_ZONE, PREPULLED_FRACTION
+from scale.workload import POOL_LABEL, pool_rule_violations
 
 log = logging.getLogger(__name__)
 
@@ -395,6 +398,17 @@ def _overcommitted(fleet: list[dict[str, Any]], pods: list[dict[str, Any]]) -> i
     return bad
 
 
+def _spread_audit(fleet: list[dict[str, Any]], pods: list[dict[str, Any]]) -> dict[str, int]:
+    """The spread workload's bound pods against their pools' hard rules (``scale.workload.pool_rule_violations``)."""
+    zone_of = {n["metadata"]["name"]: (n["metadata"].get("labels") or {}).get(LABEL_ZONE, "") for n in fleet}
+    placed = [
+        (str((p["metadata"].get("labels") or {}).get(POOL_LABEL, "")), str(p["spec"]["nodeName"]))
+        for p in pods
+        if p["spec"].get("nodeName") and (p["metadata"].get("labels") or {}).get(POOL_LABEL)
+    ]
+    return pool_rule_violations(placed, zone_of)
+
+
 async def _list_pods(client: KubeClient, namespace: str) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
     cont = ""
@@ -485,6 +499,8 @@ async def _run_workload(
         result.params["placeholders"] = filled
         result.params["victims"] = filled - left  # placeholders preempted (deleted or being deleted)
         await _delete_namespace(client, FILL_NAMESPACE)
+    if workload.spread:
+        result.params.update(_spread_audit(fleet, await _list_pods(client, namespace)))
     try:
         await _delete_namespace(client, namespace)
     except ApiError as e:
@@ -762,7 +778,7 @@ def main(
         schedulers=schedulers
         or list(QUICK_SCHEDULERS if quick else [n for n, s in SCHEDULERS.items() if s.kind != VOLCANO]),
         workload_names=workloads
-        or ([BACKLOG, STEADY] if quick else [BACKLOG, BURST, STEADY, "churn", "mix"]),
+        or ([BACKLOG, STEADY] if quick else [BACKLOG, BURST, STEADY, "churn", "mix", SPREAD]),
         out=(out or Path("results") / f"bench-{'quick-' if quick else ''}{stamp}").resolve(),
         quick=quick,
         rate=rate,

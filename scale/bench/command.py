@@ -49,7 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--workloads",
         type=_names,
         default=None,
-        help="backlog,burst,steady,churn,mix,preempt (default all but preempt)",
+        help="backlog,burst,steady,churn,mix,spread,preempt (default all but preempt)",
     )
     c.add_argument(
         "--schedulers",

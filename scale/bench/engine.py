@@ -33,8 +33,8 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from common.records import PodKey, PodRecord, node_from_json, pod_from_json
-from scale.cluster.nodes import LABEL_ZONE, generate_nodes
-from scale.workload import agent_pod
+from scale.cluster.nodes import generate_nodes
+from scale.workload import agent_pod, interpod_pod
 from worker.budgets import Budgets
 from worker.cache import Cache
 from worker.engine import Decision, Engine
@@ -42,57 +42,11 @@ from worker.preemption import Evaluator
 from worker.scheduler import build_engine
 from worker.settings import WorkerSettings
 
-POOL_SIZE = 8
-HOSTNAME = "kubernetes.io/hostname"
 MIXES = ("plain", "mix", "interpod", "preempt", "pool")
 POOL_REQUESTS = {"cpu": "250m", "memory": "256Mi"}  # the pool mix's one size
 BALLOON = {"cpu": "1", "memory": "2Gi"}  # one placeholder pod of the preempt mix
 PREEMPTOR_PRIORITY = 1000
 PREEMPT_PODS = 1000
-
-
-def interpod_pod(index: int, *, seed: int = 0) -> dict[str, Any]:
-    """An agent pod of sandbox pool ``index // POOL_SIZE``, with that pool's inter-pod rules."""
-    pod = agent_pod(index, seed=seed)
-    pool = index // POOL_SIZE
-    selector = {"matchLabels": {"pool": f"pool-{pool}"}}
-    pod["metadata"].setdefault("labels", {})["pool"] = f"pool-{pool}"
-    spec = pod["spec"]
-    kind = pool % 3
-    if kind == 0:
-        spec["topologySpreadConstraints"] = [
-            {
-                "maxSkew": 1,
-                "topologyKey": LABEL_ZONE,
-                "whenUnsatisfiable": "DoNotSchedule",
-                "labelSelector": selector,
-            }
-        ]
-    elif kind == 1:
-        spec["affinity"] = {
-            "podAntiAffinity": {
-                "requiredDuringSchedulingIgnoredDuringExecution": [
-                    {"topologyKey": HOSTNAME, "labelSelector": selector}
-                ]
-            }
-        }
-    else:
-        spec["topologySpreadConstraints"] = [
-            {
-                "maxSkew": 2,
-                "topologyKey": LABEL_ZONE,
-                "whenUnsatisfiable": "ScheduleAnyway",
-                "labelSelector": selector,
-            }
-        ]
-        spec["affinity"] = {
-            "podAntiAffinity": {
-                "preferredDuringSchedulingIgnoredDuringExecution": [
-                    {"weight": 50, "podAffinityTerm": {"topologyKey": HOSTNAME, "labelSelector": selector}}
-                ]
-            }
-        }
-    return pod
 
 
 def _pod(index: int, mix: str, seed: int) -> dict[str, Any]:

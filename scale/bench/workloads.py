@@ -1,4 +1,4 @@
-"""The four workloads of ``bench cluster`` and the arrival plan each one expands to. Pure and deterministic.
+"""The workloads of ``bench cluster`` and the arrival plan each one expands to. Pure and deterministic.
 
 A ``WorkloadSpec`` is parameters only; ``arrivals(spec, ...)`` turns it into the exact list of pods to create and
 when (seconds after the workload starts), identical for every scheduler so that runs compare like for like.
@@ -20,6 +20,10 @@ when (seconds after the workload starts), identical for every scheduler so that 
   stage deletes a pod as soon as it has a deletionTimestamp, so a graceful delete completes at once). Latency
   counts from each create to its bind;
   the victims are the placeholders gone at the end.
+- ``spread``: ``pods`` agent pods at once, in sandbox pools of 8 with inter-pod rules
+  (``scale.workload.interpod_pod``: zone spread with DoNotSchedule, required hostname anti-affinity, or both
+  rules soft), as agent platforms spread a session's sandboxes; afterwards the placements are audited against
+  the hard rules (``scale.workload.pool_rule_violations``).
 - ``mix``: agent pods with placement rules (``scale.workload`` mix: tolerations, zone affinity, node selectors,
   a few GPU pods) at ``rate``, plus batch pods at ``batch_rate`` for the default scheduler (kube-scheduler) on the
   batch nodes, so two schedulers share the cluster.
@@ -40,7 +44,7 @@ from typing import Any
 
 from scale.bench.pulls import PULL_ANNOTATION
 from scale.cluster.nodes import LABEL_POOL
-from scale.workload import agent_pod
+from scale.workload import agent_pod, interpod_pod
 
 BACKLOG = "backlog"
 BURST = "burst"
@@ -48,7 +52,8 @@ STEADY = "steady"
 CHURN = "churn"
 MIX = "mix"
 PREEMPT = "preempt"
-WORKLOADS = (BACKLOG, BURST, STEADY, CHURN, MIX, PREEMPT)
+SPREAD = "spread"
+WORKLOADS = (BACKLOG, BURST, STEADY, CHURN, MIX, SPREAD, PREEMPT)
 
 PLACEHOLDER_CLASS = "bench-placeholder"  # PriorityClass of the placeholders
 PLACEHOLDER_PRIORITY = -10
@@ -86,6 +91,8 @@ class WorkloadSpec:
     mix: bool = False
     #: fill the cluster with placeholders first; the agent pods preempt them (the preempt workload)
     preempt: bool = False
+    #: sandbox pools with inter-pod rules (``scale.workload.interpod_pod``; the spread workload)
+    spread: bool = False
     #: the requests of one placeholder, and of each preemptor (the preempt workload)
     placeholder: tuple[tuple[str, str], ...] = tuple(PLACEHOLDER.items())
     #: create every pod while the scheduler is paused, then release them at once (the backlog workload)
@@ -121,6 +128,7 @@ class WorkloadSpec:
             "mix": self.mix,
             "paused": self.paused,
             "preempt": self.preempt,
+            "spread": self.spread,
             **({"placeholder": dict(self.placeholder)} if self.preempt else {}),
             "create_concurrency": self.create_concurrency,
             "pull_delay_s": self.pull_delay_s,
@@ -169,6 +177,7 @@ def default_workloads(
         MIX: WorkloadSpec(
             name=MIX, pods=steady_pods, rate=steady_rate, mix=True, batch_rate=max(1.0, steady_rate / 5)
         ),
+        SPREAD: WorkloadSpec(name=SPREAD, pods=burst_pods, spread=True),
         PREEMPT: WorkloadSpec(
             name=PREEMPT,
             pods=burst if burst is not None else 1000,
@@ -301,7 +310,12 @@ def arrivals(
     times = poisson_times(spec.pods, spec.rate, rng)
     out: list[Arrival] = []
     for i, at in enumerate(times):
-        pod = agent_pod(i, namespace=namespace, scheduler_name=scheduler_name, mix=spec.mix, seed=spec.seed)
+        if spec.spread:
+            pod = interpod_pod(i, namespace=namespace, scheduler_name=scheduler_name, seed=spec.seed)
+        else:
+            pod = agent_pod(
+                i, namespace=namespace, scheduler_name=scheduler_name, mix=spec.mix, seed=spec.seed
+            )
         meta = pod["metadata"]
         meta["labels"][RUN_LABEL] = spec.name
         annotations: dict[str, str] = meta.setdefault("annotations", {})

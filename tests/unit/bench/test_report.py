@@ -201,6 +201,30 @@ def test_preempt_runs_get_a_table_side_by_side() -> None:
     assert report.preemption_table(results()) == []
 
 
+def test_spread_runs_get_a_table_with_their_audit(tmp_path: Path) -> None:
+    clean = run("agent-coord-2", "spread", pps=300, p99=900, cpu=1.0)
+    clean.params.update(
+        {"spread_pools": 125, "skew_violations": 0, "anti_affinity_pools": 125, "anti_affinity_violations": 0}
+    )
+    broken = run("volcano-agent-1w", "spread", kind="volcano-agent-scheduler", pps=100, p99=5000, cpu=4.0)
+    broken.params.update(
+        {
+            "spread_pools": 125,
+            "skew_violations": 40,
+            "anti_affinity_pools": 125,
+            "anti_affinity_violations": 7,
+        }
+    )
+    lines = report.spread_table([broken, clean])
+    assert len(lines) == 4
+    assert lines[2].startswith("| 1000 | agent-coord-2 | 3000 | 3000 | 300 |")
+    assert lines[2].endswith("| 0 of 125 | 0 of 125 |")
+    assert lines[3].endswith("| 40 of 125 | 7 of 125 |")
+    assert report.spread_table(results()) == []
+    report.write(tmp_path, [clean, broken])
+    assert "## Spread: a burst of sandbox pools with inter-pod rules" in (tmp_path / "report.md").read_text()
+
+
 def test_the_report_splits_a_coordinated_run_cpu_by_process(tmp_path: Path) -> None:
     coord = run("agent-coord-2", "backlog", pps=500, p99=3000, cpu=1.8)
     coord.cpu_s_per_1k_pods_by_process = {"coordinator": 0.4, "worker-1": 0.7, "worker-2": 0.7}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import random
 import statistics
+from typing import Any
 
 import pytest
 import yaml
@@ -96,7 +97,7 @@ def test_the_placer_writes_the_node_annotation() -> None:
 
 def test_default_workloads() -> None:
     quick = default_workloads(100, quick=True)
-    assert set(quick) == {"backlog", "burst", "steady", "churn", "mix", "preempt"}
+    assert set(quick) == {"backlog", "burst", "steady", "churn", "mix", "spread", "preempt"}
     assert quick["preempt"].preempt and quick["preempt"].pods == 1000
     assert quick["burst"].pods <= 500
     assert quick["backlog"].paused and not quick["burst"].paused
@@ -206,3 +207,22 @@ def test_preempt_workload_on_a_large_fleet_uses_fewer_larger_placeholders_and_pr
     for a in arrivals(spec, namespace="x", scheduler_name="s")[:5]:
         assert a.pod["spec"]["containers"][0]["resources"]["requests"] == LARGE_PLACEHOLDER
     assert dict(default_workloads(LARGE_FLEET)[PREEMPT].placeholder) == PLACEHOLDER
+
+
+def test_spread_workload_sends_sandbox_pools_with_their_inter_pod_rules() -> None:
+    from scale.bench.workloads import SPREAD, WORKLOADS, default_workloads
+    from scale.workload import POOL_LABEL, POOL_SIZE
+
+    assert SPREAD in WORKLOADS
+    spec = default_workloads(1000, burst=48)[SPREAD]
+    assert spec.spread and spec.rate == 0 and spec.params()["spread"] is True
+    plan = arrivals(spec, namespace="ns", scheduler_name="agent")
+    assert len(plan) == 48 and all(a.at == 0 for a in plan)
+    pools: dict[str, list[dict[str, Any]]] = {}
+    for a in plan:
+        assert a.pod["spec"]["schedulerName"] == "agent" and a.pod["metadata"]["namespace"] == "ns"
+        pools.setdefault(a.pod["metadata"]["labels"][POOL_LABEL], []).append(a.pod["spec"])
+    assert len(pools) == 48 // POOL_SIZE
+    assert pools["pool-0"][0]["topologySpreadConstraints"][0]["whenUnsatisfiable"] == "DoNotSchedule"
+    anti = pools["pool-1"][0]["affinity"]["podAntiAffinity"]
+    assert "requiredDuringSchedulingIgnoredDuringExecution" in anti
