@@ -53,7 +53,7 @@ from common.records import PodKey, PodRecord, pod_from_json, pod_key
 from common.watching import Reflector
 from coordinator import metrics as coordinator_metrics
 from coordinator.dispatch.choice import Worker, choose, decisive, for_candidates, pick_candidate
-from coordinator.dispatch.lane import ANTI_AFFINITY, Lane
+from coordinator.dispatch.lane import ANTI_AFFINITY, MAX_IN_FLIGHT, Lane
 from coordinator.dispatch.links import Inbound, Link, LinkEvents, LinkFactory, Transport
 from coordinator.dispatch.pending import (
     DISPATCH_TIMEOUT,
@@ -312,8 +312,17 @@ class Dispatcher:
         self._waiting_for_pods.clear()
         if left is not None:
             woken += self._waiting_on.pop(left, {})
-            woken += self._waiting_for_room
-            self._waiting_for_room.clear()
+            # As many of the pods waiting for room as there is room, first come first: waking all of them
+            # would check each against every lane pod in flight once per departure (quadratic in a burst of
+            # lane pods). One woken that finds another reason to wait leaves its room to the next departure,
+            # which wakes as many as there is room then (and the idle rescan considers every waiting pod).
+            room = MAX_IN_FLIGHT - self.lane.in_flight
+            waiting = self._waiting_for_room
+            while room > 0 and waiting:
+                key = next(iter(waiting))
+                del waiting[key]
+                woken.append(key)
+                room -= 1
         for key in woken:
             self.table.enqueue(key)
 

@@ -55,6 +55,7 @@ from typing import Final, NamedTuple
 from common.records import LabelSelector, PodKey, PodRecord, PodTerm, Requirement
 
 HOSTNAME: Final = "kubernetes.io/hostname"
+MAX_SHAPES: Final = 4096  # lane shapes remembered (with the pairs decided between them) before starting over
 LOST_HOLD: Final = 30.0  # seconds a pod whose dispatch was lost still counts as in flight (rule 4)
 MAX_IN_FLIGHT: Final = 64  # lane pods in flight at once (each candidate is checked against all of them)
 
@@ -165,12 +166,64 @@ def interact(a: PodRecord, b: PodRecord) -> bool:
     return _reads(a, b) or _reads(b, a) or _share(a, b)
 
 
+class _Interactions:
+    """``interact`` remembered per pair of lane shapes. ``interact`` reads only each pod's namespace, labels and
+    inter-pod rules, so pods of one template share a shape, and a burst of them is checked against the lane
+    pods in flight with a dictionary lookup per pair instead of a comparison of selectors (each waiting pod is
+    checked again whenever the lane changes). Bounded: past ``MAX_SHAPES`` shapes it starts over; shape ids are
+    never reused, so an id kept from before (a pod in flight) never names another shape."""
+
+    def __init__(self) -> None:
+        self._ids: dict[tuple[str, frozenset[tuple[str, str]], object], int] = {}
+        self._of: dict[PodKey, tuple[PodRecord, int]] = {}  # the shape of a pod's latest record
+        self._pairs: dict[tuple[int, int], bool] = {}
+        self._next = 0
+
+    def shape(self, pod: PodRecord) -> int:
+        held = self._of.get(pod.key)
+        if held is not None and held[0] is pod:
+            return held[1]
+        shape = (pod.namespace, frozenset(pod.labels.items()), pod.inter_pod)
+        sid = self._ids.get(shape)
+        if sid is None:
+            if len(self._ids) >= MAX_SHAPES:
+                self.start_over()
+            sid = self._ids[shape] = self._next
+            self._next += 1
+        if len(self._of) >= 16 * MAX_SHAPES:
+            self._of.clear()  # mostly pods long gone; their shapes stay
+        self._of[pod.key] = (pod, sid)
+        return sid
+
+    def start_over(self) -> None:
+        """Forget every shape and pair (ids already handed out stay unused)."""
+        self._ids.clear()
+        self._of.clear()
+        self._pairs.clear()
+
+    def between(self, a: PodRecord, shape_a: int, b: PodRecord, shape_b: int) -> bool:
+        """``interact(a, b)``, given their shapes."""
+        pair = (shape_a, shape_b)
+        known = self._pairs.get(pair)
+        if known is None:
+            known = self._pairs[pair] = interact(a, b)
+        return known
+
+
+class _Flying(NamedTuple):
+    pod: PodRecord
+    at: float  # dispatched at
+    shape: int  # its lane shape (``_Interactions``)
+    anti: tuple[PodTerm, ...]  # its cross-node required anti-affinity terms (rule 3)
+
+
 class Lane:
     """The lane's state (see the module docstring). Resource versions are compared as integers, as the
     worker's shard catch-up does: they are etcd revisions in every API server we know."""
 
     def __init__(self) -> None:
-        self.flying: dict[PodKey, tuple[PodRecord, float]] = {}  # lane pods in flight, dispatched at
+        self.interactions = _Interactions()
+        self.flying: dict[PodKey, _Flying] = {}  # lane pods in flight
         self.lane_rv = 0
         self.settled_rv = 0
         self.unseen: dict[PodKey, PodRecord] = {}  # answered bound, not yet seen leaving the pending set
@@ -191,15 +244,24 @@ class Lane:
         yet answered; it is called only for a lane pod with cross-node anti-affinity."""
         lost = self._lost(now) if self.lost_dispatches else []
         if lane_rule(pod) is None:
-            for other in (*(f for f, _ in self.flying.values()), *lost):
+            for f in self.flying.values():
+                if f.anti and f.pod.key != pod.key and _matches(f.anti, pod):
+                    return Wait(ANTI_AFFINITY, f.pod.key)
+            for other in lost:
                 if other.key != pod.key and _matches(cross_node_anti_affinity(other), pod):
                     return Wait(ANTI_AFFINITY, other.key)
             return None
-        for other, _ in self.flying.values():
-            if other.key != pod.key and interact(pod, other):
-                return Wait(BUSY, other.key)
+        interactions = self.interactions
+        shape = interactions.shape(pod)
+        for f in self.flying.values():
+            if f.pod.key != pod.key and interactions.between(pod, shape, f.pod, f.shape):
+                return Wait(BUSY, f.pod.key)
         for other in lost:
-            if other.key != pod.key and lane_rule(other) is not None and interact(pod, other):
+            if (
+                other.key != pod.key
+                and lane_rule(other) is not None
+                and interactions.between(pod, shape, other, interactions.shape(other))
+            ):
                 return Wait(LOST, other.key)
         if len(self.flying) >= MAX_IN_FLIGHT and pod.key not in self.flying:
             return Wait(BUSY)
@@ -216,7 +278,9 @@ class Lane:
 
     def dispatched(self, pod: PodRecord, now: float) -> None:
         if lane_rule(pod) is not None:
-            self.flying[pod.key] = (pod, now)
+            self.flying[pod.key] = _Flying(
+                pod, now, self.interactions.shape(pod), cross_node_anti_affinity(pod)
+            )
 
     def answered_bound(self, pod: PodRecord) -> None:
         """A RESULT bound: the pod stays in flight until the watch shows it (its binding's version)."""
@@ -256,7 +320,7 @@ class Lane:
             return None
         self.lane_rv = max(self.lane_rv, rv)
         self.settled += 1
-        return flying[1]
+        return flying.at
 
     def statistics(self) -> dict[str, int | list[str]]:
         return {

@@ -9,7 +9,16 @@ from typing import Any
 from common import protocol
 from common.records import PodKey
 from coordinator import metrics as coordinator_metrics
-from coordinator.dispatch.lane import ANTI_AFFINITY, BUSY, LOST, LOST_HOLD, MAX_IN_FLIGHT, interact, lane_rule
+from coordinator.dispatch.lane import (
+    ANTI_AFFINITY,
+    BUSY,
+    LOST,
+    LOST_HOLD,
+    MAX_IN_FLIGHT,
+    _Interactions,
+    interact,
+    lane_rule,
+)
 from tests.builders import PodBuilder
 from tests.unit.dispatch.fakes import FakeLink, Rig
 
@@ -140,6 +149,58 @@ def test_lane_pods_that_could_count_one_pod_interact() -> None:
     everywhere = PodBuilder("v", namespace="elsewhere").label("x", "7")
     everywhere.pod_affinity(ZONE, {"app": "web"}, namespace_selector={})
     assert interact(web, everywhere.record())
+
+
+def test_the_lanes_remembered_interactions_agree_with_interact() -> None:
+    """``interact`` per pair of shapes (namespace, labels, rules): the same answer for every pair, a pod whose
+    labels changed gets its new shape, and after the memory starts over no old shape id names a new shape."""
+    pods = [
+        PodBuilder("s1").label("group", "a").spread(ZONE, {"group": "a"}).record(),
+        PodBuilder("s2").label("group", "a").spread(ZONE, {"group": "a"}).record(),
+        PodBuilder("o").label("group", "b").spread(ZONE, {"group": "b"}).record(),
+        PodBuilder("e", namespace="x").label("group", "a").spread(ZONE, {"group": "z"}).record(),
+        PodBuilder("n").label("k", "v").pod_affinity(ZONE, {"group": "a"}, anti=True).record(),
+        PodBuilder("near").label("g", "n").pod_affinity(ZONE, {"group": "b"}).record(),
+        PodBuilder("w").label("app", "web").spread(ZONE, {"app": "web"}).record(),
+        PodBuilder("f").label("x", "2").spread(ZONE, {"tier": "front"}).record(),
+    ]
+    memo = _Interactions()
+    for _ in range(2):  # the second round answers from memory
+        for a in pods:
+            for b in pods:
+                assert memo.between(a, memo.shape(a), b, memo.shape(b)) == interact(a, b), (a.key, b.key)
+    assert memo.shape(pods[0]) == memo.shape(pods[1])  # one template, one shape
+    relabelled = PodBuilder("s1").label("group", "b").spread(ZONE, {"group": "a"}).record()
+    assert memo.shape(relabelled) == memo.shape(
+        PodBuilder("z").label("group", "b").spread(ZONE, {"group": "a"}).record()
+    )
+    assert memo.between(relabelled, memo.shape(relabelled), pods[2], memo.shape(pods[2]))  # now in group b
+    old = memo.shape(pods[2])
+    memo.start_over()  # as past MAX_SHAPES
+    assert all(memo.shape(p) != old for p in pods if p is not pods[2])
+    # a pod in flight keeps its old id: asked against a new shape, the pair is decided again, correctly
+    assert memo.between(pods[0], memo.shape(pods[0]), pods[2], old) == interact(pods[0], pods[2])
+
+
+async def test_a_departure_wakes_as_many_pods_waiting_for_room_as_there_is_room(rig: Rig) -> None:
+    """Pods waiting for room in a full lane are woken as many as there is room, first come first, not all of
+    them on every departure (each woken pod is checked against every lane pod in flight)."""
+    w1 = one_worker(rig)
+    extra = 5
+    for i in range(MAX_IN_FLIGHT + extra):
+        rig.d.observe(spread(f"g{i}", group=f"g{i}"))
+    rig.step()
+    assert rig.d.lane.in_flight == MAX_IN_FLIGHT and rig.d.lane_waiting() == extra
+    left_pending(rig, spread("g0", group="g0"), 10)
+    assert len(rig.d.table.ready) == 1  # one slot: one pod woken, the first that waited
+    rig.step()
+    assert [m.pod["metadata"]["name"] for m in w1.dispatches()][-1] == f"g{MAX_IN_FLIGHT}"
+    left_pending(rig, spread("g1", group="g1"), 11)
+    left_pending(rig, spread("g2", group="g2"), 12)
+    rig.step()
+    names = [m.pod["metadata"]["name"] for m in w1.dispatches()]
+    assert names[-2:] == [f"g{MAX_IN_FLIGHT + 1}", f"g{MAX_IN_FLIGHT + 2}"]
+    assert rig.d.lane.in_flight == MAX_IN_FLIGHT and rig.d.lane_waiting() == extra - 3
 
 
 async def test_independent_lane_pods_go_side_by_side(rig: Rig) -> None:
