@@ -541,7 +541,7 @@ def render(
     spread = spread_table(results)
     if spread:
         lines += [
-            "## Spread: a burst of sandbox pools with inter-pod rules",
+            "## Spread: a backlog of sandbox pools with inter-pod rules",
             "",
             "Pools of 8 pods: a third spread over the zones (maxSkew 1, DoNotSchedule), a third with required "
             "anti-affinity on the hostname, a third with both rules soft. The bound pods are audited against "

@@ -20,7 +20,8 @@ when (seconds after the workload starts), identical for every scheduler so that 
   stage deletes a pod as soon as it has a deletionTimestamp, so a graceful delete completes at once). Latency
   counts from each create to its bind;
   the victims are the placeholders gone at the end.
-- ``spread``: ``pods`` agent pods at once, in sandbox pools of 8 with inter-pod rules
+- ``spread``: ``pods`` agent pods as a backlog (created while the scheduler is paused, then released, so the
+  throughput is not bounded by how fast pods are created), in sandbox pools of 8 with inter-pod rules
   (``scale.workload.interpod_pod``: zone spread with DoNotSchedule, required hostname anti-affinity, or both
   rules soft), as agent platforms spread a session's sandboxes; afterwards the placements are audited against
   the hard rules (``scale.workload.pool_rule_violations``).
@@ -177,7 +178,7 @@ def default_workloads(
         MIX: WorkloadSpec(
             name=MIX, pods=steady_pods, rate=steady_rate, mix=True, batch_rate=max(1.0, steady_rate / 5)
         ),
-        SPREAD: WorkloadSpec(name=SPREAD, pods=burst_pods, spread=True),
+        SPREAD: WorkloadSpec(name=SPREAD, pods=burst_pods, spread=True, paused=True),
         PREEMPT: WorkloadSpec(
             name=PREEMPT,
             pods=burst if burst is not None else 1000,

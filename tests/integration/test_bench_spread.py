@@ -1,5 +1,5 @@
 """``bench cluster --workloads spread`` end to end on a small cluster through the sharded path (a coordinator and
-two workers): a burst of sandbox pools with inter-pod rules, every pod bound, and the bench's own audit of the
+two workers): a backlog of sandbox pools with inter-pod rules, every pod bound, and the bench's own audit of the
 placements (read back from the API server) finds no pool over its zone skew and no anti-affinity pool sharing a
 node. No wall-clock assertion: the latency is what the bench reports, not what the test checks."""
 
@@ -41,4 +41,4 @@ def test_spread_workload_keeps_every_pools_hard_rules_across_shards(tmp_path: Pa
     pools = PODS // POOL_SIZE
     assert r.params["spread_pools"] == r.params["anti_affinity_pools"] == pools // 3
     assert r.params["skew_violations"] == 0 and r.params["anti_affinity_violations"] == 0, r.params
-    assert "## Spread: a burst of sandbox pools with inter-pod rules" in (out / "report.md").read_text()
+    assert "## Spread: a backlog of sandbox pools with inter-pod rules" in (out / "report.md").read_text()

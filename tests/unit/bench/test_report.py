@@ -222,7 +222,7 @@ def test_spread_runs_get_a_table_with_their_audit(tmp_path: Path) -> None:
     assert lines[3].endswith("| 40 of 125 | 7 of 125 |")
     assert report.spread_table(results()) == []
     report.write(tmp_path, [clean, broken])
-    assert "## Spread: a burst of sandbox pools with inter-pod rules" in (tmp_path / "report.md").read_text()
+    assert "## Spread: a backlog of sandbox pools with inter-pod rules" in (tmp_path / "report.md").read_text()
 
 
 def test_the_report_splits_a_coordinated_run_cpu_by_process(tmp_path: Path) -> None:

@@ -215,7 +215,7 @@ def test_spread_workload_sends_sandbox_pools_with_their_inter_pod_rules() -> Non
 
     assert SPREAD in WORKLOADS
     spec = default_workloads(1000, burst=48)[SPREAD]
-    assert spec.spread and spec.rate == 0 and spec.params()["spread"] is True
+    assert spec.spread and spec.paused and spec.rate == 0 and spec.params()["spread"] is True
     plan = arrivals(spec, namespace="ns", scheduler_name="agent")
     assert len(plan) == 48 and all(a.at == 0 for a in plan)
     pools: dict[str, list[dict[str, Any]]] = {}
