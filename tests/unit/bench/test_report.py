@@ -218,11 +218,11 @@ def test_spread_runs_get_a_table_with_their_audit(tmp_path: Path) -> None:
     lines = report.spread_table([broken, clean])
     assert len(lines) == 4
     assert lines[2].startswith("| 1000 | agent-coord-2 | 3000 | 3000 | 300 |")
-    assert lines[2].endswith("| 0 of 125 | 0 of 125 |")
-    assert lines[3].endswith("| 40 of 125 | 7 of 125 |")
+    assert lines[2].endswith("| 0 of 125 | 0 of 125 | while the scheduler ran |")
+    assert lines[3].endswith("| 40 of 125 | 7 of 125 | while the scheduler ran |")
     assert report.spread_table(results()) == []
     report.write(tmp_path, [clean, broken])
-    assert "## Spread: a backlog of sandbox pools with inter-pod rules" in (tmp_path / "report.md").read_text()
+    assert "## Spread: sandbox pools with inter-pod rules" in (tmp_path / "report.md").read_text()
 
 
 def test_the_report_splits_a_coordinated_run_cpu_by_process(tmp_path: Path) -> None:
