@@ -572,33 +572,29 @@ class Engine:
         resolvable = False
         placeable: NodeInfo | None = None
         verdicts: list[tuple[NodeInfo, Status]] = []
-        kept: dict[str, tuple[NodeInfo, int, int, Status | None]] | None = None
+        # pods whose verdicts depend on more than their node get a memo of their own scan only (all misses)
+        kept: dict[str, tuple[NodeInfo, int, int, Status | None]] = {}
         if not inter_pod and not pod.claims:
-            kept = self._node_verdicts.get(node_shape)
-            if kept is None:
-                if len(self._node_verdicts) >= NODE_VERDICT_SHAPES:
-                    self._node_verdicts.clear()
-                kept = self._node_verdicts[node_shape] = {}
+            if node_shape not in self._node_verdicts and len(self._node_verdicts) >= NODE_VERDICT_SHAPES:
+                self._node_verdicts.clear()
+            kept = self._node_verdicts.setdefault(node_shape, kept)
         static_versions = self.cache.static_versions
         nominated = self.cache.nominated
         for info in owned:
-            if kept is None:
-                st = self.verdict(pod, info)
+            name = info.node.name
+            known = kept.get(name)
+            version = static_versions.get(name, 0)
+            if (
+                known is not None
+                and known[0] is info
+                and known[1] == info.generation
+                and known[2] == version
+                and not (nominated and name in nominated)
+            ):
+                st = known[3]
             else:
-                name = info.node.name
-                known = kept.get(name)
-                version = static_versions.get(name, 0)
-                if (
-                    known is not None
-                    and known[0] is info
-                    and known[1] == info.generation
-                    and known[2] == version
-                    and not (nominated and name in nominated)
-                ):
-                    st = known[3]
-                else:
-                    st = self.verdict(pod, info)
-                    kept[name] = (info, info.generation, version, st)
+                st = self.verdict(pod, info)
+                kept[name] = (info, info.generation, version, st)
             if st is None:
                 placeable = info  # the index missed it (should not happen); use it rather than fail
                 break

@@ -225,11 +225,16 @@ def _running(r: RunResult) -> str:
     return f"{_fmt(r.running_p50_ms)} / {_fmt(r.running_p99_ms)} ({r.pods_waiting_for_pulls} pulled)"
 
 
+def _runs_of(results: Sequence[RunResult], workload: str) -> list[RunResult]:
+    """The successful runs of one workload, by node count and scheduler."""
+    return sorted(
+        (r for r in results if r.workload == workload and not r.error), key=lambda r: (r.nodes, r.scheduler)
+    )
+
+
 def preemption_table(results: Sequence[RunResult]) -> list[str]:
     """Markdown: the preempt workload side by side per node count (no lines when it was not run)."""
-    runs = sorted(
-        (r for r in results if r.workload == PREEMPT and not r.error), key=lambda r: (r.nodes, r.scheduler)
-    )
+    runs = _runs_of(results, PREEMPT)
     if not runs:
         return []
     lines = [
@@ -250,9 +255,7 @@ def preemption_table(results: Sequence[RunResult]) -> list[str]:
 def spread_table(results: Sequence[RunResult]) -> list[str]:
     """Markdown: the spread workload side by side per node count, with its audit of the pools' hard rules (no
     lines when it was not run)."""
-    runs = sorted(
-        (r for r in results if r.workload == SPREAD and not r.error), key=lambda r: (r.nodes, r.scheduler)
-    )
+    runs = _runs_of(results, SPREAD)
     if not runs:
         return []
     lines = [

@@ -11,7 +11,7 @@ import socket
 import struct
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import msgpack
 import pytest
@@ -230,14 +230,19 @@ async def test_bound_pod_gets_a_result_and_its_scheduled_event(worker: Worker) -
     await leader.close()
 
 
-async def test_unschedulable_pod_goes_back_to_the_leader_and_leaves_the_queue(worker: Worker) -> None:
-    leader = await Leader.connect(worker, term=1)
-    leader.send(protocol.Dispatch(id=10, pod=make_pod("big").req(cpu="64").json()))
+async def decided(worker: Worker, leader: Leader, dispatch_id: int, pod: dict[str, Any]) -> protocol.Result:
+    """DISPATCH ``pod``, let the worker decide it, and return its RESULT."""
+    leader.send(protocol.Dispatch(id=dispatch_id, pod=pod))
     await leader.next(protocol.Ack)
     qp = worker.sched.queue.pop_nowait()
     assert qp is not None
     worker.sched.schedule_one(qp)
-    result = await leader.next(protocol.Result)
+    return await leader.next(protocol.Result)
+
+
+async def test_unschedulable_pod_goes_back_to_the_leader_and_leaves_the_queue(worker: Worker) -> None:
+    leader = await Leader.connect(worker, term=1)
+    result = await decided(worker, leader, 10, make_pod("big").req(cpu="64").json())
     assert (result.id, result.outcome, result.nodes) == (10, protocol.UNSCHEDULABLE, 1)
     assert result.reasons == {"Insufficient cpu": 1}
     assert "default/big" not in worker.sched.queue  # type: ignore[operator]
@@ -250,23 +255,13 @@ async def test_no_fit_while_granted_nodes_catch_up_is_try_later_not_no(worker: W
     count in an unschedulable verdict (its node count would be short, and a node catching up may fit)."""
     leader = await Leader.connect(worker, term=1)
     worker.shard.syncing_nodes = 3
-    leader.send(protocol.Dispatch(id=12, pod=make_pod("big").req(cpu="64").json()))
-    await leader.next(protocol.Ack)
-    qp = worker.sched.queue.pop_nowait()
-    assert qp is not None
-    worker.sched.schedule_one(qp)
-    result = await leader.next(protocol.Result)
+    result = await decided(worker, leader, 12, make_pod("big").req(cpu="64").json())
     assert (result.id, result.outcome) == (12, protocol.REJECTED)
     assert result.message == "3 granted nodes still catching up; try later"
     assert not worker.reporter.failures  # nothing said on the pod: the leader decides
     # caught up: the same pod is now a plain no over the whole shard
     worker.shard.syncing_nodes = 0
-    leader.send(protocol.Dispatch(id=13, pod=make_pod("big").req(cpu="64").json()))
-    await leader.next(protocol.Ack)
-    qp = worker.sched.queue.pop_nowait()
-    assert qp is not None
-    worker.sched.schedule_one(qp)
-    result = await leader.next(protocol.Result)
+    result = await decided(worker, leader, 13, make_pod("big").req(cpu="64").json())
     assert (result.id, result.outcome, result.nodes) == (13, protocol.UNSCHEDULABLE, 1)
     await leader.close()
 
