@@ -154,14 +154,16 @@ class Scheduler:
             self.budgets = Reflector(
                 client, "/apis/policy/v1/poddisruptionbudgets", budgets, name="poddisruptionbudgets"
             )
+            evaluator = Evaluator(self.cache, self.engine, budgets)
             self.preemption = Preemption(
                 self.cache,
-                Evaluator(self.cache, self.engine, budgets),
+                evaluator,
                 Executor(
                     client,
                     component=s.scheduler_name,
                     instance=settings.worker_id or s.scheduler_name,
                     done=self.queue.activate,
+                    not_evicted=evaluator.not_evicted,
                 ),
             )
         # the ``profile`` label of the scheduling metrics: the scheduler name, as in kube-scheduler

@@ -474,3 +474,109 @@ def test_summary_on_the_wire_ranks_as_the_summary() -> None:
     a = Summary(NodeName("a"), 0, 5, 2 * (5 + 2**31), 2, 10.0)
     b = Summary(NodeName("b"), 0, 5, 2 * (5 + 2**31), 2, 20.0)
     assert a.wire().rank() == a.rank() and (b.wire().rank() < a.wire().rank()) == (b.rank() < a.rank())
+
+
+def two_nominated_to_one_node() -> tuple[Engine, Evaluator, Preemption, PodRecord, PodRecord]:
+    """n0 holds a and b (a started first); p preempts b, whose deletion the watch shows; then q, of p's priority,
+    preempts there too: p's nomination holds b's room, so q's victims are a and b."""
+    a = running("a", "n0", "1", 1, started="2026-01-01T00:00:00Z")
+    b = running("b", "n0", "1", 1, started="2026-01-02T00:00:00Z")
+    engine, ev = setup({"n0": "2"}, [a, b])
+    pre = preemption_over(engine, ev)
+    p = make_pod("p").req(cpu="1").priority(10).record()
+    pre.post_filter(p, engine.schedule(p))
+    assert engine.cache.nominated_node[p.key] == "n0"
+    engine.cache.upsert_pod(make_pod("b").req(cpu="1").priority(1).on("n0").preempted().record())
+    q = make_pod("q").req(cpu="1").priority(10).record()
+    verdict = ev.evaluate(q)
+    assert names(verdict.candidate) == ["a", "b"]
+    pre.post_filter(q, engine.schedule(q))
+    assert engine.cache.nominated_node[q.key] == "n0"
+    return engine, ev, pre, p, q
+
+
+def test_a_victim_chosen_here_counts_as_terminating_before_the_watch_shows_it() -> None:
+    engine, ev, pre, p, _ = two_nominated_to_one_node()
+    # p's victim b and q's a (b, already terminating by then, was not added again; the set forgets it later)
+    assert ev.evicting == {PodKey("default/a"), PodKey("default/b")}
+    # b is gone; a's deletion is not seen yet. q's nomination holds b's room, so p does not fit; it waits for a
+    # (being evicted for q) instead of preempting again
+    engine.cache.remove_pod(PodKey("default/b"))
+    assert engine.schedule(p).node is None
+    queued = pre.executor._work.qsize()
+    out = pre.post_filter(p, engine.schedule(p))
+    assert out.message.endswith("preemption: not eligible due to a terminating pod on the nominated node.")
+    assert pre.executor._work.qsize() == queued and engine.cache.nominated_node[p.key] == "n0"
+    # a goes: both fit
+    engine.cache.remove_pod(PodKey("default/a"))
+    assert engine.schedule(p).node == "n0"
+
+
+def test_a_victim_whose_eviction_failed_stops_counting() -> None:
+    engine, ev, _, p, _ = two_nominated_to_one_node()
+    engine.cache.remove_pod(PodKey("default/b"))
+    ev.not_evicted(PodKey("default/a"))
+    assert PodKey("default/a") not in ev.evicting
+    assert ev.ineligible(p) is None  # a stays: p may preempt again
+    assert names(ev.evaluate(p).candidate) == ["a"]
+
+
+def test_the_evicting_set_forgets_victims_the_watch_caught_up_on(monkeypatch: Any) -> None:
+    import worker.preemption as preemption_module
+
+    monkeypatch.setattr(preemption_module, "EVICTING_PRUNE", 4)
+    pods = [running(f"v{i}", "n0", "1", 1) for i in range(6)]
+    engine, ev = setup({"n0": "8"}, pods)
+    ev.evicted(pods[:3])
+    engine.cache.upsert_pod(make_pod("v0").req(cpu="1").priority(1).on("n0").preempted().record())
+    engine.cache.remove_pod(PodKey("default/v1"))
+    assert len(ev.evicting) == 3  # below the bound: nothing pruned yet
+    ev.evicted(pods[3:4])  # the bound: v0 (deleting) and v1 (gone) are dropped
+    assert ev.evicting == {PodKey("default/v2"), PodKey("default/v3")}
+    ev.evicted(pods[4:])  # the next prune waits until the set has doubled
+    assert len(ev.evicting) == 4
+
+
+class _Api:
+    """What ``Executor`` calls of ``KubeClient``: a victim named in ``refuse`` cannot be deleted (a 500), one
+    named in ``gone`` no longer exists."""
+
+    def __init__(self, refuse: set[str], gone: set[str]) -> None:
+        self.refuse = refuse
+        self.gone = gone
+        self.deleted: list[str] = []
+
+    async def patch(self, path: str, body: Any, *, kind: str = "merge") -> Any:
+        return {}
+
+    async def post(self, path: str, body: Any, params: dict[str, str] | None = None) -> Any:
+        return {}
+
+    async def delete(self, path: str, params: dict[str, str] | None = None) -> Any:
+        from common.kube import ApiError, NotFound
+
+        name = path.rsplit("/", 1)[1]
+        if name in self.refuse:
+            raise ApiError(500, "etcd timeout")
+        if name in self.gone:
+            raise NotFound(404, "not found")
+        self.deleted.append(name)
+        return {}
+
+
+async def test_the_executor_reports_every_victim_it_did_not_evict() -> None:
+    api = _Api(refuse={"v1"}, gone={"v2"})
+    dropped: list[PodKey] = []
+    executor = Executor(
+        cast(KubeClient, api), component="c", instance="t", done=lambda key: None, not_evicted=dropped.append
+    )
+    victims = tuple(running(f"v{i}", "n0", "1", 1) for i in range(3))
+    preemptor = make_pod("p").req(cpu="3").priority(10).record()
+    try:
+        await executor._carry_out(preemptor, Candidate(NodeName("n0"), victims, 0), [])
+    except Exception as e:  # the refused delete is raised after the others were tried
+        assert "etcd timeout" in str(e)
+    else:
+        raise AssertionError("the refused delete was not raised")
+    assert api.deleted == ["v0"]
+    assert sorted(dropped) == [PodKey("default/v1"), PodKey("default/v2")]
