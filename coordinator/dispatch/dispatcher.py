@@ -10,7 +10,8 @@ them and runs the loop.
 Invariants:
 - A pod is dispatched to at most one worker at a time; it is tracked until its RESULT, until the watch shows
   it bound or deleted, until the worker's stream dies, or until ``DISPATCH_TIMEOUT`` passes without a RESULT
-  (then it is dispatched again, elsewhere if possible). A RESULT for a dispatch no longer tracked (late,
+  (then it is dispatched again, elsewhere if possible; a pod its worker nominated where the leader sent it to
+  preempt waits there for its victims, up to ``PREEMPTION_WAIT_LIMIT``). A RESULT for a dispatch no longer tracked (late,
   duplicate, or over a replaced stream) or for another pod of the same name (its uid differs) is ignored; a
   pod recreated under the same name replaces its predecessor's entry and dispatch.
 - A pod is declared unschedulable (condition + event, with the reasons summed over every shard) only when
@@ -56,7 +57,6 @@ from coordinator.dispatch.choice import Worker, choose, decisive, for_candidates
 from coordinator.dispatch.lane import ANTI_AFFINITY, MAX_IN_FLIGHT, Lane
 from coordinator.dispatch.links import Inbound, Link, LinkEvents, LinkFactory, Transport
 from coordinator.dispatch.pending import (
-    DISPATCH_TIMEOUT,
     MAX_PREEMPTIONS,
     PendingPod,
     PendingTable,
@@ -234,7 +234,7 @@ class Dispatcher:
             w = self.workers.get(p.worker)
             if w is not None:
                 w.release(p.dispatch_id, p.record)
-        p.worker = None
+        p.worker, p.preempt_node = None, ""
 
     def dispatch(self, key: PodKey) -> None:
         """Consider one queued pod: send it to a worker, declare it unschedulable, or leave it waiting."""
@@ -283,7 +283,7 @@ class Dispatcher:
             else:
                 return  # no worker can take it now: it waits for capacity, an ACK, or workers to change
         self._next_id += 1
-        p.worker, p.dispatch_id, p.dispatched_at = w.worker_id, self._next_id, now
+        p.worker, p.dispatch_id, p.dispatched_at, p.preempt_node = w.worker_id, self._next_id, now, preempt
         w.assign(p.dispatch_id, p.record)
         self.lane.dispatched(p.record, now)
         w.link.send(
@@ -465,13 +465,12 @@ class Dispatcher:
             self.table.enqueue(key)
 
     def expire_dispatches(self) -> int:
-        """Withdraw every dispatch that has had no RESULT for ``DISPATCH_TIMEOUT`` and queue its pod again;
+        """Withdraw every dispatch that has had no RESULT in time (``PendingPod.expires_at``: after
+        ``DISPATCH_TIMEOUT``, later for a pod nominated where it was sent to preempt) and queue its pod again;
         returns how many. A late RESULT for it is then ignored (its id is no longer tracked)."""
-        deadline = self.clock() - DISPATCH_TIMEOUT
+        now = self.clock()
         expired = [
-            (key, p)
-            for key, p in self.table.pods.items()
-            if p.worker is not None and p.dispatched_at < deadline
+            (key, p) for key, p in self.table.pods.items() if p.worker is not None and p.expires_at() < now
         ]
         for key, p in expired:
             w = self.workers.get(p.worker) if p.worker is not None else None
@@ -479,7 +478,7 @@ class Dispatcher:
                 "no result from %s for %s within %.0f s; dispatching it again",
                 p.worker,
                 key,
-                DISPATCH_TIMEOUT,
+                now - p.dispatched_at,
             )
             dispatch_id = p.dispatch_id
             self._release(p)

@@ -5,7 +5,8 @@ A pod in the table is in exactly one of these states:
 - gated: it has scheduling gates; it waits for an update that lifts them;
 - dispatched: ``worker`` names the worker it is on its way to, under ``dispatch_id`` (since
   ``dispatched_at``), until that worker's RESULT, the watch showing it bound or deleted, the worker's stream
-  dying, or ``DISPATCH_TIMEOUT`` passing without a RESULT (then it is dispatched again);
+  dying, or ``DISPATCH_TIMEOUT`` passing without a RESULT (then it is dispatched again;
+  ``PREEMPTION_WAIT_LIMIT`` for a pod sent to preempt once the watch shows it nominated there, ``expires_at``);
 - parked: declared unschedulable at ``parked_at``; retried after ``UNSCHEDULABLE_RETRY``, or at once when a
   worker's capacity grows or the set of workers changes. Malformed pods are parked for good.
 
@@ -26,7 +27,9 @@ answers kube-style ("0/40 nodes are available: ..."); a worker ruled out by its 
 Preemption (``choice``'s module docstring): before a pod is declared unschedulable, the workers its summary
 ruled out are asked too (when it may preempt), and then, up to ``MAX_PREEMPTIONS`` times, the best candidate
 the shards proposed is sent to its worker to carry out. A pod sent to preempt stays dispatched (in flight)
-until its worker binds it, re-checks and answers no, or the dispatch is lost.
+until its worker binds it, re-checks and answers no, or the dispatch is lost; once the watch shows it
+nominated to that node, its worker is waiting for the victims to go, which may take longer than
+``DISPATCH_TIMEOUT`` (their graceful termination), and the dispatch is not withdrawn for that.
 """
 
 from __future__ import annotations
@@ -44,6 +47,9 @@ from coordinator.dispatch.choice import Worker
 
 UNSCHEDULABLE_RETRY = 30.0
 DISPATCH_TIMEOUT = 60.0  # a dispatch without RESULT for this long is withdrawn and dispatched again
+# A pod sent to preempt whose nomination to that node the watch shows is held by its worker until the victims
+# are gone: its dispatch is withdrawn only after this long (a backstop against a worker that lost it).
+PREEMPTION_WAIT_LIMIT = 900.0
 REJECT_BACKOFF = 1.0  # first wait after a RESULT rejected (kube-scheduler's initial pod backoff)
 REJECT_BACKOFF_MAX = 10.0  # longest wait (kube-scheduler's maximum pod backoff)
 
@@ -66,6 +72,16 @@ class PendingPod:
     # parked), and how many times the leader has sent it to carry one out
     candidates: dict[str, protocol.Candidate] = field(default_factory=dict)
     preemptions: int = 0
+    preempt_node: str = ""  # the node of the DISPATCH ``preempt`` in flight ("" for an ordinary dispatch)
+
+    def expires_at(self) -> float:
+        """When the dispatch in flight is withdrawn without a RESULT (see ``DISPATCH_TIMEOUT``): later for a
+        pod its worker nominated to the node the leader chose, as the watch shows, because the worker holds
+        it, as a standalone scheduler would, until its victims are gone; a withdrawal then would send it to
+        preempt again elsewhere (a second set of victims) while the first room stays reserved."""
+        if self.preempt_node and self.record.nominated_node == self.preempt_node:
+            return self.dispatched_at + PREEMPTION_WAIT_LIMIT
+        return self.dispatched_at + DISPATCH_TIMEOUT
 
     @property
     def waiting(self) -> bool:

@@ -15,6 +15,7 @@ from coordinator.dispatch.pending import (
     MAX_PREEMPTIONS,
     NEVER,
     NO_CANDIDATE,
+    PREEMPTION_WAIT_LIMIT,
     REJECT_BACKOFF,
     REJECT_BACKOFF_MAX,
     STALE,
@@ -198,6 +199,52 @@ async def test_the_best_candidate_across_shards_is_carried_out_by_its_worker(rig
     w2.bound(preempt.id, "n2")
     rig.step()
     assert key("a") not in rig.d.table.pods and rig.reporter.verdicts == []
+
+
+async def test_a_pod_nominated_where_it_preempts_waits_there_past_the_dispatch_timeout(rig: Rig) -> None:
+    """Its worker holds it until the victims are gone (their graceful termination may take longer than the
+    dispatch timeout); withdrawing it would send it to preempt again on the other shard's stale candidate."""
+    w1, w2 = rig.workers("w1", "w2")
+    for w in (w1, w2):
+        w.up().summary(nodes=1, max_cpu=8000)
+    rig.d.observe(pod("a", cpu="2"))
+    proposals = {w1: candidate("n1", top=1), w2: candidate("n2", top=2)}
+    for _ in range(2):
+        rig.step()
+        for w, c in proposals.items():
+            for d in w.dispatches():
+                if d.id in rig.d.workers[w.worker_id].in_flight:
+                    w.unschedulable(d.id, nodes=1, reasons={"Insufficient cpu": 1}, preemption=c)
+    rig.step()
+    [go] = [d for d in w1.dispatches() if d.preempt]
+    assert go.preempt == "n1"
+    w1.ack(go.id)
+    # not nominated yet (the worker's patch has not come through the watch): the ordinary timeout holds
+    rig.clock.advance(DISPATCH_TIMEOUT - 1)
+    assert rig.d.expire_dispatches() == 0
+    nominated = pod("a", cpu="2")
+    nominated["status"] = {"nominatedNodeName": "n1"}
+    rig.d.observe(nominated)
+    rig.clock.advance(2)
+    assert rig.d.expire_dispatches() == 0
+    rig.step()
+    assert [d for d in w2.dispatches() if d.preempt] == [] and rig.d.table.pods[key("a")].worker == "w1"
+    # a backstop for a worker that lost it
+    rig.clock.advance(PREEMPTION_WAIT_LIMIT)
+    assert rig.d.expire_dispatches() == 1
+
+
+async def test_a_pod_nominated_elsewhere_gets_the_ordinary_timeout(rig: Rig) -> None:
+    (w1,) = rig.workers("w1")
+    w1.up().summary(nodes=1, max_cpu=8000)
+    obj = pod("a", cpu="2")
+    obj["status"] = {"nominatedNodeName": "n9"}  # an old nomination; this dispatch is an ordinary one
+    rig.d.observe(obj)
+    rig.step()
+    [sent] = w1.dispatches()
+    assert sent.preempt == ""
+    rig.clock.advance(DISPATCH_TIMEOUT + 1)
+    assert rig.d.expire_dispatches() == 1
 
 
 async def test_a_stale_candidate_gets_the_next_best_then_a_verdict(rig: Rig) -> None:
