@@ -122,18 +122,22 @@ async def wait_bound(
     stall_s: float,
     timeout_s: float,
     since: float,
+    first_bind_s: float = 0.0,
     clock: Clock = time.monotonic,
 ) -> bool:
-    """Wait until every created pod is bound (True), or no bind for ``stall_s`` seconds after ``since`` or
-    ``timeout_s`` seconds after ``since`` (False)."""
+    """Wait until every created pod is bound (True), or no bind for ``stall_s`` seconds after ``since`` (for
+    ``first_bind_s`` if longer, until the first bind) or ``timeout_s`` seconds after ``since`` (False)."""
     wanted = sum(1 for t in watch.pods.values() if not t.error)
     deadline = since + timeout_s
     while True:
         if watch.bound >= wanted:
             return True
         now = clock()
-        last = watch.last_bind if not math.isnan(watch.last_bind) else since
-        if now - max(last, since) > stall_s or now > deadline:
+        if math.isnan(watch.last_bind):
+            last, limit = since, max(stall_s, first_bind_s)
+        else:
+            last, limit = watch.last_bind, stall_s
+        if now - max(last, since) > limit or now > deadline:
             return False
         await asyncio.sleep(POLL)
 

@@ -455,6 +455,7 @@ async def _run_workload(
             timeout_s=config.timeout_s,
             release=running.resume if workload.paused else None,
             pull_delay_s=workload.pull_delay_s,
+            first_bind_s=workload.first_bind_s,
         )
     finally:
         if workload.paused:
@@ -464,6 +465,7 @@ async def _run_workload(
     if not observed.complete:
         run_notes.append(
             f"stopped waiting {observed.end - observed.origin:.0f}s after the start: no bind for {config.stall_s:.0f}s "
+            f"(for the first bind {max(config.stall_s, workload.first_bind_s):.0f}s) "
             f"or {config.timeout_s:.0f}s after the last create"
         )
     if not observed.running_complete:

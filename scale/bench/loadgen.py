@@ -145,6 +145,7 @@ async def run(
     timeout_s: float,
     release: Callable[[], None] | None = None,
     pull_delay_s: float = 0.0,
+    first_bind_s: float = 0.0,
     clock: Clock = time.monotonic,
 ) -> Observation:
     """Watch the namespace, create ``plan``, wait for the binds; the whole measured window of one run.
@@ -171,7 +172,9 @@ async def run(
             for times in watch.pods.values():
                 times.eligible = since
             release()
-        complete = await wait_bound(watch, stall_s=stall_s, timeout_s=timeout_s, since=since, clock=clock)
+        complete = await wait_bound(
+            watch, stall_s=stall_s, timeout_s=timeout_s, since=since, first_bind_s=first_bind_s, clock=clock
+        )
         if puller is not None:
             running_complete = await wait_running(
                 watch, stall_s=stall_s, timeout_s=timeout_s, since=since, clock=clock

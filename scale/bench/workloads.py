@@ -19,7 +19,8 @@ when (seconds after the workload starts), identical for every scheduler so that 
   the scheduler under test has preempted a placeholder and kwok has deleted it (the cluster's ``pod-delete``
   stage deletes a pod as soon as it has a deletionTimestamp, so a graceful delete completes at once). Latency
   counts from each create to its bind;
-  the victims are the placeholders gone at the end.
+  the victims are the placeholders gone at the end. The first bind comes only after every preemptor's first
+  attempt, so the stall rule waits ``PREEMPT_FIRST_BIND_S`` for it (``first_bind_s``).
 - ``spread``: ``pods`` agent pods as a backlog (created while the scheduler is paused, then released, so the
   throughput is not bounded by how fast pods are created), in sandbox pools of 8 with inter-pod rules
   (``scale.workload.interpod_pod``: zone spread with DoNotSchedule, required hostname anti-affinity, or both
@@ -56,6 +57,10 @@ PREEMPT = "preempt"
 SPREAD = "spread"
 WORKLOADS = (BACKLOG, BURST, STEADY, CHURN, MIX, SPREAD, PREEMPT)
 
+# A preemptor's retry comes after every other preemptor's first attempt (as in kube-scheduler: a pod moved back
+# to the active queue is queued anew), so the first bind waits for about ``pods`` failed passes and dry runs:
+# ~40 s for ours at 5,000 nodes, ~70 s under a coordinator. The stall rule waits this long for it.
+PREEMPT_FIRST_BIND_S = 300.0
 PLACEHOLDER_CLASS = "bench-placeholder"  # PriorityClass of the placeholders
 PLACEHOLDER_PRIORITY = -10
 PREEMPTOR_CLASS = "bench-agent-high"  # PriorityClass of the preemptors
@@ -102,6 +107,8 @@ class WorkloadSpec:
     create_concurrency: int = 64
     #: seconds a node takes to pull one image an agent pod needs and it lacks (0: no pulls simulated)
     pull_delay_s: float = 0.0
+    #: how long the first bind may take before the bench's stall rule (``--stall``) applies, if longer
+    first_bind_s: float = 0.0
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -111,6 +118,7 @@ class WorkloadSpec:
             or self.lifetime_s < 0
             or self.batch_rate < 0
             or self.pull_delay_s < 0
+            or self.first_bind_s < 0
         ):
             raise ValueError(f"workload {self.name}: counts and rates must be >= 0")
         if self.create_concurrency < 1:
@@ -133,6 +141,7 @@ class WorkloadSpec:
             **({"placeholder": dict(self.placeholder)} if self.preempt else {}),
             "create_concurrency": self.create_concurrency,
             "pull_delay_s": self.pull_delay_s,
+            **({"first_bind_s": self.first_bind_s} if self.first_bind_s else {}),
             "seed": self.seed,
         }
 
@@ -184,6 +193,7 @@ def default_workloads(
             pods=burst if burst is not None else 1000,
             preempt=True,
             placeholder=tuple((LARGE_PLACEHOLDER if nodes > LARGE_FLEET else PLACEHOLDER).items()),
+            first_bind_s=PREEMPT_FIRST_BIND_S,
         ),
     }
 

@@ -98,6 +98,27 @@ async def test_wait_bound_gives_up_after_a_stall() -> None:
     assert loop.time() - began < 2.0
 
 
+async def test_the_first_bind_may_take_longer_than_the_stall() -> None:
+    """The preempt workload's first bind comes after every preemptor's first attempt: ``first_bind_s`` holds the
+    stall rule off until then, and after a bind the stall is the usual one."""
+    now = [0.0]
+    watch = BindWatch(lambda: now[0])
+    watch.expect("a", "agent")
+    watch.expect("b", "agent")
+    waiting = asyncio.create_task(
+        wait_bound(watch, stall_s=2.0, timeout_s=100.0, since=0.0, first_bind_s=10.0, clock=lambda: now[0])
+    )
+    now[0] = 9.0  # well past the stall, not past the first bind's allowance
+    await asyncio.sleep(0.12)
+    assert not waiting.done()
+    watch.last_bind = 9.5  # a first bind: from now on no bind for 2 s ends the wait
+    now[0] = 11.0
+    await asyncio.sleep(0.12)
+    assert not waiting.done()
+    now[0] = 11.6
+    assert await asyncio.wait_for(waiting, 1.0) is False
+
+
 class BacklogClient:
     """Creates pods; its watch shows them all bound once the scheduler was released."""
 
