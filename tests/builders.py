@@ -165,6 +165,10 @@ class PodBuilder:
         self.spec.setdefault("topologySpreadConstraints", []).append(c)
         return self
 
+    def uid(self, uid: str) -> PodBuilder:
+        self.obj["metadata"]["uid"] = uid
+        return self
+
     def deleting(self) -> PodBuilder:
         self.obj["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
         return self

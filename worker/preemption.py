@@ -8,10 +8,12 @@ When the engine finds no node for a pod (``Preemption.post_filter``, called by `
    again, unless its nominated node is now unresolvable for it. Nor does a pod whose earlier preemption is
    still being carried out (``Executor.busy``: kube-scheduler's PreEnqueue check of async preemption).
    A victim this worker has chosen counts as terminating from that decision on, before the watch shows its
-   deletion (``Evaluator.evicting``): otherwise, with two pods nominated to one node (the second took the
-   first's victim into account and chose one more), the first, retried when its own victim is gone and
-   before the second's victim is seen terminating, finds the second's nomination holding that room and would
-   preempt again elsewhere -- a victim too many (1,159 preemptions for 1,000 preemptors on 1,000 kwok nodes).
+   deletion (``Evaluator.evicting``; a deliberate step beyond kube-scheduler, which reads only its informer
+   and has the same window): otherwise, with two pods nominated to one node (the second took the first's
+   victim into account and chose one more), the first, retried when its own victim is gone and before the
+   second's victim is seen terminating, finds the second's nomination holding that room and would preempt
+   again elsewhere -- a victim too many (1,159 preemptions for 1,000 preemptors on 1,000 kwok nodes). An
+   eviction that does not happen takes its victim back out and wakes the waiting pods (``not_evicted``).
 2. Potential nodes: the usable nodes whose verdict is Unschedulable (not UnschedulableAndUnresolvable: a
    taint, a node selector, a missing topology key cannot be cured by removing pods).
 3. Dry run per node (kube-scheduler's SelectVictimsOnNode), from a random offset, until ``max(10% of the
@@ -106,11 +108,9 @@ log = logging.getLogger(__name__)
 MIN_CANDIDATE_NODES_PERCENTAGE = 10  # kube-scheduler's DefaultPreemptionArgs defaults
 MIN_CANDIDATE_NODES_ABSOLUTE = 100
 EXECUTORS = 16  # preemptions carried out at once
-HOPELESS_KEPT = 4096
-EVICTING_PRUNE = (
-    1024  # victims being evicted before their set is pruned of the ones the watch has caught up on
-)
-VICTIMS_KEPT = 65536  # nodes whose arithmetic dry run is kept  # pod shapes whose "preemption cannot help" verdict is kept
+HOPELESS_KEPT = 4096  # pod shapes whose "preemption cannot help" verdict is kept
+VICTIMS_KEPT = 65536  # nodes whose arithmetic dry run is kept
+EVICTING_PRUNE = 1024  # victims being evicted before that set is pruned of the ones it holds for nothing
 
 NOT_HELPFUL = "Preemption is not helpful for scheduling"
 NO_VICTIMS = Status.unresolvable("No preemption victims found for incoming pod")
@@ -227,10 +227,12 @@ class Evaluator:
         # (None: always), answer)
         self._victims: dict[str, tuple[NodeInfo, int, tuple[Any, ...], float | None, Candidate | Status]] = {}
         self._hopeless: dict[tuple[Any, ...], tuple[tuple[int, int], Verdict]] = {}
-        # Victims this worker chose whose deletion the watch has not shown yet (step 1 of the module docstring):
-        # added by ``Preemption._execute``, dropped when their eviction failed (``Executor``) or once the cache
-        # holds them as deleting or no longer holds them (``evicted``).
-        self.evicting: set[PodKey] = set()
+        # Victims this worker chose whose deletion the watch may not have shown yet (step 1 of the module
+        # docstring): key -> (uid, evictions under way). Added by ``Preemption._execute`` (two preemptors may
+        # choose one victim), taken back when an eviction did not happen (``not_evicted``); an entry whose pod
+        # the cache holds as deleting, no longer holds, or holds under another uid (recreated under the same
+        # name) counts for nothing and is pruned (``evicted``).
+        self.evicting: dict[PodKey, tuple[str, int]] = {}
         self._evicting_pruned_at = EVICTING_PRUNE
 
     def ineligible(self, pod: PodRecord) -> str | None:
@@ -244,29 +246,45 @@ class Evaluator:
                 st = self.engine.verdict(pod, info)
                 if st is not None and st.code == Code.UNRESOLVABLE:
                     return None
-                evicting = self.evicting
                 for p in info.pods.values():
-                    if p.priority < pod.priority and ((p.deleting and p.preempted) or p.key in evicting):
+                    if p.priority < pod.priority and ((p.deleting and p.preempted) or self._being_evicted(p)):
                         return TERMINATING
         return None
+
+    def _being_evicted(self, pod: PodRecord) -> bool:
+        entry = self.evicting.get(pod.key)
+        return entry is not None and entry[0] == pod.uid
 
     def evicted(self, victims: Sequence[PodRecord]) -> None:
         """``victims`` are being evicted by this worker: they count as terminating from now on, before the watch
         shows their deletion (see the module docstring, step 1)."""
         evicting = self.evicting
-        evicting.update(v.key for v in victims if not v.deleting)
+        for v in victims:
+            if not v.deleting:
+                entry = evicting.get(v.key)
+                count = entry[1] if entry is not None and entry[0] == v.uid else 0
+                evicting[v.key] = (v.uid, count + 1)
         if len(evicting) >= self._evicting_pruned_at:
-            # an entry is redundant once the cache holds the pod as deleting (its record says it) or not at all
-            # (deleted); amortised: the next prune waits until the set has doubled
+            # an entry counts for nothing once the cache holds its pod as deleting (the record says it), not at
+            # all (deleted), or under another uid; amortised: the next prune waits until the set has doubled
             placed = self.cache.placed
             self.evicting = evicting = {
-                k for k in evicting if (p := placed(k)) is not None and not p.deleting
+                k: entry
+                for k, entry in evicting.items()
+                if (p := placed(k)) is not None and not p.deleting and p.uid == entry[0]
             }
             self._evicting_pruned_at = max(EVICTING_PRUNE, 2 * len(evicting))
 
-    def not_evicted(self, key: PodKey) -> None:
-        """The eviction of ``key`` did not happen (an API error, or the pod was already gone)."""
-        self.evicting.discard(key)
+    def not_evicted(self, victim: PodRecord) -> None:
+        """An eviction of ``victim`` this worker started did not happen (an API error, the pod already gone, or
+        the preemption's API work stopped before it): one fewer under way."""
+        entry = self.evicting.get(victim.key)
+        if entry is None or entry[0] != victim.uid:
+            return
+        if entry[1] > 1:
+            self.evicting[victim.key] = (entry[0], entry[1] - 1)
+        else:
+            del self.evicting[victim.key]
 
     def owned(self) -> list[NodeInfo]:
         cache = self.cache
@@ -546,7 +564,7 @@ class Executor:
         component: str,
         instance: str,
         done: Callable[[PodKey], None],
-        not_evicted: Callable[[PodKey], None] = lambda key: None,
+        not_evicted: Callable[[PodRecord], None],
     ) -> None:
         self.client = client
         self.component = component
@@ -607,7 +625,7 @@ class Executor:
             # victims not evicted (an error, already gone, or never reached) stop counting as terminating
             for v in victims:
                 if v.key not in evicted:
-                    self.not_evicted(v.key)
+                    self.not_evicted(v)
         failed = [r for r in results if isinstance(r, BaseException)]
         self.carried_out += 1
         if failed:
@@ -701,13 +719,16 @@ class Preemption:
 
     # ----- under a coordinator (see the module docstring) --------------------------------------------------
 
-    def waiting(self, pod: PodRecord) -> bool:
-        """Is ``pod`` nominated to a node of this shard where its victims are still terminating? Then it waits
-        here for the room, as a standalone worker's pod would, instead of going back to the leader."""
+    def waiting(self, pod: PodRecord) -> NodeName | None:
+        """The node of this shard ``pod`` is nominated to, if its victims there are still terminating: then it
+        waits here for the room, as a standalone worker's pod would, instead of going back to the leader."""
         name = pod.nominated_node or self.cache.nominated_node.get(pod.key)
         if not name:
-            return False
-        return self.cache.usable(NodeName(name)) and self.evaluator.ineligible(pod) == TERMINATING
+            return None
+        node = NodeName(name)
+        if self.cache.usable(node) and self.evaluator.ineligible(pod) == TERMINATING:
+            return node
+        return None
 
     def propose(self, pod: PodRecord, decision: Decision) -> Decision:
         """Steps 1-4 only: ``decision`` with this shard's best candidate for the leader, or with the reason

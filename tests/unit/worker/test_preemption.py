@@ -267,7 +267,11 @@ class Recorder:
 def preemption_over(engine: Engine, ev: Evaluator) -> Preemption:
     rec = Recorder()
     executor = Executor(
-        cast(KubeClient, None), component="agent-scheduler", instance="t", done=rec.activated.append
+        cast(KubeClient, None),
+        component="agent-scheduler",
+        instance="t",
+        done=rec.activated.append,
+        not_evicted=ev.not_evicted,
     )
     return Preemption(engine.cache, ev, executor)
 
@@ -498,7 +502,7 @@ def two_nominated_to_one_node() -> tuple[Engine, Evaluator, Preemption, PodRecor
 def test_a_victim_chosen_here_counts_as_terminating_before_the_watch_shows_it() -> None:
     engine, ev, pre, p, _ = two_nominated_to_one_node()
     # p's victim b and q's a (b, already terminating by then, was not added again; the set forgets it later)
-    assert ev.evicting == {PodKey("default/a"), PodKey("default/b")}
+    assert set(ev.evicting) == {PodKey("default/a"), PodKey("default/b")}
     # b is gone; a's deletion is not seen yet. q's nomination holds b's room, so p does not fit; it waits for a
     # (being evicted for q) instead of preempting again
     engine.cache.remove_pod(PodKey("default/b"))
@@ -515,7 +519,9 @@ def test_a_victim_chosen_here_counts_as_terminating_before_the_watch_shows_it() 
 def test_a_victim_whose_eviction_failed_stops_counting() -> None:
     engine, ev, _, p, _ = two_nominated_to_one_node()
     engine.cache.remove_pod(PodKey("default/b"))
-    ev.not_evicted(PodKey("default/a"))
+    a = engine.cache.placed(PodKey("default/a"))
+    assert a is not None
+    ev.not_evicted(a)
     assert PodKey("default/a") not in ev.evicting
     assert ev.ineligible(p) is None  # a stays: p may preempt again
     assert names(ev.evaluate(p).candidate) == ["a"]
@@ -525,16 +531,42 @@ def test_the_evicting_set_forgets_victims_the_watch_caught_up_on(monkeypatch: An
     import worker.preemption as preemption_module
 
     monkeypatch.setattr(preemption_module, "EVICTING_PRUNE", 4)
-    pods = [running(f"v{i}", "n0", "1", 1) for i in range(6)]
+    pods = [make_pod(f"v{i}").req(cpu="1").priority(1).on("n0").uid(f"u{i}").record() for i in range(6)]
     engine, ev = setup({"n0": "8"}, pods)
     ev.evicted(pods[:3])
-    engine.cache.upsert_pod(make_pod("v0").req(cpu="1").priority(1).on("n0").preempted().record())
+    engine.cache.upsert_pod(make_pod("v0").req(cpu="1").priority(1).on("n0").uid("u0").preempted().record())
     engine.cache.remove_pod(PodKey("default/v1"))
     assert len(ev.evicting) == 3  # below the bound: nothing pruned yet
     ev.evicted(pods[3:4])  # the bound: v0 (deleting) and v1 (gone) are dropped
-    assert ev.evicting == {PodKey("default/v2"), PodKey("default/v3")}
+    assert set(ev.evicting) == {PodKey("default/v2"), PodKey("default/v3")}
     ev.evicted(pods[4:])  # the next prune waits until the set has doubled
     assert len(ev.evicting) == 4
+
+
+def test_a_victim_recreated_under_the_same_name_is_not_being_evicted() -> None:
+    old = make_pod("web-0").req(cpu="2").priority(1).on("n0").uid("old").record()
+    engine, ev = setup({"n0": "2"}, [old])
+    ev.evicted([old])
+    engine.cache.remove_pod(old.key)
+    new = make_pod("web-0").req(cpu="2").priority(1).on("n0").uid("new").record()
+    engine.cache.upsert_pod(new)
+    p = make_pod("p").req(cpu="2").priority(10).nominated("n0").record()
+    assert ev.ineligible(p) is None  # the pod on n0 now is not the one evicted
+    assert names(ev.evaluate(p).candidate) == ["web-0"]
+    ev.not_evicted(new)  # an answer about another pod of that name changes nothing
+    assert ev.evicting == {old.key: ("old", 1)}
+
+
+def test_a_victim_chosen_twice_counts_until_both_evictions_are_settled() -> None:
+    v = make_pod("v").req(cpu="2").priority(1).on("n0").uid("u").record()
+    _, ev = setup({"n0": "2"}, [v])
+    p = make_pod("p").req(cpu="2").priority(10).nominated("n0").record()
+    ev.evicted([v])
+    ev.evicted([v])  # a second preemptor chose it before the watch showed it deleting
+    ev.not_evicted(v)  # one of the two evictions failed
+    assert ev.ineligible(p) is not None  # the other is still under way
+    ev.not_evicted(v)
+    assert ev.ineligible(p) is None
 
 
 class _Api:
@@ -566,7 +598,7 @@ class _Api:
 
 async def test_the_executor_reports_every_victim_it_did_not_evict() -> None:
     api = _Api(refuse={"v1"}, gone={"v2"})
-    dropped: list[PodKey] = []
+    dropped: list[PodRecord] = []
     executor = Executor(
         cast(KubeClient, api), component="c", instance="t", done=lambda key: None, not_evicted=dropped.append
     )
@@ -579,4 +611,4 @@ async def test_the_executor_reports_every_victim_it_did_not_evict() -> None:
     else:
         raise AssertionError("the refused delete was not raised")
     assert api.deleted == ["v0"]
-    assert sorted(dropped) == [PodKey("default/v1"), PodKey("default/v2")]
+    assert sorted(v.key for v in dropped) == [PodKey("default/v1"), PodKey("default/v2")]
