@@ -42,7 +42,9 @@ that may lack a placement the rule depends on, so the two versions must not talk
 would not need a new version; this one is not ignorable). Version 4 added preemption across shards (issue 12
 item 3): RESULT's ``preemption`` and DISPATCH's ``preempt``. A version-3 worker would ignore ``preempt`` and
 answer "no" without ever preempting, and a version-3 leader would ignore the candidates, so both are
-required fields and the versions must not talk.
+required fields and the versions must not talk. Version 5 added RESULT ``waiting``: a version-4 leader would
+refuse the unknown outcome and close the stream, and a version-4 worker would never send it (its preempting
+pods would be withdrawn after the leader's dispatch timeout and sent to preempt again elsewhere).
 
 Leader -> worker
     HELLO     {v, leader, term, nonce}         first frame
@@ -66,7 +68,10 @@ Worker -> leader
               nominated nothing; only an unschedulable RESULT may carry one), "gone" (the pod
               was deleted), "rejected" (try later: the worker cannot take pods now, e.g. fenced or draining,
               sent instead of ACK; or the binding was refused; or no node fits among those usable while
-              granted ones are still catching up; or the pod is not for this scheduler). ``uid``
+              granted ones are still catching up; or the pod is not for this scheduler), "waiting" (not
+              final: the pod is nominated to ``node``, where this worker has preempted for it, and stays in
+              its queue until the victims are gone; its final RESULT follows, and until then the leader
+              keeps the dispatch past its usual timeout). ``uid``
               is the pod's uid as the worker saw it, so a pod recreated under the same name is not answered
               for by its predecessor's result.
     CAPACITY  {nodes, free_cpu, free_memory, max_cpu, max_memory, pending, syncing, binds_per_s, ts,
@@ -101,9 +106,9 @@ not yet acknowledged with ACK (or answered with RESULT); a worker whose window i
 ACK frees a slot. Writers that can pile up wait for ``drain()``: the worker stops reading a leader that does
 not read its answers.
 
-Acks and duplicates: the leader keeps every dispatched pod until a RESULT (or the pod is seen bound by its
-own watch). If the stream breaks, no frame arrives for ``DEAD_AFTER``, or no RESULT arrives within the
-leader's dispatch timeout, the leader dispatches the pod again. A pod dispatched twice is harmless: the API
+Acks and duplicates: the leader keeps every dispatched pod until a final RESULT (or the pod is seen bound by
+its own watch). If the stream breaks, no frame arrives for ``DEAD_AFTER``, or no RESULT arrives within the
+leader's dispatch timeout (longer after a RESULT ``waiting``), the leader dispatches the pod again. A pod dispatched twice is harmless: the API
 server refuses the second binding with 409 and the worker's cache confirms the first. A RESULT whose id (or
 uid) the leader no longer tracks is ignored.
 """
@@ -122,7 +127,7 @@ from typing import Any, Final, Literal, Protocol
 
 import msgpack
 
-VERSION: Final = 4
+VERSION: Final = 5
 MAX_FRAME: Final = 16 * 1024 * 1024
 MAX_HANDSHAKE_FRAME: Final = 4096  # HELLO and its answer: read before the peer is authenticated
 MAC_SIZE: Final = 32  # HMAC-SHA256
@@ -143,12 +148,13 @@ PING: Final = "ping"
 PONG: Final = "pong"
 ERROR: Final = "error"
 
-Outcome = Literal["bound", "unschedulable", "gone", "rejected"]
+Outcome = Literal["bound", "unschedulable", "gone", "rejected", "waiting"]
 BOUND: Final = "bound"
 UNSCHEDULABLE: Final = "unschedulable"
 GONE: Final = "gone"
 REJECTED: Final = "rejected"
-OUTCOMES: Final[frozenset[str]] = frozenset({BOUND, UNSCHEDULABLE, GONE, REJECTED})
+WAITING: Final = "waiting"  # not final: see the module docstring
+OUTCOMES: Final[frozenset[str]] = frozenset({BOUND, UNSCHEDULABLE, GONE, REJECTED, WAITING})
 
 _HEADER = struct.Struct(">I")
 
@@ -279,6 +285,10 @@ class Result:
     @classmethod
     def rejected(cls, dispatch_id: int, key: str, message: str, *, uid: str = "") -> Result:
         return cls(dispatch_id, key, REJECTED, message=message, uid=uid)
+
+    @classmethod
+    def waiting(cls, dispatch_id: int, key: str, node: str, *, uid: str = "") -> Result:
+        return cls(dispatch_id, key, WAITING, node=node, uid=uid)
 
 
 @dataclass(frozen=True, slots=True)
@@ -478,6 +488,8 @@ def _outcome(m: Mapping[str, Any]) -> Outcome:
         return GONE
     if value == REJECTED:
         return REJECTED
+    if value == WAITING:
+        return WAITING
     raise ProtocolError(f"unknown result outcome {value!r}")
 
 

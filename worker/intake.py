@@ -28,8 +28,9 @@ Invariants:
   that does not read is not read either, and one that stays stuck for ``protocol.DEAD_AFTER`` is dropped.
 - No dispatched pod is decided before the pod watch has reached its DISPATCH's ``min_rv`` (the topology
   lane's rule 2, see ``coordinator.dispatch.lane``); the ACK does not wait for that.
-- Every DISPATCH is answered by ACK and later exactly one RESULT per dispatch id, unless the stream
-  breaks first (the leader then re-dispatches; duplicates are harmless, see the protocol). A pod whose
+- Every DISPATCH is answered by ACK and later exactly one final RESULT per dispatch id, unless the stream
+  breaks first (the leader then re-dispatches; duplicates are harmless, see the protocol); before it, at most
+  one RESULT ``waiting`` when the pod stays here for its preemption's victims (``waiting``). A pod whose
   binding failed transiently stays in this worker's queue (``worker.binder``) and is answered when bound.
   Results carry the pod's uid, and a result is sent only for the pod (same uid) that was dispatched.
 - A pod whose ``spec.schedulerName`` is not ours is answered RESULT ``rejected`` and never queued.
@@ -175,6 +176,7 @@ class LeaderResults:
         self.catching_up = catching_up  # granted nodes the cache is still catching up on (``Shard.syncing``)
         self.stream: LeaderStream | None = None
         self.pending: dict[PodKey, tuple[int, str]] = {}  # pod -> (dispatch id, uid) of its latest DISPATCH
+        self.told_waiting: dict[PodKey, int] = {}  # pod -> the dispatch id its RESULT waiting was sent for
         self._bound_times: deque[float] = deque()  # monotonic times of the bindings, oldest first
 
     @property
@@ -204,6 +206,7 @@ class LeaderResults:
         if entry is None or (entry[1] and pod.uid and entry[1] != pod.uid):
             return None  # not dispatched, or dispatched as another pod of the same name
         del self.pending[pod.key]
+        self.told_waiting.pop(pod.key, None)
         return entry[0]
 
     def binds_per_second(self) -> float:
@@ -253,6 +256,16 @@ class LeaderResults:
         dispatch_id = self._owed(pod)
         if dispatch_id is not None:
             self.send(_result(dispatch_id, pod, protocol.REJECTED, message=message))
+
+    def waiting(self, pod: PodRecord, node: NodeName) -> None:
+        # Once per dispatch: the leader keeps it until the final RESULT (or its backstop), and the pod is
+        # retried here on every cluster change while its victims terminate.
+        entry = self.pending.get(pod.key)
+        if entry is None or (entry[1] and pod.uid and entry[1] != pod.uid):
+            return
+        if self.told_waiting.get(pod.key) != entry[0]:
+            self.told_waiting[pod.key] = entry[0]
+            self.send(_result(entry[0], pod, protocol.WAITING, node=node))
 
 
 # ----- the server ---------------------------------------------------------------------------------------

@@ -4,6 +4,9 @@ The scheduler and its binder are constructed with one ``Outcomes`` object and te
 - ``bound``: the API server accepted the binding (with the assume and bind times, for the audit trail);
 - ``unschedulable``: no usable node can take the pod (the decision carries kube-scheduler's reasons);
 - ``rejected``: the binding failed permanently (400/403/422: the API server refused it), capacity returned.
+Not final, under a coordinator only:
+- ``waiting``: the pod is nominated to a node of this shard where it preempted, and stays in this worker's
+  queue until its victims are gone (the leader then keeps its dispatch past the usual timeout).
 
 Transient outcomes are not reported: a binding that failed with 429/5xx/timeouts, or that could not be sent
 before the worker's fencing deadline (node revoked, lease unhealthy), goes back to this worker's queue
@@ -38,6 +41,10 @@ class Outcomes(Protocol):
         """The binding failed permanently; the assumption is already forgotten."""
         ...
 
+    def waiting(self, pod: PodRecord, node: NodeName) -> None:
+        """Not final: the pod waits in this worker's queue for its victims on ``node`` to go."""
+        ...
+
 
 class PodReports:
     """Standalone outcomes: report on the pod itself (PodScheduled condition, Scheduled/FailedScheduling)."""
@@ -53,6 +60,9 @@ class PodReports:
 
     def rejected(self, pod: PodRecord, message: str) -> None:
         self.reporter.unschedulable(pod, message)
+
+    def waiting(self, pod: PodRecord, node: NodeName) -> None:
+        pass  # standalone, the pod is in this worker's own queue: nobody else is waiting for an answer
 
 
 def new_reporter(client: KubeClient, settings: WorkerSettings) -> Reporter:

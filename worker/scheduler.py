@@ -163,7 +163,7 @@ class Scheduler:
                     component=s.scheduler_name,
                     instance=settings.worker_id or s.scheduler_name,
                     done=self.queue.activate,
-                    not_evicted=evaluator.not_evicted,
+                    not_evicted=self._not_evicted,
                 ),
             )
         # the ``profile`` label of the scheduling metrics: the scheduler name, as in kube-scheduler
@@ -182,6 +182,13 @@ class Scheduler:
         self.paused = False
 
     def _shard_changed(self, change: ShardChange) -> None:
+        self.queue.move_all()
+
+    def _not_evicted(self, victim: PodRecord) -> None:
+        """An eviction the preemption executor started did not happen: the victim no longer counts as
+        terminating, so the pods that waited for it may preempt again (no cache event says so)."""
+        if self.preemption is not None:
+            self.preemption.evaluator.not_evicted(victim)
         self.queue.move_all()
 
     def _gone(self, key: PodKey) -> None:
@@ -221,17 +228,19 @@ class Scheduler:
         ):
             if self.watch_pending:
                 decision = preemption.post_filter(pod, decision)
-            elif preemption.waiting(pod):
+            elif (nominated := preemption.waiting(pod)) is not None:
                 # nominated here, its victims still terminating: it waits here for the room (the leader
-                # still has it in flight to us), as a standalone worker's pod would
+                # still has it in flight to us, and is told so), as a standalone worker's pod would
                 self.queue.done(qp, scheduled=False, message=decision.message)
+                self.outcomes.waiting(pod, nominated)
                 return None
             elif target is not None:
                 chosen = preemption.carry_out(pod, target, decision)
                 if chosen is None:
                     # preempting: the pod waits here, activated when the evictions are done, and binds
-                    # when the room is free (the leader hears of it as RESULT bound)
+                    # when the room is free (the leader is told it waits, then hears RESULT bound)
                     self.queue.done(qp, scheduled=False, message=decision.message)
+                    self.outcomes.waiting(pod, target)
                     return None
                 decision = chosen
             else:

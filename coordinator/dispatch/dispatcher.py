@@ -8,12 +8,12 @@ one a pod goes to), ``links`` (one worker's stream), ``lane`` (pods with inter-p
 them and runs the loop.
 
 Invariants:
-- A pod is dispatched to at most one worker at a time; it is tracked until its RESULT, until the watch shows
-  it bound or deleted, until the worker's stream dies, or until ``DISPATCH_TIMEOUT`` passes without a RESULT
-  (then it is dispatched again, elsewhere if possible; a pod its worker nominated where the leader sent it to
-  preempt waits there for its victims, up to ``PREEMPTION_WAIT_LIMIT``). A RESULT for a dispatch no longer tracked (late,
-  duplicate, or over a replaced stream) or for another pod of the same name (its uid differs) is ignored; a
-  pod recreated under the same name replaces its predecessor's entry and dispatch.
+- A pod is dispatched to at most one worker at a time; it is tracked until its final RESULT, until the watch
+  shows it bound or deleted, until the worker's stream dies, or until ``DISPATCH_TIMEOUT`` passes without a
+  RESULT (then it is dispatched again, elsewhere if possible); after a RESULT ``waiting`` (the worker holds
+  the pod until its preemption's victims are gone) up to ``PREEMPTION_WAIT_LIMIT``. A RESULT for a dispatch
+  no longer tracked (late, duplicate, or over a replaced stream) or for another pod of the same name (its uid
+  differs) is ignored; a pod recreated under the same name replaces its predecessor's entry and dispatch.
 - A pod is declared unschedulable (condition + event, with the reasons summed over every shard) only when
   every live worker with nodes has said no (or its summary rules the pod out) and no connected worker is
   still settling (including a worker that is not placing pods: fenced or draining); it is retried when a
@@ -234,7 +234,7 @@ class Dispatcher:
             w = self.workers.get(p.worker)
             if w is not None:
                 w.release(p.dispatch_id, p.record)
-        p.worker, p.preempt_node = None, ""
+        p.worker, p.waiting_since = None, None
 
     def dispatch(self, key: PodKey) -> None:
         """Consider one queued pod: send it to a worker, declare it unschedulable, or leave it waiting."""
@@ -283,7 +283,7 @@ class Dispatcher:
             else:
                 return  # no worker can take it now: it waits for capacity, an ACK, or workers to change
         self._next_id += 1
-        p.worker, p.dispatch_id, p.dispatched_at, p.preempt_node = w.worker_id, self._next_id, now, preempt
+        p.worker, p.dispatch_id, p.dispatched_at = w.worker_id, self._next_id, now
         w.assign(p.dispatch_id, p.record)
         self.lane.dispatched(p.record, now)
         w.link.send(
@@ -378,7 +378,7 @@ class Dispatcher:
             p = self.table.get(key)
             if p is not None:
                 self.lane.lost(p.record, now)
-                p.worker = None
+                p.worker, p.waiting_since = None, None
                 self.redispatched += 1
                 self.table.enqueue(key)
         self._wake_all()
@@ -442,6 +442,11 @@ class Dispatcher:
                 "ignoring %s's result for %s: uid %s, expected %s", w.worker_id, key, result.uid, p.record.uid
             )
             return  # not this pod: the dispatch stays in flight until its own RESULT or the timeout
+        if result.outcome == protocol.WAITING:
+            # not final: the worker holds the pod until its preemption's victims are gone (``expires_at``)
+            if p.waiting_since is None:
+                p.waiting_since = self.clock()
+            return
         self._release(p)
         if result.outcome == protocol.BOUND:
             w.bound += 1
@@ -465,9 +470,9 @@ class Dispatcher:
             self.table.enqueue(key)
 
     def expire_dispatches(self) -> int:
-        """Withdraw every dispatch that has had no RESULT in time (``PendingPod.expires_at``: after
-        ``DISPATCH_TIMEOUT``, later for a pod nominated where it was sent to preempt) and queue its pod again;
-        returns how many. A late RESULT for it is then ignored (its id is no longer tracked)."""
+        """Withdraw every dispatch that has had no final RESULT in time (``PendingPod.expires_at``: after
+        ``DISPATCH_TIMEOUT``, later after a RESULT ``waiting``) and queue its pod again; returns how many. A
+        late RESULT for it is then ignored (its id is no longer tracked)."""
         now = self.clock()
         expired = [
             (key, p) for key, p in self.table.pods.items() if p.worker is not None and p.expires_at() < now

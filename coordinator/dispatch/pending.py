@@ -4,9 +4,9 @@ A pod in the table is in exactly one of these states:
 - waiting: not gated, not dispatched, not parked; it is in (or will be put back into) the ready queue;
 - gated: it has scheduling gates; it waits for an update that lifts them;
 - dispatched: ``worker`` names the worker it is on its way to, under ``dispatch_id`` (since
-  ``dispatched_at``), until that worker's RESULT, the watch showing it bound or deleted, the worker's stream
-  dying, or ``DISPATCH_TIMEOUT`` passing without a RESULT (then it is dispatched again;
-  ``PREEMPTION_WAIT_LIMIT`` for a pod sent to preempt once the watch shows it nominated there, ``expires_at``);
+  ``dispatched_at``), until that worker's final RESULT, the watch showing it bound or deleted, the worker's
+  stream dying, or ``DISPATCH_TIMEOUT`` passing without a RESULT (then it is dispatched again;
+  ``PREEMPTION_WAIT_LIMIT`` after a RESULT ``waiting``, ``expires_at``);
 - parked: declared unschedulable at ``parked_at``; retried after ``UNSCHEDULABLE_RETRY``, or at once when a
   worker's capacity grows or the set of workers changes. Malformed pods are parked for good.
 
@@ -27,9 +27,10 @@ answers kube-style ("0/40 nodes are available: ..."); a worker ruled out by its 
 Preemption (``choice``'s module docstring): before a pod is declared unschedulable, the workers its summary
 ruled out are asked too (when it may preempt), and then, up to ``MAX_PREEMPTIONS`` times, the best candidate
 the shards proposed is sent to its worker to carry out. A pod sent to preempt stays dispatched (in flight)
-until its worker binds it, re-checks and answers no, or the dispatch is lost; once the watch shows it
-nominated to that node, its worker is waiting for the victims to go, which may take longer than
-``DISPATCH_TIMEOUT`` (their graceful termination), and the dispatch is not withdrawn for that.
+until its worker binds it, re-checks and answers no, or the dispatch is lost; once its worker has answered
+RESULT ``waiting`` (it preempted, and the pod waits there for the victims to go, which may take longer than
+``DISPATCH_TIMEOUT``: their graceful termination), the dispatch is not withdrawn for that. The same answer
+comes for an ordinary dispatch of a pod nominated to that worker's node whose victims are still terminating.
 """
 
 from __future__ import annotations
@@ -47,8 +48,8 @@ from coordinator.dispatch.choice import Worker
 
 UNSCHEDULABLE_RETRY = 30.0
 DISPATCH_TIMEOUT = 60.0  # a dispatch without RESULT for this long is withdrawn and dispatched again
-# A pod sent to preempt whose nomination to that node the watch shows is held by its worker until the victims
-# are gone: its dispatch is withdrawn only after this long (a backstop against a worker that lost it).
+# A dispatch whose worker answered RESULT waiting (the pod is nominated where it preempted and waits there for
+# its victims) is withdrawn only this long after that answer: a backstop against a worker that lost it.
 PREEMPTION_WAIT_LIMIT = 900.0
 REJECT_BACKOFF = 1.0  # first wait after a RESULT rejected (kube-scheduler's initial pod backoff)
 REJECT_BACKOFF_MAX = 10.0  # longest wait (kube-scheduler's maximum pod backoff)
@@ -72,15 +73,15 @@ class PendingPod:
     # parked), and how many times the leader has sent it to carry one out
     candidates: dict[str, protocol.Candidate] = field(default_factory=dict)
     preemptions: int = 0
-    preempt_node: str = ""  # the node of the DISPATCH ``preempt`` in flight ("" for an ordinary dispatch)
+    waiting_since: float | None = None  # the dispatch in flight was answered RESULT waiting at this time
 
     def expires_at(self) -> float:
-        """When the dispatch in flight is withdrawn without a RESULT (see ``DISPATCH_TIMEOUT``): later for a
-        pod its worker nominated to the node the leader chose, as the watch shows, because the worker holds
-        it, as a standalone scheduler would, until its victims are gone; a withdrawal then would send it to
-        preempt again elsewhere (a second set of victims) while the first room stays reserved."""
-        if self.preempt_node and self.record.nominated_node == self.preempt_node:
-            return self.dispatched_at + PREEMPTION_WAIT_LIMIT
+        """When the dispatch in flight is withdrawn without a final RESULT (see ``DISPATCH_TIMEOUT``): later
+        once its worker said the pod waits there for its preemption's victims, as a standalone scheduler's
+        pod would (their graceful termination may take longer than the timeout); a withdrawal then would send
+        it to preempt again elsewhere, a second set of victims, while the first room stays reserved for it."""
+        if self.waiting_since is not None:
+            return self.waiting_since + PREEMPTION_WAIT_LIMIT
         return self.dispatched_at + DISPATCH_TIMEOUT
 
     @property

@@ -57,6 +57,7 @@ MESSAGES: list[Message] = [
     ),
     Result.rejected(3, "default/a", "worker cannot place pods now"),
     Result(4, "default/a", protocol.GONE),
+    Result.waiting(6, "default/a", "node-2", uid="u-1"),
     Capacity(
         nodes=2,
         free_cpu=4000,
@@ -130,7 +131,7 @@ def test_frames_without_version_are_accepted_except_hello_and_welcome() -> None:
 
 
 @pytest.mark.parametrize("message", [MESSAGES[0], MESSAGES[1]], ids=["hello", "welcome"])
-@pytest.mark.parametrize("version", [0, 1, 2, 3, 5, "4", None, True, 1.5])
+@pytest.mark.parametrize("version", [0, 1, 2, 3, 4, 6, "5", None, True, 1.5])
 def test_version_mismatch_in_hello_and_welcome(message: Message, version: Any) -> None:
     fields = raw(message)
     fields["v"] = version
@@ -527,7 +528,7 @@ def test_preemption_that_is_not_a_map(value: Any) -> None:
         decode(pack(fields))
 
 
-@pytest.mark.parametrize("outcome", [protocol.BOUND, protocol.GONE, protocol.REJECTED])
+@pytest.mark.parametrize("outcome", [protocol.BOUND, protocol.GONE, protocol.REJECTED, protocol.WAITING])
 def test_only_an_unschedulable_result_carries_a_candidate(outcome: str) -> None:
     fields = raw(MESSAGES[[isinstance(m, Result) and m.preemption is not None for m in MESSAGES].index(True)])
     fields["outcome"] = outcome

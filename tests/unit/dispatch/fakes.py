@@ -136,6 +136,9 @@ class FakeLink:
     def rejected(self, dispatch_id: int) -> None:
         self.events.received(self, protocol.Result.rejected(dispatch_id, "", "fenced"))
 
+    def waiting(self, dispatch_id: int, node: str) -> None:
+        self.events.received(self, protocol.Result.waiting(dispatch_id, "", node))
+
 
 class Rig:
     """A Dispatcher over fake links, a fake reporter, a fake clock and a seeded rng."""

@@ -201,9 +201,9 @@ async def test_the_best_candidate_across_shards_is_carried_out_by_its_worker(rig
     assert key("a") not in rig.d.table.pods and rig.reporter.verdicts == []
 
 
-async def test_a_pod_nominated_where_it_preempts_waits_there_past_the_dispatch_timeout(rig: Rig) -> None:
-    """Its worker holds it until the victims are gone (their graceful termination may take longer than the
-    dispatch timeout); withdrawing it would send it to preempt again on the other shard's stale candidate."""
+async def test_a_pod_waiting_for_its_victims_is_kept_past_the_dispatch_timeout(rig: Rig) -> None:
+    """Its worker preempted and holds it until the victims are gone (their graceful termination may take longer
+    than the dispatch timeout); withdrawing it would send it to preempt again on the other shard's candidate."""
     w1, w2 = rig.workers("w1", "w2")
     for w in (w1, w2):
         w.up().summary(nodes=1, max_cpu=8000)
@@ -219,30 +219,44 @@ async def test_a_pod_nominated_where_it_preempts_waits_there_past_the_dispatch_t
     [go] = [d for d in w1.dispatches() if d.preempt]
     assert go.preempt == "n1"
     w1.ack(go.id)
-    # not nominated yet (the worker's patch has not come through the watch): the ordinary timeout holds
-    rig.clock.advance(DISPATCH_TIMEOUT - 1)
-    assert rig.d.expire_dispatches() == 0
-    nominated = pod("a", cpu="2")
-    nominated["status"] = {"nominatedNodeName": "n1"}
-    rig.d.observe(nominated)
-    rig.clock.advance(2)
+    rig.clock.advance(DISPATCH_TIMEOUT - 10)
+    w1.waiting(go.id, "n1")
+    rig.clock.advance(DISPATCH_TIMEOUT)
     assert rig.d.expire_dispatches() == 0
     rig.step()
     assert [d for d in w2.dispatches() if d.preempt] == [] and rig.d.table.pods[key("a")].worker == "w1"
-    # a backstop for a worker that lost it
-    rig.clock.advance(PREEMPTION_WAIT_LIMIT)
-    assert rig.d.expire_dispatches() == 1
+    assert rig.d.workers["w1"].in_flight == {go.id: key("a")}  # still in flight: it holds w1's room
+    w1.waiting(go.id, "n1")  # said again (a retry while the victims terminate): the wait is not extended
+    rig.clock.advance(PREEMPTION_WAIT_LIMIT - DISPATCH_TIMEOUT + 1)
+    assert rig.d.expire_dispatches() == 1  # a backstop for a worker that lost it
 
 
-async def test_a_pod_nominated_elsewhere_gets_the_ordinary_timeout(rig: Rig) -> None:
+async def test_the_final_result_follows_a_waiting_one(rig: Rig) -> None:
     (w1,) = rig.workers("w1")
     w1.up().summary(nodes=1, max_cpu=8000)
-    obj = pod("a", cpu="2")
-    obj["status"] = {"nominatedNodeName": "n9"}  # an old nomination; this dispatch is an ordinary one
-    rig.d.observe(obj)
+    rig.d.observe(pod("a"))
     rig.step()
     [sent] = w1.dispatches()
-    assert sent.preempt == ""
+    w1.waiting(sent.id, "n1")
+    w1.waiting(sent.id + 100, "n1")  # for no dispatch of ours: ignored
+    p = rig.d.table.pods[key("a")]
+    assert p.worker == "w1" and p.waiting_since is not None
+    w1.bound(sent.id, "n1")
+    assert key("a") not in rig.d.table
+
+
+async def test_a_redispatched_pod_starts_with_the_ordinary_timeout(rig: Rig) -> None:
+    (w1,) = rig.workers("w1")
+    w1.up().summary(nodes=1, max_cpu=8000)
+    rig.d.observe(pod("a"))
+    rig.step()
+    [sent] = w1.dispatches()
+    w1.waiting(sent.id, "n1")
+    w1.down()  # the stream died: the pod is dispatched again, and that dispatch waits for no victims yet
+    assert rig.d.table.pods[key("a")].waiting_since is None
+    w1.up().summary(nodes=1, max_cpu=8000)
+    rig.step()
+    assert rig.d.table.pods[key("a")].worker == "w1"
     rig.clock.advance(DISPATCH_TIMEOUT + 1)
     assert rig.d.expire_dispatches() == 1
 

@@ -63,12 +63,24 @@ class Worker:
 
 @pytest.fixture
 async def worker() -> AsyncIterator[Worker]:
+    async with running_worker() as w:
+        yield w
+
+
+@contextlib.asynccontextmanager
+async def running_worker(*, preempt: bool = False) -> AsyncIterator[Worker]:
     client = KubeClient(Credentials("http://127.0.0.1:9"))  # never called: no watch runs here
     reporter = RecordingReporter(client)
     shard = FixedShard(["n1"])
     results = LeaderResults(reporter, catching_up=shard.syncing)
     sched = Scheduler(
-        client, WorkerSettings(), shard=shard, outcomes=results, reporter=reporter, watch_pending=False
+        client,
+        WorkerSettings(),
+        shard=shard,
+        outcomes=results,
+        reporter=reporter,
+        watch_pending=False,
+        preempt=preempt,
     )
     sched.cache.upsert_node(make_node("n1", cpu="4").record())
     placing = [True]
@@ -230,9 +242,11 @@ async def test_bound_pod_gets_a_result_and_its_scheduled_event(worker: Worker) -
     await leader.close()
 
 
-async def decided(worker: Worker, leader: Leader, dispatch_id: int, pod: dict[str, Any]) -> protocol.Result:
+async def decided(
+    worker: Worker, leader: Leader, dispatch_id: int, pod: dict[str, Any], *, preempt: str = ""
+) -> protocol.Result:
     """DISPATCH ``pod``, let the worker decide it, and return its RESULT."""
-    leader.send(protocol.Dispatch(id=dispatch_id, pod=pod))
+    leader.send(protocol.Dispatch(id=dispatch_id, pod=pod, preempt=preempt))
     await leader.next(protocol.Ack)
     qp = worker.sched.queue.pop_nowait()
     assert qp is not None
@@ -264,6 +278,30 @@ async def test_no_fit_while_granted_nodes_catch_up_is_try_later_not_no(worker: W
     result = await decided(worker, leader, 13, make_pod("big").req(cpu="64").json())
     assert (result.id, result.outcome, result.nodes) == (13, protocol.UNSCHEDULABLE, 1)
     await leader.close()
+
+
+async def test_a_pod_preempting_here_is_answered_waiting_once_then_bound() -> None:
+    """Sent to preempt on n1: the victim is evicted and the pod waits here for the room; the leader is told so
+    (once per dispatch, however often the pod is retried meanwhile), then gets the final RESULT."""
+    async with running_worker(preempt=True) as worker:
+        low = make_pod("low").req(cpu="4").priority(1).on("n1").record()
+        worker.sched.cache.upsert_pod(low)
+        leader = await Leader.connect(worker, term=1)
+        hi = make_pod("hi").req(cpu="4").priority(10)
+        result = await decided(worker, leader, 14, hi.json(), preempt="n1")
+        assert (result.id, result.outcome, result.node, result.uid) == (14, protocol.WAITING, "n1", "")
+        assert worker.sched.cache.nominated_node[hi.record().key] == "n1"
+        # retried while the victim terminates (its eviction still under way): still waiting, not said again
+        assert worker.sched.preemption is not None
+        worker.sched.preemption.executor._busy.clear()
+        worker.sched.queue.activate(hi.record().key)
+        qp = worker.sched.queue.pop_nowait()
+        assert qp is not None and worker.sched.schedule_one(qp) is None
+        assert hi.record().key in worker.sched.queue  # type: ignore[operator]
+        worker.results.bound(hi.record(), NodeName("n1"), assumed_at=1.0, bound_at=2.0)
+        final = await leader.next(protocol.Result)
+        assert (final.id, final.outcome) == (14, protocol.BOUND)
+        await leader.close()
 
 
 async def test_rejected_binding_gets_a_result_and_a_report(worker: Worker) -> None:
