@@ -43,6 +43,7 @@ class Worker:
     reserved_memory: int = 0
     dispatched: int = 0
     bound: int = 0
+    answered_at: float | None = None  # the latest RESULT over the current stream (the leader's clock)
 
     @property
     def connected(self) -> bool:
@@ -112,6 +113,7 @@ class Worker:
         """The stream closed: forget its summary and window; returns the pods that were in flight over it."""
         keys = list(self.in_flight.values())
         self.capacity = None
+        self.answered_at = None
         self.in_flight.clear()
         self.unacked.clear()
         self.reserved_cpu = self.reserved_memory = 0

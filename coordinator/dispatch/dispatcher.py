@@ -10,8 +10,9 @@ them and runs the loop.
 Invariants:
 - A pod is dispatched to at most one worker at a time; it is tracked until its final RESULT, until the watch
   shows it bound or deleted, until the worker's stream dies, or until ``DISPATCH_TIMEOUT`` passes without a
-  RESULT (then it is dispatched again, elsewhere if possible); after a RESULT ``waiting`` (the worker holds
-  the pod until its preemption's victims are gone) up to ``PREEMPTION_WAIT_LIMIT``. A RESULT for a dispatch
+  RESULT (then it is dispatched again, elsewhere if possible); while the worker answers other dispatches (a
+  live worker working through a long queue) up to ``QUEUED_LIMIT``; after a RESULT ``waiting`` (the worker
+  holds the pod until its preemption's victims are gone) up to ``PREEMPTION_WAIT_LIMIT``. A RESULT for a dispatch
   no longer tracked (late, duplicate, or over a replaced stream) or for another pod of the same name (its uid
   differs) is ignored; a pod recreated under the same name replaces its predecessor's entry and dispatch.
 - A pod is declared unschedulable (condition + event, with the reasons summed over every shard) only when
@@ -417,6 +418,7 @@ class Dispatcher:
             case protocol.Ack(dispatch_id):
                 self._acknowledged(w, dispatch_id)
             case protocol.Result():
+                w.answered_at = self.clock()
                 self._acknowledged(w, message.id)
                 self._result(w, message)
 
@@ -443,7 +445,7 @@ class Dispatcher:
             )
             return  # not this pod: the dispatch stays in flight until its own RESULT or the timeout
         if result.outcome == protocol.WAITING:
-            # not final: the worker holds the pod until its preemption's victims are gone (``expires_at``)
+            # not final: the worker holds the pod until its preemption's victims are gone (``PendingPod.expired``)
             if p.waiting_since is None:
                 p.waiting_since = self.clock()
             return
@@ -470,12 +472,17 @@ class Dispatcher:
             self.table.enqueue(key)
 
     def expire_dispatches(self) -> int:
-        """Withdraw every dispatch that has had no final RESULT in time (``PendingPod.expires_at``: after
-        ``DISPATCH_TIMEOUT``, later after a RESULT ``waiting``) and queue its pod again; returns how many. A
-        late RESULT for it is then ignored (its id is no longer tracked)."""
+        """Withdraw every dispatch that has had no final RESULT in time (``PendingPod.expired``: after
+        ``DISPATCH_TIMEOUT``, later while its worker answers other dispatches or after a RESULT ``waiting``)
+        and queue its pod again; returns how many. A late RESULT for it is then ignored (its id is no longer
+        tracked)."""
         now = self.clock()
+        workers = self.workers
         expired = [
-            (key, p) for key, p in self.table.pods.items() if p.worker is not None and p.expires_at() < now
+            (key, p)
+            for key, p in self.table.pods.items()
+            if p.worker is not None
+            and p.expired(now, w.answered_at if (w := workers.get(p.worker)) is not None else None)
         ]
         for key, p in expired:
             w = self.workers.get(p.worker) if p.worker is not None else None

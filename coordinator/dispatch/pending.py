@@ -6,7 +6,8 @@ A pod in the table is in exactly one of these states:
 - dispatched: ``worker`` names the worker it is on its way to, under ``dispatch_id`` (since
   ``dispatched_at``), until that worker's final RESULT, the watch showing it bound or deleted, the worker's
   stream dying, or ``DISPATCH_TIMEOUT`` passing without a RESULT (then it is dispatched again;
-  ``PREEMPTION_WAIT_LIMIT`` after a RESULT ``waiting``, ``expires_at``);
+  ``QUEUED_LIMIT`` while the worker answers other dispatches, ``PREEMPTION_WAIT_LIMIT`` after a RESULT
+  ``waiting``: ``expired``);
 - parked: declared unschedulable at ``parked_at``; retried after ``UNSCHEDULABLE_RETRY``, or at once when a
   worker's capacity grows or the set of workers changes. Malformed pods are parked for good.
 
@@ -47,7 +48,11 @@ from common.reporting import unschedulable_message
 from coordinator.dispatch.choice import Worker
 
 UNSCHEDULABLE_RETRY = 30.0
-DISPATCH_TIMEOUT = 60.0  # a dispatch without RESULT for this long is withdrawn and dispatched again
+DISPATCH_TIMEOUT = 60.0  # a dispatch without RESULT for this long is withdrawn and dispatched again ...
+# ... unless its worker is working through its queue (it answered another dispatch within DISPATCH_TIMEOUT):
+# then only after this long. A burst larger than a worker decides in a minute (preemptors at 5,000 nodes:
+# a failed pass and a dry run each) is not sent again, as duplicates, to the worker still deciding it.
+QUEUED_LIMIT = 600.0
 # A dispatch whose worker answered RESULT waiting (the pod is nominated where it preempted and waits there for
 # its victims) is withdrawn only this long after that answer: a backstop against a worker that lost it.
 PREEMPTION_WAIT_LIMIT = 900.0
@@ -75,14 +80,20 @@ class PendingPod:
     preemptions: int = 0
     waiting_since: float | None = None  # the dispatch in flight was answered RESULT waiting at this time
 
-    def expires_at(self) -> float:
-        """When the dispatch in flight is withdrawn without a final RESULT (see ``DISPATCH_TIMEOUT``): later
-        once its worker said the pod waits there for its preemption's victims, as a standalone scheduler's
-        pod would (their graceful termination may take longer than the timeout); a withdrawal then would send
-        it to preempt again elsewhere, a second set of victims, while the first room stays reserved for it."""
+    def expired(self, now: float, answered_at: float | None) -> bool:
+        """Is the dispatch in flight to be withdrawn, without a final RESULT by ``now``? After
+        ``DISPATCH_TIMEOUT``, unless its worker answered another dispatch within that long (``answered_at``,
+        None: never on this stream): a live worker working through a long queue gets to this pod too, up to
+        ``QUEUED_LIMIT``. After its worker said the pod waits there for its preemption's victims, as a
+        standalone scheduler's pod would, ``PREEMPTION_WAIT_LIMIT`` from that answer: their graceful
+        termination may take longer than the timeout, and a withdrawal would send it to preempt again
+        elsewhere, a second set of victims, while the first room stays reserved for it."""
         if self.waiting_since is not None:
-            return self.waiting_since + PREEMPTION_WAIT_LIMIT
-        return self.dispatched_at + DISPATCH_TIMEOUT
+            return now > self.waiting_since + PREEMPTION_WAIT_LIMIT
+        if now <= self.dispatched_at + DISPATCH_TIMEOUT:
+            return False
+        progressing = answered_at is not None and now - answered_at <= DISPATCH_TIMEOUT
+        return not progressing or now > self.dispatched_at + QUEUED_LIMIT
 
     @property
     def waiting(self) -> bool:

@@ -16,6 +16,7 @@ from coordinator.dispatch.pending import (
     NEVER,
     NO_CANDIDATE,
     PREEMPTION_WAIT_LIMIT,
+    QUEUED_LIMIT,
     REJECT_BACKOFF,
     REJECT_BACKOFF_MAX,
     STALE,
@@ -401,6 +402,41 @@ async def test_a_dispatch_without_result_is_dispatched_again(rig: Rig) -> None:
     assert rig.d.table.pods[key("a")].worker == p.worker
     rig.links[p.worker].bound(p.dispatch_id)
     assert key("a") not in rig.d.table
+
+
+async def test_a_worker_answering_other_dispatches_keeps_its_queue_past_the_timeout(rig: Rig) -> None:
+    """A live worker deciding a burst longer than the timeout is not sent its own queue again as duplicates;
+    one that answers nothing for the timeout loses its dispatches as before."""
+    (w1,) = rig.workers("w1")
+    w1.up().summary(nodes=4, max_cpu=8000)
+    for name in ("a", "b", "c"):
+        rig.d.observe(pod(name))
+    rig.step()
+    w1.ack_all()
+    [a], [b], [c] = w1.ids_for("a"), w1.ids_for("b"), w1.ids_for("c")
+    rig.clock.advance(DISPATCH_TIMEOUT - 5)
+    w1.bound(a)
+    rig.clock.advance(10)  # b and c are past the timeout, but w1 answered 10 s ago
+    assert rig.d.expire_dispatches() == 0
+    w1.bound(b)
+    rig.clock.advance(QUEUED_LIMIT)  # still answering now and then, but c has waited too long
+    w1.bound(b)  # (a late duplicate answer counts as a sign of life too)
+    assert rig.d.expire_dispatches() == 1
+    rig.step()
+    assert rig.d.table.pods[key("c")].dispatch_id != c
+
+
+async def test_a_silent_worker_loses_its_dispatches_after_the_timeout(rig: Rig) -> None:
+    (w1,) = rig.workers("w1")
+    w1.up().summary(nodes=4, max_cpu=8000)
+    rig.d.observe(pod("a"))
+    rig.d.observe(pod("b"))
+    rig.step()
+    w1.ack_all()
+    [a] = w1.ids_for("a")
+    w1.bound(a)
+    rig.clock.advance(DISPATCH_TIMEOUT + 1)  # its last answer is as old as the timeout
+    assert rig.d.expire_dispatches() == 1
 
 
 async def test_a_recreated_pod_is_a_new_pod(rig: Rig) -> None:
