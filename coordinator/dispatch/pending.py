@@ -12,7 +12,7 @@ A pod in the table is in exactly one of these states:
   worker's capacity grows or the set of workers changes. Malformed pods are parked for good.
 
 ``tried`` holds the workers that said no (RESULT unschedulable over at least one node) since the pod was
-last parked; an unschedulable answer adds its node count and reasons to the pod's tally. A RESULT rejected is
+last parked; each one's latest unschedulable answer (its node count and reasons) is in the pod's tally. A RESULT rejected is
 never a no: it means "try later" (the worker is fenced or draining, still catching up on granted nodes, or
 the binding was refused, which kube-scheduler also retries with backoff), and so does an unschedulable answer over zero nodes (the worker
 saw no usable node when it decided: fenced, or catching up). Such a pod waits until ``not_before``
@@ -71,8 +71,9 @@ class PendingPod:
     dispatched_at: float = 0.0
     not_before: float = 0.0  # after a RESULT rejected: not dispatched again before this
     rejections: int = 0
-    reasons: dict[str, int] = field(default_factory=dict)
-    nodes: int = 0
+    # each worker's latest "no" since the pod was last parked: (nodes considered, reasons); a worker asked
+    # again (a preemption re-checked and found stale) replaces its answer, it does not add a second one
+    answers: dict[str, tuple[int, dict[str, int]]] = field(default_factory=dict)
     parked_at: float | None = None  # set while declared unschedulable
     # Preemption across shards: the candidate each worker proposed with its "no" (since the pod was last
     # parked), and how many times the leader has sent it to carry one out
@@ -105,9 +106,16 @@ class PendingPod:
         self.candidates.pop(worker_id, None)
         if result.preemption is not None:
             self.candidates[worker_id] = result.preemption
-        self.nodes += result.nodes
-        for reason, n in result.reasons.items():
-            self.reasons[reason] = self.reasons.get(reason, 0) + n
+        self.answers[worker_id] = (result.nodes, dict(result.reasons))
+
+    def tally(self) -> tuple[int, dict[str, int]]:
+        """The workers' latest answers summed: nodes considered, and nodes per reason."""
+        nodes, reasons = 0, dict[str, int]()
+        for n, rs in self.answers.values():
+            nodes += n
+            for reason, count in rs.items():
+                reasons[reason] = reasons.get(reason, 0) + count
+        return nodes, reasons
 
     def rejected(self, now: float) -> None:
         """A RESULT rejected: try again later, with backoff; not a no."""
@@ -115,7 +123,7 @@ class PendingPod:
         self.not_before = now + min(REJECT_BACKOFF_MAX, REJECT_BACKOFF * 2 ** min(self.rejections - 1, 16))
 
     def unpark(self) -> None:
-        self.parked_at, self.tried, self.reasons, self.nodes = None, set(), {}, 0
+        self.parked_at, self.tried, self.answers = None, set(), {}
         self.candidates, self.preemptions = {}, 0
 
 
@@ -137,7 +145,7 @@ def verdict(pod: PendingPod, workers: Mapping[str, Worker]) -> str | None:
         return None
     if any(w.settling for wid, w in workers.items() if wid not in pod.tried):
         return None
-    nodes, reasons = pod.nodes, dict(pod.reasons)
+    nodes, reasons = pod.tally()
     for wid in live - pod.tried:
         n = workers[wid].nodes
         nodes += n

@@ -286,6 +286,8 @@ async def test_a_stale_candidate_gets_the_next_best_then_a_verdict(rig: Rig) -> 
     rig.step()
     [(k, message)] = rig.reporter.verdicts
     assert k == key("a") and message.endswith(STALE)
+    # each shard asked twice: its latest answer counts once (not "0/4 nodes")
+    assert message.startswith("0/2 nodes are available: 2 Insufficient cpu.")
 
 
 async def test_preemption_rounds_are_bounded(rig: Rig) -> None:
@@ -565,7 +567,7 @@ async def test_parked_pods_retry_after_the_retry_interval(rig: Rig) -> None:
     rig.clock.advance(1)
     assert rig.d.retry_parked() == 1
     p = rig.d.table.pods[key("a")]
-    assert p.parked_at is None and p.tried == set() and p.nodes == 0 and p.reasons == {}
+    assert p.parked_at is None and p.tried == set() and p.tally() == (0, {})
     rig.step()
     assert len(w1.ids_for("a")) == 2
 
