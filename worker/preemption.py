@@ -72,8 +72,11 @@ not mean the cluster has no room, and a worker only knows (and may only evict) i
   dispatches the pod again to that worker, naming the node (DISPATCH ``preempt``). ``carry_out`` re-runs the
   dry run on that node only, if this worker still owns it and can use it (its cache may have moved on since
   the summary): if the node is still a candidate, steps 5-6 are carried out exactly as standalone and the pod
-  stays in this worker's queue until the room is free and it binds (RESULT ``bound``); otherwise the answer
-  is ``unschedulable`` again with a fresh summary, and the leader chooses again.
+  stays in this worker's queue until the room is free and it binds (RESULT ``bound``). Otherwise, if this
+  shard's best candidate now ranks no worse than the summary the leader chose (the best of every shard's
+  proposals, so this one is at least as good as any the leader knew; ``proposed`` keeps each pod's last
+  proposal), that one is carried out at once; else the answer is ``unschedulable`` again with the fresh
+  summary (or none), and the leader chooses again.
 - A nomination survives a worker's death and a node's handoff because it is in the pod's status: every
   worker's pod watch nominates it in its cache (``worker.feeds``), so the node's next owner reserves the room
   and tries the pod's nominated node first when the leader dispatches it there.
@@ -109,6 +112,7 @@ MIN_CANDIDATE_NODES_PERCENTAGE = 10  # kube-scheduler's DefaultPreemptionArgs de
 MIN_CANDIDATE_NODES_ABSOLUTE = 100
 EXECUTORS = 16  # preemptions carried out at once
 HOPELESS_KEPT = 4096  # pod shapes whose "preemption cannot help" verdict is kept
+PROPOSALS_KEPT = 65536  # pods whose last proposal to the leader is kept (under a coordinator)
 VICTIMS_KEPT = 65536  # nodes whose arithmetic dry run is kept
 EVICTING_PRUNE = 1024  # victims being evicted before that set is pruned of the ones it holds for nothing
 
@@ -683,6 +687,8 @@ class Preemption:
         self.cache = cache
         self.evaluator = evaluator
         self.executor = executor
+        # under a coordinator: the summary last proposed to the leader for each pod (``carry_out``)
+        self.proposed: dict[PodKey, Summary] = {}
 
     def busy(self, key: PodKey) -> bool:
         return self.executor.busy(key)
@@ -736,22 +742,33 @@ class Preemption:
         metrics.preemption_attempts.inc()
         return self._propose(pod, decision)
 
-    def _propose(self, pod: PodRecord, decision: Decision) -> Decision:
-        verdict = self.evaluator.evaluate(pod)
+    def _propose(self, pod: PodRecord, decision: Decision, verdict: Verdict | None = None) -> Decision:
+        verdict = verdict or self.evaluator.evaluate(pod)
         c = verdict.candidate
         if c is None:
+            self.proposed.pop(pod.key, None)
             return replace(decision, message=f"{decision.message} preemption: {verdict.message}")
-        return replace(decision, preemption=c.summary(self.evaluator.wall()).wire())
+        summary = c.summary(self.evaluator.wall())
+        if len(self.proposed) >= PROPOSALS_KEPT:
+            self.proposed.clear()
+        self.proposed[pod.key] = summary
+        return replace(decision, preemption=summary.wire())
+
+    def forget(self, key: PodKey) -> None:
+        """``key`` is gone (deleted, finished or placed): its proposal is of no further use."""
+        self.proposed.pop(key, None)
 
     def carry_out(self, pod: PodRecord, node: NodeName, decision: Decision) -> Decision | None:
         """The leader chose ``node`` for ``pod``'s preemption: re-check the victims there now and, if it is
-        still a candidate, carry it out (None: the pod waits here for the room). Otherwise ``propose``'s
-        answer, a fresh candidate or none. Only a node this worker owns and can use is ever touched. One
-        post-filter call, counted once in ``scheduler_preemption_attempts_total`` whichever way it ends."""
+        still a candidate, carry it out (None: the pod waits here for the room); else carry out this shard's
+        best candidate if it ranks no worse than the proposal the leader chose. Otherwise ``propose``'s answer,
+        a fresh candidate or none. Only a node this worker owns and can use is ever touched. One post-filter
+        call, counted once in ``scheduler_preemption_attempts_total`` whichever way it ends."""
         metrics.preemption_attempts.inc()
         ev = self.evaluator
         info = self.cache.nodes.get(node)
         owned = info is not None and node in self.cache.known and self.cache.usable(node)
+        proposed = self.proposed.pop(pod.key, None)
         if info is not None and owned and ev.ineligible(pod) is None:
             st = ev.engine.verdict(pod, info)
             if st is not None and st.code == Code.UNSCHEDULABLE:
@@ -759,4 +776,13 @@ class Preemption:
                 if isinstance(found, Candidate):
                     self._execute(pod, found)
                     return None
-        return self._propose(pod, decision)
+        verdict = ev.evaluate(pod)
+        fresh = verdict.candidate
+        if fresh is not None and proposed is not None and fresh.summary(ev.wall()).rank() <= proposed.rank():
+            # The leader chose this shard's proposal as the best of every shard's; a candidate here now at
+            # least as good as that proposal is at least as good as any the leader knew: carried out at once,
+            # instead of a round trip that would most likely send it back here (several pods proposed on one
+            # node in a burst: only the first finds it still a candidate)
+            self._execute(pod, fresh)
+            return None
+        return self._propose(pod, decision, verdict)

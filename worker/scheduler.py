@@ -194,6 +194,8 @@ class Scheduler:
     def _gone(self, key: PodKey) -> None:
         """The pod watch saw ``key`` deleted, finished or placed: nothing kept for its next decision stays."""
         self._preempt_on.pop(key, None)
+        if self.preemption is not None:
+            self.preemption.forget(key)
 
     def preempt_next(self, key: PodKey, node: NodeName) -> None:
         """The leader chose ``node`` for ``key``'s preemption: the pod's next decision may carry it out."""

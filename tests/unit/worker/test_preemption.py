@@ -612,3 +612,38 @@ async def test_the_executor_reports_every_victim_it_did_not_evict() -> None:
         raise AssertionError("the refused delete was not raised")
     assert api.deleted == ["v0"]
     assert sorted(v.key for v in dropped) == [PodKey("default/v1"), PodKey("default/v2")]
+
+
+def proposed_then_taken(other_priority: int) -> tuple[Engine, Preemption, PodRecord, NodeName, NodeName]:
+    """Two nodes with one low pod each; the shard proposes one of them for ``hi``, and before the leader's
+    choice comes back, a pod ``hi`` may not evict takes that node's room."""
+    engine, ev = setup(
+        {"n0": "2", "n1": "2"}, [running("low0", "n0", "2", 1), running("low1", "n1", "2", other_priority)]
+    )
+    pre = preemption_over(engine, ev)
+    pod = make_pod("hi").req(cpu="2").priority(10).record()
+    d = pre.propose(pod, engine.schedule(pod))
+    assert d.preemption is not None
+    chosen = NodeName(d.preemption.node)
+    other = NodeName("n1" if chosen == "n0" else "n0")
+    victim = next(iter(engine.cache.nodes[chosen].pods))
+    engine.cache.remove_pod(victim)
+    engine.cache.upsert_pod(running("peer", chosen, "2", 10))
+    return engine, pre, pod, chosen, other
+
+
+def test_carry_out_takes_a_fresh_candidate_as_good_as_the_chosen_proposal_at_once() -> None:
+    engine, pre, pod, chosen, other = proposed_then_taken(other_priority=1)
+    assert pre.carry_out(pod, chosen, engine.schedule(pod)) is None  # no round trip to the leader
+    assert engine.cache.nominated_node[pod.key] == other and pre.busy(pod.key)
+    assert pod.key not in pre.proposed
+
+
+def test_carry_out_hands_a_worse_fresh_candidate_back_to_the_leader() -> None:
+    engine, pre, pod, chosen, other = proposed_then_taken(other_priority=2)
+    assert chosen == "n0"  # low0's priority 1 ranks before low1's 2
+    d = pre.carry_out(pod, chosen, engine.schedule(pod))
+    # another shard's proposal may be better than n1's: the leader chooses
+    assert d is not None and d.preemption is not None and d.preemption.node == other
+    assert pod.key not in engine.cache.nominated_node and not pre.busy(pod.key)
+    assert pre.proposed[pod.key].node == other
