@@ -154,10 +154,9 @@ class Scheduler:
             self.budgets = Reflector(
                 client, "/apis/policy/v1/poddisruptionbudgets", budgets, name="poddisruptionbudgets"
             )
-            evaluator = Evaluator(self.cache, self.engine, budgets)
             self.preemption = Preemption(
                 self.cache,
-                evaluator,
+                Evaluator(self.cache, self.engine, budgets),
                 Executor(
                     client,
                     component=s.scheduler_name,

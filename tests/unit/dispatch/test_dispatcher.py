@@ -22,7 +22,7 @@ from coordinator.dispatch.pending import (
     STALE,
 )
 from tests.builders import PodBuilder
-from tests.unit.dispatch.fakes import GIB, Rig
+from tests.unit.dispatch.fakes import GIB, FakeLink, Rig
 
 
 def pod(name: str, cpu: str = "500m", memory: str = "1Gi") -> dict[str, Any]:
@@ -174,6 +174,19 @@ async def test_a_shard_ruled_out_by_its_summary_is_asked_for_a_preemption_candid
     ]
 
 
+def answer_no_with(
+    rig: Rig, proposals: dict[FakeLink, protocol.Candidate | None], *, rounds: int, nodes: int
+) -> None:
+    """``rounds`` passes of the dispatch loop, each worker answering every dispatch in flight to it with a "no"
+    over ``nodes`` nodes and its proposal."""
+    for _ in range(rounds):
+        rig.step()
+        for w, c in proposals.items():
+            for d in w.dispatches():
+                if d.id in rig.d.workers[w.worker_id].in_flight:
+                    w.unschedulable(d.id, nodes=nodes, reasons={"Insufficient cpu": nodes}, preemption=c)
+
+
 async def test_the_best_candidate_across_shards_is_carried_out_by_its_worker(rig: Rig) -> None:
     w1, w2, w3 = rig.workers("w1", "w2", "w3")
     for w in (w1, w2, w3):
@@ -184,12 +197,7 @@ async def test_the_best_candidate_across_shards_is_carried_out_by_its_worker(rig
         w2: candidate("n2", top=10, victims=3),  # lowest highest priority wins over fewer victims
         w3: None,
     }
-    for _ in range(3):
-        rig.step()
-        for w, c in proposals.items():
-            for d in w.dispatches():
-                if d.id in rig.d.workers[w.worker_id].in_flight:
-                    w.unschedulable(d.id, nodes=2, reasons={"Insufficient cpu": 2}, preemption=c)
+    answer_no_with(rig, proposals, rounds=3, nodes=2)
     rig.step()
     [preempt] = [d for d in w2.dispatches() if d.preempt]
     assert preempt.preempt == "n2"
@@ -210,12 +218,7 @@ async def test_a_pod_waiting_for_its_victims_is_kept_past_the_dispatch_timeout(r
         w.up().summary(nodes=1, max_cpu=8000)
     rig.d.observe(pod("a", cpu="2"))
     proposals = {w1: candidate("n1", top=1), w2: candidate("n2", top=2)}
-    for _ in range(2):
-        rig.step()
-        for w, c in proposals.items():
-            for d in w.dispatches():
-                if d.id in rig.d.workers[w.worker_id].in_flight:
-                    w.unschedulable(d.id, nodes=1, reasons={"Insufficient cpu": 1}, preemption=c)
+    answer_no_with(rig, proposals, rounds=2, nodes=1)
     rig.step()
     [go] = [d for d in w1.dispatches() if d.preempt]
     assert go.preempt == "n1"
@@ -294,12 +297,8 @@ async def test_preemption_rounds_are_bounded(rig: Rig) -> None:
     (w1,) = rig.workers("w1")
     w1.up().summary(nodes=1, max_cpu=8000)
     rig.d.observe(pod("a", cpu="2"))
-    for _ in range(MAX_PREEMPTIONS + 2):
-        rig.step()
-        for d in w1.dispatches():
-            if d.id in rig.d.workers["w1"].in_flight:
-                # a worker that always proposes a candidate it then finds stale
-                w1.unschedulable(d.id, nodes=1, reasons={"Insufficient cpu": 1}, preemption=candidate("n"))
+    # a worker that always proposes a candidate it then finds stale
+    answer_no_with(rig, {w1: candidate("n")}, rounds=MAX_PREEMPTIONS + 2, nodes=1)
     rig.step()
     assert len([d for d in w1.dispatches() if d.preempt]) == MAX_PREEMPTIONS
     assert len(rig.reporter.verdicts) == 1
