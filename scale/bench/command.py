@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 
@@ -256,7 +257,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("dir", type=Path)
 
 
+# The benchmarks that start a local cluster and measure on it: one at a time per machine (``scale.bench.lock``).
+ON_A_CLUSTER = ("cluster", "footprint", "share")
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.bench not in ON_A_CLUSTER:
+        return _run(args)
+    from scale.bench.lock import BenchRunning, exclusive
+
+    try:
+        with exclusive(f"bench {args.bench}"):
+            return _run(args)
+    except BenchRunning as e:
+        print(e, file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.bench == "engine":
         from scale.bench import engine
 
