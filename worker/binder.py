@@ -442,6 +442,7 @@ class Binder:
                 metrics.bind_results.labels("gone").inc()
                 log.info("bind: pod is gone", extra={"pod": pod.key, "node": node})
                 self.cache.forget(pod.key)
+                self.outcomes.gone(pod.key, pod.uid)
                 return
             except (TooManyRequests, ServerError, TimeoutError) as e:
                 metrics.bind_results.labels("retried").inc()
@@ -524,6 +525,7 @@ class Binder:
             if obj is None or (pod.uid and meta.get("uid") != pod.uid):
                 log.info("bind: pod is gone", extra={"pod": pod.key, "node": req.node})
                 self.cache.forget(pod.key)
+                self.outcomes.gone(pod.key, pod.uid)
                 return
             bound_to = (obj.get("spec") or {}).get("nodeName")
             if bound_to:

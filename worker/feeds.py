@@ -143,7 +143,7 @@ class PodFeed:
         scheduler_name: str,
         watch_pending: bool,
         progress: asyncio.Event | None = None,
-        gone: Callable[[PodKey], None] = lambda key: None,
+        gone: Callable[[PodKey, str], None] = lambda key, uid: None,
         shortcuts: bool = True,
     ) -> None:
         self.cache = cache
@@ -152,7 +152,9 @@ class PodFeed:
         self.scheduler_name = scheduler_name
         self.watch_pending = watch_pending
         self.progress = progress or asyncio.Event()
-        self.gone = gone  # a pod of ours was deleted, finished or placed: it will not be decided here again
+        # a pod (key, uid; "" if not known) was deleted or finished, or one of ours placed: it will not be
+        # decided here again
+        self.gone = gone
         # Off: every event is parsed in full and applied (the reference the shortcuts are tested against).
         self.shortcuts = shortcuts
         # The latest record of each pending pod of ours that was parsed (standalone: all of them; under a
@@ -178,7 +180,7 @@ class PodFeed:
             self.pending.pop(pod.key, None)
             self.queue.delete(pod.key)
             self.cache.unnominate(pod.key)
-            self.gone(pod.key)
+            self.gone(pod.key, pod.uid)
             return
         self.pending[pod.key] = pod
         nominated = pod.nominated_node or self.cache.nominated_node.get(pod.key)
@@ -227,7 +229,8 @@ class PodFeed:
                 return  # older than the pod's direct read: applying it would undo that read
             del self.direct[key]
         if kind == "DELETED":
-            self._remove(key)  # nothing of the object is read but its key
+            # nothing of the object is read but its key and uid
+            self._remove(key, str((obj.get("metadata") or {}).get("uid") or ""))
         elif not self.shortcuts:
             self._apply(pod_from_json(obj), seen_at)
         elif not self._unread(key, obj):
@@ -247,18 +250,18 @@ class PodFeed:
 
     def _apply(self, pod: PodRecord, seen_at: float) -> None:
         if pod.terminal:
-            self._remove(pod.key)
+            self._remove(pod.key, pod.uid)
         else:
             if self.cache.upsert_pod(pod):
                 self.queue.move_all()
             self.admit(pod, seen_at)
 
-    def _remove(self, key: PodKey) -> None:
+    def _remove(self, key: PodKey, uid: str) -> None:
         self.pending.pop(key, None)
         self.queue.delete(key)
         self.cache.unnominate(key)
         self.reporter.forget(key)
-        self.gone(key)
+        self.gone(key, uid)
         if self.cache.remove_pod(key):
             self.queue.move_all()
 
@@ -326,7 +329,7 @@ class Watches:
         node_selector: str,
         watch_pending: bool,
         watch_workloads: bool = True,
-        gone: Callable[[PodKey], None] = lambda key: None,
+        gone: Callable[[PodKey, str], None] = lambda key, uid: None,
     ) -> None:
         self.client = client
         self.cache = cache

@@ -29,7 +29,10 @@ Invariants:
 - No dispatched pod is decided before the pod watch has reached its DISPATCH's ``min_rv`` (the topology
   lane's rule 2, see ``coordinator.dispatch.lane``); the ACK does not wait for that.
 - Every DISPATCH is answered by ACK and later exactly one final RESULT per dispatch id, unless the stream
-  breaks first (the leader then re-dispatches; duplicates are harmless, see the protocol); before it, at most
+  breaks first (the leader then re-dispatches; duplicates are harmless, see the protocol) or the pod is gone
+  before this worker decided it (deleted, or placed by another worker: the leader's own watch settles it, and
+  the dispatch's entry here goes ``GONE_GRACE`` after the pod watch showed it, so a long-running worker keeps
+  nothing of pods it will never answer for); before it, at most
   one RESULT ``waiting`` when the pod stays here for its preemption's victims (``waiting``). A pod whose
   binding failed transiently stays in this worker's queue (``worker.binder``) and is answered when bound.
   Results carry the pod's uid, and a result is sent only for the pod (same uid) that was dispatched.
@@ -70,6 +73,11 @@ from worker.shard import ShardView
 log = logging.getLogger(__name__)
 
 BIND_RATE_WINDOW = 5.0  # seconds over which ``binds_per_s`` is averaged
+# How long a dispatch's entry stays owed after the pod watch showed the pod gone (deleted, finished, placed):
+# a binding of ours whose answer comes after the watch's event still finds it; a pod deleted in the queue,
+# or placed by another worker, is dropped then (no outcome ever comes for it). A RESULT lost to this is
+# harmless: the leader's own watch shows the pod bound or deleted.
+GONE_GRACE = 60.0
 MAX_HANDSHAKES = 16  # connections in their handshake at once; more are closed unread
 TERM_WAIT = 1.0  # how long a HELLO waits for our election mirror to name its term
 TERM_POLL = 0.05
@@ -169,7 +177,12 @@ class LeaderResults:
     """The current leader stream, the pods it dispatched, and the RESULTs owed to it (``Outcomes``)."""
 
     def __init__(
-        self, reporter: Reporter, *, audit: AuditLog | None = None, catching_up: Callable[[], int] = lambda: 0
+        self,
+        reporter: Reporter,
+        *,
+        audit: AuditLog | None = None,
+        catching_up: Callable[[], int] = lambda: 0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.reporter = reporter
         self.audit = audit
@@ -178,6 +191,9 @@ class LeaderResults:
         self.pending: dict[PodKey, tuple[int, str]] = {}  # pod -> (dispatch id, uid) of its latest DISPATCH
         self.told_waiting: dict[PodKey, int] = {}  # pod -> the dispatch id its RESULT waiting was sent for
         self._bound_times: deque[float] = deque()  # monotonic times of the bindings, oldest first
+        # (monotonic time, pod, dispatch id) of pods the watch showed gone, oldest first (``gone``)
+        self._gone: deque[tuple[float, PodKey, int]] = deque()
+        self.clock = clock
 
     @property
     def term(self) -> int:
@@ -256,6 +272,22 @@ class LeaderResults:
         dispatch_id = self._owed(pod)
         if dispatch_id is not None:
             self.send(_result(dispatch_id, pod, protocol.REJECTED, message=message))
+
+    def gone(self, key: PodKey, uid: str) -> None:
+        # Not dropped at once: the watch may show our own binding before the binder hears its answer, and
+        # that ``bound`` still owes the leader a RESULT. After ``GONE_GRACE`` the entry goes, unless the pod
+        # was dispatched again since (another dispatch id). A pod recreated under the same name and
+        # dispatched here before the watch showed its predecessor deleted keeps its entry (another uid).
+        now = self.clock()
+        entry = self.pending.get(key)
+        if entry is not None and not (uid and entry[1] and uid != entry[1]):
+            self._gone.append((now, key, entry[0]))
+        while self._gone and now - self._gone[0][0] >= GONE_GRACE:
+            _, old, dispatch_id = self._gone.popleft()
+            owed = self.pending.get(old)
+            if owed is not None and owed[0] == dispatch_id:
+                del self.pending[old]
+                self.told_waiting.pop(old, None)
 
     def waiting(self, pod: PodRecord, node: NodeName) -> None:
         # Once per dispatch: the leader keeps it until the final RESULT (or its backstop), and the pod is

@@ -7,6 +7,8 @@ The scheduler and its binder are constructed with one ``Outcomes`` object and te
 Not final, under a coordinator only:
 - ``waiting``: the pod is nominated to a node of this shard where it preempted, and stays in this worker's
   queue until its victims are gone (the leader then keeps its dispatch past the usual timeout).
+Not an outcome: ``gone``, the pod watch showed the pod deleted, finished or placed (what is kept per pod for
+its outcome can go; a pod deleted in the queue or placed by someone else gets no outcome at all).
 
 Transient outcomes are not reported: a binding that failed with 429/5xx/timeouts, or that could not be sent
 before the worker's fencing deadline (node revoked, lease unhealthy), goes back to this worker's queue
@@ -22,7 +24,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from common.kube import KubeClient
-from common.records import NodeName, PodRecord
+from common.records import NodeName, PodKey, PodRecord
 from common.reporting import Reporter
 from worker.engine import Decision
 from worker.settings import WorkerSettings
@@ -45,6 +47,12 @@ class Outcomes(Protocol):
         """Not final: the pod waits in this worker's queue for its victims on ``node`` to go."""
         ...
 
+    def gone(self, key: PodKey, uid: str) -> None:
+        """The pod ``key`` (of ``uid``; "" if not known) was deleted, finished or placed, as the pod watch or a
+        binding's 404 showed: no decision of it follows here, and an outcome follows only if this worker's own
+        binding placed it (its ``bound`` may come after the watch)."""
+        ...
+
 
 class PodReports:
     """Standalone outcomes: report on the pod itself (PodScheduled condition, Scheduled/FailedScheduling)."""
@@ -63,6 +71,9 @@ class PodReports:
 
     def waiting(self, pod: PodRecord, node: NodeName) -> None:
         pass  # standalone, the pod is in this worker's own queue: nobody else is waiting for an answer
+
+    def gone(self, key: PodKey, uid: str) -> None:
+        pass  # nothing is kept per pod here
 
 
 def new_reporter(client: KubeClient, settings: WorkerSettings) -> Reporter:

@@ -190,11 +190,12 @@ class Scheduler:
             self.preemption.evaluator.not_evicted(victim)
         self.queue.move_all()
 
-    def _gone(self, key: PodKey) -> None:
+    def _gone(self, key: PodKey, uid: str) -> None:
         """The pod watch saw ``key`` deleted, finished or placed: nothing kept for its next decision stays."""
         self._preempt_on.pop(key, None)
         if self.preemption is not None:
             self.preemption.forget(key)
+        self.outcomes.gone(key, uid)
 
     def preempt_next(self, key: PodKey, node: NodeName) -> None:
         """The leader chose ``node`` for ``key``'s preemption: the pod's next decision may carry it out."""

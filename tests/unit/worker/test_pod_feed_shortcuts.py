@@ -51,14 +51,14 @@ class Worker:
         match = (incoming(None, sel.inter_pod.spread[0].selector, None),)
         self.trackers = [self.cache.topology.tracker(match, live_only=live) for live in (True, False)]
         self.queue = SchedulingQueue(time.monotonic)
-        self.gone: list[str] = []
+        self.gone: list[tuple[str, str]] = []  # (key, uid)
         self.feed = PodFeed(
             self.cache,
             self.queue,
             Reporter(),  # type: ignore[arg-type]
             scheduler_name=OURS,
             watch_pending=watch_pending,
-            gone=self.gone.append,
+            gone=lambda key, uid: self.gone.append((key, uid)),
             shortcuts=shortcuts,
         )
 

@@ -1,0 +1,138 @@
+"""What a worker keeps per dispatched pod goes when the pod does (``LeaderResults.gone``).
+
+A dispatched pod deleted while in this worker's queue, or placed by another worker, gets no outcome here, so
+nothing would ever take its entry out of ``LeaderResults.pending``: a leak in a long-running worker. The pod
+watch's "gone" drops it after ``GONE_GRACE``, while a binding of ours that the watch showed before the binder
+heard its answer still sends its RESULT.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from common import protocol
+from common.kube import Credentials, KubeClient
+from common.records import NodeName, PodKey, PodRecord
+from common.reporting import Reporter
+from tests.builders import make_node, make_pod
+from tests.unit.worker.helpers import FixedShard
+from worker.intake import GONE_GRACE, LeaderResults
+from worker.scheduler import Scheduler
+from worker.settings import WorkerSettings
+
+P = PodKey("default/p")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Results(LeaderResults):
+    """The RESULTs sent, instead of a leader stream."""
+
+    def __init__(self, client: KubeClient, clock: Clock) -> None:
+        super().__init__(Reporter(client, component="agent-scheduler"), clock=clock)
+        self.sent: list[protocol.Message] = []
+
+    def send(self, message: protocol.Message) -> None:
+        self.sent.append(message)
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[KubeClient]:
+    c = KubeClient(Credentials("http://127.0.0.1:9"))  # never called
+    yield c
+    await c.close()
+
+
+def pod(name: str = "p", uid: str = "u1") -> PodRecord:
+    return make_pod(name).req(cpu="1").uid(uid).record()
+
+
+async def test_a_pod_gone_without_an_outcome_leaves_pending_after_the_grace(client: KubeClient) -> None:
+    clock = Clock()
+    results = Results(client, clock)
+    results.expect(7, pod())
+    results.told_waiting[P] = 7
+    results.gone(P, "u1")
+    assert P in results.pending  # within the grace: a binding of ours may still answer
+    clock.now += GONE_GRACE
+    results.gone(PodKey("default/other"), "u9")  # any later pod event prunes, amortised
+    assert results.pending == {} and results.told_waiting == {}
+    assert results.sent == []
+
+
+async def test_our_binding_seen_by_the_watch_first_still_sends_bound(client: KubeClient) -> None:
+    clock = Clock()
+    results = Results(client, clock)
+    p = pod()
+    results.expect(9, p)
+    results.gone(P, "u1")  # the watch showed the pod on its node before the binder's POST returned
+    clock.now += 1.0
+    results.bound(p, NodeName("n1"), assumed_at=1.0, bound_at=2.0)
+    assert [(m.id, m.outcome) for m in results.sent if isinstance(m, protocol.Result)] == [
+        (9, protocol.BOUND)
+    ]
+    clock.now += GONE_GRACE
+    results.gone(PodKey("default/other"), "u9")
+    assert results.pending == {}
+
+
+async def test_a_dispatch_after_the_gone_event_is_kept(client: KubeClient) -> None:
+    clock = Clock()
+    results = Results(client, clock)
+    results.expect(7, pod())
+    results.gone(P, "u1")
+    results.expect(8, pod())  # dispatched again (the leader had not seen the event yet)
+    clock.now += GONE_GRACE
+    results.gone(PodKey("default/other"), "u9")
+    assert results.pending == {P: (8, "u1")}
+
+
+async def test_a_recreated_pod_is_not_dropped_for_its_predecessor(client: KubeClient) -> None:
+    clock = Clock()
+    results = Results(client, clock)
+    results.expect(
+        7, pod(uid="new")
+    )  # the DISPATCH of the new pod came before the watch's DELETED of the old
+    results.gone(P, "old")
+    clock.now += GONE_GRACE
+    results.gone(PodKey("default/other"), "u9")
+    assert results.pending == {P: (7, "new")}
+    results.gone(P, "")  # a uid the event did not carry counts as this pod
+    clock.now += GONE_GRACE
+    results.gone(PodKey("default/other"), "u9")
+    assert results.pending == {}
+
+
+async def test_a_pod_deleted_in_the_queue_reaches_the_results_through_the_pod_watch(
+    client: KubeClient,
+) -> None:
+    clock = Clock()
+    results = Results(client, clock)
+    shard = FixedShard(["n1"])
+    sched = Scheduler(
+        client,
+        WorkerSettings(),
+        shard=shard,
+        outcomes=results,
+        reporter=results.reporter,
+        watch_pending=False,
+    )
+    sched.cache.upsert_node(make_node("n1", cpu="4").record())
+    obj = make_pod("p").req(cpu="1").uid("u1").json()
+    results.expect(7, pod())
+    sched.submit(pod())
+    assert P in sched.queue
+    sched.watches.pod_feed.event("DELETED", obj)
+    assert P not in sched.queue
+    clock.now += GONE_GRACE
+    sched.watches.pod_feed.event("DELETED", make_pod("other").uid("u9").json())
+    assert results.pending == {}
+    assert results.sent == []  # no RESULT for a pod that is gone: the leader's own watch shows it
