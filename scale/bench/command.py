@@ -262,16 +262,17 @@ ON_A_CLUSTER = ("cluster", "footprint", "share")
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.bench not in ON_A_CLUSTER:
+    rebuild_only = args.bench == "footprint" and getattr(args, "report", None) is not None
+    if args.bench not in ON_A_CLUSTER or rebuild_only:
         return _run(args)
-    from scale.bench.lock import BenchRunning, exclusive
+    from scale.bench.lock import BUSY, BenchRunning, exclusive
 
     try:
         with exclusive(f"bench {args.bench}"):
             return _run(args)
     except BenchRunning as e:
-        print(e, file=sys.stderr)
-        return 2
+        print(f"agent-scheduler bench: error: {e}", file=sys.stderr)
+        return BUSY
 
 
 def _run(args: argparse.Namespace) -> int:

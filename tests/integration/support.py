@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -56,12 +57,20 @@ class SchedulerProcess:
         return tail(self.log_path, lines)
 
 
+def bench_env(out: Path) -> dict[str, str]:
+    """The environment of a test's bench: its own lock file (``scale.bench.lock``), so a benchmark running on
+    the machine does not refuse the test's (which measures nothing a concurrent run could spoil)."""
+    return {**os.environ, "AGENT_SCHEDULER_BENCH_LOCK": str(out.parent / "bench.lock")}
+
+
 def run_bench(subcommand: str, out: Path, *args: str, timeout: float) -> None:
     """``agent-scheduler bench <subcommand> <args> --out=<out>`` as a subprocess (it starts its own clusters
     on free ports and stops them at the end); it must exit 0. ``timeout`` guards against a hang: it is not a
     speed requirement."""
     cmd = [sys.executable, "-m", "agent_scheduler.cli", "bench", subcommand, *args, f"--out={out}"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False)
+    proc = subprocess.run(
+        cmd, cwd=ROOT, env=bench_env(out), capture_output=True, text=True, timeout=timeout, check=False
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 

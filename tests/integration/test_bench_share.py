@@ -19,7 +19,7 @@ import pytest
 
 from scale.bench.share import ShareSpec, share_plan
 from scale.bench.share_run import KNOWN, STATIC, TUNED
-from tests.integration.support import ROOT
+from tests.integration.support import ROOT, bench_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -55,7 +55,9 @@ def test_tiny_share_run_keeps_the_invariants_and_writes_the_report(tmp_path: Pat
         "--tuned-batch-residence=60",
         f"--out={out}",
     ]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=GUARD_TIMEOUT, check=False)
+    proc = subprocess.run(
+        cmd, cwd=ROOT, env=bench_env(out), capture_output=True, text=True, timeout=GUARD_TIMEOUT, check=False
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
     result = json.loads((out / "results.json").read_text())

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from scale.bench import command
-from scale.bench.lock import BenchRunning, exclusive
+from scale.bench.lock import BUSY, LOCK_ENV, BenchRunning, exclusive
 
 
 def test_a_second_run_is_refused_while_the_first_holds_the_lock(tmp_path: Path) -> None:
@@ -58,7 +58,7 @@ def test_bench_cluster_refuses_to_start_while_another_benchmark_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = tmp_path / "bench.lock"
-    monkeypatch.setattr("scale.bench.lock.LOCK_PATH", path)
+    monkeypatch.setenv(LOCK_ENV, str(path))
     started: list[str] = []
 
     def run(args: argparse.Namespace) -> int:
@@ -67,9 +67,11 @@ def test_bench_cluster_refuses_to_start_while_another_benchmark_runs(
 
     monkeypatch.setattr(command, "_run", run)
     with exclusive("bench footprint", path):
-        assert command.run(argparse.Namespace(bench="cluster")) == 2
+        assert command.run(argparse.Namespace(bench="cluster")) == BUSY
         assert command.run(argparse.Namespace(bench="engine")) == 0  # no cluster: not locked
-    assert "another benchmark is running" in capsys.readouterr().err
-    assert started == ["engine"]
+        # rebuilding a footprint report starts no cluster either
+        assert command.run(argparse.Namespace(bench="footprint", report=tmp_path)) == 0
+    assert "agent-scheduler bench: error: another benchmark is running" in capsys.readouterr().err
+    assert started == ["engine", "footprint"]
     assert command.run(argparse.Namespace(bench="cluster")) == 0
-    assert started == ["engine", "cluster"]
+    assert started == ["engine", "footprint", "cluster"]
