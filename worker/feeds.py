@@ -7,7 +7,7 @@
   wakes the unschedulable pods; a deleted pod leaves the queue and the reporter, and ``gone`` is told (what
   the scheduler keeps per dispatched pod outside the queue goes with it). An event costs what it changes
   (``shortcuts``, on outside tests that compare them with the full path):
-  - a DELETED event is not parsed (its key is all it is read for);
+  - a DELETED event is not parsed (its key and uid are all it is read for);
   - a pod with no placed or assumed record here, not placed, not terminal, of another scheduler or (without
     ``watch_pending``) ours neither nominated nor being deleted, is not parsed: a parse would only tell
     ``admit`` to drop it from ``pending``. Under a coordinator every worker sees every pending pod of ours

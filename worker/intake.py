@@ -31,8 +31,9 @@ Invariants:
 - Every DISPATCH is answered by ACK and later exactly one final RESULT per dispatch id, unless the stream
   breaks first (the leader then re-dispatches; duplicates are harmless, see the protocol) or the pod is gone
   before this worker decided it (deleted, or placed by another worker: the leader's own watch settles it, and
-  the dispatch's entry here goes ``GONE_GRACE`` after the pod watch showed it, so a long-running worker keeps
-  nothing of pods it will never answer for); before it, at most
+  the dispatch's entry here goes at least ``GONE_GRACE`` after the pod watch, a binding's 404 or a DISPATCH
+  of the pod already placed showed it, and any entry after ``OWED_LIMIT``, when the leader no longer keeps the
+  dispatch: a long-running worker keeps nothing of pods it will never answer for); before it, at most
   one RESULT ``waiting`` when the pod stays here for its preemption's victims (``waiting``). A pod whose
   binding failed transiently stays in this worker's queue (``worker.binder``) and is answered when bound.
   Results carry the pod's uid, and a result is sent only for the pod (same uid) that was dispatched.
@@ -73,11 +74,17 @@ from worker.shard import ShardView
 log = logging.getLogger(__name__)
 
 BIND_RATE_WINDOW = 5.0  # seconds over which ``binds_per_s`` is averaged
-# How long a dispatch's entry stays owed after the pod watch showed the pod gone (deleted, finished, placed):
-# a binding of ours whose answer comes after the watch's event still finds it; a pod deleted in the queue,
-# or placed by another worker, is dropped then (no outcome ever comes for it). A RESULT lost to this is
-# harmless: the leader's own watch shows the pod bound or deleted.
+# How long a dispatch's entry stays owed after the pod was shown gone (deleted, finished, placed; by the pod
+# watch, a binding's 404 or a DISPATCH of a pod already placed): a binding of ours whose answer comes after the
+# watch's event still finds it; a pod deleted in the queue, or placed by another worker, is dropped then (no
+# outcome ever comes for it). A RESULT lost to this is harmless: the leader's own watch shows the pod bound
+# or deleted.
 GONE_GRACE = 60.0
+# The backstop for an entry no event clears: longer than the leader keeps any dispatch (at most
+# ``QUEUED_LIMIT`` unanswered, then ``PREEMPTION_WAIT_LIMIT`` after a RESULT waiting: 25 min, see
+# ``coordinator.dispatch.pending``); a RESULT after that would be ignored. Swept every ``OWED_SWEEP``.
+OWED_LIMIT = 30 * 60.0
+OWED_SWEEP = 60.0
 MAX_HANDSHAKES = 16  # connections in their handshake at once; more are closed unread
 TERM_WAIT = 1.0  # how long a HELLO waits for our election mirror to name its term
 TERM_POLL = 0.05
@@ -191,9 +198,11 @@ class LeaderResults:
         self.pending: dict[PodKey, tuple[int, str]] = {}  # pod -> (dispatch id, uid) of its latest DISPATCH
         self.told_waiting: dict[PodKey, int] = {}  # pod -> the dispatch id its RESULT waiting was sent for
         self._bound_times: deque[float] = deque()  # monotonic times of the bindings, oldest first
-        # (monotonic time, pod, dispatch id) of pods the watch showed gone, oldest first (``gone``)
-        self._gone: deque[tuple[float, PodKey, int]] = deque()
+        # (monotonic time, pod, its entry) of pods shown gone, oldest first (``gone``)
+        self._gone: deque[tuple[float, PodKey, tuple[int, str]]] = deque()
+        self._since: dict[PodKey, float] = {}  # when each entry of ``pending`` was made (``OWED_LIMIT``)
         self.clock = clock
+        self._swept_at = clock()
 
     @property
     def term(self) -> int:
@@ -211,6 +220,17 @@ class LeaderResults:
 
     def expect(self, dispatch_id: int, pod: PodRecord) -> None:
         self.pending[pod.key] = (dispatch_id, pod.uid)
+        now = self._since[pod.key] = self.clock()
+        if now - self._swept_at >= OWED_SWEEP:
+            self._sweep(now)
+
+    def _sweep(self, now: float) -> None:
+        """Drop the entries older than ``OWED_LIMIT`` (O(pods in this worker's hands), once a minute)."""
+        self._swept_at = now
+        for key in [k for k, since in self._since.items() if now - since >= OWED_LIMIT]:
+            del self._since[key]
+            self.pending.pop(key, None)
+            self.told_waiting.pop(key, None)
 
     def send(self, message: protocol.Message) -> None:
         if self.stream is not None:
@@ -222,6 +242,7 @@ class LeaderResults:
         if entry is None or (entry[1] and pod.uid and entry[1] != pod.uid):
             return None  # not dispatched, or dispatched as another pod of the same name
         del self.pending[pod.key]
+        self._since.pop(pod.key, None)
         self.told_waiting.pop(pod.key, None)
         return entry[0]
 
@@ -275,19 +296,22 @@ class LeaderResults:
 
     def gone(self, key: PodKey, uid: str) -> None:
         # Not dropped at once: the watch may show our own binding before the binder hears its answer, and
-        # that ``bound`` still owes the leader a RESULT. After ``GONE_GRACE`` the entry goes, unless the pod
-        # was dispatched again since (another dispatch id). A pod recreated under the same name and
-        # dispatched here before the watch showed its predecessor deleted keeps its entry (another uid).
+        # that ``bound`` still owes the leader a RESULT. At least ``GONE_GRACE`` later (on the next call) the
+        # entry goes, unless the pod was dispatched again since (another dispatch id or uid: ids restart with
+        # each leader term). A pod recreated under the same name and dispatched here before the watch showed
+        # its predecessor deleted keeps its entry (another uid).
         now = self.clock()
         entry = self.pending.get(key)
         if entry is not None and not (uid and entry[1] and uid != entry[1]):
-            self._gone.append((now, key, entry[0]))
+            self._gone.append((now, key, entry))
         while self._gone and now - self._gone[0][0] >= GONE_GRACE:
-            _, old, dispatch_id = self._gone.popleft()
-            owed = self.pending.get(old)
-            if owed is not None and owed[0] == dispatch_id:
+            _, old, marked = self._gone.popleft()
+            if self.pending.get(old) == marked:
                 del self.pending[old]
+                self._since.pop(old, None)
                 self.told_waiting.pop(old, None)
+        if now - self._swept_at >= OWED_SWEEP:
+            self._sweep(now)
 
     def waiting(self, pod: PodRecord, node: NodeName) -> None:
         # Once per dispatch: the leader keeps it until the final RESULT (or its backstop), and the pod is

@@ -203,8 +203,14 @@ class Scheduler:
 
     def submit(self, pod: PodRecord) -> None:
         """A pod handed to this worker from outside (the coordinator's dispatch)."""
-        if not pod.node_name and not self.cache.is_assumed(pod.key) and pod.key not in self.cache.pod_node:
+        if self.cache.is_assumed(pod.key):
+            return  # our binding of it is under way: its outcome follows
+        if not pod.node_name and pod.key not in self.cache.pod_node:
             self.queue.add(pod)
+        else:
+            # already placed (the watch showed it bound, by us or another worker): no decision and no outcome
+            # follow here for this dispatch
+            self.outcomes.gone(pod.key, pod.uid)
 
     # ----- the loop --------------------------------------------------------------------------------------
 

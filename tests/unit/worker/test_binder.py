@@ -70,6 +70,7 @@ class Recorded:
         self.rejected: list[tuple[str, str]] = []
         self.requeued: list[str] = []
         self.requeued_attempts: list[int] = []
+        self.gone: list[str] = []
 
     def on_bound(self, pod: PodRecord, node: NodeName, *, assumed_at: float, bound_at: float) -> None:
         assert assumed_at <= bound_at
@@ -80,6 +81,9 @@ class Recorded:
 
     def on_rejected(self, pod: PodRecord, message: str) -> None:
         self.rejected.append((pod.key, message))
+
+    def on_gone(self, key: str, uid: str) -> None:
+        self.gone.append(key)
 
     def requeue(self, pod: PodRecord, attempts: int) -> None:
         self.requeued.append(pod.key)
@@ -93,6 +97,7 @@ class Outcomes:
         self.bound = rec.on_bound
         self.unschedulable = rec.on_unschedulable
         self.rejected = rec.on_rejected
+        self.gone = rec.on_gone
 
 
 class FakeShard:
@@ -186,6 +191,7 @@ async def test_404_forgets_the_pod() -> None:
     assert not cache.assumed and not cache.pod_node
     assert cache.nodes[NODE].requested.milli_cpu == 0
     assert not rec.bound and not rec.rejected and not rec.requeued
+    assert rec.gone == ["default/p"]  # no outcome follows: what is kept for one goes (worker.intake)
     assert len(api.posts) == 1
 
 
@@ -352,6 +358,7 @@ async def test_a_failed_unanswered_binding_of_a_deleted_pod_is_forgotten() -> No
     api_gone = ServerError(504, "Timeout: request did not complete within requested timeout")
     cache, api, rec, _ = await bind_once([api_gone], retries=0, gone=True)
     assert api.reads == 1 and rec.requeued == [] and not cache.assumed
+    assert rec.gone == ["default/p"]
     assert cache.nodes[NODE].requested.milli_cpu == 0
 
 

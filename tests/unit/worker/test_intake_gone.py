@@ -16,9 +16,10 @@ from common import protocol
 from common.kube import Credentials, KubeClient
 from common.records import NodeName, PodKey, PodRecord
 from common.reporting import Reporter
+from coordinator.dispatch.pending import PREEMPTION_WAIT_LIMIT, QUEUED_LIMIT
 from tests.builders import make_node, make_pod
 from tests.unit.worker.helpers import FixedShard
-from worker.intake import GONE_GRACE, LeaderResults
+from worker.intake import GONE_GRACE, OWED_LIMIT, OWED_SWEEP, LeaderResults
 from worker.scheduler import Scheduler
 from worker.settings import WorkerSettings
 
@@ -136,3 +137,57 @@ async def test_a_pod_deleted_in_the_queue_reaches_the_results_through_the_pod_wa
     sched.watches.pod_feed.event("DELETED", make_pod("other").uid("u9").json())
     assert results.pending == {}
     assert results.sent == []  # no RESULT for a pod that is gone: the leader's own watch shows it
+
+
+async def test_a_dispatch_id_reused_by_a_new_leader_for_a_recreated_pod_is_kept(client: KubeClient) -> None:
+    clock = Clock()
+    results = Results(client, clock)
+    results.expect(5, pod(uid="u1"))
+    results.gone(P, "u1")
+    results.expect(
+        5, pod(uid="u2")
+    )  # recreated; a new leader term numbers its dispatches from the start again
+    clock.now += GONE_GRACE
+    results.gone(PodKey("default/other"), "u9")
+    assert results.pending == {P: (5, "u2")}
+
+
+async def test_an_entry_no_event_clears_goes_once_the_leader_no_longer_keeps_its_dispatch(
+    client: KubeClient,
+) -> None:
+    # the leader keeps a dispatch at most QUEUED_LIMIT unanswered, then PREEMPTION_WAIT_LIMIT after waiting
+    assert OWED_LIMIT > QUEUED_LIMIT + PREEMPTION_WAIT_LIMIT
+    clock = Clock()
+    results = Results(client, clock)
+    results.expect(1, pod("old", uid="a"))
+    results.told_waiting[PodKey("default/old")] = 1
+    clock.now += OWED_LIMIT - OWED_SWEEP
+    results.expect(2, pod("young", uid="b"))
+    assert set(results.pending) == {PodKey("default/old"), PodKey("default/young")}
+    clock.now += OWED_SWEEP
+    results.expect(3, pod("new", uid="c"))  # the next call after a sweep interval sweeps
+    assert set(results.pending) == {PodKey("default/young"), PodKey("default/new")}
+    assert results.told_waiting == {}
+
+
+async def test_a_dispatch_of_a_pod_already_placed_is_dropped_after_the_grace(client: KubeClient) -> None:
+    """The watch showed the pod bound (by another worker) before its DISPATCH reached this one: the pod is
+    not queued and no outcome follows, so its entry must not stay."""
+    clock = Clock()
+    results = Results(client, clock)
+    sched = Scheduler(
+        client,
+        WorkerSettings(),
+        shard=FixedShard(["n1"]),
+        outcomes=results,
+        reporter=results.reporter,
+        watch_pending=False,
+    )
+    sched.cache.upsert_node(make_node("n1", cpu="4").record())
+    sched.cache.upsert_pod(make_pod("p").req(cpu="1").uid("u1").on("n1").record())
+    results.expect(7, pod())
+    sched.submit(pod())
+    assert P not in sched.queue
+    clock.now += GONE_GRACE
+    results.gone(PodKey("default/other"), "u9")
+    assert results.pending == {}
