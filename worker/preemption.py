@@ -53,7 +53,11 @@ When the engine finds no node for a pod (``Preemption.post_filter``, called by `
    honours the nomination from its watch); lower-priority pods nominated there are cleared; each victim not
    already terminating gets the ``DisruptionTarget`` condition, a graceful delete and a ``Preempted`` event
    naming the preemptor's UID and the node. The preemptor is not tried again until that finishes; then it
-   waits, like any unschedulable pod, for the victims' deletion to free the room.
+   waits, like any unschedulable pod, for the victims' deletion to free the room. No victim is touched unless
+   the nomination's PATCH answered with the preemptor itself, unbound: a pod deleted (404), recreated under
+   another uid or already bound when its preemption is carried out (under a coordinator, a DISPATCH can reach
+   a worker after its pod watch showed the pod deleted) would have pods evicted for nothing. Such a
+   preemptor is dropped from this worker (``gone``: out of the queue, its nomination in the cache ended).
 
 The message: on success, the failure stays the plain one (the pod is not bound yet); otherwise kube-scheduler's
 ``preemption: ...`` suffix: "not eligible due to preemptionPolicy=Never.", "not eligible due to a terminating
@@ -85,7 +89,6 @@ not mean the cluster has no room, and a worker only knows (and may only evict) i
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import random
@@ -569,16 +572,21 @@ class Executor:
         instance: str,
         done: Callable[[PodKey], None],
         not_evicted: Callable[[PodRecord], None],
+        gone: Callable[[PodRecord], None],
     ) -> None:
         self.client = client
         self.component = component
         self.instance = instance
         self.done = done  # the preemptor may be tried again (the queue's activate)
         self.not_evicted = not_evicted  # a victim's eviction did not happen (``Evaluator.not_evicted``)
+        self.gone = (
+            gone  # the preemptor no longer exists as it was decided (step 6): nothing more for it here
+        )
         self._work: asyncio.Queue[tuple[PodRecord, Candidate | None, list[PodRecord]]] = asyncio.Queue()
         self._busy: set[PodKey] = set()
         self.carried_out = 0
         self.errors = 0
+        self.abandoned = 0  # preemptions not carried out: the preemptor was gone (step 6)
 
     def busy(self, key: PodKey) -> bool:
         return key in self._busy
@@ -614,11 +622,16 @@ class Executor:
                     self.done(pod.key)
 
     async def _carry_out(self, pod: PodRecord, c: Candidate, lower: list[PodRecord]) -> None:
-        metrics.preemption_victims.observe(len(c.victims))
         victims = [v for v in c.victims if not v.deleting]
         evicted: set[PodKey] = set()
+        results: list[bool | BaseException] = []
         try:
-            await self._nominate(pod, c.node)
+            if not await self._nominate(pod, c.node):
+                self.abandoned += 1
+                log.info("preemption abandoned: the preemptor is gone or bound", extra={"pod": pod.key})
+                self.gone(pod)
+                return
+            metrics.preemption_victims.observe(len(c.victims))
             for other in lower:
                 await self._nominate(other, None)
             results = await asyncio.gather(
@@ -635,10 +648,17 @@ class Executor:
         if failed:
             raise failed[0]
 
-    async def _nominate(self, pod: PodRecord, node: NodeName | None) -> None:
+    async def _nominate(self, pod: PodRecord, node: NodeName | None) -> bool:
+        """Patch ``pod``'s nomination; True when the answer is that very pod (same uid), still unbound."""
         path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/status"
-        with contextlib.suppress(NotFound):  # the pod is gone: nothing to nominate
-            await self.client.patch(path, {"status": {"nominatedNodeName": node}}, kind="merge")
+        try:
+            answer = await self.client.patch(path, {"status": {"nominatedNodeName": node}}, kind="merge")
+        except NotFound:
+            return False  # the pod is gone: nothing to nominate
+        if not isinstance(answer, dict):
+            return False
+        meta, spec = answer.get("metadata") or {}, answer.get("spec") or {}
+        return (not pod.uid or meta.get("uid") == pod.uid) and not spec.get("nodeName")
 
     async def _evict(self, preemptor: PodRecord, node: NodeName, victim: PodRecord) -> bool:
         """Delete ``victim`` as kube-scheduler does (condition, graceful delete, event); False: already gone."""

@@ -244,6 +244,11 @@ class SchedulingQueue:
     def __contains__(self, key: PodKey) -> bool:
         return key in self._where
 
+    def queued(self, key: PodKey) -> PodRecord | None:
+        """The record ``key`` is queued with (or was popped with, while in flight), if any."""
+        qp = self._pods.get(key)
+        return qp.pod if qp is not None else None
+
     def where(self, key: PodKey) -> str | None:
         return self._where.get(key)
 

@@ -163,6 +163,7 @@ class Scheduler:
                     instance=settings.worker_id or s.scheduler_name,
                     done=self.queue.activate,
                     not_evicted=self._not_evicted,
+                    gone=self._preemptor_gone,
                 ),
             )
         # the ``profile`` label of the scheduling metrics: the scheduler name, as in kube-scheduler
@@ -189,6 +190,16 @@ class Scheduler:
         if self.preemption is not None:
             self.preemption.evaluator.not_evicted(victim)
         self.queue.move_all()
+
+    def _preemptor_gone(self, pod: PodRecord) -> None:
+        """The preemption executor found ``pod`` deleted, recreated under another uid or bound when it came to
+        carry out its preemption (no pod watch event may follow: a DISPATCH can come after the watch showed
+        the deletion): it leaves this worker's queue and its nomination here ends."""
+        queued = self.queue.queued(pod.key)
+        if queued is None or not pod.uid or queued.uid == pod.uid:
+            self.queue.delete(pod.key)  # a pod recreated under the name and queued since stays
+        self.cache.unnominate(pod.key)
+        self._gone(pod.key, pod.uid)
 
     def _gone(self, key: PodKey, uid: str) -> None:
         """The pod watch saw ``key`` deleted, finished or placed: nothing kept for its next decision stays."""

@@ -191,3 +191,30 @@ async def test_a_dispatch_of_a_pod_already_placed_is_dropped_after_the_grace(cli
     clock.now += GONE_GRACE
     results.gone(PodKey("default/other"), "u9")
     assert results.pending == {}
+
+
+async def test_a_preemptor_found_gone_by_the_executor_leaves_the_queue_and_its_nomination(
+    client: KubeClient,
+) -> None:
+    clock = Clock()
+    results = Results(client, clock)
+    sched = Scheduler(
+        client,
+        WorkerSettings(),
+        shard=FixedShard(["n1"]),
+        outcomes=results,
+        reporter=results.reporter,
+        watch_pending=False,
+        preempt=True,
+    )
+    sched.cache.upsert_node(make_node("n1", cpu="4").record())
+    results.expect(7, pod())
+    sched.submit(pod())
+    sched.cache.nominate(pod(), NodeName("n1"))
+    sched._preemptor_gone(pod(uid="other"))  # a predecessor's preemption: the queued pod is not it
+    assert P in sched.queue
+    sched._preemptor_gone(pod())
+    assert P not in sched.queue and P not in sched.cache.nominated_node
+    clock.now += GONE_GRACE
+    results.gone(PodKey("default/other"), "u9")
+    assert results.pending == {}

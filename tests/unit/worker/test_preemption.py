@@ -6,6 +6,8 @@ from __future__ import annotations
 import random
 from typing import Any, cast
 
+import pytest
+
 from common.kube import KubeClient
 from common.records import NodeName, PodKey, PodRecord
 from tests.builders import make_node, make_pod
@@ -272,6 +274,7 @@ def preemption_over(engine: Engine, ev: Evaluator) -> Preemption:
         instance="t",
         done=rec.activated.append,
         not_evicted=ev.not_evicted,
+        gone=lambda pod: None,
     )
     return Preemption(engine.cache, ev, executor)
 
@@ -571,15 +574,22 @@ def test_a_victim_chosen_twice_counts_until_both_evictions_are_settled() -> None
 
 class _Api:
     """What ``Executor`` calls of ``KubeClient``: a victim named in ``refuse`` cannot be deleted (a 500), one
-    named in ``gone`` no longer exists."""
+    named in ``gone`` no longer exists; a status PATCH answers with ``answer`` (the preemptor as the API server
+    holds it; None: 404)."""
 
-    def __init__(self, refuse: set[str], gone: set[str]) -> None:
+    def __init__(self, refuse: set[str], gone: set[str], answer: dict[str, Any] | None = None) -> None:
         self.refuse = refuse
         self.gone = gone
         self.deleted: list[str] = []
+        self.answer = answer if answer is not None else {"metadata": {"uid": ""}, "spec": {}}
+        self.preemptor_gone = False
 
     async def patch(self, path: str, body: Any, *, kind: str = "merge") -> Any:
-        return {}
+        from common.kube import NotFound
+
+        if self.preemptor_gone:
+            raise NotFound(404, "not found")
+        return self.answer
 
     async def post(self, path: str, body: Any, params: dict[str, str] | None = None) -> Any:
         return {}
@@ -600,7 +610,12 @@ async def test_the_executor_reports_every_victim_it_did_not_evict() -> None:
     api = _Api(refuse={"v1"}, gone={"v2"})
     dropped: list[PodRecord] = []
     executor = Executor(
-        cast(KubeClient, api), component="c", instance="t", done=lambda key: None, not_evicted=dropped.append
+        cast(KubeClient, api),
+        component="c",
+        instance="t",
+        done=lambda key: None,
+        not_evicted=dropped.append,
+        gone=lambda pod: None,
     )
     victims = tuple(running(f"v{i}", "n0", "1", 1) for i in range(3))
     preemptor = make_pod("p").req(cpu="3").priority(10).record()
@@ -612,6 +627,53 @@ async def test_the_executor_reports_every_victim_it_did_not_evict() -> None:
         raise AssertionError("the refused delete was not raised")
     assert api.deleted == ["v0"]
     assert sorted(v.key for v in dropped) == [PodKey("default/v1"), PodKey("default/v2")]
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        None,  # deleted: the nomination's PATCH is a 404
+        {"metadata": {"uid": "another"}, "spec": {}},  # recreated under the same name
+        {"metadata": {"uid": "u-p"}, "spec": {"nodeName": "n1"}},  # already bound
+    ],
+)
+async def test_no_victim_is_evicted_for_a_preemptor_that_is_gone(answer: dict[str, Any] | None) -> None:
+    """A DISPATCH can reach a worker after its pod watch showed the pod deleted: carrying out its preemption
+    would evict pods for nothing."""
+    api = _Api(refuse=set(), gone=set(), answer=answer)
+    api.preemptor_gone = answer is None
+    dropped: list[PodRecord] = []
+    gone: list[PodKey] = []
+    executor = Executor(
+        cast(KubeClient, api),
+        component="c",
+        instance="t",
+        done=lambda key: None,
+        not_evicted=dropped.append,
+        gone=lambda pod: gone.append(pod.key),
+    )
+    victims = tuple(running(f"v{i}", "n0", "1", 1) for i in range(2))
+    preemptor = make_pod("p").req(cpu="2").priority(10).uid("u-p").record()
+    await executor._carry_out(preemptor, Candidate(NodeName("n0"), victims, 0), [])
+    assert api.deleted == [] and executor.abandoned == 1
+    assert sorted(v.key for v in dropped) == [PodKey("default/v0"), PodKey("default/v1")]
+    assert gone == [PodKey("default/p")]
+
+
+async def test_the_preemptor_itself_unbound_lets_the_evictions_go_ahead() -> None:
+    api = _Api(refuse=set(), gone=set(), answer={"metadata": {"uid": "u-p"}, "spec": {}})
+    executor = Executor(
+        cast(KubeClient, api),
+        component="c",
+        instance="t",
+        done=lambda key: None,
+        not_evicted=lambda v: None,
+        gone=lambda pod: None,
+    )
+    victims = tuple(running(f"v{i}", "n0", "1", 1) for i in range(2))
+    preemptor = make_pod("p").req(cpu="2").priority(10).uid("u-p").record()
+    await executor._carry_out(preemptor, Candidate(NodeName("n0"), victims, 0), [])
+    assert api.deleted == ["v0", "v1"] and executor.abandoned == 0
 
 
 def proposed_then_taken(other_priority: int) -> tuple[Engine, Preemption, PodRecord, NodeName, NodeName]:
