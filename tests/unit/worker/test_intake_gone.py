@@ -52,6 +52,21 @@ async def client() -> AsyncIterator[KubeClient]:
     await c.close()
 
 
+def scheduler(client: KubeClient, results: Results, *, preempt: bool = False) -> Scheduler:
+    """A coordinated worker's scheduler over one node, answering to ``results``."""
+    sched = Scheduler(
+        client,
+        WorkerSettings(),
+        shard=FixedShard(["n1"]),
+        outcomes=results,
+        reporter=results.reporter,
+        watch_pending=False,
+        preempt=preempt,
+    )
+    sched.cache.upsert_node(make_node("n1", cpu="4").record())
+    return sched
+
+
 def pod(name: str = "p", uid: str = "u1") -> PodRecord:
     return make_pod(name).req(cpu="1").uid(uid).record()
 
@@ -99,9 +114,8 @@ async def test_a_dispatch_after_the_gone_event_is_kept(client: KubeClient) -> No
 async def test_a_recreated_pod_is_not_dropped_for_its_predecessor(client: KubeClient) -> None:
     clock = Clock()
     results = Results(client, clock)
-    results.expect(
-        7, pod(uid="new")
-    )  # the DISPATCH of the new pod came before the watch's DELETED of the old
+    # the DISPATCH of the new pod came before the watch's DELETED of the old
+    results.expect(7, pod(uid="new"))
     results.gone(P, "old")
     clock.now += GONE_GRACE
     results.gone(PodKey("default/other"), "u9")
@@ -117,16 +131,7 @@ async def test_a_pod_deleted_in_the_queue_reaches_the_results_through_the_pod_wa
 ) -> None:
     clock = Clock()
     results = Results(client, clock)
-    shard = FixedShard(["n1"])
-    sched = Scheduler(
-        client,
-        WorkerSettings(),
-        shard=shard,
-        outcomes=results,
-        reporter=results.reporter,
-        watch_pending=False,
-    )
-    sched.cache.upsert_node(make_node("n1", cpu="4").record())
+    sched = scheduler(client, results)
     obj = make_pod("p").req(cpu="1").uid("u1").json()
     results.expect(7, pod())
     sched.submit(pod())
@@ -175,15 +180,7 @@ async def test_a_dispatch_of_a_pod_already_placed_is_dropped_after_the_grace(cli
     not queued and no outcome follows, so its entry must not stay."""
     clock = Clock()
     results = Results(client, clock)
-    sched = Scheduler(
-        client,
-        WorkerSettings(),
-        shard=FixedShard(["n1"]),
-        outcomes=results,
-        reporter=results.reporter,
-        watch_pending=False,
-    )
-    sched.cache.upsert_node(make_node("n1", cpu="4").record())
+    sched = scheduler(client, results)
     sched.cache.upsert_pod(make_pod("p").req(cpu="1").uid("u1").on("n1").record())
     results.expect(7, pod())
     sched.submit(pod())
@@ -198,21 +195,13 @@ async def test_a_preemptor_found_gone_by_the_executor_leaves_the_queue_and_its_n
 ) -> None:
     clock = Clock()
     results = Results(client, clock)
-    sched = Scheduler(
-        client,
-        WorkerSettings(),
-        shard=FixedShard(["n1"]),
-        outcomes=results,
-        reporter=results.reporter,
-        watch_pending=False,
-        preempt=True,
-    )
-    sched.cache.upsert_node(make_node("n1", cpu="4").record())
+    sched = scheduler(client, results, preempt=True)
     results.expect(7, pod())
     sched.submit(pod())
     sched.cache.nominate(pod(), NodeName("n1"))
     sched._preemptor_gone(pod(uid="other"))  # a predecessor's preemption: the queued pod is not it
     assert P in sched.queue
+    sched.cache.nominate(pod(), NodeName("n1"))
     sched._preemptor_gone(pod())
     assert P not in sched.queue and P not in sched.cache.nominated_node
     clock.now += GONE_GRACE

@@ -4,6 +4,7 @@ eligibility, nominations and the kube-scheduler-shaped messages."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from typing import Any, cast
 
 import pytest
@@ -606,17 +607,26 @@ class _Api:
         return {}
 
 
-async def test_the_executor_reports_every_victim_it_did_not_evict() -> None:
-    api = _Api(refuse={"v1"}, gone={"v2"})
-    dropped: list[PodRecord] = []
-    executor = Executor(
+def executor_over(
+    api: _Api,
+    *,
+    not_evicted: Callable[[PodRecord], None] = lambda v: None,
+    gone: Callable[[PodRecord], None] = lambda pod: None,
+) -> Executor:
+    return Executor(
         cast(KubeClient, api),
         component="c",
         instance="t",
         done=lambda key: None,
-        not_evicted=dropped.append,
-        gone=lambda pod: None,
+        not_evicted=not_evicted,
+        gone=gone,
     )
+
+
+async def test_the_executor_reports_every_victim_it_did_not_evict() -> None:
+    api = _Api(refuse={"v1"}, gone={"v2"})
+    dropped: list[PodRecord] = []
+    executor = executor_over(api, not_evicted=dropped.append)
     victims = tuple(running(f"v{i}", "n0", "1", 1) for i in range(3))
     preemptor = make_pod("p").req(cpu="3").priority(10).record()
     try:
@@ -644,14 +654,7 @@ async def test_no_victim_is_evicted_for_a_preemptor_that_is_gone(answer: dict[st
     api.preemptor_gone = answer is None
     dropped: list[PodRecord] = []
     gone: list[PodKey] = []
-    executor = Executor(
-        cast(KubeClient, api),
-        component="c",
-        instance="t",
-        done=lambda key: None,
-        not_evicted=dropped.append,
-        gone=lambda pod: gone.append(pod.key),
-    )
+    executor = executor_over(api, not_evicted=dropped.append, gone=lambda pod: gone.append(pod.key))
     victims = tuple(running(f"v{i}", "n0", "1", 1) for i in range(2))
     preemptor = make_pod("p").req(cpu="2").priority(10).uid("u-p").record()
     await executor._carry_out(preemptor, Candidate(NodeName("n0"), victims, 0), [])
@@ -662,14 +665,7 @@ async def test_no_victim_is_evicted_for_a_preemptor_that_is_gone(answer: dict[st
 
 async def test_the_preemptor_itself_unbound_lets_the_evictions_go_ahead() -> None:
     api = _Api(refuse=set(), gone=set(), answer={"metadata": {"uid": "u-p"}, "spec": {}})
-    executor = Executor(
-        cast(KubeClient, api),
-        component="c",
-        instance="t",
-        done=lambda key: None,
-        not_evicted=lambda v: None,
-        gone=lambda pod: None,
-    )
+    executor = executor_over(api)
     victims = tuple(running(f"v{i}", "n0", "1", 1) for i in range(2))
     preemptor = make_pod("p").req(cpu="2").priority(10).uid("u-p").record()
     await executor._carry_out(preemptor, Candidate(NodeName("n0"), victims, 0), [])
