@@ -21,9 +21,14 @@ Invariants:
   the leader's first session frame verified, so a replayed HELLO changes nothing. A stream whose term etcd
   no longer elects (another key is now the lowest) is closed within ``protocol.CAPACITY_INTERVAL``. Results
   for pods dispatched over an older stream go to the current one (the leader that now owns dispatch).
-- Bounded before authentication: at most ``MAX_HANDSHAKES`` connections may be in their handshake at once
-  (more are closed at once, unread), the handshake must finish within ``protocol.HELLO_TIMEOUT``, and its
-  frames are capped at ``protocol.MAX_HANDSHAKE_FRAME``; nothing unauthenticated is decoded. The capacity
+- Bounded before authentication: at most ``MAX_HANDSHAKES`` connections may be in their handshake at once,
+  the handshake must finish within ``protocol.HELLO_TIMEOUT``, and its frames are capped at
+  ``protocol.MAX_HANDSHAKE_FRAME``; nothing unauthenticated is decoded. When every slot is taken, a new
+  connection closes the oldest one whose HELLO has not verified (else, when all of them hold a verified HELLO,
+  the newcomer is closed, unread). Silent or garbage peers therefore cannot lock the leader out: its HELLO
+  follows its connect at once, so to push it out they must open ``MAX_HANDSHAKES`` connections within that
+  instant, again at every retry, where refusing newcomers let a dozen idle sockets every
+  ``protocol.HELLO_TIMEOUT`` keep a leader that lost its stream from ever reconnecting. The capacity
   sender and the read loop wait for ``drain()`` once the write buffer passes ``WRITE_HIGH_WATER``: a leader
   that does not read is not read either, and one that stays stuck for ``protocol.DEAD_AFTER`` is dropped.
 - No dispatched pod is decided before the pod watch has reached its DISPATCH's ``min_rv`` (the topology
@@ -85,7 +90,7 @@ GONE_GRACE = 60.0
 # ``coordinator.dispatch.pending``); a RESULT after that would be ignored. Swept every ``OWED_SWEEP``.
 OWED_LIMIT = 30 * 60.0
 OWED_SWEEP = 60.0
-MAX_HANDSHAKES = 16  # connections in their handshake at once; more are closed unread
+MAX_HANDSHAKES = 64  # connections in their handshake at once (an idle one costs a socket and a few KiB)
 TERM_WAIT = 1.0  # how long a HELLO waits for our election mirror to name its term
 TERM_POLL = 0.05
 WRITE_HIGH_WATER = 1 << 20  # bytes buffered towards the leader before we wait for it to read
@@ -359,9 +364,12 @@ class Intake:
         )
         self._gate_task: asyncio.Task[None] | None = None
         self._server: asyncio.Server | None = None
-        self._handshaking: set[asyncio.StreamWriter] = set()
+        # Connections in their handshake, oldest first: True once their HELLO verified (only those are safe
+        # from eviction by a newcomer), False before.
+        self._handshaking: dict[asyncio.StreamWriter, bool] = {}
+        self._evicted: set[asyncio.StreamWriter] = set()
         self.received = 0
-        self.refused_connections = 0  # closed at once: too many handshakes under way
+        self.refused_connections = 0  # closed for the cap: a newcomer refused, or a silent one evicted
         self.failed_handshakes = 0  # unauthenticated, malformed, wrong term, or too slow
         self.foreign_pods = 0  # DISPATCHes of another scheduler's pods, refused
         self._last_failure_log = float("-inf")
@@ -389,24 +397,27 @@ class Intake:
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One connection: the handshake, then (for the elected leader) its stream until it closes or a
         newer stream replaces it."""
-        if len(self._handshaking) >= self.max_handshakes:
+        if len(self._handshaking) >= self.max_handshakes and not self._evict_silent():
             self.refused_connections += 1
             writer.transport.abort()
             return
         peer = writer.get_extra_info("peername")
         stream: LeaderStream | None = None
-        self._handshaking.add(writer)
+        self._handshaking[writer] = False
         try:
             try:
                 async with asyncio.timeout(protocol.HELLO_TIMEOUT):
                     stream, leader, first = await self._handshake(reader, writer)
             finally:
-                self._handshaking.discard(writer)
+                self._handshaking.pop(writer, None)
             self.results.connect(stream)
             log.info("leader %s (term %d) connected from %s", leader, stream.term, peer)
             await self._follow(reader, stream, first)
         except (asyncio.IncompleteReadError, ConnectionError):
-            log.info("stream from %s closed", peer)
+            if stream is not None:
+                log.info("stream from %s closed", peer)
+            elif writer not in self._evicted:  # an evicted one is counted and logged already
+                self._failed(None, "connection from %s closed during its handshake", peer)
         except TimeoutError:
             self._failed(stream, "stream from %s timed out (handshake or a leader not reading)", peer)
         except _Refused as e:
@@ -416,18 +427,39 @@ class Intake:
         finally:
             if stream is not None:
                 self.results.disconnect(stream)
+            self._evicted.discard(writer)
             writer.close()
+
+    def _evict_silent(self) -> bool:
+        """Close the oldest connection in its handshake whose HELLO has not verified, to make room for a new
+        one; False if every one holds a verified HELLO (a key holder: those finish or time out on their own)."""
+        silent = next((w for w, verified in self._handshaking.items() if not verified), None)
+        if silent is None:
+            return False
+        del self._handshaking[silent]
+        self._evicted.add(silent)
+        silent.transport.abort()
+        self.refused_connections += 1
+        self._log_limited(
+            "handshake slots full: closed the oldest unauthenticated connection, from %s (%d closed so far)",
+            silent.get_extra_info("peername"),
+            self.refused_connections,
+        )
+        return True
 
     def _failed(self, stream: LeaderStream | None, fmt: str, *args: object) -> None:
         if stream is not None:
             log.warning(fmt, *args)
             return
-        # Anyone who reaches the port can cause these: at most one line a second, the rest at debug level.
         self.failed_handshakes += 1
+        self._log_limited(fmt + " (%d refused so far)", *args, self.failed_handshakes)
+
+    def _log_limited(self, fmt: str, *args: object) -> None:
+        # Anyone who reaches the port can cause these: at most one line a second, the rest at debug level.
         now = time.monotonic()
         if now - self._last_failure_log >= 1.0:
             self._last_failure_log = now
-            log.info(fmt + " (%d refused so far)", *args, self.failed_handshakes)
+            log.info(fmt, *args)
         else:
             log.debug(fmt, *args)
 
@@ -437,6 +469,8 @@ class Intake:
         """HELLO under one of our keys and with the elected term, our WELCOME, and the leader's first session
         frame (its proof that it holds the key and saw our nonce)."""
         hello, key = await protocol.read_hello(reader, self.keys.keys())
+        if writer in self._handshaking:  # not if a newcomer evicted it meanwhile (its transport is closed)
+            self._handshaking[writer] = True
         if not await self._is_elected(hello.term):
             message = f"term {hello.term} is not the elected leader's ({self.elected()})"
             writer.write(protocol.seal_reply(key, hello.nonce, protocol.Error(message)))

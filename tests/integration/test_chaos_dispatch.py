@@ -5,7 +5,8 @@ each scenario (every pod bound exactly once, no node overcommitted, no node used
 - Hostile peers against one worker's dispatch port during a burst: garbage, HELLOs with no secret or a wrong
   one (with a forged high term), a HELLO under the right secret but a term etcd did not elect, a newer
   protocol version, oversized frames, and 1,000 idle connections. Every one is closed without a WELCOME,
-  the burst is fully bound by both workers, and the attacked worker's memory stays flat.
+  the attacked worker keeps its leader stream, the burst is fully bound by both workers, and the attacked
+  worker's memory stays flat.
 - etcd (leases, election, shard map) stopped for 20 s mid-burst and started again: every worker and the
   leader fence themselves, yet no pod of the burst is reported unschedulable (no FailedScheduling event, no
   PodScheduled=False), and the burst is bound after etcd returns.
@@ -142,7 +143,8 @@ async def hostile_round(host: str, port: int) -> dict[str, int]:
     for kind, data in answers.items():
         assert data == b"", f"{kind}: the worker answered {len(data)} bytes to an unauthenticated peer"
     # Under the right secret (an insider, or a stolen key) a forged term is still refused, since etcd elects
-    # the leader: an authenticated ERROR, or a silent close while idle connections fill the handshake cap.
+    # the leader: an authenticated ERROR, or a silent close if the idle flood's newcomers evicted the connection
+    # from the full handshake table before its HELLO was read.
     frame, nonce = hello(SECRET, forged)
     refusal = await answer_then_close(host, port, frame)
     if refusal:
@@ -180,6 +182,15 @@ async def idle_flood(host: str, port: int, n: int) -> tuple[int, float]:
     return sum(1 for t in lifetimes if t < 1.0), time.monotonic() - t0
 
 
+async def leader_stream_up(worker: SchedulerProcess) -> None:
+    """Wait until the worker's log says a leader's stream connected (the test then attacks a worker that
+    holds its stream; ``tests/unit/worker/test_intake.py`` shows a leader connecting through a flood)."""
+    deadline = time.monotonic() + CLOSE_GUARD
+    while "leader coord-a (term" not in worker.log_path.read_text():
+        assert time.monotonic() < deadline, worker.tail()
+        await asyncio.sleep(0.05)
+
+
 async def test_hostile_peers_during_a_burst(
     kube: KubeClient, namespace: str, deployment: SecureDeployment, record_property: Any
 ) -> None:
@@ -188,6 +199,7 @@ async def test_hostile_peers_during_a_burst(
     target = d.worker("w1")
     d.worker("w2")
     await started(d, 2)
+    await leader_stream_up(target)  # the shard map can name w1 before the leader's stream reaches it
     host, _, port_text = (await d.status())["workers"]["w1"]["address"].rpartition(":")
     port = int(port_text)
     proc = psutil.Process(target.pid)
@@ -217,7 +229,10 @@ async def test_hostile_peers_during_a_burst(
         with pytest.raises(protocol.ProtocolError, match="refused: term"):
             await protocol.read_reply(reader, key, nonce)
     by_worker = {t["worker"] for t in d.trails() if t["pod"].startswith(namespace + "/")}
-    assert by_worker == {"w1", "w2"}, by_worker  # the attacked worker kept its leader stream and bound pods
+    assert by_worker == {"w1", "w2"}, by_worker  # the attacked worker bound pods ...
+    assert target.log_path.read_text().count("leader coord-a (term") == 1, (
+        target.tail()
+    )  # ... over one stream
     assert target.alive()
     assert flood_all < CLOSE_GUARD
     assert rss_after - rss_before < RSS_GROWTH_LIMIT, (rss_before, rss_after)

@@ -476,18 +476,66 @@ async def test_a_silent_connection_is_closed_at_the_hello_timeout(worker: Worker
     writer.close()
 
 
-async def test_connections_beyond_the_handshake_cap_are_closed_at_once(worker: Worker) -> None:
-    idle = [await asyncio.open_connection(*worker.address) for _ in range(4)]
+async def test_a_full_handshake_table_closes_its_oldest_silent_connection(worker: Worker) -> None:
+    idle = [await asyncio.open_connection(*worker.address) for _ in range(4)]  # the cap is 4 here
     await asyncio.sleep(0.05)
+    leader = await Leader.connect(worker, term=1)  # the newcomer is served ...
+    assert (
+        await eof_within(idle[0][0], 0.3) == b""
+    )  # ... and the oldest silent one closed, not at its timeout
+    assert worker.intake.refused_connections == 1 and worker.intake.failed_handshakes == 0
+    assert worker.results.stream is not None
+    assert not any(w.is_closing() for _, w in idle[1:])
+    for _, w in idle:
+        w.close()
+    await leader.close()
+
+
+async def test_a_leader_gets_in_through_a_flood_of_idle_connections(worker: Worker) -> None:
+    """Peers that open connections and never speak, as fast as they are closed, do not keep the elected
+    leader from connecting (refusing newcomers at the cap did: a few idle sockets per HELLO timeout sufficed)."""
+    opened: list[asyncio.StreamWriter] = []
+    overflowing = asyncio.Event()  # the cap (4) is full, and newcomers have evicted
+
+    async def flood() -> None:
+        while True:
+            _, w = await asyncio.open_connection(*worker.address)
+            opened.append(w)
+            if len(opened) >= 8:
+                overflowing.set()
+            await asyncio.sleep(0.005)
+
+    flooding = asyncio.create_task(flood())
+    try:
+        async with asyncio.timeout(TIMEOUT):
+            await overflowing.wait()
+        for _ in range(3):  # a leader that lost its stream reconnects, again and again
+            leader = await Leader.connect(worker, term=1)
+            assert worker.results.stream is not None
+            await leader.close()
+    finally:
+        flooding.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await flooding
+        for w in opened:
+            w.close()
+    assert worker.intake.refused_connections >= 4
+
+
+async def test_connections_with_a_verified_hello_are_not_evicted(worker: Worker) -> None:
+    """A newcomer is refused when every slot holds a verified HELLO (a key holder that has not yet sent its
+    first session frame): only unauthenticated connections make room."""
+    holders = [await Leader.open(worker, term=1) for _ in range(4)]
+    for holder, nonce in holders:  # WELCOMEd, so verified; no session frame follows
+        async with asyncio.timeout(TIMEOUT):
+            await protocol.read_reply(holder.reader, KEY, nonce)
     reader, writer = await asyncio.open_connection(*worker.address)
     assert await eof_within(reader, 0.3) == b""  # well before the HELLO timeout
     writer.close()
     assert worker.intake.refused_connections == 1
-    for _, w in idle:
-        w.close()
-    await asyncio.sleep(0.05)
-    leader = await Leader.connect(worker, term=1)  # the cap counts handshakes only, and they are gone
-    await leader.close()
+    for holder, _ in holders:
+        assert not holder.writer.is_closing() and not holder.reader.at_eof()
+        await holder.close()
 
 
 async def test_another_schedulers_pod_is_refused_and_never_queued(worker: Worker) -> None:
