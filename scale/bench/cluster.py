@@ -155,7 +155,7 @@ def _groups(cluster: Cluster, running: Running) -> dict[str, PidSource]:
     }
 
 
-async def _wait_quiet(cluster: Cluster, running: Running, *, cores: float, max_wait: float) -> str:
+async def wait_quiet(cluster: Cluster, running: Running, *, cores: float, max_wait: float) -> str:
     """Wait until processes outside the bench use at most ``cores`` cores (measured over ``QUIET_WINDOW_S``),
     for at most ``max_wait`` seconds. Returns "" when quiet, else a note saying how busy the host still was.
 
@@ -421,7 +421,7 @@ async def _list_pods(client: KubeClient, namespace: str) -> list[dict[str, Any]]
             return items
 
 
-async def _run_workload(
+async def run_workload(
     client: KubeClient,
     cluster: Cluster,
     running: Running,
@@ -528,7 +528,7 @@ async def _run_workload(
     return result
 
 
-def _failed(spec: SchedulerSpec, workload: WorkloadSpec, nodes: int, error: str) -> RunResult:
+def failed_result(spec: SchedulerSpec, workload: WorkloadSpec, nodes: int, error: str) -> RunResult:
     result = summarize(
         scheduler=spec.name,
         scheduler_kind=spec.kind,
@@ -566,7 +566,7 @@ async def _profile_burst(
         why = await _probe(client, spec, running, fleet)
         if why:
             return f"profiling run failed: {why}"
-        result = await _run_workload(
+        result = await run_workload(
             client,
             cluster,
             running,
@@ -621,7 +621,7 @@ async def bench_scheduler(
         cluster = await fresh_cluster(cluster_dir, nodes, options)
     except ClusterError as e:
         for workload in workloads:
-            results.append(_failed(spec, workload, nodes, f"cluster did not start: {e}"))
+            results.append(failed_result(spec, workload, nodes, f"cluster did not start: {e}"))
         dump(results, config.out / "results.json")
         return
     running: Running | None = None
@@ -634,18 +634,18 @@ async def bench_scheduler(
             why = await until_ready(client, spec, running, nodes=nodes, fleet=fleet, notes=notes)
             if why:
                 for workload in workloads:
-                    results.append(_failed(spec, workload, nodes, why))
+                    results.append(failed_result(spec, workload, nodes, why))
                 dump(results, config.out / "results.json")
                 return
             for workload in workloads:
                 attempts = []
                 for _ in range(max(1, config.repeat)):
-                    quiet = await _wait_quiet(
+                    quiet = await wait_quiet(
                         cluster, running, cores=config.quiet_cores, max_wait=config.quiet_wait_s
                     )
                     try:
                         attempts.append(
-                            await _run_workload(
+                            await run_workload(
                                 client,
                                 cluster,
                                 running,
@@ -658,7 +658,7 @@ async def bench_scheduler(
                         )
                     except (ApiError, OSError, TimeoutError) as e:
                         log.exception("%s × %s failed", spec.name, workload.name)
-                        attempts.append(_failed(spec, workload, nodes, f"{type(e).__name__}: {e}"))
+                        attempts.append(failed_result(spec, workload, nodes, f"{type(e).__name__}: {e}"))
                 results.append(kept_run(attempts, config.quiet_cores))
                 dump(results, config.out / "results.json")
             if config.profile and spec.name == PROFILED:
@@ -725,7 +725,8 @@ async def run_bench(config: BenchConfig) -> list[RunResult]:
             if spec.kind == VOLCANO and not volcano_binary:
                 why = volcano.reason if volcano is not None else "not attempted"
                 results += [
-                    _failed(spec, w, nodes, f"no Volcano agent-scheduler binary: {why}") for w in workloads
+                    failed_result(spec, w, nodes, f"no Volcano agent-scheduler binary: {why}")
+                    for w in workloads
                 ]
                 dump(results, config.out / "results.json")
                 continue

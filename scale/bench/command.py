@@ -253,12 +253,43 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--out", type=Path, default=None, help="results directory (default results/share-TIMESTAMP)"
     )
 
+    pa = subs.add_parser(
+        "paired",
+        help="configurations alternately on one cluster, round after round: before/after changes of a few percent",
+        description="One local cluster; each round runs every contender once with fresh processes (order "
+        "reversed on odd rounds); reports each contender's mean CPU per pod, latency and rate over the rounds "
+        "with their spread. Writes trials.json and summary.md to --out.",
+    )
+    pa.add_argument(
+        "--run",
+        dest="runs",
+        action="append",
+        required=True,
+        metavar="LABEL=SCHEDULER[@CHECKOUT]",
+        help="a contender (repeat, at least two): an agent configuration or no-decision, optionally run from "
+        "another checkout of this project (e.g. a git worktree of the baseline)",
+    )
+    pa.add_argument("--nodes", type=int, default=1000)
+    pa.add_argument("--workload", choices=("burst", "backlog", "steady"), default="burst")
+    pa.add_argument("--pods", type=int, default=2000, help="pods per trial")
+    pa.add_argument("--rate", type=float, default=None, help="the steady workload's pods/s")
+    pa.add_argument("--rounds", type=int, default=3)
+    pa.add_argument(
+        "--pull-delay", type=float, default=0.0, help="simulated image pull seconds (0: pulls not simulated)"
+    )
+    pa.add_argument(
+        "--quiet-wait", type=float, default=30.0, help="max seconds to wait for a quiet host before a trial"
+    )
+    pa.add_argument(
+        "--out", type=Path, default=None, help="results directory (default results/bench-paired-TIMESTAMP)"
+    )
+
     r = subs.add_parser("report", help="rebuild report.md and the plots of a results directory")
     r.add_argument("dir", type=Path)
 
 
 # The benchmarks that start a local cluster and measure on it: one at a time per machine (``scale.bench.lock``).
-ON_A_CLUSTER = ("cluster", "footprint", "share")
+ON_A_CLUSTER = ("cluster", "footprint", "share", "paired")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -327,6 +358,20 @@ def _run(args: argparse.Namespace) -> int:
         from scale.bench import share_run
 
         return share_run.main(args)
+    if args.bench == "paired":
+        from scale.bench import paired
+
+        return paired.main(
+            runs=args.runs,
+            nodes=args.nodes,
+            workload=args.workload,
+            pods=args.pods,
+            rate=args.rate,
+            rounds=args.rounds,
+            out=args.out,
+            pull_delay_s=args.pull_delay,
+            quiet_wait_s=args.quiet_wait,
+        )
     if args.bench == "report":
         from scale.bench import report
 

@@ -154,9 +154,11 @@ SCHEDULERS: dict[str, SchedulerSpec] = {
 QUICK_SCHEDULERS = ("agent-standalone", "kube-scheduler-qps5000", "no-decision")
 
 
-def start(name: str, argv: list[str], log_path: Path) -> ProcessRecord:
-    """Start one of our processes from the project root, its output in ``log_path``."""
-    record = spawn(name, argv, log_path, cwd=PROJECT_ROOT)
+def start(name: str, argv: list[str], log_path: Path, *, code: Path = PROJECT_ROOT) -> ProcessRecord:
+    """Start one of our processes from the project checkout ``code`` (this one by default; another one's
+    modules come first on its path), its output in ``log_path``."""
+    env = None if code == PROJECT_ROOT else {**os.environ, "PYTHONPATH": str(code)}
+    record = spawn(name, argv, log_path, cwd=code, env=env)
     log.info("started %s (pid %d)", name, record.pid)
     return record
 
@@ -190,12 +192,16 @@ class Running:
         children: list[ProcessRecord],
         *,
         etcd_endpoint: str = "",
+        etcd_prefix: str = "",
         metrics_addresses: list[str] | None = None,
+        code: Path = PROJECT_ROOT,
     ) -> None:
         self.spec = spec
         self.cluster = cluster
         self.children = children
         self.etcd_endpoint = etcd_endpoint
+        self.etcd_prefix = etcd_prefix  # a coordinated configuration's, under ``ETCD_PREFIX``
+        self.code = code  # the project checkout our processes run from
         self.metrics_addresses = metrics_addresses or []  # host:port of each of our processes' /metrics
         self.notes: list[str] = []
 
@@ -301,9 +307,11 @@ def launch(
     profile_to: Path | None = None,
     tag: str = "",
     volcano_binary: str = "",
+    code: Path = PROJECT_ROOT,
 ) -> Running:
     """Start the processes of ``spec`` (none for kube-scheduler, which the cluster runs; Volcano's from
-    ``volcano_binary``)."""
+    ``volcano_binary``; ours from the project checkout ``code``). A coordinated configuration gets the etcd
+    prefix ``ETCD_PREFIX/<name>[-<tag>]``: a launch with a new tag starts from an empty shard map."""
     cli = "agent_scheduler.cli"
     common = [
         f"--kubeconfig={kubeconfig}",
@@ -358,8 +366,9 @@ def launch(
                 f"--concurrency={spec.bind_concurrency}",
             ),
             logs / f"no-decision{suffix}.log",
+            code=code,
         )
-        return Running(spec, cluster, [child])
+        return Running(spec, cluster, [child], code=code)
     # Each of our processes serves /metrics on a port chosen here, so the bench can read its stage latencies.
     addresses = [f"{LOOPBACK}:{port}" for port in free_ports(spec.workers + 1)]
     if spec.workers == 0:
@@ -376,10 +385,11 @@ def launch(
                 profile_to=profiled("worker"),
             ),
             logs / f"{spec.name}-worker{suffix}.log",
+            code=code,
         )
-        return Running(spec, cluster, [child], metrics_addresses=addresses)
+        return Running(spec, cluster, [child], metrics_addresses=addresses, code=code)
     etcd = cluster.etcd_endpoint.removeprefix("http://")
-    prefix = f"{ETCD_PREFIX}/{spec.name}"
+    prefix = f"{ETCD_PREFIX}/{spec.name}{suffix}"
     children = []
     # Workers first: when the coordinator's first round runs, they are all registered and the nodes are placed
     # once, instead of all going to the first worker and then being rebalanced.
@@ -399,6 +409,7 @@ def launch(
                     profile_to=profiled(f"worker-{i + 1}"),
                 ),
                 logs / f"{spec.name}-worker-{i + 1}{suffix}.log",
+                code=code,
             )
         )
     children.append(
@@ -415,23 +426,32 @@ def launch(
                 profile_to=profiled("coordinator"),
             ),
             logs / f"{spec.name}-coordinator{suffix}.log",
+            code=code,
         )
     )
-    return Running(spec, cluster, children, etcd_endpoint=etcd, metrics_addresses=addresses)
+    return Running(
+        spec,
+        cluster,
+        children,
+        etcd_endpoint=etcd,
+        etcd_prefix=prefix,
+        metrics_addresses=addresses,
+        code=code,
+    )
 
 
 async def shard_status(running: Running) -> dict[str, Any] | None:
     """``agent-scheduler status --json`` for a coordinated scheduler (None when it cannot be read)."""
-    prefix = f"{ETCD_PREFIX}/{running.spec.name}"
     proc = await asyncio.create_subprocess_exec(
         *python_module(
             "agent_scheduler.cli",
             "status",
             "--json",
             f"--etcd-endpoints={running.etcd_endpoint}",
-            f"--etcd-prefix={prefix}",
+            f"--etcd-prefix={running.etcd_prefix}",
         ),
-        cwd=PROJECT_ROOT,
+        cwd=running.code,
+        env=None if running.code == PROJECT_ROOT else {**os.environ, "PYTHONPATH": str(running.code)},
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.DEVNULL,
     )

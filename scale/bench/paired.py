@@ -1,0 +1,333 @@
+"""``agent-scheduler bench paired``: scheduler configurations measured alternately on one cluster, so that
+changes of a few percent in CPU per pod can be told from noise.
+
+Why not ``bench cluster``: it starts a fresh cluster per configuration, and on this kind of machine the same
+code measured twice that way differs by 6-22 % in CPU-s per 1,000 pods (``docs/benchmarks.md``); a change to
+the sharded path typically moves it by 2-10 %. Here:
+
+1. one local cluster (``scale.cluster``, no controller manager, the bench's kwok stages, the product's RBAC
+   for the ``system:kube-scheduler`` user), as ``bench cluster`` builds it;
+2. ``rounds`` rounds; each runs every contender once, in the given order on even rounds and reversed on odd
+   ones, so the cluster's drift as it ages (its CPU per pod creeps up) falls on every contender alike;
+3. each trial starts the contender's processes afresh (a coordinated one under an etcd prefix of its own),
+   waits until it is ready (shard map settled, probe pods bound) and the host is quiet, runs the workload
+   (``scale.bench.cluster``'s ``run_workload``: the same load generator, meter and clean-up), then stops the
+   processes by PID;
+4. a contender may run from another checkout of this project (``LABEL=SCHEDULER@DIR``, e.g. a ``git worktree``
+   of the baseline), with this interpreter and its packages: before and after are paired in one run.
+
+Each trial's result is appended to ``trials.json`` at once (an interrupted run keeps what it measured); the
+summary gives each contender's mean over its rounds and their spread (min-max), and per process where its CPU
+went. Only our schedulers and the no-decision binder can be contenders: kube-scheduler's client limits are
+fixed when the cluster starts and Volcano's binary has no checkout (compare those with ``bench cluster``).
+Nothing is asserted: the numbers are reported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import statistics
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from common.kube import ApiError
+from scale.bench import stages
+from scale.bench.cluster import (
+    BenchConfig,
+    failed_result,
+    fresh_cluster,
+    measured_kubeconfig,
+    run_workload,
+    until_ready,
+    wait_quiet,
+)
+from scale.bench.results import RunResult
+from scale.bench.schedulers import AGENT, NOOP, SCHEDULERS, grant_agent_rbac, launch
+from scale.bench.workloads import BACKLOG, BURST, STEADY, default_workloads, scaled
+from scale.cluster import ClusterError, ClusterOptions, generate_nodes
+from scale.cluster.config import PROJECT_ROOT
+from scale.cluster.nodes import PREPULLED_FRACTION
+
+log = logging.getLogger(__name__)
+
+WORKLOADS = (BURST, BACKLOG, STEADY)  # a pod stream of one kind: what a CPU-per-pod comparison needs
+DEFAULT_NODES = 1000
+DEFAULT_PODS = 2000
+DEFAULT_ROUNDS = 3
+
+
+class ContenderError(ValueError):
+    """A contender that cannot be run (the message says why)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Contender:
+    label: str
+    scheduler: str  # a key of ``scale.bench.schedulers.SCHEDULERS``
+    checkout: Path  # the project checkout its processes run from
+
+    @property
+    def describe(self) -> str:
+        where = "" if self.checkout == PROJECT_ROOT else f" @ {self.checkout}"
+        return f"{self.label} ({self.scheduler}{where})"
+
+
+def parse_contender(text: str) -> Contender:
+    """``LABEL=SCHEDULER`` or ``LABEL=SCHEDULER@CHECKOUT``."""
+    label, sep, rest = text.partition("=")
+    if not sep or not label.strip() or not rest:
+        raise ContenderError(f"{text!r}: expected LABEL=SCHEDULER or LABEL=SCHEDULER@CHECKOUT")
+    scheduler, at, where = rest.partition("@")
+    spec = SCHEDULERS.get(scheduler)
+    if spec is None:
+        raise ContenderError(f"{text!r}: unknown scheduler {scheduler!r}; known: {', '.join(SCHEDULERS)}")
+    if spec.kind not in (AGENT, NOOP):
+        raise ContenderError(
+            f"{text!r}: {scheduler} cannot be paired on one cluster (kube-scheduler's client limits are fixed "
+            "when the cluster starts, Volcano's binary has no checkout): compare it with `bench cluster`"
+        )
+    checkout = PROJECT_ROOT
+    if at:
+        checkout = Path(where).expanduser().resolve()
+        if not (checkout / "agent_scheduler" / "cli.py").is_file():
+            raise ContenderError(f"{text!r}: {checkout} is not a checkout of this project")
+    return Contender(label.strip(), scheduler, checkout)
+
+
+def parse_contenders(texts: Sequence[str]) -> list[Contender]:
+    contenders = [parse_contender(t) for t in texts]
+    labels = [c.label for c in contenders]
+    repeated = sorted({label for label in labels if labels.count(label) > 1})
+    if repeated:
+        raise ContenderError(f"labels must differ: {', '.join(repeated)} given twice")
+    if len(contenders) < 2:
+        raise ContenderError("give at least two contenders (--run LABEL=SCHEDULER[@CHECKOUT], repeated)")
+    return contenders
+
+
+def schedule(contenders: Sequence[Contender], rounds: int) -> Iterator[tuple[int, Contender]]:
+    """(round, contender) in run order: the given order on even rounds, reversed on odd ones."""
+    for r in range(rounds):
+        yield from ((r, c) for c in (contenders if r % 2 == 0 else list(reversed(contenders))))
+
+
+@dataclass(slots=True)
+class Trial:
+    label: str
+    round: int
+    result: RunResult
+
+    def to_json(self) -> dict[str, Any]:
+        return {"label": self.label, "round": self.round, "result": self.result.to_json()}
+
+
+@dataclass(slots=True)
+class Summary:
+    """One contender over its rounds: means, with (min, max) of the measured rounds."""
+
+    contender: Contender
+    rounds: int  # trials without an error
+    failed: int
+    cpu_s_per_1k: tuple[float, float, float] = (0.0, 0.0, 0.0)  # mean, min, max
+    p50_ms: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    p99_ms: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    pods_per_s: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    by_process: dict[str, float] = field(default_factory=dict)  # mean CPU-s per 1k pods of each process
+
+
+def _spread(values: list[float]) -> tuple[float, float, float]:
+    return (statistics.fmean(values), min(values), max(values)) if values else (0.0, 0.0, 0.0)
+
+
+def summarize(contenders: Sequence[Contender], trials: Sequence[Trial]) -> list[Summary]:
+    out = []
+    for c in contenders:
+        mine = [t.result for t in trials if t.label == c.label]
+        ok = [r for r in mine if not r.error and r.unbound == 0]
+        processes = sorted({p for r in ok for p in r.cpu_s_per_1k_pods_by_process})
+        out.append(
+            Summary(
+                contender=c,
+                rounds=len(ok),
+                failed=len(mine) - len(ok),
+                cpu_s_per_1k=_spread([r.cpu_s_per_1k_pods for r in ok]),
+                p50_ms=_spread([r.p50_ms for r in ok]),
+                p99_ms=_spread([r.p99_ms for r in ok]),
+                pods_per_s=_spread([r.pods_per_s for r in ok]),
+                by_process={
+                    p: statistics.fmean(r.cpu_s_per_1k_pods_by_process.get(p, 0.0) for r in ok)
+                    for p in processes
+                },
+            )
+        )
+    return out
+
+
+def table(summaries: Sequence[Summary]) -> str:
+    """A Markdown table: each contender's means, with the min-max of its rounds, and the change of its mean
+    CPU per pod against the first contender's."""
+
+    def cell(v: tuple[float, float, float], fmt: str) -> str:
+        mean, lo, hi = v
+        return f"{mean:{fmt}} ({lo:{fmt}}-{hi:{fmt}})"
+
+    base = summaries[0].cpu_s_per_1k[0] if summaries and summaries[0].rounds else 0.0
+    lines = [
+        "| contender | scheduler | checkout | rounds | CPU-s/1k pods | vs first | p50 ms | p99 ms | pods/s "
+        "| CPU-s/1k by process |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in summaries:
+        c = s.contender
+        versus = f"{(s.cpu_s_per_1k[0] / base - 1) * 100:+.1f} %" if base and s.rounds else "-"
+        by_process = ", ".join(f"{p} {v:.3f}" for p, v in s.by_process.items()) or "-"
+        rounds = f"{s.rounds}" + (f" (+{s.failed} failed)" if s.failed else "")
+        lines.append(
+            f"| {c.label} | {c.scheduler} | {'this' if c.checkout == PROJECT_ROOT else c.checkout} | {rounds} "
+            f"| {cell(s.cpu_s_per_1k, '.3f')} | {versus} | {cell(s.p50_ms, '.0f')} | {cell(s.p99_ms, '.0f')} "
+            f"| {cell(s.pods_per_s, '.0f')} | {by_process} |"
+        )
+    return "\n".join(lines)
+
+
+@dataclass(kw_only=True, slots=True)
+class PairedConfig:
+    contenders: list[Contender]
+    nodes: int = DEFAULT_NODES
+    workload: str = BURST
+    pods: int = DEFAULT_PODS
+    rate: float | None = None  # the steady workload's arrival rate
+    rounds: int = DEFAULT_ROUNDS
+    out: Path
+    pull_delay_s: float = 0.0
+    quiet_wait_s: float = 30.0
+    stall_s: float = 30.0
+    timeout_s: float = 300.0
+
+
+def _dump(trials: Sequence[Trial], path: Path) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps([t.to_json() for t in trials], indent=1) + "\n")
+    tmp.replace(path)
+
+
+async def run_paired(config: PairedConfig) -> list[Trial]:
+    config.out.mkdir(parents=True, exist_ok=True)
+    logs = config.out / "logs"
+    specs = default_workloads(config.nodes, burst=config.pods, pods=config.pods, rate=config.rate)
+    workload = scaled(specs[config.workload], pull_delay_s=config.pull_delay_s)
+    fleet = generate_nodes(config.nodes, prepulled=PREPULLED_FRACTION)
+    # what ``run_workload`` reads of a ``bench cluster`` configuration
+    bench = BenchConfig(
+        nodes=[config.nodes],
+        schedulers=[c.scheduler for c in config.contenders],
+        out=config.out,
+        stall_s=config.stall_s,
+        timeout_s=config.timeout_s,
+        quiet_wait_s=config.quiet_wait_s,
+        pull_delay_s=config.pull_delay_s,
+    )
+    trials: list[Trial] = []
+    cluster = await fresh_cluster(
+        Path(tempfile.mkdtemp(prefix=f"bench-paired-{config.nodes}-")), config.nodes, ClusterOptions()
+    )
+    try:
+        await asyncio.to_thread(stages.install, cluster)
+        async with cluster.client(qps=50000, burst=50000, max_connections=256) as client:
+            kubeconfig, notes = measured_kubeconfig(cluster, await grant_agent_rbac(client))
+            for number, (r, c) in enumerate(schedule(config.contenders, config.rounds)):
+                spec = SCHEDULERS[c.scheduler]
+                log.info("round %d: %s", r + 1, c.describe)
+                running = launch(
+                    spec, cluster, logs, kubeconfig=kubeconfig, tag=f"{c.label}-{number}", code=c.checkout
+                )
+                try:
+                    trial_notes = list(notes)
+                    why = await until_ready(
+                        client, spec, running, nodes=config.nodes, fleet=fleet, notes=trial_notes
+                    )
+                    if why:
+                        result = failed_result(spec, workload, config.nodes, why)
+                    else:
+                        quiet = await wait_quiet(
+                            cluster, running, cores=bench.quiet_cores, max_wait=config.quiet_wait_s
+                        )
+                        result = await run_workload(
+                            client,
+                            cluster,
+                            running,
+                            workload,
+                            nodes=config.nodes,
+                            fleet=fleet,
+                            config=bench,
+                            notes=[*trial_notes, quiet] if quiet else trial_notes,
+                        )
+                except (ApiError, OSError, TimeoutError) as e:  # this trial failed; the next ones may not
+                    log.exception("%s, round %d, failed", c.describe, r + 1)
+                    result = failed_result(spec, workload, config.nodes, f"{type(e).__name__}: {e}")
+                finally:
+                    problems = running.stop()
+                if problems:
+                    result.notes += problems
+                    log.warning("stopping %s: %s", c.describe, "; ".join(problems))
+                trials.append(Trial(c.label, r, result))
+                _dump(trials, config.out / "trials.json")
+    finally:
+        await asyncio.to_thread(cluster.stop)
+    return trials
+
+
+def main(
+    *,
+    runs: Sequence[str],
+    nodes: int,
+    workload: str,
+    pods: int,
+    rate: float | None,
+    rounds: int,
+    out: Path | None,
+    pull_delay_s: float,
+    quiet_wait_s: float,
+) -> int:
+    try:
+        contenders = parse_contenders(runs)
+    except ContenderError as e:
+        print(f"agent-scheduler bench paired: error: {e}")
+        return 2
+    if rounds < 1 or nodes < 1 or pods < 1:
+        print("agent-scheduler bench paired: error: --rounds, --nodes and --pods must be positive")
+        return 2
+    config = PairedConfig(
+        contenders=contenders,
+        nodes=nodes,
+        workload=workload,
+        pods=pods,
+        rate=rate,
+        rounds=rounds,
+        out=(out or Path("results") / f"bench-paired-{time.strftime('%Y%m%d-%H%M%S')}").resolve(),
+        pull_delay_s=pull_delay_s,
+        quiet_wait_s=quiet_wait_s,
+    )
+    began = time.monotonic()
+    try:
+        trials = asyncio.run(run_paired(config))
+    except ClusterError as e:
+        print(f"agent-scheduler bench paired: error: the cluster did not start: {e}")
+        return 1
+    text = table(summarize(contenders, trials))
+    (config.out / "summary.md").write_text(
+        f"{config.workload} of {config.pods} pods on {config.nodes} nodes, {config.rounds} rounds "
+        f"(order reversed on odd rounds); mean (min-max) over the rounds\n\n{text}\n"
+    )
+    print(text)
+    print(
+        f"\n{len(trials)} trials in {time.monotonic() - began:.0f}s; trials in {config.out}/trials.json, "
+        f"summary in {config.out}/summary.md"
+    )
+    return 0 if trials and not any(t.result.error for t in trials) else 1

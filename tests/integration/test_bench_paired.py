@@ -1,0 +1,76 @@
+"""``agent-scheduler bench paired`` end to end on a tiny cluster: a coordinated configuration run from another
+checkout of the project against a standalone worker from this one, two rounds in alternating order.
+
+Runs the real command as a subprocess and checks what it wrote: every trial in ``trials.json`` in run order,
+all pods bound, CPU per process for the coordinated trials, the summary table, and (through a line the other
+checkout's worker package prints at import) that the "before" processes really ran that checkout's code. No
+wall-clock assertion.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from scale.bench.results import RunResult
+from scale.cluster.config import PROJECT_ROOT
+from tests.integration.support import run_bench
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+NODES = 30
+PODS = 100
+GUARD_TIMEOUT = 900  # against a hang, not a speed requirement
+MARKER = "worker package imported from the paired checkout"
+
+
+def other_checkout(tmp_path: Path) -> Path:
+    """A copy of this checkout's code whose worker package says so at import."""
+    root = tmp_path / "baseline"
+    for package in ("agent_scheduler", "common", "worker", "coordinator", "scale"):
+        shutil.copytree(PROJECT_ROOT / package, root / package, ignore=shutil.ignore_patterns("__pycache__"))
+    init = root / "worker" / "__init__.py"
+    init.write_text(init.read_text() + f"\nimport sys\n\nprint({MARKER!r}, file=sys.stderr)\n")
+    return root
+
+
+def test_paired_runs_alternate_on_one_cluster_and_use_each_checkout(tmp_path: Path) -> None:
+    baseline = other_checkout(tmp_path)
+    out = tmp_path / "paired"
+    run_bench(
+        "paired",
+        out,
+        f"--run=before=agent-coord-1@{baseline}",
+        "--run=after=agent-standalone",
+        f"--nodes={NODES}",
+        f"--pods={PODS}",
+        "--rounds=2",
+        "--quiet-wait=0",
+        timeout=GUARD_TIMEOUT,
+    )
+    trials = json.loads((out / "trials.json").read_text())
+    assert [(t["label"], t["round"]) for t in trials] == [
+        ("before", 0),
+        ("after", 0),
+        ("after", 1),
+        ("before", 1),
+    ]
+    for t in trials:
+        r = RunResult.from_json(t["result"])
+        assert r.error == "" and r.nodes == NODES and r.pods == PODS and r.unbound == 0, r.notes
+        assert r.cpu_s_per_1k_pods > 0 and 0 < r.p50_ms <= r.p99_ms
+        expected = {"coordinator", "worker-1"} if t["label"] == "before" else {"worker"}
+        assert set(r.cpu_s_per_1k_pods_by_process) == expected, r.cpu_s_per_1k_pods_by_process
+    summary = (out / "summary.md").read_text()
+    assert f"| before | agent-coord-1 | {baseline} | 2 |" in summary
+    assert "| after | agent-standalone | this | 2 |" in summary
+    # each trial's processes logged under logs/; only the other checkout's printed the marker
+    logs = {p.name: p.read_text() for p in (out / "logs").glob("*.log")}
+    before = [text for name, text in logs.items() if "-before-" in name]
+    after = [text for name, text in logs.items() if "-after-" in name]
+    assert len(before) == 4 and len(after) == 2, sorted(logs)  # coordinator and worker, twice; worker twice
+    assert all(MARKER in text for name, text in logs.items() if "-before-" in name and "worker" in name)
+    assert not any(MARKER in text for text in after)

@@ -1,0 +1,109 @@
+"""``bench paired``'s contenders, run order and summary (the runs themselves: tests/integration)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from scale.bench.cluster import failed_result
+from scale.bench.paired import (
+    Contender,
+    ContenderError,
+    Trial,
+    parse_contender,
+    parse_contenders,
+    schedule,
+    summarize,
+    table,
+)
+from scale.bench.results import RunResult
+from scale.bench.schedulers import SCHEDULERS
+from scale.bench.workloads import BURST, WorkloadSpec
+from scale.cluster.config import PROJECT_ROOT
+
+
+def checkout(tmp_path: Path) -> Path:
+    (tmp_path / "agent_scheduler").mkdir()
+    (tmp_path / "agent_scheduler" / "cli.py").write_text("")
+    return tmp_path
+
+
+def test_a_contender_runs_from_this_checkout_or_another(tmp_path: Path) -> None:
+    assert parse_contender("after=agent-coord-1") == Contender("after", "agent-coord-1", PROJECT_ROOT)
+    other = checkout(tmp_path)
+    assert parse_contender(f"before=agent-coord-2@{other}") == Contender("before", "agent-coord-2", other)
+    assert parse_contender("ceiling=no-decision").scheduler == "no-decision"
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("agent-coord-1", "expected LABEL=SCHEDULER"),
+        ("=agent-coord-1", "expected LABEL=SCHEDULER"),
+        ("a=", "expected LABEL=SCHEDULER"),
+        ("a=agent-coord-9", "unknown scheduler 'agent-coord-9'"),
+        ("a=kube-scheduler-qps5000", "cannot be paired on one cluster"),
+        ("a=volcano-agent-1w", "cannot be paired on one cluster"),
+        ("a=agent-standalone@/nonexistent/checkout", "is not a checkout of this project"),
+    ],
+)
+def test_a_contender_that_cannot_run_is_refused_with_the_reason(text: str, why: str) -> None:
+    with pytest.raises(ContenderError, match=why):
+        parse_contender(text)
+
+
+def test_contenders_need_two_and_distinct_labels() -> None:
+    with pytest.raises(ContenderError, match="at least two"):
+        parse_contenders(["a=agent-standalone"])
+    with pytest.raises(ContenderError, match="a given twice"):
+        parse_contenders(["a=agent-standalone", "a=agent-coord-1"])
+    assert [c.label for c in parse_contenders(["a=agent-standalone", "b=agent-coord-1"])] == ["a", "b"]
+
+
+def test_odd_rounds_run_in_reversed_order() -> None:
+    a, b, c = (Contender(x, "agent-standalone", PROJECT_ROOT) for x in "abc")
+    order = [(r, x.label) for r, x in schedule([a, b, c], 3)]
+    assert order == [(0, "a"), (0, "b"), (0, "c"), (1, "c"), (1, "b"), (1, "a"), (2, "a"), (2, "b"), (2, "c")]
+    # every contender runs first and last equally often over an even number of rounds
+    pairs = [x.label for _, x in schedule([a, b], 4)]
+    assert pairs == ["a", "b", "b", "a", "a", "b", "b", "a"]
+
+
+def result(cpu: float, p50: float, p99: float, *, by_process: dict[str, float], error: str = "") -> RunResult:
+    base = failed_result(SCHEDULERS["agent-coord-1"], WorkloadSpec(name=BURST, pods=100), 10, error)
+    return replace(
+        base,
+        pods=100,
+        bound=100 if not error else 0,
+        unbound=0 if not error else 100,
+        cpu_s_per_1k_pods=cpu,
+        p50_ms=p50,
+        p99_ms=p99,
+        pods_per_s=200.0,
+        cpu_s_per_1k_pods_by_process=by_process,
+    )
+
+
+def test_the_summary_gives_means_spreads_and_the_change_against_the_first() -> None:
+    before = Contender("before", "agent-coord-1", PROJECT_ROOT)
+    after = Contender("after", "agent-coord-1", PROJECT_ROOT)
+    trials = [
+        Trial("before", 0, result(1.0, 100, 200, by_process={"coordinator": 0.3, "worker-1": 0.7})),
+        Trial("after", 0, result(0.9, 90, 180, by_process={"coordinator": 0.2, "worker-1": 0.7})),
+        Trial("after", 1, result(0.8, 110, 220, by_process={"coordinator": 0.2, "worker-1": 0.6})),
+        Trial("before", 1, result(1.2, 120, 240, by_process={"coordinator": 0.4, "worker-1": 0.8})),
+        Trial("before", 2, result(0.0, 0, 0, by_process={}, error="probe: 3/10 pods bound")),
+    ]
+    first, second = summarize([before, after], trials)
+    assert (first.rounds, first.failed) == (2, 1)  # the failed trial is counted, not averaged
+    assert first.cpu_s_per_1k == pytest.approx((1.1, 1.0, 1.2))
+    assert first.p99_ms == pytest.approx((220, 200, 240))
+    assert first.by_process == pytest.approx({"coordinator": 0.35, "worker-1": 0.75})
+    assert (second.rounds, second.failed) == (2, 0)
+    assert second.cpu_s_per_1k == pytest.approx((0.85, 0.8, 0.9))
+    text = table([first, second])
+    assert "| before | agent-coord-1 | this | 2 (+1 failed) | 1.100 (1.000-1.200) | +0.0 % |" in text
+    assert "| after | agent-coord-1 | this | 2 | 0.850 (0.800-0.900) | -22.7 % |" in text
+    assert "coordinator 0.200, worker-1 0.650" in text
