@@ -15,6 +15,10 @@ reprieved), and no other pod evicted.
 Then the same with the target's owner killed between eviction and binding (the victim held terminating by a
 finalizer): the nomination, in the pod's status, is honoured by the node's next owner, which does not preempt
 again and binds the preemptor there once the victim is gone.
+
+And with the leader killed at that point instead: the standby, leading, dispatches the preemptor again (to the
+target's owner, where it stays in flight: RESULT waiting); no worker preempts a second time, and the owner binds
+it once the victim is gone.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import pytest
 
 from common.kube import KubeClient, NotFound
@@ -269,6 +274,78 @@ async def test_the_nomination_survives_the_preempting_workers_death(
         after = await remaining(kube, st)
         assert st.before - after == {"low"}, (st.before, after)
         assert {"mid", "preemptor"} <= after
+    finally:
+        with contextlib.suppress(NotFound):
+            await kube.patch(
+                f"/api/v1/namespaces/{namespace}/pods/low", {"metadata": {"finalizers": None}}, kind="merge"
+            )
+        await nodes.delete()
+
+
+async def test_a_leader_failover_while_the_preemptor_waits_for_its_victim(
+    kube: KubeClient,
+    namespace: str,
+    deployment: Deployment,  # noqa: F811 - the imported fixture
+    classes: dict[str, str],
+) -> None:
+    """The leader is SIGKILLed after the preemption was carried out (the victim held terminating by a
+    finalizer, the preemptor nominated to the target): the standby leads, knows nothing of the first term's
+    dispatch and dispatches the preemptor again. No worker preempts a second time (the middle pod stays, no
+    other pod is evicted); the preemptor is bound on the target, by its owner, once the victim is gone."""
+    d = deployment
+    nodes = Nodes(kube)
+    try:
+        st = await stage(kube, namespace, d, classes, nodes, hold=True)
+        d.coordinator("coord-b")  # the standby
+        ns = f"/api/v1/namespaces/{namespace}/pods"
+        preemptor = pod(
+            "preemptor", classes["high"], "150", scheduler=d.scheduler_name, selector={ROLE: "yes"}
+        )
+        await kube.post(ns, preemptor)
+
+        async def nominated() -> bool:
+            obj = await kube.get(f"{ns}/preemptor")
+            low = await kube.get(f"{ns}/low")
+            return bool(
+                obj["status"].get("nominatedNodeName") == st.target
+                and low["metadata"].get("deletionTimestamp")
+            )
+
+        await poll("the preemptor nominated and the victim terminating", nominated)
+        d.procs["coord-a"].stop(signal.SIGKILL)
+        await d.wait_status(lambda s: s["leader"] == "coord-b", "coord-b leading")
+        metrics_url = f"http://{(await d.status())['leader_address']}/metrics"
+        owner = st.owner[st.target]
+
+        async def in_flight_to_the_owner() -> bool:
+            # the new leader's watch listed the pending preemptor and sent it (to the owner of its nominated
+            # node, or first elsewhere): the dispatch stays in flight there, answered RESULT waiting
+            async with aiohttp.ClientSession() as http, http.get(metrics_url) as resp:
+                text = await resp.text()
+            return f'agent_scheduler_coordinator_in_flight_dispatches{{worker="{owner}"}} 1.0' in text
+
+        await poll("the preemptor dispatched again, to the target's owner", in_flight_to_the_owner)
+        await asyncio.sleep(2)  # any worker that would preempt again has had its turn
+        obj = await kube.get(f"{ns}/preemptor")
+        assert not obj["spec"].get("nodeName") and obj["status"].get("nominatedNodeName") == st.target
+        assert await remaining(kube, st) == (st.before - {"low"}) | {"preemptor"}, "a second preemption"
+        await kube.patch(f"{ns}/low", {"metadata": {"finalizers": None}}, kind="merge")
+        placed = await wait_bound(kube, d, namespace)
+        assert placed["spec"]["nodeName"] == st.target
+        bound_by = [line["worker"] for line in d.trails() if line["pod"] == f"{namespace}/preemptor"]
+        assert bound_by == [owner], bound_by
+        after = await remaining(kube, st)
+        assert st.before - after == {"low"}, (st.before, after)
+        assert {"mid", "preemptor"} <= after
+        # one preemption in all: none for the second term's dispatch
+        preemptions = [
+            (name, line)
+            for name, p in d.procs.items()
+            if name.startswith("w")
+            for line in p.log_path.read_text().splitlines()
+            if "preempting" in line and f"for {namespace}/preemptor" in line
+        ]
+        assert [name for name, _ in preemptions] == [owner], preemptions
     finally:
         with contextlib.suppress(NotFound):
             await kube.patch(
