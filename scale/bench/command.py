@@ -273,7 +273,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     pa.add_argument("--workload", choices=("burst", "backlog", "steady"), default="burst")
     pa.add_argument("--pods", type=int, default=2000, help="pods per trial")
     pa.add_argument("--rate", type=float, default=None, help="the steady workload's pods/s")
-    pa.add_argument("--rounds", type=int, default=3)
+    pa.add_argument(
+        "--rounds", type=int, default=4, help="rounds after the warm-up trial (even: see the docs)"
+    )
     pa.add_argument(
         "--pull-delay", type=float, default=0.0, help="simulated image pull seconds (0: pulls not simulated)"
     )

@@ -7,8 +7,13 @@ the sharded path typically moves it by 2-10 %. Here:
 
 1. one local cluster (``scale.cluster``, no controller manager, the bench's kwok stages, the product's RBAC
    for the ``system:kube-scheduler`` user), as ``bench cluster`` builds it;
-2. ``rounds`` rounds; each runs every contender once, in the given order on even rounds and reversed on odd
-   ones, so the cluster's drift as it ages (its CPU per pod creeps up) falls on every contender alike;
+2. one warm-up trial of the first contender, not counted (the first burst on a fresh cluster meets a faster API
+   server than every later one), then ``rounds`` rounds; each runs every contender once, in the given order
+   on even rounds and reversed on odd ones. A cluster drifts as it ages: its API server spends more per pod
+   trial after trial, pods reach the scheduler in thinner streams, and CPU per pod creeps up (about 3 % per
+   trial here). Over an even number of rounds every contender's trials sit at the same mean position, so a
+   steady drift falls on all alike; the summary also fits it (least squares on the logarithm: one level per
+   contender plus a common growth per trial) and gives each contender's level at the mean position;
 3. each trial starts the contender's processes afresh (a coordinated one under an etcd prefix of its own),
    waits until it is ready (shard map settled, probe pods bound) and the host is quiet, runs the workload
    (``scale.bench.cluster``'s ``run_workload``: the same load generator, meter and clean-up), then stops the
@@ -17,8 +22,8 @@ the sharded path typically moves it by 2-10 %. Here:
    of the baseline), with this interpreter and its packages: before and after are paired in one run.
 
 Each trial's result is appended to ``trials.json`` at once (an interrupted run keeps what it measured); the
-summary gives each contender's mean over its rounds and their spread (min-max), and per process where its CPU
-went. Only our schedulers and the no-decision binder can be contenders: kube-scheduler's client limits are
+summary gives each contender's mean over its rounds and their spread (min-max), its drift-adjusted CPU per pod,
+and per process where its CPU went. Only our schedulers and the no-decision binder can be contenders: kube-scheduler's client limits are
 fixed when the cluster starts and Volcano's binary has no checkout (compare those with ``bench cluster``).
 Nothing is asserted: the numbers are reported.
 """
@@ -28,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import statistics
 import tempfile
 import time
@@ -59,7 +65,8 @@ log = logging.getLogger(__name__)
 WORKLOADS = (BURST, BACKLOG, STEADY)  # a pod stream of one kind: what a CPU-per-pod comparison needs
 DEFAULT_NODES = 1000
 DEFAULT_PODS = 2000
-DEFAULT_ROUNDS = 3
+DEFAULT_ROUNDS = 4
+WARMUP = "warm-up"  # the label of the uncounted first trial
 
 
 class ContenderError(ValueError):
@@ -119,12 +126,18 @@ def schedule(contenders: Sequence[Contender], rounds: int) -> Iterator[tuple[int
 
 @dataclass(slots=True)
 class Trial:
-    label: str
-    round: int
+    label: str  # the contender's, or ``WARMUP``
+    round: int  # -1 for the warm-up
+    position: int  # in run order on the cluster, from 0 (the warm-up's)
     result: RunResult
 
     def to_json(self) -> dict[str, Any]:
-        return {"label": self.label, "round": self.round, "result": self.result.to_json()}
+        return {
+            "label": self.label,
+            "round": self.round,
+            "position": self.position,
+            "result": self.result.to_json(),
+        }
 
 
 @dataclass(slots=True)
@@ -139,17 +152,49 @@ class Summary:
     p99_ms: tuple[float, float, float] = (0.0, 0.0, 0.0)
     pods_per_s: tuple[float, float, float] = (0.0, 0.0, 0.0)
     by_process: dict[str, float] = field(default_factory=dict)  # mean CPU-s per 1k pods of each process
+    adjusted_cpu_s_per_1k: float = 0.0  # its level in the drift fit, at the mean position (``drift``)
 
 
 def _spread(values: list[float]) -> tuple[float, float, float]:
     return (statistics.fmean(values), min(values), max(values)) if values else (0.0, 0.0, 0.0)
 
 
+def _measured(trial: Trial) -> bool:
+    return trial.label != WARMUP and not trial.result.error and trial.result.unbound == 0
+
+
+def drift(trials: Sequence[Trial]) -> tuple[float, dict[str, float]]:
+    """The least squares fit of log(CPU per pod) = level(contender) + slope x position over the measured
+    trials (a drift that scales every contender's cost alike): the slope (the fraction CPU per pod grows per
+    trial) and each contender's CPU per pod at the mean position of them all."""
+    groups: dict[str, list[tuple[int, float]]] = {}
+    for t in trials:
+        if _measured(t) and t.result.cpu_s_per_1k_pods > 0:
+            groups.setdefault(t.label, []).append((t.position, math.log(t.result.cpu_s_per_1k_pods)))
+    if not groups:
+        return 0.0, {}
+    means = {
+        label: (statistics.fmean(x for x, _ in points), statistics.fmean(y for _, y in points))
+        for label, points in groups.items()
+    }
+    sxx = sxy = 0.0
+    for label, points in groups.items():
+        x0, y0 = means[label]
+        sxx += sum((x - x0) ** 2 for x, _ in points)
+        sxy += sum((x - x0) * (y - y0) for x, y in points)
+    slope = sxy / sxx if sxx else 0.0
+    center = statistics.fmean(x for points in groups.values() for x, _ in points)
+    return math.expm1(slope), {
+        label: math.exp(y0 + slope * (center - x0)) for label, (x0, y0) in means.items()
+    }
+
+
 def summarize(contenders: Sequence[Contender], trials: Sequence[Trial]) -> list[Summary]:
+    _, levels = drift(trials)
     out = []
     for c in contenders:
-        mine = [t.result for t in trials if t.label == c.label]
-        ok = [r for r in mine if not r.error and r.unbound == 0]
+        mine = [t for t in trials if t.label == c.label]
+        ok = [t.result for t in mine if _measured(t)]
         processes = sorted({p for r in ok for p in r.cpu_s_per_1k_pods_by_process})
         out.append(
             Summary(
@@ -164,34 +209,40 @@ def summarize(contenders: Sequence[Contender], trials: Sequence[Trial]) -> list[
                     p: statistics.fmean(r.cpu_s_per_1k_pods_by_process.get(p, 0.0) for r in ok)
                     for p in processes
                 },
+                adjusted_cpu_s_per_1k=levels.get(c.label, 0.0),
             )
         )
     return out
 
 
-def table(summaries: Sequence[Summary]) -> str:
-    """A Markdown table: each contender's means, with the min-max of its rounds, and the change of its mean
-    CPU per pod against the first contender's."""
+def table(summaries: Sequence[Summary], slope: float = 0.0) -> str:
+    """A Markdown table: each contender's means, with the min-max of its rounds, its drift-adjusted CPU per
+    pod and that one's change against the first contender's; then the drift, when given."""
 
     def cell(v: tuple[float, float, float], fmt: str) -> str:
         mean, lo, hi = v
         return f"{mean:{fmt}} ({lo:{fmt}}-{hi:{fmt}})"
 
-    base = summaries[0].cpu_s_per_1k[0] if summaries and summaries[0].rounds else 0.0
+    base = summaries[0].adjusted_cpu_s_per_1k if summaries and summaries[0].rounds else 0.0
     lines = [
-        "| contender | scheduler | checkout | rounds | CPU-s/1k pods | vs first | p50 ms | p99 ms | pods/s "
-        "| CPU-s/1k by process |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| contender | scheduler | checkout | rounds | CPU-s/1k pods | drift-adjusted | vs first | p50 ms "
+        "| p99 ms | pods/s | CPU-s/1k by process |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in summaries:
         c = s.contender
-        versus = f"{(s.cpu_s_per_1k[0] / base - 1) * 100:+.1f} %" if base and s.rounds else "-"
+        versus = f"{(s.adjusted_cpu_s_per_1k / base - 1) * 100:+.1f} %" if base and s.rounds else "-"
         by_process = ", ".join(f"{p} {v:.3f}" for p, v in s.by_process.items()) or "-"
         rounds = f"{s.rounds}" + (f" (+{s.failed} failed)" if s.failed else "")
         lines.append(
             f"| {c.label} | {c.scheduler} | {'this' if c.checkout == PROJECT_ROOT else c.checkout} | {rounds} "
-            f"| {cell(s.cpu_s_per_1k, '.3f')} | {versus} | {cell(s.p50_ms, '.0f')} | {cell(s.p99_ms, '.0f')} "
-            f"| {cell(s.pods_per_s, '.0f')} | {by_process} |"
+            f"| {cell(s.cpu_s_per_1k, '.3f')} | {s.adjusted_cpu_s_per_1k:.3f} | {versus} "
+            f"| {cell(s.p50_ms, '.0f')} | {cell(s.p99_ms, '.0f')} | {cell(s.pods_per_s, '.0f')} | {by_process} |"
+        )
+    if slope:
+        lines.append(
+            f"\nDrift: CPU per pod {slope * 100:+.1f} % per trial (fitted with one level per contender; the "
+            "drift-adjusted column is each contender's level at the mean position of all measured trials)."
         )
     return "\n".join(lines)
 
@@ -204,6 +255,7 @@ class PairedConfig:
     pods: int = DEFAULT_PODS
     rate: float | None = None  # the steady workload's arrival rate
     rounds: int = DEFAULT_ROUNDS
+    warmup: bool = True  # a first, uncounted trial of the first contender
     out: Path
     pull_delay_s: float = 0.0
     quiet_wait_s: float = 30.0
@@ -241,11 +293,13 @@ async def run_paired(config: PairedConfig) -> list[Trial]:
         await asyncio.to_thread(stages.install, cluster)
         async with cluster.client(qps=50000, burst=50000, max_connections=256) as client:
             kubeconfig, notes = measured_kubeconfig(cluster, await grant_agent_rbac(client))
-            for number, (r, c) in enumerate(schedule(config.contenders, config.rounds)):
+            runs = [(-1, config.contenders[0], WARMUP)] if config.warmup else []
+            runs += [(r, c, c.label) for r, c in schedule(config.contenders, config.rounds)]
+            for position, (r, c, label) in enumerate(runs):
                 spec = SCHEDULERS[c.scheduler]
-                log.info("round %d: %s", r + 1, c.describe)
+                log.info("%s: %s", f"round {r + 1}" if r >= 0 else label, c.describe)
                 running = launch(
-                    spec, cluster, logs, kubeconfig=kubeconfig, tag=f"{c.label}-{number}", code=c.checkout
+                    spec, cluster, logs, kubeconfig=kubeconfig, tag=f"{label}-{position}", code=c.checkout
                 )
                 try:
                     trial_notes = list(notes)
@@ -269,14 +323,14 @@ async def run_paired(config: PairedConfig) -> list[Trial]:
                             notes=[*trial_notes, quiet] if quiet else trial_notes,
                         )
                 except (ApiError, OSError, TimeoutError) as e:  # this trial failed; the next ones may not
-                    log.exception("%s, round %d, failed", c.describe, r + 1)
+                    log.exception("%s, %s, failed", c.describe, label)
                     result = failed_result(spec, workload, config.nodes, f"{type(e).__name__}: {e}")
                 finally:
                     problems = running.stop()
                 if problems:
                     result.notes += problems
                     log.warning("stopping %s: %s", c.describe, "; ".join(problems))
-                trials.append(Trial(c.label, r, result))
+                trials.append(Trial(label, r, position, result))
                 _dump(trials, config.out / "trials.json")
     finally:
         await asyncio.to_thread(cluster.stop)
@@ -320,10 +374,11 @@ def main(
     except ClusterError as e:
         print(f"agent-scheduler bench paired: error: the cluster did not start: {e}")
         return 1
-    text = table(summarize(contenders, trials))
+    slope, _ = drift(trials)
+    text = table(summarize(contenders, trials), slope)
     (config.out / "summary.md").write_text(
-        f"{config.workload} of {config.pods} pods on {config.nodes} nodes, {config.rounds} rounds "
-        f"(order reversed on odd rounds); mean (min-max) over the rounds\n\n{text}\n"
+        f"{config.workload} of {config.pods} pods on {config.nodes} nodes, a warm-up trial then {config.rounds} "
+        f"rounds (order reversed on odd rounds); mean (min-max) over the rounds\n\n{text}\n"
     )
     print(text)
     print(

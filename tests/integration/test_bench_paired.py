@@ -1,5 +1,6 @@
 """``agent-scheduler bench paired`` end to end on a tiny cluster: a coordinated configuration run from another
-checkout of the project against a standalone worker from this one, two rounds in alternating order.
+checkout of the project against a standalone worker from this one, a warm-up trial and two rounds in
+alternating order.
 
 Runs the real command as a subprocess and checks what it wrote: every trial in ``trials.json`` in run order,
 all pods bound, CPU per process for the coordinated trials, the summary table, and (through a line the other
@@ -52,17 +53,18 @@ def test_paired_runs_alternate_on_one_cluster_and_use_each_checkout(tmp_path: Pa
         timeout=GUARD_TIMEOUT,
     )
     trials = json.loads((out / "trials.json").read_text())
-    assert [(t["label"], t["round"]) for t in trials] == [
-        ("before", 0),
-        ("after", 0),
-        ("after", 1),
-        ("before", 1),
+    assert [(t["label"], t["round"], t["position"]) for t in trials] == [
+        ("warm-up", -1, 0),  # the first contender, not counted
+        ("before", 0, 1),
+        ("after", 0, 2),
+        ("after", 1, 3),
+        ("before", 1, 4),
     ]
     for t in trials:
         r = RunResult.from_json(t["result"])
         assert r.error == "" and r.nodes == NODES and r.pods == PODS and r.unbound == 0, r.notes
         assert r.cpu_s_per_1k_pods > 0 and 0 < r.p50_ms <= r.p99_ms
-        expected = {"coordinator", "worker-1"} if t["label"] == "before" else {"worker"}
+        expected = {"coordinator", "worker-1"} if t["label"] != "after" else {"worker"}
         assert set(r.cpu_s_per_1k_pods_by_process) == expected, r.cpu_s_per_1k_pods_by_process
     summary = (out / "summary.md").read_text()
     assert f"| before | agent-coord-1 | {baseline} | 2 |" in summary
@@ -72,5 +74,5 @@ def test_paired_runs_alternate_on_one_cluster_and_use_each_checkout(tmp_path: Pa
     before = [text for name, text in logs.items() if "-before-" in name]
     after = [text for name, text in logs.items() if "-after-" in name]
     assert len(before) == 4 and len(after) == 2, sorted(logs)  # coordinator and worker, twice; worker twice
-    assert all(MARKER in text for name, text in logs.items() if "-before-" in name and "worker" in name)
+    assert all(MARKER in text for name, text in logs.items() if "-after-" not in name and "worker" in name)
     assert not any(MARKER in text for text in after)

@@ -9,9 +9,11 @@ import pytest
 
 from scale.bench.cluster import failed_result
 from scale.bench.paired import (
+    WARMUP,
     Contender,
     ContenderError,
     Trial,
+    drift,
     parse_contender,
     parse_contenders,
     schedule,
@@ -90,20 +92,43 @@ def test_the_summary_gives_means_spreads_and_the_change_against_the_first() -> N
     before = Contender("before", "agent-coord-1", PROJECT_ROOT)
     after = Contender("after", "agent-coord-1", PROJECT_ROOT)
     trials = [
-        Trial("before", 0, result(1.0, 100, 200, by_process={"coordinator": 0.3, "worker-1": 0.7})),
-        Trial("after", 0, result(0.9, 90, 180, by_process={"coordinator": 0.2, "worker-1": 0.7})),
-        Trial("after", 1, result(0.8, 110, 220, by_process={"coordinator": 0.2, "worker-1": 0.6})),
-        Trial("before", 1, result(1.2, 120, 240, by_process={"coordinator": 0.4, "worker-1": 0.8})),
-        Trial("before", 2, result(0.0, 0, 0, by_process={}, error="probe: 3/10 pods bound")),
+        Trial(WARMUP, -1, 0, result(0.5, 50, 100, by_process={"coordinator": 0.1, "worker-1": 0.4})),
+        Trial("before", 0, 1, result(1.0, 100, 200, by_process={"coordinator": 0.3, "worker-1": 0.7})),
+        Trial("after", 0, 2, result(0.9, 90, 180, by_process={"coordinator": 0.2, "worker-1": 0.7})),
+        Trial("after", 1, 3, result(0.8, 110, 220, by_process={"coordinator": 0.2, "worker-1": 0.6})),
+        Trial("before", 1, 4, result(1.2, 120, 240, by_process={"coordinator": 0.4, "worker-1": 0.8})),
+        Trial("before", 2, 5, result(0.0, 0, 0, by_process={}, error="probe: 3/10 pods bound")),
     ]
     first, second = summarize([before, after], trials)
-    assert (first.rounds, first.failed) == (2, 1)  # the failed trial is counted, not averaged
-    assert first.cpu_s_per_1k == pytest.approx((1.1, 1.0, 1.2))
+    assert (first.rounds, first.failed) == (2, 1)  # the failed trial is counted, not averaged; the warm-up
+    assert first.cpu_s_per_1k == pytest.approx((1.1, 1.0, 1.2))  # neither
     assert first.p99_ms == pytest.approx((220, 200, 240))
     assert first.by_process == pytest.approx({"coordinator": 0.35, "worker-1": 0.75})
     assert (second.rounds, second.failed) == (2, 0)
     assert second.cpu_s_per_1k == pytest.approx((0.85, 0.8, 0.9))
+    # balanced positions (1+4 and 2+3): the drift-adjusted levels are the (geometric) means
+    assert (first.adjusted_cpu_s_per_1k, second.adjusted_cpu_s_per_1k) == pytest.approx((1.2**0.5, 0.72**0.5))
     text = table([first, second])
-    assert "| before | agent-coord-1 | this | 2 (+1 failed) | 1.100 (1.000-1.200) | +0.0 % |" in text
-    assert "| after | agent-coord-1 | this | 2 | 0.850 (0.800-0.900) | -22.7 % |" in text
+    assert "| before | agent-coord-1 | this | 2 (+1 failed) | 1.100 (1.000-1.200) | 1.095 | +0.0 % |" in text
+    assert "| after | agent-coord-1 | this | 2 | 0.850 (0.800-0.900) | 0.849 | -22.5 % |" in text
     assert "coordinator 0.200, worker-1 0.650" in text
+
+
+def test_the_drift_fit_recovers_levels_under_a_steady_drift() -> None:
+    """Unbalanced positions (three contenders, three rounds): raw means are biased by the drift (3 % more per
+    trial for every contender), the fitted levels are not."""
+    levels = {"a": 1.0, "b": 1.1, "c": 0.9}
+    growth = 0.03
+    contenders = [Contender(x, "agent-standalone", PROJECT_ROOT) for x in "abc"]
+    trials = [Trial(WARMUP, -1, 0, result(0.5, 1, 2, by_process={}))]
+    for position, (r, c) in enumerate(schedule(contenders, 3), start=1):
+        cpu = levels[c.label] * (1 + growth) ** position
+        trials.append(Trial(c.label, r, position, result(cpu, 1, 2, by_process={})))
+    fitted, at_center = drift(trials)
+    assert fitted == pytest.approx(growth)
+    center = 5.0  # the mean of positions 1..9
+    assert at_center == pytest.approx({k: v * (1 + growth) ** center for k, v in levels.items()})
+    a, b, c = summarize(contenders, trials)
+    assert b.adjusted_cpu_s_per_1k / a.adjusted_cpu_s_per_1k == pytest.approx(1.1)
+    assert b.cpu_s_per_1k[0] / a.cpu_s_per_1k[0] != pytest.approx(1.1, abs=1e-3)  # the raw means are off
+    assert "Drift: CPU per pod +3.0 % per trial" in table([a, b, c], fitted)
