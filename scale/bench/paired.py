@@ -67,6 +67,7 @@ DEFAULT_NODES = 1000
 DEFAULT_PODS = 2000
 DEFAULT_ROUNDS = 4
 WARMUP = "warm-up"  # the label of the uncounted first trial
+BUSY_NOTE = "busy outside the bench"  # in the note of a trial ``wait_quiet`` could not start quietly
 
 
 class ContenderError(ValueError):
@@ -147,6 +148,7 @@ class Summary:
     contender: Contender
     rounds: int  # trials without an error
     failed: int
+    disturbed: int = 0  # measured trials that started while the host was busy outside the bench
     cpu_s_per_1k: tuple[float, float, float] = (0.0, 0.0, 0.0)  # mean, min, max
     p50_ms: tuple[float, float, float] = (0.0, 0.0, 0.0)
     p99_ms: tuple[float, float, float] = (0.0, 0.0, 0.0)
@@ -201,6 +203,7 @@ def summarize(contenders: Sequence[Contender], trials: Sequence[Trial]) -> list[
                 contender=c,
                 rounds=len(ok),
                 failed=len(mine) - len(ok),
+                disturbed=sum(1 for r in ok if any(BUSY_NOTE in n for n in r.notes)),
                 cpu_s_per_1k=_spread([r.cpu_s_per_1k_pods for r in ok]),
                 p50_ms=_spread([r.p50_ms for r in ok]),
                 p99_ms=_spread([r.p99_ms for r in ok]),
@@ -233,7 +236,8 @@ def table(summaries: Sequence[Summary], slope: float = 0.0) -> str:
         c = s.contender
         versus = f"{(s.adjusted_cpu_s_per_1k / base - 1) * 100:+.1f} %" if base and s.rounds else "-"
         by_process = ", ".join(f"{p} {v:.3f}" for p, v in s.by_process.items()) or "-"
-        rounds = f"{s.rounds}" + (f" (+{s.failed} failed)" if s.failed else "")
+        rounds = f"{s.rounds}" + (f" ({s.disturbed} disturbed)" if s.disturbed else "")
+        rounds += f" (+{s.failed} failed)" if s.failed else ""
         lines.append(
             f"| {c.label} | {c.scheduler} | {'this' if c.checkout == PROJECT_ROOT else c.checkout} | {rounds} "
             f"| {cell(s.cpu_s_per_1k, '.3f')} | {s.adjusted_cpu_s_per_1k:.3f} | {versus} "

@@ -73,10 +73,15 @@ def test_odd_rounds_run_in_reversed_order() -> None:
     assert pairs == ["a", "b", "b", "a", "a", "b", "b", "a"]
 
 
-def result(cpu: float, p50: float, p99: float, *, by_process: dict[str, float], error: str = "") -> RunResult:
+def result(
+    cpu: float, p50: float, p99: float, *, by_process: dict[str, float], error: str = "", busy: bool = False
+) -> RunResult:
     base = failed_result(SCHEDULERS["agent-coord-1"], WorkloadSpec(name=BURST, pods=100), 10, error)
+    # as ``wait_quiet`` notes a trial it could not start quietly
+    notes = ["started with 1.95 cores busy outside the bench (waited 30s for quiet)"] if busy else []
     return replace(
         base,
+        notes=notes,
         pods=100,
         bound=100 if not error else 0,
         unbound=0 if not error else 100,
@@ -95,7 +100,9 @@ def test_the_summary_gives_means_spreads_and_the_change_against_the_first() -> N
         Trial(WARMUP, -1, 0, result(0.5, 50, 100, by_process={"coordinator": 0.1, "worker-1": 0.4})),
         Trial("before", 0, 1, result(1.0, 100, 200, by_process={"coordinator": 0.3, "worker-1": 0.7})),
         Trial("after", 0, 2, result(0.9, 90, 180, by_process={"coordinator": 0.2, "worker-1": 0.7})),
-        Trial("after", 1, 3, result(0.8, 110, 220, by_process={"coordinator": 0.2, "worker-1": 0.6})),
+        Trial(
+            "after", 1, 3, result(0.8, 110, 220, by_process={"coordinator": 0.2, "worker-1": 0.6}, busy=True)
+        ),
         Trial("before", 1, 4, result(1.2, 120, 240, by_process={"coordinator": 0.4, "worker-1": 0.8})),
         Trial("before", 2, 5, result(0.0, 0, 0, by_process={}, error="probe: 3/10 pods bound")),
     ]
@@ -110,7 +117,9 @@ def test_the_summary_gives_means_spreads_and_the_change_against_the_first() -> N
     assert (first.adjusted_cpu_s_per_1k, second.adjusted_cpu_s_per_1k) == pytest.approx((1.2**0.5, 0.72**0.5))
     text = table([first, second])
     assert "| before | agent-coord-1 | this | 2 (+1 failed) | 1.100 (1.000-1.200) | 1.095 | +0.0 % |" in text
-    assert "| after | agent-coord-1 | this | 2 | 0.850 (0.800-0.900) | 0.849 | -22.5 % |" in text
+    assert (
+        "| after | agent-coord-1 | this | 2 (1 disturbed) | 0.850 (0.800-0.900) | 0.849 | -22.5 % |" in text
+    )
     assert "coordinator 0.200, worker-1 0.650" in text
 
 
