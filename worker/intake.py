@@ -24,11 +24,14 @@ Invariants:
 - Bounded before authentication: at most ``MAX_HANDSHAKES`` connections may be in their handshake at once,
   the handshake must finish within ``protocol.HELLO_TIMEOUT``, and its frames are capped at
   ``protocol.MAX_HANDSHAKE_FRAME``; nothing unauthenticated is decoded. When every slot is taken, a new
-  connection closes the oldest one whose HELLO has not verified (else, when all of them hold a verified HELLO,
-  the newcomer is closed, unread). Silent or garbage peers therefore cannot lock the leader out: its HELLO
-  follows its connect at once, so to push it out they must open ``MAX_HANDSHAKES`` connections within that
-  instant, again at every retry, where refusing newcomers let a dozen idle sockets every
-  ``protocol.HELLO_TIMEOUT`` keep a leader that lost its stream from ever reconnecting. The capacity
+  connection is served and one in its handshake is closed instead (``_evict``): among those whose HELLO has
+  not verified under our key with the elected term (all of them, if none is left unverified), the oldest from
+  the source address holding the most slots. No slot is held against a newcomer, by silent peers nor by a
+  replayed HELLO (it verifies, but its replayer cannot send the first session frame), where refusing
+  newcomers let a dozen idle sockets every ``protocol.HELLO_TIMEOUT`` keep a leader that lost its stream from
+  ever reconnecting. What remains: peers from as many addresses as the leader's connection is young can
+  still push it out, if ``MAX_HANDSHAKES`` of their connections reach the worker between the leader's connect
+  and the reading of its HELLO (which follows at once, but waits for the event loop), at every retry. The capacity
   sender and the read loop wait for ``drain()`` once the write buffer passes ``WRITE_HIGH_WATER``: a leader
   that does not read is not read either, and one that stays stuck for ``protocol.DEAD_AFTER`` is dropped.
 - No dispatched pod is decided before the pod watch has reached its DISPATCH's ``min_rv`` (the topology
@@ -91,6 +94,16 @@ GONE_GRACE = 60.0
 OWED_LIMIT = 30 * 60.0
 OWED_SWEEP = 60.0
 MAX_HANDSHAKES = 64  # connections in their handshake at once (an idle one costs a socket and a few KiB)
+
+
+@dataclasses.dataclass(slots=True)
+class _Handshaking:
+    """A connection in its handshake: where from, and whether its HELLO verified with the elected term."""
+
+    host: str
+    verified: bool = False
+
+
 TERM_WAIT = 1.0  # how long a HELLO waits for our election mirror to name its term
 TERM_POLL = 0.05
 WRITE_HIGH_WATER = 1 << 20  # bytes buffered towards the leader before we wait for it to read
@@ -364,12 +377,10 @@ class Intake:
         )
         self._gate_task: asyncio.Task[None] | None = None
         self._server: asyncio.Server | None = None
-        # Connections in their handshake, oldest first: True once their HELLO verified (only those are safe
-        # from eviction by a newcomer), False before.
-        self._handshaking: dict[asyncio.StreamWriter, bool] = {}
+        self._handshaking: dict[asyncio.StreamWriter, _Handshaking] = {}  # oldest first
         self._evicted: set[asyncio.StreamWriter] = set()
         self.received = 0
-        self.refused_connections = 0  # closed for the cap: a newcomer refused, or a silent one evicted
+        self.refused_connections = 0  # closed in their handshake to make room for a newcomer (``_evict``)
         self.failed_handshakes = 0  # unauthenticated, malformed, wrong term, or too slow
         self.foreign_pods = 0  # DISPATCHes of another scheduler's pods, refused
         self._last_failure_log = float("-inf")
@@ -397,13 +408,11 @@ class Intake:
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One connection: the handshake, then (for the elected leader) its stream until it closes or a
         newer stream replaces it."""
-        if len(self._handshaking) >= self.max_handshakes and not self._evict_silent():
-            self.refused_connections += 1
-            writer.transport.abort()
-            return
+        if len(self._handshaking) >= self.max_handshakes:
+            self._evict()
         peer = writer.get_extra_info("peername")
         stream: LeaderStream | None = None
-        self._handshaking[writer] = False
+        self._handshaking[writer] = _Handshaking(str(peer[0]) if isinstance(peer, tuple) and peer else "")
         try:
             try:
                 async with asyncio.timeout(protocol.HELLO_TIMEOUT):
@@ -419,33 +428,40 @@ class Intake:
             elif writer not in self._evicted:  # an evicted one is counted and logged already
                 self._failed(None, "connection from %s closed during its handshake", peer)
         except TimeoutError:
-            self._failed(stream, "stream from %s timed out (handshake or a leader not reading)", peer)
+            if writer not in self._evicted:
+                self._failed(stream, "stream from %s timed out (handshake or a leader not reading)", peer)
         except _Refused as e:
-            self._failed(stream, "refused leader stream from %s: %s", peer, e)
-        except protocol.ProtocolError as e:
-            self._failed(stream, "protocol error from %s: %s", peer, e)
+            if writer not in self._evicted:
+                self._failed(stream, "refused leader stream from %s: %s", peer, e)
+        except protocol.ProtocolError as e:  # also what an evicted peer had already sent, read after
+            if writer not in self._evicted:
+                self._failed(stream, "protocol error from %s: %s", peer, e)
         finally:
             if stream is not None:
                 self.results.disconnect(stream)
             self._evicted.discard(writer)
             writer.close()
 
-    def _evict_silent(self) -> bool:
-        """Close the oldest connection in its handshake whose HELLO has not verified, to make room for a new
-        one; False if every one holds a verified HELLO (a key holder: those finish or time out on their own)."""
-        silent = next((w for w, verified in self._handshaking.items() if not verified), None)
-        if silent is None:
-            return False
-        del self._handshaking[silent]
-        self._evicted.add(silent)
-        silent.transport.abort()
+    def _evict(self) -> None:
+        """Make room for a new connection: close one in its handshake (see the module docstring). O(slots)."""
+        pool = [(w, h) for w, h in self._handshaking.items() if not h.verified] or list(
+            self._handshaking.items()
+        )
+        slots: dict[str, int] = {}
+        for _, h in pool:
+            slots[h.host] = slots.get(h.host, 0) + 1
+        most = max(slots.values())
+        victim, state = next((w, h) for w, h in pool if slots[h.host] == most)  # the oldest of the busiest
+        del self._handshaking[victim]
+        self._evicted.add(victim)
+        victim.transport.abort()
         self.refused_connections += 1
         self._log_limited(
-            "handshake slots full: closed the oldest unauthenticated connection, from %s (%d closed so far)",
-            silent.get_extra_info("peername"),
+            "handshake slots full: closed the oldest %s connection from %s (%d closed so far)",
+            "verified" if state.verified else "unauthenticated",
+            victim.get_extra_info("peername"),
             self.refused_connections,
         )
-        return True
 
     def _failed(self, stream: LeaderStream | None, fmt: str, *args: object) -> None:
         if stream is not None:
@@ -469,13 +485,14 @@ class Intake:
         """HELLO under one of our keys and with the elected term, our WELCOME, and the leader's first session
         frame (its proof that it holds the key and saw our nonce)."""
         hello, key = await protocol.read_hello(reader, self.keys.keys())
-        if writer in self._handshaking:  # not if a newcomer evicted it meanwhile (its transport is closed)
-            self._handshaking[writer] = True
         if not await self._is_elected(hello.term):
             message = f"term {hello.term} is not the elected leader's ({self.elected()})"
             writer.write(protocol.seal_reply(key, hello.nonce, protocol.Error(message)))
             await writer.drain()
             raise _Refused(message)
+        state = self._handshaking.get(writer)
+        if state is not None:  # (None: a newcomer evicted it meanwhile; its transport is closed)
+            state.verified = True
         nonce = protocol.new_nonce()
         writer.write(
             protocol.seal_reply(key, hello.nonce, protocol.Welcome(self.worker_id, hello.term, nonce))

@@ -10,7 +10,7 @@ the sharded path typically moves it by 2-10 %. Here:
 2. one warm-up trial of the first contender, not counted (the first burst on a fresh cluster meets a faster API
    server than every later one), then ``rounds`` rounds; each runs every contender once, in the given order
    on even rounds and reversed on odd ones. A cluster drifts as it ages: its API server spends more per pod
-   trial after trial, pods reach the scheduler in thinner streams, and CPU per pod creeps up (about 3 % per
+   trial after trial, pods reach the scheduler in thinner streams, and CPU per pod creeps up (1-3 % per
    trial here). Over an even number of rounds every contender's trials sit at the same mean position, so a
    steady drift falls on all alike; the summary also fits it (least squares on the logarithm: one level per
    contender plus a common growth per trial) and gives each contender's level at the mean position;
@@ -23,8 +23,9 @@ the sharded path typically moves it by 2-10 %. Here:
 
 Each trial's result is appended to ``trials.json`` at once (an interrupted run keeps what it measured); the
 summary gives each contender's mean over its rounds and their spread (min-max), its drift-adjusted CPU per pod,
-and per process where its CPU went. Only our schedulers and the no-decision binder can be contenders: kube-scheduler's client limits are
-fixed when the cluster starts and Volcano's binary has no checkout (compare those with ``bench cluster``).
+and per process where its CPU went. Only our schedulers and the no-decision binder can be contenders:
+kube-scheduler's client limits are fixed when the cluster starts and Volcano's binary has no checkout (compare
+those with ``bench cluster``).
 Nothing is asserted: the numbers are reported.
 """
 
@@ -34,7 +35,9 @@ import asyncio
 import json
 import logging
 import math
+import re
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -54,7 +57,7 @@ from scale.bench.cluster import (
     wait_quiet,
 )
 from scale.bench.results import RunResult
-from scale.bench.schedulers import AGENT, NOOP, SCHEDULERS, grant_agent_rbac, launch
+from scale.bench.schedulers import AGENT, NOOP, SCHEDULERS, Running, grant_agent_rbac, launch
 from scale.bench.workloads import BACKLOG, BURST, STEADY, default_workloads, scaled
 from scale.cluster import ClusterError, ClusterOptions, generate_nodes
 from scale.cluster.config import PROJECT_ROOT
@@ -67,6 +70,7 @@ DEFAULT_NODES = 1000
 DEFAULT_PODS = 2000
 DEFAULT_ROUNDS = 4
 WARMUP = "warm-up"  # the label of the uncounted first trial
+LABEL = re.compile(r"[A-Za-z0-9._-]+")
 BUSY_NOTE = "busy outside the bench"  # in the note of a trial ``wait_quiet`` could not start quietly
 
 
@@ -91,6 +95,10 @@ def parse_contender(text: str) -> Contender:
     label, sep, rest = text.partition("=")
     if not sep or not label.strip() or not rest:
         raise ContenderError(f"{text!r}: expected LABEL=SCHEDULER or LABEL=SCHEDULER@CHECKOUT")
+    label = label.strip()
+    if not LABEL.fullmatch(label) or label == WARMUP:
+        # labels name log files and etcd prefixes; the warm-up's is the bench's own
+        raise ContenderError(f"{text!r}: a label is letters, digits, '.', '_' or '-', and not {WARMUP!r}")
     scheduler, at, where = rest.partition("@")
     spec = SCHEDULERS.get(scheduler)
     if spec is None:
@@ -105,7 +113,7 @@ def parse_contender(text: str) -> Contender:
         checkout = Path(where).expanduser().resolve()
         if not (checkout / "agent_scheduler" / "cli.py").is_file():
             raise ContenderError(f"{text!r}: {checkout} is not a checkout of this project")
-    return Contender(label.strip(), scheduler, checkout)
+    return Contender(label, scheduler, checkout)
 
 
 def parse_contenders(texts: Sequence[str]) -> list[Contender]:
@@ -302,10 +310,11 @@ async def run_paired(config: PairedConfig) -> list[Trial]:
             for position, (r, c, label) in enumerate(runs):
                 spec = SCHEDULERS[c.scheduler]
                 log.info("%s: %s", f"round {r + 1}" if r >= 0 else label, c.describe)
-                running = launch(
-                    spec, cluster, logs, kubeconfig=kubeconfig, tag=f"{label}-{position}", code=c.checkout
-                )
+                running: Running | None = None
                 try:
+                    running = launch(
+                        spec, cluster, logs, kubeconfig=kubeconfig, tag=f"{label}-{position}", code=c.checkout
+                    )
                     trial_notes = list(notes)
                     why = await until_ready(
                         client, spec, running, nodes=config.nodes, fleet=fleet, notes=trial_notes
@@ -330,7 +339,7 @@ async def run_paired(config: PairedConfig) -> list[Trial]:
                     log.exception("%s, %s, failed", c.describe, label)
                     result = failed_result(spec, workload, config.nodes, f"{type(e).__name__}: {e}")
                 finally:
-                    problems = running.stop()
+                    problems = running.stop() if running is not None else []
                 if problems:
                     result.notes += problems
                     log.warning("stopping %s: %s", c.describe, "; ".join(problems))
@@ -356,10 +365,13 @@ def main(
     try:
         contenders = parse_contenders(runs)
     except ContenderError as e:
-        print(f"agent-scheduler bench paired: error: {e}")
+        print(f"agent-scheduler bench paired: error: {e}", file=sys.stderr)
         return 2
     if rounds < 1 or nodes < 1 or pods < 1:
-        print("agent-scheduler bench paired: error: --rounds, --nodes and --pods must be positive")
+        print(
+            "agent-scheduler bench paired: error: --rounds, --nodes and --pods must be positive",
+            file=sys.stderr,
+        )
         return 2
     config = PairedConfig(
         contenders=contenders,
@@ -376,7 +388,7 @@ def main(
     try:
         trials = asyncio.run(run_paired(config))
     except ClusterError as e:
-        print(f"agent-scheduler bench paired: error: the cluster did not start: {e}")
+        print(f"agent-scheduler bench paired: error: the cluster did not start: {e}", file=sys.stderr)
         return 1
     slope, _ = drift(trials)
     text = table(summarize(contenders, trials), slope)
@@ -389,4 +401,5 @@ def main(
         f"\n{len(trials)} trials in {time.monotonic() - began:.0f}s; trials in {config.out}/trials.json, "
         f"summary in {config.out}/summary.md"
     )
-    return 0 if trials and not any(t.result.error for t in trials) else 1
+    measured = [t for t in trials if t.label != WARMUP]
+    return 0 if measured and all(_measured(t) for t in measured) else 1

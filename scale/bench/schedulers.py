@@ -157,10 +157,18 @@ QUICK_SCHEDULERS = ("agent-standalone", "kube-scheduler-qps5000", "no-decision")
 def start(name: str, argv: list[str], log_path: Path, *, code: Path = PROJECT_ROOT) -> ProcessRecord:
     """Start one of our processes from the project checkout ``code`` (this one by default; another one's
     modules come first on its path), its output in ``log_path``."""
-    env = None if code == PROJECT_ROOT else {**os.environ, "PYTHONPATH": str(code)}
-    record = spawn(name, argv, log_path, cwd=code, env=env)
+    record = spawn(name, argv, log_path, cwd=code, env=checkout_env(code))
     log.info("started %s (pid %d)", name, record.pid)
     return record
+
+
+def checkout_env(code: Path) -> dict[str, str] | None:
+    """The environment of a process run from the project checkout ``code``: this one's (None: inherited), or
+    with ``code`` first on ``PYTHONPATH`` (ahead of this checkout's editable install)."""
+    if code == PROJECT_ROOT:
+        return None
+    path = os.environ.get("PYTHONPATH", "")
+    return {**os.environ, "PYTHONPATH": str(code) + (os.pathsep + path if path else "")}
 
 
 def python_module(module: str, *args: str, profile_to: Path | None = None) -> list[str]:
@@ -391,44 +399,48 @@ def launch(
     etcd = cluster.etcd_endpoint.removeprefix("http://")
     prefix = f"{ETCD_PREFIX}/{spec.name}{suffix}"
     children = []
-    # Workers first: when the coordinator's first round runs, they are all registered and the nodes are placed
-    # once, instead of all going to the first worker and then being rebalanced.
-    for i in range(spec.workers):
+    try:
+        # Workers first: when the coordinator's first round runs, they are all registered and the nodes are placed
+        # once, instead of all going to the first worker and then being rebalanced.
+        for i in range(spec.workers):
+            children.append(
+                start(
+                    f"worker-{i + 1}",
+                    python_module(
+                        cli,
+                        "worker",
+                        *common,
+                        f"--etcd-endpoints={etcd}",
+                        f"--etcd-prefix={prefix}",
+                        f"--id=bench-w{i + 1}",
+                        f"--bind-concurrency={spec.bind_concurrency}",
+                        f"--metrics-address={addresses[i]}",
+                        profile_to=profiled(f"worker-{i + 1}"),
+                    ),
+                    logs / f"{spec.name}-worker-{i + 1}{suffix}.log",
+                    code=code,
+                )
+            )
         children.append(
             start(
-                f"worker-{i + 1}",
+                "coordinator",
                 python_module(
                     cli,
-                    "worker",
+                    "coordinator",
                     *common,
                     f"--etcd-endpoints={etcd}",
                     f"--etcd-prefix={prefix}",
-                    f"--id=bench-w{i + 1}",
-                    f"--bind-concurrency={spec.bind_concurrency}",
-                    f"--metrics-address={addresses[i]}",
-                    profile_to=profiled(f"worker-{i + 1}"),
+                    "--id=bench-coordinator",
+                    f"--metrics-address={addresses[spec.workers]}",
+                    profile_to=profiled("coordinator"),
                 ),
-                logs / f"{spec.name}-worker-{i + 1}{suffix}.log",
+                logs / f"{spec.name}-coordinator{suffix}.log",
                 code=code,
             )
         )
-    children.append(
-        start(
-            "coordinator",
-            python_module(
-                cli,
-                "coordinator",
-                *common,
-                f"--etcd-endpoints={etcd}",
-                f"--etcd-prefix={prefix}",
-                "--id=bench-coordinator",
-                f"--metrics-address={addresses[spec.workers]}",
-                profile_to=profiled("coordinator"),
-            ),
-            logs / f"{spec.name}-coordinator{suffix}.log",
-            code=code,
-        )
-    )
+    except BaseException:
+        stop_children(children)  # what started before the failure does not outlive it
+        raise
     return Running(
         spec,
         cluster,
@@ -451,7 +463,7 @@ async def shard_status(running: Running) -> dict[str, Any] | None:
             f"--etcd-prefix={running.etcd_prefix}",
         ),
         cwd=running.code,
-        env=None if running.code == PROJECT_ROOT else {**os.environ, "PYTHONPATH": str(running.code)},
+        env=checkout_env(running.code),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.DEVNULL,
     )

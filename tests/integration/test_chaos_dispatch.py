@@ -144,7 +144,7 @@ async def hostile_round(host: str, port: int) -> dict[str, int]:
         assert data == b"", f"{kind}: the worker answered {len(data)} bytes to an unauthenticated peer"
     # Under the right secret (an insider, or a stolen key) a forged term is still refused, since etcd elects
     # the leader: an authenticated ERROR, or a silent close if the idle flood's newcomers evicted the connection
-    # from the full handshake table before its HELLO was read.
+    # from the full handshake table before its term was checked.
     frame, nonce = hello(SECRET, forged)
     refusal = await answer_then_close(host, port, frame)
     if refusal:
@@ -159,7 +159,8 @@ async def hostile_round(host: str, port: int) -> dict[str, int]:
 
 async def idle_flood(host: str, port: int, n: int) -> tuple[int, float]:
     """Open ``n`` connections that never speak; returns how many the worker closed within a second of their
-    opening (those beyond its handshake cap), and how long until it had closed them all."""
+    opening (evicted by newer ones once its handshake table was full), and how long until it had closed them
+    all."""
     t0 = time.monotonic()
     conns: list[tuple[float, asyncio.StreamReader, asyncio.StreamWriter]] = []
     for _ in range(n):

@@ -17,8 +17,8 @@ finalizer): the nomination, in the pod's status, is honoured by the node's next 
 again and binds the preemptor there once the victim is gone.
 
 And with the leader killed at that point instead: the standby, leading, dispatches the preemptor again (to the
-target's owner, where it stays in flight: RESULT waiting); no worker preempts a second time, and the owner binds
-it once the victim is gone.
+target's owner, where the dispatch stays in flight); no worker preempts a second time, and the owner binds it once
+the victim is gone.
 """
 
 from __future__ import annotations
@@ -319,8 +319,10 @@ async def test_a_leader_failover_while_the_preemptor_waits_for_its_victim(
 
         async def in_flight_to_the_owner() -> bool:
             # the new leader's watch listed the pending preemptor and sent it (to the owner of its nominated
-            # node, or first elsewhere): the dispatch stays in flight there, answered RESULT waiting
-            async with aiohttp.ClientSession() as http, http.get(metrics_url) as resp:
+            # node, or first elsewhere): a dispatch to the owner stays in flight (the owner answers RESULT
+            # waiting; the metric shows the dispatch, not that answer)
+            timeout = aiohttp.ClientTimeout(total=10)
+            async with aiohttp.ClientSession(timeout=timeout) as http, http.get(metrics_url) as resp:
                 text = await resp.text()
             return f'agent_scheduler_coordinator_in_flight_dispatches{{worker="{owner}"}} 1.0' in text
 

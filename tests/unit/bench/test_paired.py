@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from scale.bench.paired import (
     table,
 )
 from scale.bench.results import RunResult
-from scale.bench.schedulers import SCHEDULERS
+from scale.bench.schedulers import SCHEDULERS, checkout_env
 from scale.bench.workloads import BURST, WorkloadSpec
 from scale.cluster.config import PROJECT_ROOT
 
@@ -49,6 +50,8 @@ def test_a_contender_runs_from_this_checkout_or_another(tmp_path: Path) -> None:
         ("a=kube-scheduler-qps5000", "cannot be paired on one cluster"),
         ("a=volcano-agent-1w", "cannot be paired on one cluster"),
         ("a=agent-standalone@/nonexistent/checkout", "is not a checkout of this project"),
+        ("warm-up=agent-standalone", "not 'warm-up'"),  # the bench's own
+        ("a/b=agent-standalone", "a label is letters, digits"),  # labels name files and etcd prefixes
     ],
 )
 def test_a_contender_that_cannot_run_is_refused_with_the_reason(text: str, why: str) -> None:
@@ -141,3 +144,14 @@ def test_the_drift_fit_recovers_levels_under_a_steady_drift() -> None:
     assert b.adjusted_cpu_s_per_1k / a.adjusted_cpu_s_per_1k == pytest.approx(1.1)
     assert b.cpu_s_per_1k[0] / a.cpu_s_per_1k[0] != pytest.approx(1.1, abs=1e-3)  # the raw means are off
     assert "Drift: CPU per pod +3.0 % per trial" in table([a, b, c], fitted)
+
+
+def test_another_checkout_runs_first_on_the_python_path(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    assert checkout_env(PROJECT_ROOT) is None  # this checkout: the environment as it is
+    monkeypatch.setenv("PYTHONPATH", "/some/plugins")
+    env = checkout_env(tmp_path)
+    assert env is not None and env["PYTHONPATH"] == f"{tmp_path}{os.pathsep}/some/plugins"
+    monkeypatch.delenv("PYTHONPATH")
+    assert checkout_env(tmp_path) == {**os.environ, "PYTHONPATH": str(tmp_path)}

@@ -476,16 +476,20 @@ async def test_a_silent_connection_is_closed_at_the_hello_timeout(worker: Worker
     writer.close()
 
 
-async def test_a_full_handshake_table_closes_its_oldest_silent_connection(worker: Worker) -> None:
+async def test_a_full_handshake_table_closes_its_oldest_silent_connection(
+    worker: Worker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(protocol, "HELLO_TIMEOUT", 5.0)  # no slot frees itself meanwhile, however loaded
     idle = [await asyncio.open_connection(*worker.address) for _ in range(4)]  # the cap is 4 here
     await asyncio.sleep(0.05)
     leader = await Leader.connect(worker, term=1)  # the newcomer is served ...
     assert (
         await eof_within(idle[0][0], 0.3) == b""
     )  # ... and the oldest silent one closed, not at its timeout
+    await asyncio.sleep(0.05)
+    assert not any(r.at_eof() for r, _ in idle[1:])  # only that one
     assert worker.intake.refused_connections == 1 and worker.intake.failed_handshakes == 0
     assert worker.results.stream is not None
-    assert not any(w.is_closing() for _, w in idle[1:])
     for _, w in idle:
         w.close()
     await leader.close()
@@ -522,20 +526,67 @@ async def test_a_leader_gets_in_through_a_flood_of_idle_connections(worker: Work
     assert worker.intake.refused_connections >= 4
 
 
-async def test_connections_with_a_verified_hello_are_not_evicted(worker: Worker) -> None:
-    """A newcomer is refused when every slot holds a verified HELLO (a key holder that has not yet sent its
-    first session frame): only unauthenticated connections make room."""
-    holders = [await Leader.open(worker, term=1) for _ in range(4)]
-    for holder, nonce in holders:  # WELCOMEd, so verified; no session frame follows
-        async with asyncio.timeout(TIMEOUT):
-            await protocol.read_reply(holder.reader, KEY, nonce)
+async def holding(worker: Worker, hello: bytes, nonce: bytes) -> Leader:
+    """A connection that sent ``hello`` (a replay, say), got the WELCOME, and sends nothing more."""
     reader, writer = await asyncio.open_connection(*worker.address)
-    assert await eof_within(reader, 0.3) == b""  # well before the HELLO timeout
+    writer.write(hello)
+    async with asyncio.timeout(TIMEOUT):
+        await protocol.read_reply(reader, KEY, nonce)
+    return Leader(reader, writer)
+
+
+async def test_unverified_connections_go_first_then_the_oldest_verified(
+    worker: Worker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A HELLO verified under our key with the elected term protects its connection while unverified ones are
+    left to close; a table of verified ones (replays of a leader's HELLO: they verify, but the replayer cannot
+    send the first session frame) still makes room for a newcomer, so replays cannot lock the leader out."""
+    monkeypatch.setattr(protocol, "HELLO_TIMEOUT", 5.0)  # no slot frees itself meanwhile, however loaded
+    recorded, nonce = await Leader.open(worker, term=1)  # the HELLO a passive listener captured
+    hello = recorded.hello_frame
+    await recorded.close()
+    holder = await holding(worker, hello, nonce)
+    silent = [await asyncio.open_connection(*worker.address) for _ in range(3)]  # the cap (4) is full
+    await asyncio.sleep(0.05)
+    leader = await Leader.connect(worker, term=1)
+    assert await eof_within(silent[0][0], 0.3) == b""  # the oldest unverified one, not the older holder
+    await asyncio.sleep(0.05)
+    assert not holder.reader.at_eof() and not any(r.at_eof() for r, _ in silent[1:])
+    await leader.close()
+    for _, w in silent:
+        w.close()
+    await holder.close()
+    await asyncio.sleep(0.05)
+
+    replays = [await holding(worker, hello, nonce) for _ in range(4)]  # every slot held by a verified replay
+    leader = await Leader.connect(worker, term=1)  # the leader still gets in ...
+    assert await replays[0].closed()  # ... and the oldest replay made room
+    await asyncio.sleep(0.05)
+    assert not any(r.reader.at_eof() for r in replays[1:])
+    await leader.close()
+    for r in replays:
+        await r.close()
+
+
+async def test_a_flood_from_one_address_does_not_push_out_anothers_connection(
+    worker: Worker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The leader's connection is the oldest in a full table, its HELLO not yet read, when a flood from
+    another address arrives: the flood's own oldest connections make room, not the leader's."""
+    monkeypatch.setattr(protocol, "HELLO_TIMEOUT", 5.0)  # no slot frees itself meanwhile, however loaded
+    reader, writer = await asyncio.open_connection(*worker.address)  # from 127.0.0.1, HELLO still to come
+    await asyncio.sleep(0.05)
+    flood = [await asyncio.open_connection(*worker.address, local_addr=("127.0.0.2", 0)) for _ in range(8)]
+    await asyncio.sleep(0.05)
+    assert worker.intake.refused_connections == 5  # 1 + 8 connections, 4 slots
+    nonce = protocol.new_nonce()
+    writer.write(protocol.seal_hello(KEY, protocol.Hello(leader="l", term=1, nonce=nonce)))
+    async with asyncio.timeout(TIMEOUT):
+        welcome = await protocol.read_reply(reader, KEY, nonce)
+    assert welcome.term == 1
     writer.close()
-    assert worker.intake.refused_connections == 1
-    for holder, _ in holders:
-        assert not holder.writer.is_closing() and not holder.reader.at_eof()
-        await holder.close()
+    for _, w in flood:
+        w.close()
 
 
 async def test_another_schedulers_pod_is_refused_and_never_queued(worker: Worker) -> None:
