@@ -26,14 +26,15 @@ Invariants:
   ``protocol.MAX_HANDSHAKE_FRAME``; nothing unauthenticated is decoded. When every slot is taken, a new
   connection is served and one in its handshake is closed instead (``_evict``): among those whose HELLO has
   not verified under our key with the elected term (all of them, if none is left unverified), the oldest from
-  the source address holding the most slots. No slot is held against a newcomer, by silent peers nor by a
-  replayed HELLO (it verifies, but its replayer cannot send the first session frame), where refusing
-  newcomers let a dozen idle sockets every ``protocol.HELLO_TIMEOUT`` keep a leader that lost its stream from
-  ever reconnecting. What remains: peers from as many addresses as the leader's connection is young can
-  still push it out, if ``MAX_HANDSHAKES`` of their connections reach the worker between the leader's connect
-  and the reading of its HELLO (which follows at once, but waits for the event loop), at every retry. The capacity
-  sender and the read loop wait for ``drain()`` once the write buffer passes ``WRITE_HIGH_WATER``: a leader
-  that does not read is not read either, and one that stays stuck for ``protocol.DEAD_AFTER`` is dropped.
+  the source address holding the most slots. So no slot is held against a newcomer, by silent peers nor by a
+  replayed HELLO (it verifies, but its replayer cannot send the first session frame); refusing newcomers
+  instead would let a dozen idle sockets per ``protocol.HELLO_TIMEOUT`` keep a leader that lost its stream
+  from ever reconnecting. What remains: peers from many addresses can still push the leader's connection
+  out if ``MAX_HANDSHAKES`` of theirs reach the worker between the leader's connect and the reading of its
+  HELLO (which follows at once, but waits its turn in the event loop), at every retry.
+- The capacity sender and the read loop wait for ``drain()`` once the write buffer passes
+  ``WRITE_HIGH_WATER``: a leader that does not read is not read either, and one that stays stuck for
+  ``protocol.DEAD_AFTER`` is dropped.
 - No dispatched pod is decided before the pod watch has reached its DISPATCH's ``min_rv`` (the topology
   lane's rule 2, see ``coordinator.dispatch.lane``); the ACK does not wait for that.
 - Every DISPATCH is answered by ACK and later exactly one final RESULT per dispatch id, unless the stream
