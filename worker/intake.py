@@ -95,16 +95,6 @@ GONE_GRACE = 60.0
 OWED_LIMIT = 30 * 60.0
 OWED_SWEEP = 60.0
 MAX_HANDSHAKES = 64  # connections in their handshake at once (an idle one costs a socket and a few KiB)
-
-
-@dataclasses.dataclass(slots=True)
-class _Handshaking:
-    """A connection in its handshake: where from, and whether its HELLO verified with the elected term."""
-
-    host: str
-    verified: bool = False
-
-
 TERM_WAIT = 1.0  # how long a HELLO waits for our election mirror to name its term
 TERM_POLL = 0.05
 WRITE_HIGH_WATER = 1 << 20  # bytes buffered towards the leader before we wait for it to read
@@ -346,6 +336,14 @@ class LeaderResults:
 # ----- the server ---------------------------------------------------------------------------------------
 
 
+@dataclasses.dataclass(slots=True)
+class _Handshaking:
+    """A connection in its handshake: where from, and whether its HELLO verified with the elected term."""
+
+    host: str
+    verified: bool = False
+
+
 class _Refused(Exception):
     """An authenticated HELLO that is not the elected leader's (answered with ERROR, then closed)."""
 
@@ -426,17 +424,14 @@ class Intake:
         except (asyncio.IncompleteReadError, ConnectionError):
             if stream is not None:
                 log.info("stream from %s closed", peer)
-            elif writer not in self._evicted:  # an evicted one is counted and logged already
-                self._failed(None, "connection from %s closed during its handshake", peer)
+            else:
+                self._failed(writer, None, "connection from %s closed during its handshake", peer)
         except TimeoutError:
-            if writer not in self._evicted:
-                self._failed(stream, "stream from %s timed out (handshake or a leader not reading)", peer)
+            self._failed(writer, stream, "stream from %s timed out (handshake or a leader not reading)", peer)
         except _Refused as e:
-            if writer not in self._evicted:
-                self._failed(stream, "refused leader stream from %s: %s", peer, e)
-        except protocol.ProtocolError as e:  # also what an evicted peer had already sent, read after
-            if writer not in self._evicted:
-                self._failed(stream, "protocol error from %s: %s", peer, e)
+            self._failed(writer, stream, "refused leader stream from %s: %s", peer, e)
+        except protocol.ProtocolError as e:
+            self._failed(writer, stream, "protocol error from %s: %s", peer, e)
         finally:
             if stream is not None:
                 self.results.disconnect(stream)
@@ -464,10 +459,14 @@ class Intake:
             self.refused_connections,
         )
 
-    def _failed(self, stream: LeaderStream | None, fmt: str, *args: object) -> None:
+    def _failed(
+        self, writer: asyncio.StreamWriter, stream: LeaderStream | None, fmt: str, *args: object
+    ) -> None:
         if stream is not None:
             log.warning(fmt, *args)
             return
+        if writer in self._evicted:
+            return  # counted and logged when evicted (whatever it had sent is read and fails after)
         self.failed_handshakes += 1
         self._log_limited(fmt + " (%d refused so far)", *args, self.failed_handshakes)
 

@@ -579,9 +579,8 @@ class Executor:
         self.instance = instance
         self.done = done  # the preemptor may be tried again (the queue's activate)
         self.not_evicted = not_evicted  # a victim's eviction did not happen (``Evaluator.not_evicted``)
-        self.gone = (
-            gone  # the preemptor no longer exists as it was decided (step 6): nothing more for it here
-        )
+        # the preemptor no longer exists as it was decided (step 6): nothing more for it here
+        self.gone = gone
         self._work: asyncio.Queue[tuple[PodRecord, Candidate | None, list[PodRecord]]] = asyncio.Queue()
         self._busy: set[PodKey] = set()
         self.carried_out = 0

@@ -9,11 +9,12 @@ the sharded path typically moves it by 2-10 %. Here:
    for the ``system:kube-scheduler`` user), as ``bench cluster`` builds it;
 2. one warm-up trial of the first contender, not counted (the first burst on a fresh cluster meets a faster API
    server than every later one), then ``rounds`` rounds; each runs every contender once, in the given order
-   on even rounds and reversed on odd ones. A cluster drifts as it ages: its API server spends more per pod
-   trial after trial, pods reach the scheduler in thinner streams, and CPU per pod creeps up (1-3 % per
-   trial here). Over an even number of rounds every contender's trials sit at the same mean position, so a
-   steady drift falls on all alike; the summary also fits it (least squares on the logarithm: one level per
-   contender plus a common growth per trial) and gives each contender's level at the mean position;
+   on even rounds and reversed on odd ones. A cluster drifts as it ages: in one run its API server spent
+   half as much again per burst by the eighth, pods reached the scheduler in thinner streams, and CPU per pod
+   crept up; fitted over five runs here the drift was -1.5 to +2.6 % per trial. Over an even number of
+   rounds every contender's trials sit at the same mean position, so a steady drift falls on all alike; the
+   summary also fits it (least squares on the logarithm: one level per contender plus a common growth per
+   trial) and gives each contender's level at the mean position;
 3. each trial starts the contender's processes afresh (a coordinated one under an etcd prefix of its own),
    waits until it is ready (shard map settled, probe pods bound) and the host is quiet, runs the workload
    (``scale.bench.cluster``'s ``run_workload``: the same load generator, meter and clean-up), then stops the
@@ -58,14 +59,13 @@ from scale.bench.cluster import (
 )
 from scale.bench.results import RunResult
 from scale.bench.schedulers import AGENT, NOOP, SCHEDULERS, Running, grant_agent_rbac, launch
-from scale.bench.workloads import BACKLOG, BURST, STEADY, default_workloads, scaled
+from scale.bench.workloads import BURST, default_workloads, scaled
 from scale.cluster import ClusterError, ClusterOptions, generate_nodes
 from scale.cluster.config import PROJECT_ROOT
 from scale.cluster.nodes import PREPULLED_FRACTION
 
 log = logging.getLogger(__name__)
 
-WORKLOADS = (BURST, BACKLOG, STEADY)  # a pod stream of one kind: what a CPU-per-pod comparison needs
 DEFAULT_NODES = 1000
 DEFAULT_PODS = 2000
 DEFAULT_ROUNDS = 4
@@ -267,7 +267,6 @@ class PairedConfig:
     pods: int = DEFAULT_PODS
     rate: float | None = None  # the steady workload's arrival rate
     rounds: int = DEFAULT_ROUNDS
-    warmup: bool = True  # a first, uncounted trial of the first contender
     out: Path
     pull_delay_s: float = 0.0
     quiet_wait_s: float = 30.0
@@ -305,7 +304,7 @@ async def run_paired(config: PairedConfig) -> list[Trial]:
         await asyncio.to_thread(stages.install, cluster)
         async with cluster.client(qps=50000, burst=50000, max_connections=256) as client:
             kubeconfig, notes = measured_kubeconfig(cluster, await grant_agent_rbac(client))
-            runs = [(-1, config.contenders[0], WARMUP)] if config.warmup else []
+            runs = [(-1, config.contenders[0], WARMUP)]
             runs += [(r, c, c.label) for r, c in schedule(config.contenders, config.rounds)]
             for position, (r, c, label) in enumerate(runs):
                 spec = SCHEDULERS[c.scheduler]

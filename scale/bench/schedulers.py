@@ -400,8 +400,8 @@ def launch(
     prefix = f"{ETCD_PREFIX}/{spec.name}{suffix}"
     children = []
     try:
-        # Workers first: when the coordinator's first round runs, they are all registered and the nodes are placed
-        # once, instead of all going to the first worker and then being rebalanced.
+        # Workers first: when the coordinator's first round runs, they are all registered and the nodes are
+        # placed once, instead of all going to the first worker and then being rebalanced.
         for i in range(spec.workers):
             children.append(
                 start(

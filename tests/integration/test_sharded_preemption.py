@@ -233,6 +233,24 @@ async def wait_bound(kube: KubeClient, d: Deployment, namespace: str) -> dict[st
     return placed
 
 
+async def preempt_and_hold(kube: KubeClient, d: Deployment, classes: dict[str, str], st: Stage) -> str:
+    """Create the preemptor and wait until it is nominated to the target and its victim (held by a finalizer:
+    ``stage(hold=True)``) is terminating; returns the pods' API path."""
+    ns = f"/api/v1/namespaces/{st.namespace}/pods"
+    preemptor = pod("preemptor", classes["high"], "150", scheduler=d.scheduler_name, selector={ROLE: "yes"})
+    await kube.post(ns, preemptor)
+
+    async def nominated() -> bool:
+        obj = await kube.get(f"{ns}/preemptor")
+        low = await kube.get(f"{ns}/low")
+        return bool(
+            obj["status"].get("nominatedNodeName") == st.target and low["metadata"].get("deletionTimestamp")
+        )
+
+    await poll("the preemptor nominated and the victim terminating", nominated)
+    return ns
+
+
 async def test_the_nomination_survives_the_preempting_workers_death(
     kube: KubeClient,
     namespace: str,
@@ -246,21 +264,7 @@ async def test_the_nomination_survives_the_preempting_workers_death(
     nodes = Nodes(kube)
     try:
         st = await stage(kube, namespace, d, classes, nodes, hold=True)
-        ns = f"/api/v1/namespaces/{namespace}/pods"
-        preemptor = pod(
-            "preemptor", classes["high"], "150", scheduler=d.scheduler_name, selector={ROLE: "yes"}
-        )
-        await kube.post(ns, preemptor)
-
-        async def nominated() -> bool:
-            obj = await kube.get(f"{ns}/preemptor")
-            low = await kube.get(f"{ns}/low")
-            return bool(
-                obj["status"].get("nominatedNodeName") == st.target
-                and low["metadata"].get("deletionTimestamp")
-            )
-
-        await poll("the preemptor nominated and the victim terminating", nominated)
+        ns = await preempt_and_hold(kube, d, classes, st)
         d.procs[st.owner[st.target]].stop(signal.SIGKILL)
 
         await d.wait_status(lambda s: len(nodes_of(s)) == 2, "the dead worker's nodes handed over")
@@ -297,21 +301,7 @@ async def test_a_leader_failover_while_the_preemptor_waits_for_its_victim(
     try:
         st = await stage(kube, namespace, d, classes, nodes, hold=True)
         d.coordinator("coord-b")  # the standby
-        ns = f"/api/v1/namespaces/{namespace}/pods"
-        preemptor = pod(
-            "preemptor", classes["high"], "150", scheduler=d.scheduler_name, selector={ROLE: "yes"}
-        )
-        await kube.post(ns, preemptor)
-
-        async def nominated() -> bool:
-            obj = await kube.get(f"{ns}/preemptor")
-            low = await kube.get(f"{ns}/low")
-            return bool(
-                obj["status"].get("nominatedNodeName") == st.target
-                and low["metadata"].get("deletionTimestamp")
-            )
-
-        await poll("the preemptor nominated and the victim terminating", nominated)
+        ns = await preempt_and_hold(kube, d, classes, st)
         d.procs["coord-a"].stop(signal.SIGKILL)
         await d.wait_status(lambda s: s["leader"] == "coord-b", "coord-b leading")
         metrics_url = f"http://{(await d.status())['leader_address']}/metrics"

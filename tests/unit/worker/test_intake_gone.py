@@ -149,9 +149,8 @@ async def test_a_dispatch_id_reused_by_a_new_leader_for_a_recreated_pod_is_kept(
     results = Results(client, clock)
     results.expect(5, pod(uid="u1"))
     results.gone(P, "u1")
-    results.expect(
-        5, pod(uid="u2")
-    )  # recreated; a new leader term numbers its dispatches from the start again
+    # recreated; a new leader term numbers its dispatches from the start again
+    results.expect(5, pod(uid="u2"))
     clock.now += GONE_GRACE
     results.gone(PodKey("default/other"), "u9")
     assert results.pending == {P: (5, "u2")}
