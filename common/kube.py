@@ -5,6 +5,8 @@ aiohttp connection pool, so the scheduling path never builds typed client models
 used only here, and only to load kubeconfig / in-cluster credentials the way every Kubernetes tool does.
 
 Invariants:
+- The pool's connections are kept alive ``KEEPALIVE`` seconds idle; a process that binds in bursts holds as
+  many open as it binds at once (``keep_warm``), so a burst after a quiet spell does not open them first.
 - HTTP failures are mapped once, here, to the exception classes below; callers never inspect status codes.
 - A client-side token bucket (``qps``/``burst``) bounds request rate, like client-go's rate limiter.
 - Watches yield ``(event_type, object)`` pairs; a 410 Gone (initial or mid-stream) raises ``Gone`` so that the
@@ -125,6 +127,11 @@ def _error_for(status: int, body: bytes) -> ApiError:
         cls = ApiError
     return cls(status, message, reason)
 
+
+KEEPALIVE = 60.0  # seconds an idle pooled connection is kept (kube-apiserver closes them after 90 s idle)
+# How often ``keep_warm`` uses every connection it holds: well below ``KEEPALIVE`` and kube-apiserver's HTTP/1.1
+# idle timeout (90 s), and below the idle timeouts of the load balancers usually put in front of it (minutes).
+WARM_EVERY = 30.0
 
 TOKEN_REREAD = (
     60.0  # seconds between reads of a token file (kubelet rotates projected tokens well before expiry)
@@ -407,6 +414,7 @@ class KubeClient:
         max_connections: int = 128,
         request_timeout: float = 30.0,
         user_agent: str = "agent-scheduler",
+        keepalive: float = KEEPALIVE,
     ) -> None:
         self.creds = creds
         self._limiter = TokenBucket(qps, burst)
@@ -426,10 +434,11 @@ class KubeClient:
         self._session = aiohttp.ClientSession(
             base_url=None,
             headers=headers,
-            connector=aiohttp.TCPConnector(limit=max_connections, ssl=ssl_ctx, keepalive_timeout=60),
+            connector=aiohttp.TCPConnector(limit=max_connections, ssl=ssl_ctx, keepalive_timeout=keepalive),
             json_serialize=lambda o: orjson.dumps(o).decode(),
             trace_configs=[self._auth_trace(), restmetrics.trace()],
         )
+        self.warm_every = min(WARM_EVERY, keepalive / 2)
 
     def _auth_trace(self) -> aiohttp.TraceConfig:
         """Authentication for every request of the session (watches included): the trace's request-start hook
@@ -451,6 +460,25 @@ class KubeClient:
 
     async def close(self) -> None:
         await self._session.close()
+
+    async def keep_warm(self, connections: int) -> None:
+        """Hold ``connections`` kept-alive connections to the API server open, for as long as this runs.
+
+        Every ``warm_every`` seconds, ``connections`` concurrent ``GET /version`` requests (public, cheap, no
+        object read) each take a connection of the pool, idle ones before new ones, so none of them reaches
+        the keep-alive limit unused. Without this a quiet spell of a minute empties the pool, and the next
+        burst of bindings pays a TCP and TLS handshake per connection, on both sides, exactly when a user is
+        waiting; a process just started has no connection at all. Failures are ignored: the next round tries
+        again, and real requests report their own. Runs until cancelled."""
+        while connections > 0:
+            await asyncio.gather(*(self._touch() for _ in range(connections)))
+            await asyncio.sleep(self.warm_every)
+
+    async def _touch(self) -> None:
+        try:
+            await self.get("/version")
+        except Exception as e:  # best effort: nothing here may stop the process that holds the pool
+            log.debug("keeping a connection warm: %s: %s", type(e).__name__, e)
 
     async def __aenter__(self) -> KubeClient:
         return self

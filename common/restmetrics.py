@@ -2,7 +2,9 @@
 ``rest_client_requests_total{code,method,host}`` and ``rest_client_request_duration_seconds{verb,host}``,
 with client-go's names, labels and meaning, so dashboards built for Kubernetes components read them as they
 are. A request that got no response counts under ``code="<error>"``; the duration runs from sending the
-request to the response headers (for a watch, until the stream opened).
+request to the response headers (for a watch, until the stream opened). Not client-go's, hence our prefix:
+``agent_scheduler_api_connections_opened_total``, the connections (TCP and TLS handshakes) opened to the API
+server; it rises during a burst when the pool was not held warm (``KubeClient.keep_warm``).
 
 Observed by an aiohttp trace (``trace()``), so nothing on the request path calls into this module.
 Cardinality: one host per process, a handful of methods and codes.
@@ -28,6 +30,11 @@ request_duration = Histogram(
     "Request latency in seconds, broken down by verb and host.",
     ["verb", "host"],
     buckets=_BUCKETS,
+)
+
+connections_opened = Counter(
+    "agent_scheduler_api_connections_opened",
+    "Connections opened to the API server (each a TCP and TLS handshake).",
 )
 
 
@@ -63,7 +70,11 @@ def trace() -> aiohttp.TraceConfig:
     async def failed(_: object, ctx: object, params: aiohttp.TraceRequestExceptionParams) -> None:
         requests.labels("<error>", params.method, _host(params.url)).inc()
 
+    async def opened(_: object, __: object, ___: aiohttp.TraceConnectionCreateEndParams) -> None:
+        connections_opened.inc()
+
     config = aiohttp.TraceConfig()
+    config.on_connection_create_end.append(opened)
     config.on_request_start.append(start)
     config.on_request_end.append(end)
     config.on_request_exception.append(failed)

@@ -18,6 +18,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 
 from common import metrics
 from common.etcd.flags import add_security_arguments, endpoints_from, security_from
@@ -46,6 +47,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--session-label", default="agent-scheduler.io/session")
     p.add_argument("--warm-label", default="node.volcano.sh/warmup=true")
     p.add_argument("--bind-concurrency", type=int, default=64)
+    p.add_argument(
+        "--warm-connections",
+        type=int,
+        default=None,
+        help="API server connections held open while idle (default: --bind-concurrency; 0: none)",
+    )
     p.add_argument("--report-qps", type=float, default=50.0)
     p.add_argument("--no-scheduled-events", action="store_true", help="do not emit Scheduled events")
     p.add_argument("--metrics-address", default="127.0.0.1:0", help="host:port of /metrics, /healthz")
@@ -91,6 +98,7 @@ def settings_from(args: argparse.Namespace) -> WorkerSettings:
         name, _, weight = item.partition("=")
         s.scheduling.score_weights[name] = int(weight)
     s.binding.concurrency = args.bind_concurrency
+    s.api.warm_connections = args.warm_connections
     s.reporting.qps = args.report_qps
     s.reporting.scheduled_events = not args.no_scheduled_events
     host, _, port = args.metrics_address.rpartition(":")
@@ -140,6 +148,9 @@ async def run_standalone(settings: WorkerSettings) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.warm_connections is not None and args.warm_connections < 0:
+        print("agent-scheduler worker: error: --warm-connections must be 0 or more", file=sys.stderr)
+        return 2
     settings = settings_from(args)
     if args.standalone:
         return asyncio.run(run_standalone(settings))

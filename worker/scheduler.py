@@ -343,6 +343,7 @@ class Scheduler:
 
     async def run(self) -> None:
         """Run until cancelled. Pods are only scheduled once both caches have synced."""
+        warm = self.settings.api.warm_connections
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self.watches.nodes.run())
             if self.budgets is not None and self.preemption is not None:
@@ -357,6 +358,9 @@ class Scheduler:
             tg.create_task(self.watches.pods.run())
             await self.watches.pods.synced.wait()
             log.info("caches synced: %s", self.cache.statistics())
+            # Opened now, not while the caches sync (whose reads they would slow), and before the first
+            # decision: the first burst after a start (or a failover) binds without opening connections.
+            tg.create_task(self.client.keep_warm(self.settings.binding.concurrency if warm is None else warm))
             tg.create_task(self.binder.run())
             tg.create_task(self.reporter.run())
             tg.create_task(self.housekeeping())

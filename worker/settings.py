@@ -20,6 +20,10 @@ class ApiSettings:
     """Client-side burst (client-go's Burst)."""
     max_connections: int = 128
     """Kept-alive connections to the API server."""
+    warm_connections: int | None = None
+    """Connections held open while idle (``common.kube.KubeClient.keep_warm``), so a burst after a quiet spell
+    binds without opening them first; None: as many as bindings in flight at once (``binding.concurrency``);
+    0: none held."""
 
 
 @dataclass(slots=True)

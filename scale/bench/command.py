@@ -283,6 +283,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--quiet-wait", type=float, default=30.0, help="max seconds to wait for a quiet host before a trial"
     )
     pa.add_argument(
+        "--idle",
+        type=float,
+        default=0.0,
+        help="seconds each contender idles once ready, before its workload (a burst after a quiet spell)",
+    )
+    pa.add_argument(
         "--out", type=Path, default=None, help="results directory (default results/bench-paired-TIMESTAMP)"
     )
 
@@ -373,6 +379,7 @@ def _run(args: argparse.Namespace) -> int:
             out=args.out,
             pull_delay_s=args.pull_delay,
             quiet_wait_s=args.quiet_wait,
+            idle_s=args.idle,
         )
     if args.bench == "report":
         from scale.bench import report

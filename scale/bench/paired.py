@@ -16,7 +16,8 @@ the sharded path typically moves it by 2-10 %. Here:
    summary also fits it (least squares on the logarithm: one level per contender plus a common growth per
    trial) and gives each contender's level at the mean position;
 3. each trial starts the contender's processes afresh (a coordinated one under an etcd prefix of its own),
-   waits until it is ready (shard map settled, probe pods bound) and the host is quiet, runs the workload
+   waits until it is ready (shard map settled, probe pods bound) and the host is quiet, then ``idle_s`` more
+   with nothing to schedule (``--idle``: a user's first burst after a quiet spell), runs the workload
    (``scale.bench.cluster``'s ``run_workload``: the same load generator, meter and clean-up), then stops the
    processes by PID;
 4. a contender may run from another checkout of this project (``LABEL=SCHEDULER@DIR``, e.g. a ``git worktree``
@@ -270,6 +271,7 @@ class PairedConfig:
     out: Path
     pull_delay_s: float = 0.0
     quiet_wait_s: float = 30.0
+    idle_s: float = 0.0  # after ready and quiet, before the workload
     stall_s: float = 30.0
     timeout_s: float = 300.0
 
@@ -324,6 +326,7 @@ async def run_paired(config: PairedConfig) -> list[Trial]:
                         quiet = await wait_quiet(
                             cluster, running, cores=bench.quiet_cores, max_wait=config.quiet_wait_s
                         )
+                        await asyncio.sleep(config.idle_s)
                         result = await run_workload(
                             client,
                             cluster,
@@ -360,6 +363,7 @@ def main(
     out: Path | None,
     pull_delay_s: float,
     quiet_wait_s: float,
+    idle_s: float = 0.0,
 ) -> int:
     try:
         contenders = parse_contenders(runs)
@@ -372,6 +376,9 @@ def main(
             file=sys.stderr,
         )
         return 2
+    if idle_s < 0:
+        print("agent-scheduler bench paired: error: --idle must be 0 or more", file=sys.stderr)
+        return 2
     config = PairedConfig(
         contenders=contenders,
         nodes=nodes,
@@ -382,6 +389,7 @@ def main(
         out=(out or Path("results") / f"bench-paired-{time.strftime('%Y%m%d-%H%M%S')}").resolve(),
         pull_delay_s=pull_delay_s,
         quiet_wait_s=quiet_wait_s,
+        idle_s=idle_s,
     )
     began = time.monotonic()
     try:
@@ -392,8 +400,10 @@ def main(
     slope, _ = drift(trials)
     text = table(summarize(contenders, trials), slope)
     (config.out / "summary.md").write_text(
-        f"{config.workload} of {config.pods} pods on {config.nodes} nodes, a warm-up trial then {config.rounds} "
-        f"rounds (order reversed on odd rounds); mean (min-max) over the rounds\n\n{text}\n"
+        f"{config.workload} of {config.pods} pods on {config.nodes} nodes"
+        + (f", each after {config.idle_s:g} s idle" if config.idle_s else "")
+        + f", a warm-up trial then {config.rounds} rounds (order reversed on odd rounds); mean (min-max) over "
+        f"the rounds\n\n{text}\n"
     )
     print(text)
     print(

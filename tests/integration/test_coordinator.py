@@ -311,6 +311,15 @@ async def test_pod_no_shard_can_fit_is_reported_with_every_shards_reasons(
     d.worker("w2")
     await started(d, 2)
     total = len((await kube.get("/api/v1/nodes"))["items"])  # the pool is every node (no selector)
+    # Every node granted and none moving: the message counts the nodes the shards evaluated, and a node in
+    # handoff (released by one worker, not yet granted to the other) is evaluated by neither.
+    await d.wait_status(
+        lambda s: (
+            sum(nodes_of(s).values()) == total
+            and not any(v.get("revoking") for v in s["workers"].values() if v.get("live"))
+        ),
+        f"all {total} nodes granted, none in handoff",
+    )
     huge = agent_pod(0, namespace=namespace, scheduler_name=d.scheduler_name)
     huge["metadata"]["name"] = "huge"
     huge["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "500"

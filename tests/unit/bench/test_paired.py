@@ -155,3 +155,22 @@ def test_another_checkout_runs_first_on_the_python_path(
     assert env is not None and env["PYTHONPATH"] == f"{tmp_path}{os.pathsep}/some/plugins"
     monkeypatch.delenv("PYTHONPATH")
     assert checkout_env(tmp_path) == {**os.environ, "PYTHONPATH": str(tmp_path)}
+
+
+def test_a_negative_idle_is_refused_before_any_cluster_starts(capsys: pytest.CaptureFixture[str]) -> None:
+    from scale.bench import paired
+
+    code = paired.main(
+        runs=["a=agent-standalone", "b=agent-standalone"],
+        nodes=10,
+        workload=BURST,
+        pods=10,
+        rate=None,
+        rounds=2,
+        out=None,
+        pull_delay_s=0.0,
+        quiet_wait_s=0.0,
+        idle_s=-1.0,
+    )
+    assert code == 2
+    assert "--idle must be 0 or more" in capsys.readouterr().err

@@ -119,3 +119,29 @@ current-context: local
     assert creds.server == "https://127.0.0.1:6443"
     assert creds.token == "s3cret"
     assert creds.verify is False
+
+
+async def test_keeping_the_pool_warm_survives_an_unreachable_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``keep_warm`` runs beside the scheduling loop in one task group: no failure of a round may end it."""
+    client = kube.KubeClient(kube.Credentials(server="http://127.0.0.1:9"), keepalive=0.1)  # discard: refused
+    touched: list[str] = []
+    real_get = client.get
+
+    async def get(path: str, params: dict[str, str] | None = None) -> object:
+        touched.append(path)
+        if len(touched) == 3:
+            raise RuntimeError("not an API error")
+        return await real_get(path, params)
+
+    monkeypatch.setattr(client, "get", get)
+    try:
+        task = asyncio.create_task(client.keep_warm(2))
+        while len(touched) < 6:  # three rounds: refused, a stray exception, refused
+            assert not task.done(), task
+            await asyncio.sleep(0.01)
+        assert set(touched) == {"/version"}
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    finally:
+        await client.close()

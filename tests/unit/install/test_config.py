@@ -90,3 +90,18 @@ def test_a_bad_file_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFix
     assert err == f"agent-scheduler worker: error: config {path}: leaseTtl: expected an integer, got 'ten'\n"
     assert cli.main(["worker", "--config", str(tmp_path / "missing.yaml")]) == 2
     assert "No such file" in capsys.readouterr().err
+
+
+def test_warm_connections_default_to_the_binding_concurrency_and_refuse_a_negative_count(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from worker import command
+
+    assert (
+        command.settings_from(parse("worker")).api.warm_connections is None
+    )  # Scheduler: --bind-concurrency
+    path = write(tmp_path, WORKER + "warmConnections: 8\n")
+    assert command.settings_from(parse("worker", "--config", path)).api.warm_connections == 8
+    assert command.settings_from(parse("worker", "--warm-connections", "0")).api.warm_connections == 0
+    assert command.run(parse("worker", "--warm-connections", "-1")) == 2
+    assert "--warm-connections must be 0 or more" in capsys.readouterr().err
