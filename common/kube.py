@@ -470,7 +470,9 @@ class KubeClient:
         burst of bindings pays a TCP and TLS handshake per connection, on both sides, exactly when a user is
         waiting; a process just started has no connection at all. Failures are ignored: the next round tries
         again, and real requests report their own. Runs until cancelled."""
-        while connections > 0:
+        if connections <= 0:
+            return
+        while True:
             await asyncio.gather(*(self._touch() for _ in range(connections)))
             await asyncio.sleep(self.warm_every)
 

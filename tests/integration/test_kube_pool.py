@@ -14,8 +14,8 @@ from urllib.parse import urlparse
 
 import psutil
 import pytest
+from prometheus_client import REGISTRY
 
-from common import restmetrics
 from common.kube import KubeClient
 from scale.cluster import Cluster
 from tests.integration.support import start_worker
@@ -27,7 +27,7 @@ CONNECTIONS = 8
 
 
 def _opened() -> float:
-    return restmetrics.connections_opened._value.get()
+    return REGISTRY.get_sample_value("agent_scheduler_api_connections_opened_total") or 0.0
 
 
 async def _burst(client: KubeClient) -> float:
