@@ -16,11 +16,12 @@ retries in the stage they happened in:
 |---|---|---|---|
 | ``dispatched`` | the leader's watch shows the pod pending (or its gate lifted) | the DISPATCH that got it bound is sent | leader |
 | ``result`` | that DISPATCH is sent | its RESULT ``bound`` arrives (the whole worker side and both hops) | leader |
-| ``queued`` | the worker reads the DISPATCH (standalone: its watch delivers the pod) | the pod is in the scheduling queue (after any wait for the DISPATCH's ``min_rv``, ``worker.gate``) | worker |
+| ``queued`` | the worker reads the DISPATCH (standalone, or a pod it claims: its watch delivers the pod) | the pod is in the scheduling queue (after any wait for the DISPATCH's ``min_rv``, ``worker.gate``) | worker |
 | ``decided`` | the pod entered the queue | the decision that placed it is made and assumed (queue wait included) | worker |
 | ``bind_sent`` | assumed | the binding POST that succeeded is sent (binder slot wait and retries) | worker |
 | ``bound`` | that POST is sent | its answer arrives | worker |
 
+A pod a worker claims (``common.claims``) has no leader stage: its path is the worker's four, as standalone.
 In coordinated mode ``result`` spans ``queued`` to ``bound`` of the worker plus the two network hops, so a
 leader's stages and a worker's stages are two views of one path, never to be summed.
 
@@ -91,6 +92,10 @@ owned_nodes = Gauge("agent_scheduler_owned_nodes", "Nodes this worker may place 
 reports_dropped = Counter(
     "agent_scheduler_events_dropped_total",
     "Informational events (Scheduled) dropped because the event queue was full.",
+)
+pods_claimed = Counter(
+    "agent_scheduler_pods_claimed",
+    "Pending pods this worker claimed from its own pod watch (common.claims), without a DISPATCH.",
 )
 assumed_expired = Counter(
     "agent_scheduler_assumed_expired_total", "Assumed pods whose binding the watch never confirmed."

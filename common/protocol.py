@@ -44,7 +44,9 @@ item 3): RESULT's ``preemption`` and DISPATCH's ``preempt``. A version-3 worker 
 answer "no" without ever preempting, and a version-3 leader would ignore the candidates, so both are
 required fields and the versions must not talk. Version 5 added RESULT ``waiting``: a version-4 leader would
 refuse the unknown outcome and close the stream, and a version-4 worker would never send it (its preempting
-pods would be withdrawn after the leader's dispatch timeout and sent to preempt again elsewhere).
+pods would be withdrawn after the leader's dispatch timeout and sent to preempt again elsewhere). Version 6
+added CLAIMS and the RESULT of a claimed pod (id 0): a version-5 worker would claim nothing, and every pod
+the leader counted as claimed would wait for the claim timeout.
 
 Leader -> worker
     HELLO     {v, leader, term, nonce}         first frame
@@ -56,6 +58,10 @@ Leader -> worker
                                                if it fits), or the name of an owned node whose candidate
                                                this worker reported and the leader chose: if the pod fits
                                                nowhere, re-check that node's victims and preempt there
+    CLAIMS    {workers}                        the claim set: the worker ids among which plain pods are claimed
+                                               (``common.claims``); sent on every change, and to a stream once
+                                               its worker is ready. Empty: claim nothing. A worker that has
+                                               no stream claims nothing
     PING      {ts}                             heartbeat, every ``HEARTBEAT_INTERVAL`` (and once at once)
 Worker -> leader
     WELCOME   {v, worker, term, nonce}         answer to HELLO
@@ -73,7 +79,10 @@ Worker -> leader
               its queue until the victims are gone; its final RESULT follows, and until then the leader
               keeps the dispatch past its usual timeout). ``uid``
               is the pod's uid as the worker saw it, so a pod recreated under the same name is not answered
-              for by its predecessor's result.
+              for by its predecessor's result. A RESULT with ``id`` 0 (never a dispatch id) is about a pod
+              this worker claimed (``common.claims``), outcome "unschedulable" or "rejected" only: the
+              worker hands the pod to the leader (a bound claimed pod is not answered: the leader's watch
+              shows it).
     CAPACITY  {nodes, free_cpu, free_memory, max_cpu, max_memory, pending, syncing, binds_per_s, ts,
                placing}
               a compact summary of the worker's shard, every ``CAPACITY_INTERVAL`` in which it changed
@@ -127,7 +136,7 @@ from typing import Any, Final, Literal, Protocol
 
 import msgpack
 
-VERSION: Final = 5
+VERSION: Final = 6
 MAX_FRAME: Final = 16 * 1024 * 1024
 MAX_HANDSHAKE_FRAME: Final = 4096  # HELLO and its answer: read before the peer is authenticated
 MAC_SIZE: Final = 32  # HMAC-SHA256
@@ -143,6 +152,7 @@ WELCOME: Final = "welcome"
 DISPATCH: Final = "dispatch"
 ACK: Final = "ack"
 RESULT: Final = "result"
+CLAIMS: Final = "claims"
 CAPACITY: Final = "capacity"
 PING: Final = "ping"
 PONG: Final = "pong"
@@ -238,6 +248,15 @@ class Candidate:
         return candidate_rank(self)
 
 
+MAX_CLAIMANTS: Final = 4096  # workers in one claim set (far more than a cluster runs)
+CLAIMED: Final = 0  # the dispatch id of a RESULT about a claimed pod
+
+
+@dataclass(frozen=True, slots=True)
+class Claims:
+    workers: tuple[str, ...]
+
+
 @dataclass(frozen=True, slots=True)
 class Ack:
     id: int
@@ -320,7 +339,7 @@ class Error:
     message: str
 
 
-Message = Hello | Welcome | Dispatch | Ack | Result | Capacity | Ping | Pong | Error
+Message = Hello | Welcome | Dispatch | Claims | Ack | Result | Capacity | Ping | Pong | Error
 
 
 # ----- encoding ------------------------------------------------------------------------------------------
@@ -334,6 +353,8 @@ def _fields(message: Message) -> tuple[str, dict[str, Any]]:
             return WELCOME, {"v": version, "worker": worker, "term": term, "nonce": nonce}
         case Dispatch(dispatch_id, pod, min_rv, preempt):
             return DISPATCH, {"id": dispatch_id, "pod": pod, "min_rv": min_rv, "preempt": preempt}
+        case Claims(workers):
+            return CLAIMS, {"workers": list(workers)}
         case Ack(dispatch_id):
             return ACK, {"id": dispatch_id}
         case Result(dispatch_id, key, outcome, node, nodes, reasons, text, uid, preemption):
@@ -598,12 +619,22 @@ def _pod(m: Mapping[str, Any]) -> dict[str, Any]:
     return pod
 
 
+def _workers(m: Mapping[str, Any]) -> tuple[str, ...]:
+    value = _get(m, "workers")
+    if not isinstance(value, list) or len(value) > MAX_CLAIMANTS:
+        raise ProtocolError(f"workers is not a list of at most {MAX_CLAIMANTS}")
+    if not all(isinstance(w, str) and w for w in value):
+        raise ProtocolError("workers holds something other than worker ids")
+    return tuple(value)
+
+
 _DECODERS: dict[str, Callable[[Mapping[str, Any]], Message]] = {
     HELLO: lambda m: Hello(_str(m, "leader"), _int(m, "term"), _bytes(m, "nonce", NONCE_SIZE), _version(m)),
     WELCOME: lambda m: Welcome(
         _str(m, "worker"), _int(m, "term"), _bytes(m, "nonce", NONCE_SIZE), _version(m)
     ),
     DISPATCH: lambda m: Dispatch(_int(m, "id"), _pod(m), _revision(m, "min_rv"), _str(m, "preempt")),
+    CLAIMS: lambda m: Claims(_workers(m)),
     ACK: lambda m: Ack(_int(m, "id")),
     RESULT: lambda m: Result(
         _int(m, "id"),

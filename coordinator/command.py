@@ -58,6 +58,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kube-api-qps", type=float, default=2000.0)
     p.add_argument("--kube-api-burst", type=int, default=2000)
     p.add_argument("--report-qps", type=float, default=50.0, help="unschedulable reports per second")
+    p.add_argument(
+        "--no-worker-claims",
+        dest="worker_claims",
+        action="store_false",
+        help="dispatch every pod; by default each worker takes the plain pods hashed to it from its own watch",
+    )
     p.add_argument("--metrics-address", default="127.0.0.1:0", help="host:port of /metrics, /healthz")
     p.add_argument("--id", default="", help="candidate identity (default hostname-pid)")
     p.add_argument(
@@ -163,6 +169,7 @@ async def _main(args: argparse.Namespace) -> int:
             node_selector=args.agent_node_selector,
             keys=keys,
             report_qps=args.report_qps,
+            claims=args.worker_claims,
             sharding=sharding_options(args),
             dispatch_keys=load_keys(args.dispatch_secret_file),
             progress_bound=args.progress_timeout,

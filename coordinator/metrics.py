@@ -53,6 +53,13 @@ lane_waits = Counter(
     "lost_dispatch (a lane pod's dispatch was lost lately). Counted once per wait.",
     ["reason"],
 )
+claims = Counter(
+    "agent_scheduler_coordinator_claims_total",
+    "Pods left to the worker that claims them from its own watch (common.claims), by event: claimed (at the "
+    "leader's count), handed_back (the worker could not place it; the leader's path from there), taken_over "
+    "(its claimant neither placed nor handed it back within the dispatch timeout; dispatched).",
+    ["event"],
+)
 lane_settle_duration = Histogram(
     "agent_scheduler_coordinator_lane_settle_duration_seconds",
     "From a lane pod's dispatch to the pending watch showing it bound or deleted (the lane's cycle time: "

@@ -4,12 +4,13 @@ as its outcome receiver.
 ``CoordinatedWorker`` builds, in this order, each piece from the ones before it:
 1. the dispatch listener socket, bound first because its address goes into the membership record;
 2. the ``Shard`` (``worker.shard``): registration under the lease, the assignment, fencing, acks, catch-up;
-3. ``LeaderResults`` (``worker.intake``): the outcome receiver, RESULTs to the leader, Scheduled events and
-   the optional audit trail;
-4. ``Scheduler(shard=..., outcomes=..., watch_pending=False, preempt=True)``: the cache still watches every
-   node and pod (all pods use capacity), but only the leader's dispatch feeds the queue, and only usable nodes
-   of the shard are candidates; preemption only proposes candidates, and is carried out only on the owned
-   node the leader chose (``worker.preemption``);
+3. ``Claims`` (``worker.claims``) and ``LeaderResults`` (``worker.intake``): the pods this worker claims
+   from its own watch under the leader's claim set; the outcome receiver, RESULTs to the leader (a claimed
+   pod it cannot place is handed back), Scheduled events and the optional audit trail;
+4. ``Scheduler(shard=..., outcomes=..., watch_pending=False, preempt=True, claims=...)``: the cache still
+   watches every node and pod (all pods use capacity), but only the leader's dispatch and this worker's
+   claims feed the queue, and only usable nodes of the shard are candidates; preemption only proposes
+   candidates, and is carried out only on the owned node the leader chose (``worker.preemption``);
 5. the ``Intake`` server on the listener, with the dispatch keys (``common.keyring``; without a secret only
    a loopback listener is allowed, unless ``insecure_dispatch``) and a mirror of the election prefix, whose
    lowest key names the only leader whose stream it accepts.
@@ -40,8 +41,10 @@ from common.etcd.mirror import KeyMirror
 from common.etcd.schema import LoadReport, WorkerCapacity, WorkerRecord
 from common.keyring import Keys, NoSecret, load_keys
 from common.kube import KubeClient, load_credentials
+from common.records import PodRecord
 from common.wellknown import DEFAULT_ETCD_PREFIX
 from worker.audit import AuditLog
+from worker.claims import Claims
 from worker.intake import Intake, LeaderResults, elected_term
 from worker.outcomes import new_reporter
 from worker.scheduler import Scheduler
@@ -122,7 +125,16 @@ class CoordinatedWorker:
             else None
         )
         reporter = new_reporter(client, settings)
-        self.results = LeaderResults(reporter, audit=self.audit, catching_up=self.shard.syncing)
+        self.draining = False
+        self.claims = Claims(
+            self.worker_id,
+            settings.scheduling.scheduler_name,
+            can_place=self.can_place,
+            refuse=self._refuse_claim,
+        )
+        self.results = LeaderResults(
+            reporter, audit=self.audit, catching_up=self.shard.syncing, claims=self.claims
+        )
         self.sched = Scheduler(
             client,
             settings,
@@ -131,8 +143,8 @@ class CoordinatedWorker:
             reporter=reporter,
             watch_pending=False,
             preempt=True,  # proposes candidates; preempts only where the leader says (worker.preemption)
+            claims=self.claims,
         )
-        self.draining = False
         self.intake = Intake(
             self.sched,
             self.results,
@@ -143,6 +155,9 @@ class CoordinatedWorker:
             scheduler_name=settings.scheduling.scheduler_name,
             can_place=self.can_place,
         )
+
+    def _refuse_claim(self, pod: PodRecord, message: str) -> None:
+        self.results.refuse_claim(pod, message)
 
     def _epoch(self) -> int:
         return self.shard.epoch

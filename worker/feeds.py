@@ -3,15 +3,18 @@
 - ``NodeFeed``: every node (of ``--node-selector``) into the cache; a node added or changed in a way a filter
   sees wakes the unschedulable pods (``queue.move_all``).
 - ``PodFeed``: every non-terminal pod into the cache (pods of every scheduler use capacity); with
-  ``watch_pending`` (standalone) also every pending pod of our scheduler name into the queue. Freed capacity
+  ``watch_pending`` (standalone) also every pending pod of our scheduler name into the queue, and under a
+  coordinator the pending pods this worker claims (``claims``, ``worker.claims``). Freed capacity
   wakes the unschedulable pods; a deleted pod leaves the queue and the reporter, and ``gone`` is told (what
   the scheduler keeps per dispatched pod outside the queue goes with it). An event costs what it changes
   (``shortcuts``, on outside tests that compare them with the full path):
   - a DELETED event is not parsed (its key and uid are all it is read for);
   - a pod with no placed or assumed record here, not placed, not terminal, of another scheduler or (without
-    ``watch_pending``) ours neither nominated nor being deleted, is not parsed: a parse would only tell
+    ``watch_pending``) ours neither nominated nor being deleted nor one ``Claims.to_read`` wants (this
+    worker its claimant, or a required anti-affinity stated), is not parsed: a parse would only tell
     ``admit`` to drop it from ``pending``. Under a coordinator every worker sees every pending pod of ours
-    and only one gets its DISPATCH, which then parses it in full (``worker.intake``, with ``previous``);
+    and only one claims it or gets its DISPATCH, which then parses it in full (``worker.intake``, with
+    ``previous``); the claims keep the unparsed object, read when the claim set changes;
   - an event of a placed pod is parsed with its cached record (``common.records.pod_update``), which is kept
     as it is, and the cache is not touched, when nothing a reader of a placed pod reads changed (a kubelet's
     status updates after the start, annotations): the record is current in every field read. Pods on nodes
@@ -59,6 +62,7 @@ from common.records import NodeName, PodKey, PodRecord, node_from_json, pod_from
 from common.reporting import Reporter
 from common.watching import Reflector
 from worker.cache import Cache
+from worker.claims import Claims
 from worker.queue import SchedulingQueue
 from worker.workloads import REPLICA_SET, REPLICATION_CONTROLLER, SERVICE, STATEFUL_SET
 
@@ -145,6 +149,7 @@ class PodFeed:
         progress: asyncio.Event | None = None,
         gone: Callable[[PodKey, str], None] = lambda key, uid: None,
         shortcuts: bool = True,
+        claims: Claims | None = None,
     ) -> None:
         self.cache = cache
         self.queue = queue
@@ -161,6 +166,10 @@ class PodFeed:
         # coordinator only nominated ones, see ``_unread``): the ``previous`` of its next parse, here and for a
         # DISPATCH of it (``worker.intake``), so neither parses again what the watch already has.
         self.pending: dict[PodKey, PodRecord] = {}
+        # Under a coordinator: the pods this worker claims from this watch (``worker.claims``)
+        self.claims = claims
+        if claims is not None:
+            claims.changed = self.claims_changed
         # Pods read directly, ahead of the watch (``apply_direct``): their record and its resourceVersion.
         self.direct: dict[PodKey, tuple[int, PodRecord]] = {}
         # The resourceVersion of the relist being applied (``Watches`` sets it to the pod reflector's).
@@ -173,24 +182,50 @@ class PodFeed:
     def admit(self, pod: PodRecord, seen_at: float) -> None:
         """A pod from the watch: queue it if it is ours and waiting; drop it from the queue once placed.
         ``seen_at`` (the queue's clock) is when the watch delivered it: the start of the "queued" stage."""
+        claims = self.claims
         if pod.scheduler_name != self.scheduler_name:
             self.pending.pop(pod.key, None)
+            if claims is not None:
+                claims.left(pod.key)
             return
         if pod.node_name or pod.deleting:
             self.pending.pop(pod.key, None)
             self.queue.delete(pod.key)
             self.cache.unnominate(pod.key)
+            if claims is not None:
+                claims.left(pod.key)
             self.gone(pod.key, pod.uid)
             return
         self.pending[pod.key] = pod
         nominated = pod.nominated_node or self.cache.nominated_node.get(pod.key)
         if nominated:
             self.cache.nominate(pod, NodeName(nominated))  # the newest record holds the room
-        if self.watch_pending and not self.cache.is_assumed(pod.key):
+        take = self.watch_pending
+        if claims is not None:
+            claims.pending(pod)
+            take = claims.take(pod)
+        if take and not self.cache.is_assumed(pod.key):
             new = pod.key not in self.queue
             self.queue.add(pod)
             if new and pod.key in self.queue:
                 metrics.observe_stage("queued", self.queue.clock() - seen_at)
+
+    def claims_changed(self) -> None:
+        """The claim set changed: let go of the claimed pods now hashed elsewhere (unless already being
+        placed), and take the pods now hashed here: those parsed (``pending``) and those the watch left
+        unread."""
+        claims = self.claims
+        if claims is None:
+            return
+        for key in claims.not_mine():
+            if not self.cache.is_assumed(key):
+                self.queue.delete(key)
+        seen_at = self.queue.clock()
+        for pod in list(self.pending.values()):
+            self.admit(pod, seen_at)  # parsed already: claimed again if hashed here (``Claims.take``)
+        for key, obj in list(claims.unread.items()):
+            if claims.to_read(key, obj):
+                self._apply(pod_from_json(obj, self.pending.get(key)), seen_at)
 
     def apply_direct(self, pods: list[PodRecord]) -> None:
         """Account pods read directly (a consistent read, ahead of the watch), and hold them against the
@@ -204,6 +239,10 @@ class PodFeed:
         seen_at = self.queue.clock()
         pods = [pod_from_json(o) for o in objects]
         self.pending.clear()
+        if self.claims is not None:
+            # read again from the snapshot (``admit``); what it claimed stays claimed
+            self.claims.anti.clear()
+            self.claims.unread.clear()
         if self.direct:
             # A snapshot as new as a direct read replaces it; an older one (a relist that started before the
             # read) must not undo it: the direct record is applied again and the watch's events awaited.
@@ -258,6 +297,8 @@ class PodFeed:
 
     def _remove(self, key: PodKey, uid: str) -> None:
         self.pending.pop(key, None)
+        if self.claims is not None:
+            self.claims.left(key)
         self.queue.delete(key)
         self.cache.unnominate(key)
         self.reporter.forget(key)
@@ -282,6 +323,7 @@ class PodFeed:
             or status.get("nominatedNodeName")
             or key in self.cache.nominated_node
             or (obj.get("metadata") or {}).get("deletionTimestamp")
+            or (self.claims is not None and self.claims.to_read(key, obj))
         ):
             return False
         self.pending.pop(key, None)
@@ -330,6 +372,7 @@ class Watches:
         watch_pending: bool,
         watch_workloads: bool = True,
         gone: Callable[[PodKey, str], None] = lambda key, uid: None,
+        claims: Claims | None = None,
     ) -> None:
         self.client = client
         self.cache = cache
@@ -342,6 +385,7 @@ class Watches:
             watch_pending=watch_pending,
             progress=self.progress,
             gone=gone,
+            claims=claims,
         )
         self.pods = Reflector(client, "/api/v1/pods", self.pod_feed, params=POD_PARAMS, name="pods")
         self.pod_feed.listed_revision = lambda: int(self.pods.resource_version or 0)

@@ -15,6 +15,10 @@ Two objects:
   (``common.records.pod_from_json``), which is that record itself when the DISPATCH carries the same object.
 
 Invariants:
+- A pod this worker claimed (``worker.claims``) is answered only if it is not placed: a RESULT with id
+  ``protocol.CLAIMED`` (unschedulable with its reasons and preemption candidate, or rejected), after which the
+  pod is the leader's and is not claimed again. A DISPATCH of a claimed pod ends the claim: that dispatch is
+  answered. The claim set is the current stream's (its CLAIMS); none while there is no stream.
 - Only the elected leader's stream: a HELLO is accepted only if its MAC verifies and its ``term`` equals the
   create revision of the lowest key under the election prefix (``elected_term`` over the worker's mirror of
   it; a mirror that lags is waited for up to ``TERM_WAIT``). The stream replaces the current one only after
@@ -75,6 +79,7 @@ from common.keyring import Keys
 from common.records import NodeName, PodKey, PodRecord, pod_from_json, pod_key
 from common.reporting import Reporter
 from worker.audit import AuditLog
+from worker.claims import Claims
 from worker.engine import Decision
 from worker.gate import RevisionGate
 from worker.scheduler import Scheduler
@@ -199,9 +204,11 @@ class LeaderResults:
         audit: AuditLog | None = None,
         catching_up: Callable[[], int] = lambda: 0,
         clock: Callable[[], float] = time.monotonic,
+        claims: Claims | None = None,
     ) -> None:
         self.reporter = reporter
         self.audit = audit
+        self.claims = claims  # the pods this worker claims (``worker.claims``); their answers go here too
         self.catching_up = catching_up  # granted nodes the cache is still catching up on (``Shard.syncing``)
         self.stream: LeaderStream | None = None
         self.pending: dict[PodKey, tuple[int, str]] = {}  # pod -> (dispatch id, uid) of its latest DISPATCH
@@ -218,14 +225,28 @@ class LeaderResults:
         return self.stream.term if self.stream is not None else -1
 
     def connect(self, stream: LeaderStream) -> None:
-        """The elected leader's stream is authenticated: it replaces the current one."""
+        """The elected leader's stream is authenticated: it replaces the current one (nothing is claimed
+        until its CLAIMS)."""
         if self.stream is not None and self.stream is not stream:
             self.stream.writer.close()
         self.stream = stream
+        if self.claims is not None:
+            self.claims.set_workers(())
 
     def disconnect(self, stream: LeaderStream) -> None:
         if self.stream is stream:
             self.stream = None
+            if self.claims is not None:
+                self.claims.set_workers(())  # no leader to hand a pod back to: claim nothing new
+
+    def claim_set(self, stream: LeaderStream, workers: tuple[str, ...]) -> None:
+        """CLAIMS over ``stream``: the claim set, if that is the current stream."""
+        if self.claims is not None and self.stream is stream:
+            self.claims.set_workers(workers)
+
+    def refuse_claim(self, pod: PodRecord, message: str) -> None:
+        """Hand a pod this worker is the claimant of to the leader at once, untried (``worker.claims``)."""
+        self.send(_result(protocol.CLAIMED, pod, protocol.REJECTED, message=message))
 
     def expect(self, dispatch_id: int, pod: PodRecord) -> None:
         self.pending[pod.key] = (dispatch_id, pod.uid)
@@ -266,16 +287,28 @@ class LeaderResults:
 
     def bound(self, pod: PodRecord, node: NodeName, *, assumed_at: float, bound_at: float) -> None:
         self.reporter.scheduled(pod, node)
-        if self.audit is not None:
-            self.audit.bound(pod.key, node, assumed_at, bound_at)
         self._bound_times.append(time.monotonic())
         dispatch_id = self._owed(pod)
+        via = ""
         if dispatch_id is not None:
             self.send(_result(dispatch_id, pod, protocol.BOUND, node=node))
+            via = "dispatch"
+        elif self.claims is not None and self.claims.done(pod):
+            via = "claim"  # the leader's watch shows the binding: nothing to answer
+        if self.audit is not None:
+            self.audit.bound(pod.key, node, assumed_at, bound_at, via=via)
+
+    def _owed_or_claimed(self, pod: PodRecord) -> int | None:
+        """The dispatch id owed a RESULT for ``pod``, or ``protocol.CLAIMED`` if this worker claimed it (and
+        hands it back now), or None: nobody to answer."""
+        dispatch_id = self._owed(pod)
+        if dispatch_id is None and self.claims is not None and self.claims.hand_back(pod):
+            return protocol.CLAIMED
+        return dispatch_id
 
     def unschedulable(self, pod: PodRecord, decision: Decision) -> None:
         # Not reported on the pod: the leader may place it on another shard, and reports it when none can.
-        dispatch_id = self._owed(pod)
+        dispatch_id = self._owed_or_claimed(pod)
         if dispatch_id is None:
             return
         syncing = self.catching_up()
@@ -299,7 +332,7 @@ class LeaderResults:
 
     def rejected(self, pod: PodRecord, message: str) -> None:
         self.reporter.unschedulable(pod, message)
-        dispatch_id = self._owed(pod)
+        dispatch_id = self._owed_or_claimed(pod)
         if dispatch_id is not None:
             self.send(_result(dispatch_id, pod, protocol.REJECTED, message=message))
 
@@ -543,10 +576,14 @@ class Intake:
                 )
                 return
             self.results.expect(dispatch_id, pod)
+            if self.results.claims is not None:
+                self.results.claims.dispatched(pod)
             if msg.preempt:
                 self.sched.preempt_next(pod.key, NodeName(msg.preempt))
             self.gate.hold(pod, min_rv)
             stream.send(protocol.Ack(dispatch_id))
+        elif isinstance(msg, protocol.Claims):
+            self.results.claim_set(stream, msg.workers)
         elif isinstance(msg, protocol.Ping):
             stream.send(protocol.Pong(msg.ts))
         else:

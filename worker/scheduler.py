@@ -12,6 +12,8 @@ Seams, all given to the constructor (so the coordinator can drive a worker witho
   unschedulable pod, or one whose binding the API server refused, stays in this worker's queue to retry
   with backoff; otherwise pods arrive through ``submit`` and an unschedulable or refused one leaves the
   queue, handed back to the leader with the verdict (the leader retries a refused one with backoff).
+- ``claims`` (``worker.claims``, under a coordinator): the pod watch also admits the pending pods this worker
+  claims; they are decided and answered as dispatched pods are (``worker.intake.LeaderResults``).
 
 - ``preempt``: when no node fits, try preemption (``worker.preemption``). It adds a watch of
   PodDisruptionBudgets, synced before the first decision. Standalone, the worker preempts at once. Under a
@@ -40,6 +42,7 @@ from common.watching import Reflector
 from worker.binder import Binder
 from worker.budgets import Budgets
 from worker.cache import Cache
+from worker.claims import Claims
 from worker.engine import Decision, Engine
 from worker.feeds import Watches
 from worker.framework import Code
@@ -94,6 +97,7 @@ class Scheduler:
         reporter: Reporter,
         watch_pending: bool = True,
         preempt: bool = False,
+        claims: Claims | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client = client
@@ -146,6 +150,7 @@ class Scheduler:
             # no default constraint: the Services and controllers are not needed, not watched
             watch_workloads=bool(defaults.constraints),
             gone=self._gone,
+            claims=claims,
         )
         self.preemption: Preemption | None = None
         self.budgets: Reflector | None = None

@@ -43,7 +43,8 @@ class Worker:
     reserved_memory: int = 0
     dispatched: int = 0
     bound: int = 0
-    answered_at: float | None = None  # the latest RESULT over the current stream (the leader's clock)
+    # the latest RESULT over the current stream, or pod it claimed that the watch showed placed (leader's clock)
+    answered_at: float | None = None
 
     @property
     def connected(self) -> bool:

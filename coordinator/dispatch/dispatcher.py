@@ -1,13 +1,20 @@
 """The leader's pod dispatcher: every pending pod of our scheduler goes to one worker whose shard can fit it.
 
-Inputs: a watch of pending pods (``spec.schedulerName`` = ours, ``spec.nodeName`` empty) and the set of live
-workers with their dispatch addresses (from etcd membership, through ``set_workers``). Output: DISPATCH
-messages over each worker's link (``common.protocol``), and the unschedulable report for pods no shard can
-take. The parts: ``pending`` (the table and the verdict), ``choice`` (what is known of each worker and which
+Inputs: a watch of pending pods (``spec.schedulerName`` = ours, ``spec.nodeName`` empty), the set of live
+workers with their dispatch addresses (from etcd membership, through ``set_workers``) and the shard map's
+grants and nodes in transit (``granted``, ``in_transit``). Output: the claim set (CLAIMS), DISPATCH messages
+over each worker's link (``common.protocol``), and the unschedulable report for pods no shard can take. The parts: ``pending`` (the table and the verdict), ``choice`` (what is known of each worker and which
 one a pod goes to), ``links`` (one worker's stream), ``lane`` (pods with inter-pod rules); this module wires
 them and runs the loop.
 
 Invariants:
+- Worker claims (``common.claims``): a claimable pod is counted as claimed by its claimant in the claim set
+  (the ready workers that place pods and own nodes, sent to every worker as CLAIMS whenever it changes) and is
+  not dispatched while the claim stands: until the watch shows it bound or deleted, its claimant hands it back
+  (RESULT with id 0; one that comes before the claim, our watch behind the worker's, is kept ``EARLY_HOLD``
+  for it), the claim set changes (the pod moves to its claimant in the new set, or is dispatched if there is
+  none, counting as a lost dispatch for the lane), or the claim expires as a dispatch would
+  (``expire_claims``). A claimed pod counts as in flight for the lane's anti-affinity rule.
 - A pod is dispatched to at most one worker at a time; it is tracked until its final RESULT, until the watch
   shows it bound or deleted, until the worker's stream dies, or until ``DISPATCH_TIMEOUT`` passes without a
   RESULT (then it is dispatched again, elsewhere if possible); while the worker answers other dispatches (a
@@ -21,7 +28,9 @@ Invariants:
   worker's capacity grows, the set of workers changes, or ``UNSCHEDULABLE_RETRY`` passes. A RESULT rejected
   is never a no, nor is an unschedulable answer over zero nodes (a worker that saw no usable node): the pod
   is dispatched again after a backoff (``pending``), so workers fenced through an etcd outage cause no
-  Unschedulable verdict.
+  Unschedulable verdict. Nor is a verdict given while the shard map moves nodes (some revoking, or granted
+  to a worker whose summary does not count them yet), for up to ``SETTLE_LIMIT`` per pod: the live shards'
+  answers then do not cover every node.
 - A worker with ``protocol.MAX_UNACKED`` dispatches awaiting ACK is not chosen; pods that only it could take
   wait (they are not "no" answers) and are queued again as soon as an ACK frees its window.
 - Preemption across shards (``choice``, ``pending``): before a pod is declared unschedulable, the live
@@ -49,6 +58,8 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from common import metrics, protocol
+from common.claims import claimable, claimant
+from common.etcd.keys import WorkerId
 from common.keyring import Keys, NoSecret
 from common.kube import KubeClient
 from common.records import PodKey, PodRecord, pod_from_json, pod_key
@@ -58,7 +69,9 @@ from coordinator.dispatch.choice import Worker, choose, decisive, for_candidates
 from coordinator.dispatch.lane import ANTI_AFFINITY, MAX_IN_FLIGHT, Lane
 from coordinator.dispatch.links import Inbound, Link, LinkEvents, LinkFactory, Transport
 from coordinator.dispatch.pending import (
+    DISPATCH_TIMEOUT,
     MAX_PREEMPTIONS,
+    SETTLE_LIMIT,
     PendingPod,
     PendingTable,
     verdict,
@@ -66,6 +79,7 @@ from coordinator.dispatch.pending import (
 
 log = logging.getLogger(__name__)
 
+EARLY_HOLD = 30.0  # seconds a hand-back that came before its claim is kept for it
 IDLE_RESCAN = 0.5  # with nothing queued, waiting pods are considered again this often
 YIELD_EVERY = 256  # dispatches between yields to the event loop during a burst
 
@@ -135,6 +149,9 @@ class Dispatcher:
         rng: random.Random | None = None,
         connect: LinkFactory | None = None,
         keys: Keys | None = None,
+        claims: bool = True,
+        granted: Callable[[], Mapping[WorkerId, int]] = dict,
+        in_transit: Callable[[], int] = lambda: 0,
     ) -> None:
         self.client = client
         self.reporter = reporter
@@ -158,6 +175,17 @@ class Dispatcher:
         self._waiting_for_room: dict[PodKey, None] = {}
         self._waiting_for_pods: dict[PodKey, None] = {}
         self._next_id = 0
+        # The shard map's view (``coordinator.workershards``): nodes granted per worker, nodes being handed over
+        self.granted = granted
+        self.in_transit = in_transit
+        # Worker claims (``common.claims``): on or off for this term, the claim set sent to the workers, and
+        # the pods claimed now (an ordered set: the pods a claimant's departure or the claim timeout concerns)
+        self.claims = claims
+        self.claim_set: tuple[str, ...] = ()
+        self._claimed: dict[PodKey, None] = {}  # in the order they were claimed (``claimed_at``)
+        # hand-backs that came before the claim they answer (our watch behind the worker's): pod ->
+        # (worker, its RESULT, when), oldest first
+        self._early: dict[PodKey, tuple[str, protocol.Result, float]] = {}
         self.reflector = Reflector(
             client,
             "/api/v1/pods",
@@ -169,6 +197,9 @@ class Dispatcher:
         self.redispatched = 0
         self.timed_out = 0
         self.rejected = 0
+        self.claimed = 0
+        self.claims_declined = 0
+        self.claims_taken_over = 0
 
     def _open_link(self, worker_id: str, address: str, events: LinkEvents) -> Transport:
         link = Link(
@@ -207,14 +238,49 @@ class Dispatcher:
                 p.parked_at = self.clock()
                 return key
             if not record.gated:
-                self.table.enqueue(key)
+                self._claim_or_queue(p)
             return key
         was_gated = p.record.gated
         p.obj, p.record = obj, record
         if was_gated and not record.gated and p.worker is None:
             p.seen_at = self.clock()  # the time spent gated is the user's, not the scheduler's
-            self.table.enqueue(key)
+            self._claim_or_queue(p)
         return key
+
+    def _claim_or_queue(self, p: PendingPod) -> None:
+        """A pod that just became ready to place: its claimant's (``common.claims``), or the ready queue's.
+        The workers compute the claimant from the same object and claim set; a pod they see otherwise (a
+        claim set on its way to them) is placed twice at worst, or taken over after the claim timeout."""
+        key = p.record.key
+        wid = claimant(p.record.uid, self.claim_set) if self.claim_set else None
+        if wid is None or not claimable(p.record, self.scheduler_name):
+            self.table.enqueue(key)
+            return
+        p.claimant, p.claimed_at = wid, self.clock()
+        self._claimed[key] = None
+        self.claimed += 1
+        coordinator_metrics.claims.labels("claimed").inc()
+        early = self._early.pop(key, None)
+        w = self.workers.get(wid)
+        if early is not None and early[0] == wid and w is not None:
+            self._handed_back(w, early[1])  # its claimant's watch was ahead of ours
+
+    def _remember_early(self, w: Worker, result: protocol.Result) -> None:
+        """A hand-back for a pod we do not count as claimed yet: our watch may be behind the worker's (the
+        pod not seen yet, or still gated here). Kept ``EARLY_HOLD`` for the claim it answers."""
+        now = self.clock()
+        key = PodKey(result.key)
+        self._early.pop(key, None)
+        self._early[key] = (w.worker_id, result, now)
+        while self._early:
+            oldest = next(iter(self._early))
+            if now - self._early[oldest][2] < EARLY_HOLD:
+                break
+            del self._early[oldest]
+
+    def _unclaim(self, p: PendingPod) -> None:
+        p.claimant = None
+        self._claimed.pop(p.record.key, None)
 
     def forget(self, key: PodKey, rv: int = 0) -> None:
         """``key`` left the pending set (bound, deleted, or replaced by a pod of the same name), as the watch
@@ -222,7 +288,13 @@ class Dispatcher:
         p = self.table.pods.pop(key, None)
         if p is not None:
             self._release(p)
+            if p.claimant is not None:
+                w = self.workers.get(p.claimant)
+                if w is not None:
+                    w.answered_at = self.clock()  # its claimant is progressing (``PendingPod.claim_expired``)
+                self._unclaim(p)
         self.reporter.forget(key)
+        self._early.pop(key, None)
         self._lane_waits.pop(key, None)
         held = self.lane.holds(key)
         dispatched_at = self.lane.seen(key, rv)
@@ -260,6 +332,11 @@ class Dispatcher:
         w = choose(self.workers.values(), p.record, p.tried, self.rng)
         if w is None:
             message = verdict(p, self.workers)
+            if message is not None and self._shards_moving():
+                if p.deferred_since is None:
+                    p.deferred_since = now
+                if now - p.deferred_since < SETTLE_LIMIT:
+                    return  # considered again by the idle rescan, once the shards have settled
             if message is not None:
                 # every live shard said no: preemption (see ``choice``) before the verdict stands
                 w = for_candidates(self.workers.values(), p.record, p.tried)
@@ -291,14 +368,31 @@ class Dispatcher:
             protocol.Dispatch(p.dispatch_id, p.obj, min_rv=self.lane.min_rv(p.record), preempt=preempt)
         )
 
+    def _shards_moving(self) -> bool:
+        """Are nodes between workers, or granted to a worker whose summary does not count them yet? Then the
+        live shards' answers do not cover every node (a verdict would count too few nodes, and one not
+        counted may fit the pod)."""
+        if self.in_transit() > 0:
+            return True
+        for wid, n in self.granted().items():
+            w = self.workers.get(wid)
+            if n > 0 and (w is None or w.capacity is None or w.nodes + w.capacity.syncing == 0):
+                return True
+        return False
+
     def _in_flight(self) -> list[PodRecord]:
-        """The pods dispatched and not yet answered (for the lane's anti-affinity rule)."""
+        """The pods dispatched and not yet answered, and the pods claimed (for the lane's anti-affinity
+        rule)."""
         out = []
         for w in self.workers.values():
             for key in w.in_flight.values():
                 p = self.table.get(key)
                 if p is not None:
                     out.append(p.record)
+        for key in self._claimed:
+            p = self.table.get(key)
+            if p is not None:
+                out.append(p.record)
         return out
 
     def lane_waiting(self) -> int:
@@ -360,6 +454,7 @@ class Dispatcher:
         for wid, address in workers.items():
             if wid not in self.workers:
                 self.workers[wid] = Worker(wid, address, self.connect(wid, address, self))
+        self._update_claims()
         self.retry_parked(force=True)
 
     def close(self) -> None:
@@ -372,6 +467,7 @@ class Dispatcher:
         if w is not None:
             w.link.stop()
             self._requeue_from(w)
+            self._update_claims()
 
     def _requeue_from(self, w: Worker) -> None:
         now = self.clock()
@@ -394,11 +490,51 @@ class Dispatcher:
         w = self._current(link)
         if w is not None:
             w.capacity = None
+            self._update_claims()
 
     def link_down(self, link: Transport) -> None:
         w = self._current(link)
         if w is not None:
             self._requeue_from(w)
+            self._update_claims()
+
+    def _update_claims(self) -> None:
+        """Recompute the claim set (the ready workers that place pods and own nodes); when it changed, send
+        it to every worker and move each claimed pod to its claimant in the new set. A worker whose stream
+        is new is not ready until its first summary, so it gets the set then (the set changes). A pod left
+        with no claimant is dispatched; its former claimant may still place it, so for the lane it counts
+        as a lost dispatch (rule 4)."""
+        if not self.claims:
+            return
+        claim_set = tuple(
+            sorted(
+                wid
+                for wid, w in self.workers.items()
+                if w.ready and w.capacity is not None and w.capacity.placing and w.capacity.nodes > 0
+            )
+        )
+        if claim_set == self.claim_set:
+            return
+        self.claim_set = claim_set
+        log.info("claim set: %s", ", ".join(claim_set) or "(none)")
+        message = protocol.Claims(claim_set)
+        for w in self.workers.values():
+            w.link.send(message)
+        now = self.clock()
+        for key in list(self._claimed):
+            p = self.table.get(key)
+            if p is None:
+                self._claimed.pop(key, None)
+                continue
+            wid = claimant(p.record.uid, claim_set)
+            if wid is None:
+                self._unclaim(p)
+                self.lane.lost(p.record, now)
+                self.table.enqueue(key)
+            elif wid != p.claimant:
+                p.claimant, p.claimed_at = wid, now
+                del self._claimed[key]
+                self._claimed[key] = None  # kept in the order of ``claimed_at`` (``expire_claims``)
 
     def received(self, link: Transport, message: Inbound) -> None:
         w = self._current(link)
@@ -413,10 +549,13 @@ class Dispatcher:
                     # a summary that changes nothing ``choice`` decides by leaves them waiting (the idle
                     # rescan still reconsiders them every ``IDLE_RESCAN``)
                     self.table.wakeup.set()
+                    self._update_claims()
                 if grew:
                     self.retry_parked(force=True)
             case protocol.Ack(dispatch_id):
                 self._acknowledged(w, dispatch_id)
+            case protocol.Result(id=protocol.CLAIMED):
+                self._handed_back(w, message)
             case protocol.Result():
                 w.answered_at = self.clock()
                 self._acknowledged(w, message.id)
@@ -470,6 +609,54 @@ class Dispatcher:
         else:
             p.answered_no(w.worker_id, result)
             self.table.enqueue(key)
+
+    def _handed_back(self, w: Worker, result: protocol.Result) -> None:
+        """A worker hands back a pod it claimed and could not place: from here the pod goes the leader's way
+        (an unschedulable answer over its nodes counts as that shard's no). Ignored unless the pod (same uid)
+        is still claimed by that worker: a claim moved or taken over meanwhile stands. One for a pod not yet
+        claimed here is remembered for its claim (``_remember_early``)."""
+        p = self.table.get(PodKey(result.key))
+        if p is not None and result.uid and result.uid != p.record.uid:
+            return  # about another pod of that name
+        if p is None or (p.claimant is None and p.worker is None and p.parked_at is None):
+            self._remember_early(w, result)
+            return
+        if p.claimant != w.worker_id:
+            return
+        self._unclaim(p)
+        self.claims_declined += 1
+        coordinator_metrics.claims.labels("handed_back").inc()
+        if result.outcome == protocol.UNSCHEDULABLE and result.nodes > 0:
+            p.answered_no(w.worker_id, result)
+        self.table.enqueue(p.record.key)
+        self._wake_lane(None)  # no longer in flight for the lane's anti-affinity rule
+
+    def expire_claims(self) -> int:
+        """Take over every claim whose claimant has neither placed nor handed back its pod in time
+        (``PendingPod.claim_expired``): the pod is dispatched as any pod. Returns how many."""
+        now = self.clock()
+        expired = []
+        for key in self._claimed:  # in the order of ``claimed_at``: the first one not due ends the scan
+            p = self.table.get(key)
+            if p is not None and now <= p.claimed_at + DISPATCH_TIMEOUT:
+                break
+            if p is not None and p.claimant is not None:
+                w = self.workers.get(p.claimant)
+                if p.claim_expired(now, w.answered_at if w is not None else None):
+                    expired.append(p)
+        for p in expired:
+            log.warning(
+                "%s has not placed %s, claimed %.0f s ago; dispatching it",
+                p.claimant,
+                p.record.key,
+                now - p.claimed_at,
+            )
+            self._unclaim(p)
+            self.lane.lost(p.record, now)  # its claimant may still place it (rule 4)
+            self.claims_taken_over += 1
+            coordinator_metrics.claims.labels("taken_over").inc()
+            self.table.enqueue(p.record.key)
+        return len(expired)
 
     def expire_dispatches(self) -> int:
         """Withdraw every dispatch that has had no final RESULT in time (``PendingPod.expired``: after
@@ -544,6 +731,7 @@ class Dispatcher:
             await asyncio.sleep(1.0)
             self.retry_parked()
             self.expire_dispatches()
+            self.expire_claims()
             if self.lane.expire(self.clock()):
                 self._wake_all()
 
@@ -557,6 +745,13 @@ class Dispatcher:
             "rejected": self.rejected,
             "waiting_for_window": len(self._blocked),
             "waiting_for_lane": self.lane_waiting(),
+            "claims": {
+                "set": list(self.claim_set),
+                "claimed_now": len(self._claimed),
+                "claimed": self.claimed,
+                "handed_back": self.claims_declined,
+                "taken_over": self.claims_taken_over,
+            },
             "lane": self.lane.statistics(),
             "workers": {
                 wid: {

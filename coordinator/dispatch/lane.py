@@ -7,7 +7,7 @@ lack is a placement another worker decided whose binding its pod watch has not s
 being decided that reads other nodes' pods can then be broken, and so can the symmetric rule of an unseen pod
 (a required anti-affinity keeps matching pods out of its domain).
 
-Classes (``lane_rule``):
+Classes (``common.claims.lane_rule``, shared with the workers' claims):
 - lane pods state a required cross-node rule: a topologySpreadConstraint with ``DoNotSchedule`` (any key,
   ``kubernetes.io/hostname`` too: the skew compares the nodes of every shard), a required podAntiAffinity
   term whose topologyKey is not ``kubernetes.io/hostname``, or a required podAffinity term (any key: the pod
@@ -34,7 +34,10 @@ Rules (``Lane``; the dispatcher asks ``wait`` before it chooses a worker):
    is below the resourceVersion that settles it: a later interacting lane pod sees all of it.
 3. A plain pod matching a cross-node required anti-affinity term of a lane pod in flight waits until that pod
    is settled; a lane pod with cross-node required anti-affinity waits until no pod in flight matches one of
-   its terms (in flight: dispatched and not answered, or answered bound and not yet seen by the watch).
+   its terms (in flight: dispatched and not answered, answered bound and not yet seen by the watch, or
+   claimed by a worker and still pending in the leader's view). A worker never claims a plain pod matching
+   such a term of a pod pending in its own view (``common.claims``), and its watch shows every lane pod
+   created before the plain pod: so each of the two pods is decided by a worker that sees the other placed.
 4. A pod whose dispatch was lost (its worker's stream went down, or no RESULT came in time) may still be
    bound by the worker that had it. For ``LOST_HOLD`` after that, or until the watch shows it bound or
    deleted, it still counts as in flight for rules 1 and 3 (lane pods interacting with it wait, pods matching
@@ -52,9 +55,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Final, NamedTuple
 
+from common.claims import cross_node_anti_affinity, lane_rule
 from common.records import LabelSelector, PodKey, PodRecord, PodTerm, Requirement
 
-HOSTNAME: Final = "kubernetes.io/hostname"
 MAX_SHAPES: Final = 4096  # lane shapes remembered (with the pairs decided between them) before starting over
 LOST_HOLD: Final = 30.0  # seconds a pod whose dispatch was lost still counts as in flight (rule 4)
 MAX_IN_FLIGHT: Final = 64  # lane pods in flight at once (each candidate is checked against all of them)
@@ -70,30 +73,6 @@ class Wait(NamedTuple):
 
     reason: str
     blocker: PodKey | None = None
-
-
-def lane_rule(pod: PodRecord) -> str | None:
-    """The rule that makes ``pod`` a lane pod (for logs and tests), or None for a plain pod."""
-    rules = pod.inter_pod
-    if rules is None:
-        return None
-    for c in rules.spread:
-        if c.hard:
-            return f"topology spread on {c.topology_key} (DoNotSchedule)"
-    for term in rules.anti_affinity:
-        if term.topology_key != HOSTNAME:
-            return f"required pod anti-affinity on {term.topology_key}"
-    if rules.affinity:
-        return f"required pod affinity on {rules.affinity[0].topology_key}"
-    return None
-
-
-def cross_node_anti_affinity(pod: PodRecord) -> tuple[PodTerm, ...]:
-    """The pod's required anti-affinity terms whose domain spans nodes (rule 3)."""
-    rules = pod.inter_pod
-    if rules is None:
-        return ()
-    return tuple(t for t in rules.anti_affinity if t.topology_key != HOSTNAME)
 
 
 def _matches(terms: tuple[PodTerm, ...], pod: PodRecord) -> bool:

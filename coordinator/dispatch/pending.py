@@ -8,6 +8,10 @@ A pod in the table is in exactly one of these states:
   stream dying, or ``DISPATCH_TIMEOUT`` passing without a RESULT (then it is dispatched again;
   ``QUEUED_LIMIT`` while the worker answers other dispatches, ``PREEMPTION_WAIT_LIMIT`` after a RESULT
   ``waiting``: ``expired``);
+- claimed: ``claimant`` names the worker that takes it from its own pod watch (``common.claims``), since
+  ``claimed_at``, until the watch shows it bound or deleted, the worker hands it back (a RESULT with id 0),
+  the claim set changes (it is claimed by the pod's claimant in the new set, or dispatched if there is none),
+  or the claim expires as a dispatch would (``expired``): then it is dispatched as any pod;
 - parked: declared unschedulable at ``parked_at``; retried after ``UNSCHEDULABLE_RETRY``, or at once when a
   worker's capacity grows or the set of workers changes. Malformed pods are parked for good.
 
@@ -56,8 +60,18 @@ QUEUED_LIMIT = 600.0
 # A dispatch whose worker answered RESULT waiting (the pod is nominated where it preempted and waits there for
 # its victims) is withdrawn only this long after that answer: a backstop against a worker that lost it.
 PREEMPTION_WAIT_LIMIT = 900.0
+# A verdict is held back at most this long per pod while the shard map moves nodes (``Dispatcher``): a handoff
+# ends within a lease TTL and a grant delay, and a map that never settles must not keep a pod unanswered.
+SETTLE_LIMIT = 30.0
 REJECT_BACKOFF = 1.0  # first wait after a RESULT rejected (kube-scheduler's initial pod backoff)
 REJECT_BACKOFF_MAX = 10.0  # longest wait (kube-scheduler's maximum pod backoff)
+
+
+def _overdue(now: float, since: float, answered_at: float | None) -> bool:
+    if now <= since + DISPATCH_TIMEOUT:
+        return False
+    progressing = answered_at is not None and now - answered_at <= DISPATCH_TIMEOUT
+    return not progressing or now > since + QUEUED_LIMIT
 
 
 @dataclass(slots=True)
@@ -80,6 +94,12 @@ class PendingPod:
     candidates: dict[str, protocol.Candidate] = field(default_factory=dict)
     preemptions: int = 0
     waiting_since: float | None = None  # the dispatch in flight was answered RESULT waiting at this time
+    deferred_since: float | None = (
+        None  # its verdict was first held back for moving shards (``SETTLE_LIMIT``)
+    )
+    # the worker that claimed it (``common.claims``) since ``claimed_at``, until it is placed or handed back
+    claimant: str | None = None
+    claimed_at: float = 0.0
 
     def expired(self, now: float, answered_at: float | None) -> bool:
         """Is the dispatch in flight to be withdrawn, without a final RESULT by ``now``? After
@@ -91,14 +111,19 @@ class PendingPod:
         elsewhere, a second set of victims, while the first room stays reserved for it."""
         if self.waiting_since is not None:
             return now > self.waiting_since + PREEMPTION_WAIT_LIMIT
-        if now <= self.dispatched_at + DISPATCH_TIMEOUT:
-            return False
-        progressing = answered_at is not None and now - answered_at <= DISPATCH_TIMEOUT
-        return not progressing or now > self.dispatched_at + QUEUED_LIMIT
+        return _overdue(now, self.dispatched_at, answered_at)
+
+    def claim_expired(self, now: float, answered_at: float | None) -> bool:
+        """Is the claim to be taken over by the leader (its claimant has neither placed the pod nor handed it
+        back)? As ``expired`` for a dispatch: its claimant is progressing while the watch shows it placing
+        other pods it claimed, or it answers dispatches."""
+        return _overdue(now, self.claimed_at, answered_at)
 
     @property
     def waiting(self) -> bool:
-        return self.worker is None and self.parked_at is None and not self.record.gated
+        return (
+            self.worker is None and self.claimant is None and self.parked_at is None and not self.record.gated
+        )
 
     def answered_no(self, worker_id: str, result: protocol.Result) -> None:
         """An unschedulable RESULT: one more worker that cannot take the pod, and its reasons."""
@@ -123,7 +148,7 @@ class PendingPod:
         self.not_before = now + min(REJECT_BACKOFF_MAX, REJECT_BACKOFF * 2 ** min(self.rejections - 1, 16))
 
     def unpark(self) -> None:
-        self.parked_at, self.tried, self.answers = None, set(), {}
+        self.parked_at, self.tried, self.answers, self.deferred_since = None, set(), {}, None
         self.candidates, self.preemptions = {}, 0
 
 

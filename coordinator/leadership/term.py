@@ -57,6 +57,9 @@ class LeaderOptions:
     dispatch_keys: Keys | None = None  # the dispatch channel's shared secret (common.keyring); None: none
     progress_bound: float = DEFAULT_BOUND  # seconds a progress signal may stall before the leader steps down
     pool_verdict: PoolVerdict = field(default_factory=PoolVerdict)  # why the pool is empty, for /readyz
+    claims: bool = (
+        True  # workers claim plain pods from their own watch (common.claims); False: all dispatched
+    )
 
 
 async def run_term(term: LeaderTerm, etcd: Etcd3Client, client: KubeClient, options: LeaderOptions) -> None:
@@ -87,6 +90,9 @@ async def run_term(term: LeaderTerm, etcd: Etcd3Client, client: KubeClient, opti
         leader_id=term.record.candidate_id,
         term=term.create_revision,
         keys=options.dispatch_keys,
+        claims=options.claims,
+        granted=shardmap.granted_counts,
+        in_transit=lambda: shardmap.in_transit,
     )
 
     def members_changed() -> None:

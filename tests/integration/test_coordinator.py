@@ -168,6 +168,14 @@ async def mid_burst(kube: KubeClient, d: Deployment, namespace: str) -> AsyncIte
     await audit(d, kube, namespace, MID_BURST_PODS)
 
 
+async def logged(proc: SchedulerProcess, line: str) -> None:
+    """Wait until ``proc``'s log has a line containing ``line``."""
+    deadline = time.monotonic() + SETTLE_TIMEOUT
+    while line not in proc.log_path.read_text(errors="replace"):
+        assert time.monotonic() < deadline, f"timed out waiting for {line!r} in {proc.log_path}"
+        await asyncio.sleep(0.1)
+
+
 async def started(d: Deployment, workers: int) -> None:
     await d.wait_status(
         lambda s: (
@@ -183,19 +191,24 @@ async def test_steady_load_two_workers(
     kube: KubeClient, namespace: str, deployment: Deployment, record_property: Any
 ) -> None:
     d = deployment
-    d.coordinator("coord-a")
+    coord = d.coordinator("coord-a")
     d.worker("w1")
     d.worker("w2")
     await started(d, 2)
+    await logged(coord, "claim set: w1, w2")
     t0 = time.monotonic()
     for second in range(6):  # about 50 pods/s
         await burst(kube, d, namespace, 50, start=second * 50)
         await asyncio.sleep(max(0.0, t0 + second + 1 - time.monotonic()))
     pods = await audit(d, kube, namespace, 300)
-    by_worker = defaultdict(int)
+    by_worker: dict[str, int] = defaultdict(int)
+    claimed: dict[str, int] = defaultdict(int)
     for t in d.trails():
         by_worker[t["worker"]] += 1
+        claimed[t["worker"]] += t["via"] == "claim"
     assert set(by_worker) == {"w1", "w2"}, by_worker  # both shards are used
+    # plain pods are claimed by the worker their uid hashes to, from its own watch, not dispatched
+    assert claimed == by_worker, (claimed, by_worker)
     record_property("pods", len(pods))
 
 

@@ -13,6 +13,7 @@ from common import protocol
 from common.protocol import (
     Ack,
     Capacity,
+    Claims,
     Dispatch,
     Error,
     Hello,
@@ -58,6 +59,11 @@ MESSAGES: list[Message] = [
     Result.rejected(3, "default/a", "worker cannot place pods now"),
     Result(4, "default/a", protocol.GONE),
     Result.waiting(6, "default/a", "node-2", uid="u-1"),
+    Result.unschedulable(
+        protocol.CLAIMED, "default/a", nodes=3, reasons={"Insufficient cpu": 3}, message="0/3", uid="u-2"
+    ),
+    Claims(("worker-1", "worker-2")),
+    Claims(()),
     Capacity(
         nodes=2,
         free_cpu=4000,
@@ -131,7 +137,7 @@ def test_frames_without_version_are_accepted_except_hello_and_welcome() -> None:
 
 
 @pytest.mark.parametrize("message", [MESSAGES[0], MESSAGES[1]], ids=["hello", "welcome"])
-@pytest.mark.parametrize("version", [0, 1, 2, 3, 4, 6, "5", None, True, 1.5])
+@pytest.mark.parametrize("version", [0, 1, 2, 3, 4, 5, 7, "6", None, True, 1.5])
 def test_version_mismatch_in_hello_and_welcome(message: Message, version: Any) -> None:
     fields = raw(message)
     fields["v"] = version
@@ -386,6 +392,13 @@ NOT_MESSAGES: list[Any] = [
     pytest.param(pack({"t": b"ack", "id": 1}), id="bytes-type"),
     pytest.param(pack(msgpack.ExtType(1, b"x")), id="ext"),
     pytest.param(b"\x91" * 100_000 + b"\xc0", id="deep-arrays"),
+    pytest.param(pack({"t": "claims"}), id="claims-without-workers"),
+    pytest.param(pack({"t": "claims", "workers": "worker-1"}), id="claims-workers-string"),
+    pytest.param(pack({"t": "claims", "workers": ["worker-1", 2]}), id="claims-workers-int"),
+    pytest.param(pack({"t": "claims", "workers": [""]}), id="claims-workers-empty-id"),
+    pytest.param(
+        pack({"t": "claims", "workers": ["w"] * (protocol.MAX_CLAIMANTS + 1)}), id="claims-too-many"
+    ),
 ]
 
 

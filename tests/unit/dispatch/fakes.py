@@ -143,7 +143,7 @@ class FakeLink:
 class Rig:
     """A Dispatcher over fake links, a fake reporter, a fake clock and a seeded rng."""
 
-    def __init__(self, client: KubeClient) -> None:
+    def __init__(self, client: KubeClient, *, claims: bool = False) -> None:
         self.clock = FakeClock()
         self.reporter = FakeReporter()
         self.links: dict[str, FakeLink] = {}
@@ -156,6 +156,7 @@ class Rig:
             clock=self.clock,
             rng=random.Random(7),
             connect=self._connect,
+            claims=claims,
         )
 
     def _connect(self, worker_id: str, address: str, events: LinkEvents) -> FakeLink:

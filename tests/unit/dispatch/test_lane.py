@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from common import protocol
+from common.claims import lane_rule
 from common.records import PodKey
 from coordinator import metrics as coordinator_metrics
 from coordinator.dispatch.lane import (
@@ -17,7 +18,6 @@ from coordinator.dispatch.lane import (
     MAX_IN_FLIGHT,
     _Interactions,
     interact,
-    lane_rule,
 )
 from tests.builders import PodBuilder
 from tests.unit.dispatch.fakes import FakeLink, Rig

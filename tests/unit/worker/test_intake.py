@@ -9,7 +9,7 @@ import hashlib
 import hmac
 import socket
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -25,6 +25,7 @@ from common.wellknown import DEFAULT_SCHEDULER_NAME
 from tests.builders import make_node, make_pod
 from tests.unit.worker.helpers import FixedShard
 from worker import intake as intake_module
+from worker.claims import Claims
 from worker.intake import Intake, LeaderResults
 from worker.scheduler import Scheduler
 from worker.settings import WorkerSettings
@@ -68,11 +69,18 @@ async def worker() -> AsyncIterator[Worker]:
 
 
 @contextlib.asynccontextmanager
-async def running_worker(*, preempt: bool = False) -> AsyncIterator[Worker]:
+async def running_worker(
+    *, preempt: bool = False, claims: Callable[[Callable[[], bool]], Claims] | None = None
+) -> AsyncIterator[Worker]:
+    """A worker with one node ("n1", 4 CPUs) serving the dispatch protocol on a local port; ``claims`` builds
+    its ``worker.claims.Claims`` from its ``can_place``."""
     client = KubeClient(Credentials("http://127.0.0.1:9"))  # never called: no watch runs here
     reporter = RecordingReporter(client)
     shard = FixedShard(["n1"])
-    results = LeaderResults(reporter, catching_up=shard.syncing)
+    placing = [True]
+    elected: list[int | None] = [1]
+    claimed = claims(lambda: placing[0]) if claims is not None else None
+    results = LeaderResults(reporter, catching_up=shard.syncing, claims=claimed)
     sched = Scheduler(
         client,
         WorkerSettings(),
@@ -81,10 +89,9 @@ async def running_worker(*, preempt: bool = False) -> AsyncIterator[Worker]:
         reporter=reporter,
         watch_pending=False,
         preempt=preempt,
+        claims=claimed,
     )
     sched.cache.upsert_node(make_node("n1", cpu="4").record())
-    placing = [True]
-    elected: list[int | None] = [1]
     intake = Intake(
         sched,
         results,

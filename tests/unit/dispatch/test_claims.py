@@ -1,0 +1,288 @@
+"""The leader's side of worker claims (``common.claims``) over fake links: the claim set it sends, the pods it
+leaves to their claimant, and how a claim ends (placed, handed back, moved, taken over)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest_asyncio
+
+from common import protocol
+from common.claims import claimant
+from common.etcd.keys import WorkerId
+from common.kube import Credentials, KubeClient
+from common.records import PodKey
+from coordinator.dispatch.pending import DISPATCH_TIMEOUT, SETTLE_LIMIT
+from tests.builders import PodBuilder
+from tests.unit.dispatch.fakes import FakeLink, Rig
+
+ZONE = "topology.kubernetes.io/zone"
+
+
+@pytest_asyncio.fixture
+async def rig() -> AsyncIterator[Rig]:
+    client = KubeClient(Credentials(server="http://127.0.0.1:9"))
+    try:
+        yield Rig(client, claims=True)
+    finally:
+        await client.close()
+
+
+def pod(name: str, cpu: str = "500m") -> dict[str, Any]:
+    return PodBuilder(name).req(cpu=cpu, memory="1Gi").uid(f"uid-{name}").obj
+
+
+def key(name: str) -> PodKey:
+    return PodKey(f"default/{name}")
+
+
+def claims_sent(link: FakeLink) -> list[tuple[str, ...]]:
+    return [m.workers for m in link.sent if isinstance(m, protocol.Claims)]
+
+
+def named(rig: Rig, workers: tuple[str, ...], want: str, count: int = 1) -> list[str]:
+    """``count`` pod names whose claimant in ``workers`` is ``want``."""
+    out: list[str] = []
+    i = 0
+    while len(out) < count:
+        name = f"p{i}"
+        if claimant(f"uid-{name}", workers) == want:
+            out.append(name)
+        i += 1
+    return out
+
+
+def hand_back(link: FakeLink, name: str, *, nodes: int = 4) -> None:
+    result = protocol.Result.unschedulable(
+        protocol.CLAIMED,
+        str(key(name)),
+        nodes=nodes,
+        reasons={"Insufficient cpu": nodes} if nodes else {},
+        message="no",
+        uid=f"uid-{name}",
+    )
+    link.events.received(link, result)
+
+
+async def test_the_claim_set_goes_to_every_worker_once_it_is_ready(rig: Rig) -> None:
+    w1, w2 = rig.workers("w1", "w2")
+    w1.up().summary()
+    assert claims_sent(w1) == [("w1",)]
+    w2.up()
+    assert claims_sent(w2) == []  # not ready (no summary): not in the set, the set unchanged
+    w2.summary()
+    assert claims_sent(w1) == [("w1",), ("w1", "w2")] and claims_sent(w2) == [("w1", "w2")]
+    w2.summary()  # the same again: nothing new
+    assert claims_sent(w2) == [("w1", "w2")]
+    w2.summary(nodes=0)  # owns no node: out of the set
+    assert claims_sent(w1)[-1] == ("w1",)
+    w2.summary(placing=False)
+    assert claims_sent(w1)[-1] == ("w1",)
+
+
+async def test_a_plain_pod_is_left_to_its_claimant_and_never_dispatched(rig: Rig) -> None:
+    w1, w2 = rig.workers("w1", "w2")
+    w1.up().summary()
+    w2.up().summary()
+    (mine,) = named(rig, ("w1", "w2"), "w2")
+    rig.d.observe(pod(mine))
+    rig.step()
+    assert w1.dispatches() == [] and w2.dispatches() == []
+    p = rig.d.table.pods[key(mine)]
+    assert p.claimant == "w2" and not p.waiting
+    assert rig.d.statistics()["claims"]["claimed_now"] == 1
+    bound = pod(mine)
+    bound["spec"]["nodeName"] = "node-1"
+    rig.d.observe(bound)  # the watch shows it placed
+    assert key(mine) not in rig.d.table and rig.d.statistics()["claims"]["claimed_now"] == 0
+    rig.clock.advance(DISPATCH_TIMEOUT * 2)
+    assert rig.d.expire_claims() == 0
+
+
+async def test_pods_for_the_leaders_path_are_dispatched(rig: Rig) -> None:
+    (w1,) = rig.workers("w1")
+    w1.up().summary()
+    rig.d.observe(PodBuilder("lane").req(cpu="100m").uid("uid-lane").spread(ZONE, {"a": "b"}).obj)
+    rig.d.observe(PodBuilder("gated").req(cpu="100m").uid("uid-gated").gate("g").obj)
+    rig.step()
+    assert [m.pod["metadata"]["name"] for m in w1.dispatches()] == ["lane"]
+    ungated = PodBuilder("gated").req(cpu="100m").uid("uid-gated").obj
+    rig.d.observe(ungated)  # its gate lifted: now plain and ready, so claimed
+    rig.step()
+    assert rig.d.table.pods[key("gated")].claimant == "w1" and len(w1.dispatches()) == 1
+
+
+async def test_without_claims_every_pod_is_dispatched(rig: Rig) -> None:
+    rig.d.claims = False
+    (w1,) = rig.workers("w1")
+    w1.up().summary()
+    rig.d.observe(pod("a"))
+    rig.step()
+    assert claims_sent(w1) == [] and len(w1.dispatches()) == 1
+
+
+async def test_a_handed_back_pod_goes_the_leaders_way_and_its_no_counts(rig: Rig) -> None:
+    w1, w2 = rig.workers("w1", "w2")
+    w1.up().summary()
+    w2.up().summary()
+    (name,) = named(rig, ("w1", "w2"), "w1")
+    rig.d.observe(pod(name))
+    rig.step()
+    hand_back(w2, name)  # not its claimant: ignored
+    assert rig.d.table.pods[key(name)].claimant == "w1"
+    hand_back(w1, name)
+    rig.step()
+    assert w1.dispatches() == []  # it said no: not sent back there
+    [sent] = w2.dispatches()
+    w2.unschedulable(sent.id, 4, {"Insufficient memory": 4})
+    rig.step()
+    [(_, message)] = rig.reporter.verdicts
+    assert message.startswith("0/8 nodes are available: 4 Insufficient cpu, 4 Insufficient memory.")
+    assert rig.d.statistics()["claims"]["handed_back"] == 1
+
+
+async def test_a_pod_handed_back_untried_may_go_anywhere(rig: Rig) -> None:
+    (w1,) = rig.workers("w1")
+    w1.up().summary()
+    rig.d.observe(pod("a"))
+    hand_back(w1, "a", nodes=0)  # rejected or zero nodes: not a no
+    rig.step()
+    assert len(w1.dispatches()) == 1
+
+
+async def test_a_departing_claimant_leaves_its_claims_to_the_others(rig: Rig) -> None:
+    w1, w2 = rig.workers("w1", "w2")
+    w1.up().summary()
+    w2.up().summary()
+    names = named(rig, ("w1", "w2"), "w2", count=3)
+    for name in names:
+        rig.d.observe(pod(name))
+    w2.down()
+    assert claims_sent(w1)[-1] == ("w1",)
+    rig.step()
+    assert all(rig.d.table.pods[key(n)].claimant == "w1" for n in names)
+    assert w1.dispatches() == []
+    w1.down()  # nobody left to claim: they wait for a worker, and count as lost dispatches for the lane
+    assert all(rig.d.table.pods[key(n)].claimant is None for n in names)
+    assert set(rig.d.lane.lost_dispatches) == {key(n) for n in names}
+    w1.up().summary()
+    rig.step()
+    assert {m.pod["metadata"]["name"] for m in w1.dispatches()} == set(names)
+
+
+async def test_a_claim_not_placed_in_time_is_taken_over(rig: Rig) -> None:
+    (w1,) = rig.workers("w1")
+    w1.up().summary()
+    rig.d.observe(pod("a"))
+    rig.clock.advance(DISPATCH_TIMEOUT - 1)
+    assert rig.d.expire_claims() == 0
+    rig.clock.advance(2)
+    assert rig.d.expire_claims() == 1
+    rig.step()
+    assert len(w1.dispatches()) == 1
+    assert rig.d.statistics()["claims"]["taken_over"] == 1
+    assert key("a") in rig.d.lane.lost_dispatches  # its claimant may still place it
+
+
+async def test_a_claimant_placing_other_claims_keeps_its_claims(rig: Rig) -> None:
+    (w1,) = rig.workers("w1")
+    w1.up().summary()
+    rig.d.observe(pod("a"))
+    rig.clock.advance(DISPATCH_TIMEOUT - 1)
+    rig.d.observe(pod("b"))
+    rig.clock.advance(2)
+    placed = pod("b")
+    placed["spec"]["nodeName"] = "node-1"
+    rig.d.observe(placed)  # progressing: working through a long queue
+    assert rig.d.expire_claims() == 0
+
+
+async def test_a_lane_pod_waits_for_a_claimed_pod_its_anti_affinity_matches(rig: Rig) -> None:
+    (w1,) = rig.workers("w1")
+    w1.up().summary()
+    plain = PodBuilder("web").req(cpu="100m").uid("uid-web").label("app", "web").obj
+    rig.d.observe(plain)
+    assert rig.d.table.pods[key("web")].claimant == "w1"
+    lane = PodBuilder("lane").req(cpu="100m").uid("uid-lane").pod_affinity(ZONE, {"app": "web"}, anti=True)
+    rig.d.observe(lane.obj)
+    rig.step()
+    assert w1.dispatches() == []  # the claimed pod may be placed without seeing it, and it without seeing it
+    placed = PodBuilder("web").req(cpu="100m").uid("uid-web").label("app", "web").on("node-1").obj
+    placed["metadata"]["resourceVersion"] = "77"
+    rig.d.observe(placed)
+    rig.step()
+    [sent] = w1.dispatches()
+    assert sent.pod["metadata"]["name"] == "lane" and sent.min_rv >= 77
+
+
+def huge() -> dict[str, Any]:
+    """A pod no shard fits, that may not preempt (so no dry run is asked for before the verdict)."""
+    return PodBuilder("huge").req(cpu="64").uid("uid-huge").never_preempt().obj
+
+
+async def test_no_verdict_while_nodes_are_between_workers(rig: Rig) -> None:
+    rig.d.claims = False
+    (w1,) = rig.workers("w1")
+    w1.up().summary()
+    granted = {WorkerId("w1"): 4, WorkerId("w2"): 4}  # w2 granted nodes, not yet connected
+    rig.d.granted = lambda: granted
+    rig.d.observe(huge())
+    rig.step()
+    assert rig.reporter.verdicts == []
+    granted.pop(WorkerId("w2"))
+    rig.d.in_transit = lambda: 4  # released by w2, not yet granted again
+    rig.rescan()
+    rig.step()
+    assert rig.reporter.verdicts == []
+    rig.clock.advance(SETTLE_LIMIT)  # a map that does not settle holds no pod unanswered
+    rig.rescan()
+    rig.step()
+    [(_, message)] = rig.reporter.verdicts
+    assert message.startswith("0/4 nodes are available")
+
+
+async def test_a_verdict_once_the_map_has_settled(rig: Rig) -> None:
+    rig.d.claims = False
+    (w1,) = rig.workers("w1")
+    w1.up().summary()
+    rig.d.granted = lambda: {WorkerId("w1"): 4}
+    rig.d.observe(huge())
+    rig.step()
+    assert len(rig.reporter.verdicts) == 1
+
+
+async def test_a_hand_back_before_the_leaders_watch_shows_the_pod_is_kept_for_its_claim(rig: Rig) -> None:
+    w1, w2 = rig.workers("w1", "w2")
+    w1.up().summary()
+    w2.up().summary()
+    (name,) = named(rig, ("w1", "w2"), "w1")
+    hand_back(w1, name)  # the worker's watch is ahead of the leader's
+    rig.d.observe(pod(name))
+    rig.step()
+    assert rig.d.table.pods[key(name)].claimant is None
+    [sent] = w2.dispatches()  # at once, to the other shard: no wait for the claim timeout
+    assert sent.pod["metadata"]["name"] == name
+    assert rig.d.statistics()["claims"]["handed_back"] == 1
+
+
+async def test_a_hand_back_while_the_leader_still_sees_the_pod_gated_is_kept_for_its_claim(rig: Rig) -> None:
+    (w1,) = rig.workers("w1")
+    w1.up().summary()
+    rig.d.observe(PodBuilder("a").req(cpu="100m").uid("uid-a").gate("g").obj)
+    hand_back(w1, "a", nodes=0)  # the worker saw the gate lifted first, and could not place it yet
+    rig.d.observe(pod("a"))
+    rig.step()
+    assert rig.d.table.pods[key("a")].claimant is None and len(w1.dispatches()) == 1
+
+
+async def test_an_early_hand_back_is_forgotten_after_a_while(rig: Rig) -> None:
+    w1, w2 = rig.workers("w1", "w2")
+    w1.up().summary()
+    w2.up().summary()
+    first, second = named(rig, ("w1", "w2"), "w1", count=2)
+    hand_back(w1, first)
+    rig.clock.advance(31)
+    hand_back(w1, second)  # sweeps the first
+    rig.d.observe(pod(first))
+    assert rig.d.table.pods[key(first)].claimant == "w1"
