@@ -59,10 +59,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kube-api-burst", type=int, default=2000)
     p.add_argument("--report-qps", type=float, default=50.0, help="unschedulable reports per second")
     p.add_argument(
-        "--no-worker-claims",
-        dest="worker_claims",
-        action="store_false",
-        help="dispatch every pod; by default each worker takes the plain pods hashed to it from its own watch",
+        "--worker-claims",
+        action="store_true",
+        help="experimental: each worker takes the plain pods hashed to it from its own pod watch instead of a "
+        "dispatch (docs/architecture.md, 'Worker claims': known gaps)",
     )
     p.add_argument("--metrics-address", default="127.0.0.1:0", help="host:port of /metrics, /healthz")
     p.add_argument("--id", default="", help="candidate identity (default hostname-pid)")

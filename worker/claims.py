@@ -3,7 +3,8 @@ from its own pod watch, and what it must know to take one safely.
 
 Owned here:
 - ``workers``: the current leader stream's claim set; empty while there is no stream or before its CLAIMS,
-  so a worker with no leader claims nothing new (its claimed pods are still placed).
+  so a worker with no leader claims nothing, and lets go of the claimed pods it is not already placing
+  (the leader moves or dispatches them).
 - ``claimed``: pod key -> uid of the pods claimed and not yet placed, handed back or taken by a DISPATCH.
 - ``handed_back``: pod key -> uid of the pods handed to the leader, or dispatched by it: never claimed
   (again), until the pod leaves the pending set; the leader may dispatch them here.
@@ -62,18 +63,23 @@ class Claims:
         self.can_place = can_place
         self.refuse = refuse  # hands a pod to the leader at once, with why (``take``)
         self.workers: tuple[str, ...] = ()
+        # A leader has sent CLAIMS (claims are on): only then is anything kept for them (``unread``, ``anti``,
+        # ``handed_back``); with claims off a worker keeps nothing per pod here.
+        self.active = False
         self.claimed: dict[PodKey, str] = {}
         self.handed_back: dict[PodKey, str] = {}
         self.anti: dict[PodKey, tuple[PodTerm, ...]] = {}
         self.unread: dict[PodKey, dict[str, Any]] = {}
-        # called with each set of pods the worker takes again after a claim set change (``PodFeed``)
+        # called when the claim set changed, to let go of and take pods accordingly (``PodFeed.claims_changed``)
         self.changed: Callable[[], None] = lambda: None
         self.clock = clock
         # claimed pods the watch showed placed, for ``done`` (``LEFT_GRACE``): (when, key, uid), oldest first
         self._left: deque[tuple[float, PodKey, str]] = deque()
         self._placed: dict[PodKey, str] = {}
 
-    def set_workers(self, workers: Sequence[str]) -> None:
+    def set_workers(self, workers: Sequence[str], *, sent: bool = True) -> None:
+        """The claim set: from a CLAIMS (``sent``), or empty for a stream that has sent none yet."""
+        self.active = self.active or sent
         workers = tuple(workers)
         if workers != self.workers:
             self.workers = workers
@@ -85,6 +91,8 @@ class Claims:
     def to_read(self, key: PodKey, obj: dict[str, Any]) -> bool:
         """Must the feed parse this pending pod of ours, which it would otherwise leave unread? Yes if this
         worker may claim it, or if it states a required anti-affinity (``anti``)."""
+        if not self.active:
+            return False
         uid = str((obj.get("metadata") or {}).get("uid") or "")
         if _states_anti_affinity(obj) or (self.mine(uid) and self.handed_back.get(key) != uid):
             self.unread.pop(key, None)
@@ -94,6 +102,8 @@ class Claims:
 
     def pending(self, pod: PodRecord) -> None:
         """A pending pod of ours, parsed: keep its cross-node anti-affinity terms (``anti``)."""
+        if not self.active:
+            return
         self.unread.pop(pod.key, None)
         terms = cross_node_anti_affinity(pod)
         if terms:
@@ -139,7 +149,8 @@ class Claims:
         """The leader dispatched ``pod`` here: the pod is on the leader's path (its dispatch is answered, not
         a claim), and is not claimed again."""
         self.claimed.pop(pod.key, None)
-        self.handed_back[pod.key] = pod.uid
+        if self.active:
+            self.handed_back[pod.key] = pod.uid
 
     def done(self, pod: PodRecord) -> bool:
         """``pod`` was placed: True if it was claimed (then nobody is answered for it), even if the watch

@@ -163,7 +163,7 @@ class PodFeed:
         # Off: every event is parsed in full and applied (the reference the shortcuts are tested against).
         self.shortcuts = shortcuts
         # The latest record of each pending pod of ours that was parsed (standalone: all of them; under a
-        # coordinator only nominated ones, see ``_unread``): the ``previous`` of its next parse, here and for a
+        # coordinator nominated ones and those ``Claims.to_read`` wants, see ``_unread``): the ``previous`` of its next parse, here and for a
         # DISPATCH of it (``worker.intake``), so neither parses again what the watch already has.
         self.pending: dict[PodKey, PodRecord] = {}
         # Under a coordinator: the pods this worker claims from this watch (``worker.claims``)
@@ -239,10 +239,18 @@ class PodFeed:
         seen_at = self.queue.clock()
         pods = [pod_from_json(o) for o in objects]
         self.pending.clear()
-        if self.claims is not None:
-            # read again from the snapshot (``admit``); what it claimed stays claimed
-            self.claims.anti.clear()
-            self.claims.unread.clear()
+        claims = self.claims
+        if claims is not None:
+            # Read again from the snapshot; what it claimed stays claimed. Every pending pod's anti-affinity
+            # terms first, so that no pod is claimed against a half-read list (``admit`` checks them).
+            listed_keys = {p.key for p in pods}
+            for key in [k for k in (*claims.claimed, *claims.handed_back) if k not in listed_keys]:
+                claims.left(key)  # deleted during the watch's gap
+            claims.anti.clear()
+            claims.unread.clear()
+            for p in pods:
+                if p.scheduler_name == self.scheduler_name and not (p.node_name or p.deleting or p.terminal):
+                    claims.pending(p)
         if self.direct:
             # A snapshot as new as a direct read replaces it; an older one (a relist that started before the
             # read) must not undo it: the direct record is applied again and the watch's events awaited.

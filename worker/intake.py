@@ -231,13 +231,13 @@ class LeaderResults:
             self.stream.writer.close()
         self.stream = stream
         if self.claims is not None:
-            self.claims.set_workers(())
+            self.claims.set_workers((), sent=False)
 
     def disconnect(self, stream: LeaderStream) -> None:
         if self.stream is stream:
             self.stream = None
             if self.claims is not None:
-                self.claims.set_workers(())  # no leader to hand a pod back to: claim nothing new
+                self.claims.set_workers((), sent=False)  # no leader to hand a pod back to: claim nothing
 
     def claim_set(self, stream: LeaderStream, workers: tuple[str, ...]) -> None:
         """CLAIMS over ``stream``: the claim set, if that is the current stream."""

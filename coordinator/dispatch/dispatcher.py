@@ -8,13 +8,15 @@ one a pod goes to), ``links`` (one worker's stream), ``lane`` (pods with inter-p
 them and runs the loop.
 
 Invariants:
-- Worker claims (``common.claims``): a claimable pod is counted as claimed by its claimant in the claim set
+- Worker claims (``common.claims``, experimental, off unless ``claims``): a claimable pod that becomes ready to
+  place (seen pending, or its gate lifted) while the claim set is not empty is counted as claimed by its claimant
   (the ready workers that place pods and own nodes, sent to every worker as CLAIMS whenever it changes) and is
   not dispatched while the claim stands: until the watch shows it bound or deleted, its claimant hands it back
   (RESULT with id 0; one that comes before the claim, our watch behind the worker's, is kept ``EARLY_HOLD``
   for it), the claim set changes (the pod moves to its claimant in the new set, or is dispatched if there is
-  none, counting as a lost dispatch for the lane), or the claim expires as a dispatch would
-  (``expire_claims``). A claimed pod counts as in flight for the lane's anti-affinity rule.
+  none; either way a lost dispatch for the lane), or the claim expires as a dispatch would
+  (``expire_claims``). A claimed pod counts as in flight for the lane's anti-affinity rule. Workers may claim
+  pods the leader does not count as claimed (docs/architecture.md, "Worker claims": known gaps).
 - A pod is dispatched to at most one worker at a time; it is tracked until its final RESULT, until the watch
   shows it bound or deleted, until the worker's stream dies, or until ``DISPATCH_TIMEOUT`` passes without a
   RESULT (then it is dispatched again, elsewhere if possible); while the worker answers other dispatches (a
@@ -149,7 +151,7 @@ class Dispatcher:
         rng: random.Random | None = None,
         connect: LinkFactory | None = None,
         keys: Keys | None = None,
-        claims: bool = True,
+        claims: bool = False,
         granted: Callable[[], Mapping[WorkerId, int]] = dict,
         in_transit: Callable[[], int] = lambda: 0,
     ) -> None:
@@ -490,6 +492,10 @@ class Dispatcher:
         w = self._current(link)
         if w is not None:
             w.capacity = None
+            if self.claims:
+                # a new stream gets the claim set at once, before it is in it: from here the worker keeps
+                # what a claim moved to it later needs (``worker.claims``)
+                link.send(protocol.Claims(self.claim_set))
             self._update_claims()
 
     def link_down(self, link: Transport) -> None:
@@ -532,6 +538,7 @@ class Dispatcher:
                 self.lane.lost(p.record, now)
                 self.table.enqueue(key)
             elif wid != p.claimant:
+                self.lane.lost(p.record, now)  # its former claimant may still be placing it (rule 4)
                 p.claimant, p.claimed_at = wid, now
                 del self._claimed[key]
                 self._claimed[key] = None  # kept in the order of ``claimed_at`` (``expire_claims``)

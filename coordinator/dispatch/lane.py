@@ -38,6 +38,8 @@ Rules (``Lane``; the dispatcher asks ``wait`` before it chooses a worker):
    claimed by a worker and still pending in the leader's view). A worker never claims a plain pod matching
    such a term of a pod pending in its own view (``common.claims``), and its watch shows every lane pod
    created before the plain pod: so each of the two pods is decided by a worker that sees the other placed.
+   (With worker claims on, which is experimental, that holds only for pods the leader counts as claimed:
+   docs/architecture.md, "Worker claims", lists the known gaps.)
 4. A pod whose dispatch was lost (its worker's stream went down, or no RESULT came in time) may still be
    bound by the worker that had it. For ``LOST_HOLD`` after that, or until the watch shows it bound or
    deleted, it still counts as in flight for rules 1 and 3 (lane pods interacting with it wait, pods matching

@@ -57,9 +57,7 @@ class LeaderOptions:
     dispatch_keys: Keys | None = None  # the dispatch channel's shared secret (common.keyring); None: none
     progress_bound: float = DEFAULT_BOUND  # seconds a progress signal may stall before the leader steps down
     pool_verdict: PoolVerdict = field(default_factory=PoolVerdict)  # why the pool is empty, for /readyz
-    claims: bool = (
-        True  # workers claim plain pods from their own watch (common.claims); False: all dispatched
-    )
+    claims: bool = False  # experimental: workers claim plain pods from their own watch (common.claims)
 
 
 async def run_term(term: LeaderTerm, etcd: Etcd3Client, client: KubeClient, options: LeaderOptions) -> None:

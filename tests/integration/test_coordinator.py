@@ -70,8 +70,10 @@ class Deployment:
             f"--scheduler-name={self.scheduler_name}",
         ]
 
-    def coordinator(self, name: str) -> SchedulerProcess:
-        proc = SchedulerProcess(["coordinator", *self._common(), f"--id={name}"], self.tmp / f"{name}.log")
+    def coordinator(self, name: str, *extra: str) -> SchedulerProcess:
+        proc = SchedulerProcess(
+            ["coordinator", *self._common(), f"--id={name}", *extra], self.tmp / f"{name}.log"
+        )
         self.procs[name] = proc
         return proc
 
@@ -191,7 +193,7 @@ async def test_steady_load_two_workers(
     kube: KubeClient, namespace: str, deployment: Deployment, record_property: Any
 ) -> None:
     d = deployment
-    coord = d.coordinator("coord-a")
+    coord = d.coordinator("coord-a", "--worker-claims")
     d.worker("w1")
     d.worker("w2")
     await started(d, 2)

@@ -1,4 +1,4 @@
-"""The coordinator's command line: worker claims are on unless turned off."""
+"""The coordinator's command line: worker claims are off unless turned on (experimental)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,6 @@ def parse(*argv: str) -> argparse.Namespace:
     return p.parse_args(list(argv))
 
 
-def test_worker_claims_are_on_by_default_and_can_be_turned_off() -> None:
-    assert parse().worker_claims is True
-    assert parse("--no-worker-claims").worker_claims is False
+def test_worker_claims_are_off_by_default_and_can_be_turned_on() -> None:
+    assert parse().worker_claims is False
+    assert parse("--worker-claims").worker_claims is True

@@ -67,14 +67,16 @@ def hand_back(link: FakeLink, name: str, *, nodes: int = 4) -> None:
 
 async def test_the_claim_set_goes_to_every_worker_once_it_is_ready(rig: Rig) -> None:
     w1, w2 = rig.workers("w1", "w2")
-    w1.up().summary()
-    assert claims_sent(w1) == [("w1",)]
+    w1.up()
+    assert claims_sent(w1) == [()]  # a new stream gets the set at once (empty so far)
+    w1.summary()
+    assert claims_sent(w1) == [(), ("w1",)]
     w2.up()
-    assert claims_sent(w2) == []  # not ready (no summary): not in the set, the set unchanged
+    assert claims_sent(w2) == [("w1",)]  # not ready (no summary): not in the set yet
     w2.summary()
-    assert claims_sent(w1) == [("w1",), ("w1", "w2")] and claims_sent(w2) == [("w1", "w2")]
+    assert claims_sent(w1)[-1] == ("w1", "w2") and claims_sent(w2) == [("w1",), ("w1", "w2")]
     w2.summary()  # the same again: nothing new
-    assert claims_sent(w2) == [("w1", "w2")]
+    assert claims_sent(w2) == [("w1",), ("w1", "w2")]
     w2.summary(nodes=0)  # owns no node: out of the set
     assert claims_sent(w1)[-1] == ("w1",)
     w2.summary(placing=False)
@@ -114,7 +116,7 @@ async def test_pods_for_the_leaders_path_are_dispatched(rig: Rig) -> None:
 
 
 async def test_without_claims_every_pod_is_dispatched(rig: Rig) -> None:
-    rig.d.claims = False
+    rig.d.claims = False  # the default
     (w1,) = rig.workers("w1")
     w1.up().summary()
     rig.d.observe(pod("a"))

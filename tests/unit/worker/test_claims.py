@@ -230,3 +230,14 @@ async def test_a_claimed_pod_the_watch_shows_bound_first_is_still_audited_as_cla
     assert worker.claims.done(qp.pod)  # the binder's answer: it was claimed (nothing to answer)
     assert not worker.claims.done(qp.pod)
     await leader.close()
+
+
+async def test_with_claims_off_a_worker_keeps_nothing_per_pod(worker: Worker) -> None:
+    leader = await Leader.connect(worker, term=1)  # a leader that sends no CLAIMS: claims are off
+    worker.watch("ADDED", pod("a").json())
+    worker.watch("ADDED", pod("lane").pod_affinity(ZONE, {"app": "web"}, anti=True).json())
+    leader.send(protocol.Dispatch(id=1, pod=pod("a").json()))
+    await leader.next(protocol.Ack)
+    c = worker.claims
+    assert not c.active and not (c.unread or c.anti or c.claimed or c.handed_back)
+    await leader.close()
