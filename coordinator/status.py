@@ -79,6 +79,7 @@ async def collect(endpoints: list[str], prefix: str, security: EtcdSecurity | No
                     binds_per_s=load.binds_per_second,
                     cpu=load.process_cpu,
                     load_age=round(time.time() - load.reported_at, 1),
+                    usable=load.usable_nodes,
                 )
         except RecordError as e:
             workers.setdefault(name, {}).setdefault("errors", []).append(str(e))
@@ -97,11 +98,11 @@ def render(status: dict[str, Any]) -> str:
         f"leader: {status['leader'] or '(none)'}   epoch: {status['epoch']}   etcd revision: {status['revision']}"
     ]
     lines.append(
-        f"{'worker':<28} {'live':<5} {'nodes':>6} {'revoking':>8} {'free cpu':>10} {'free mem':>10} {'pending':>8} {'binds/s':>8} {'cpu':>5}"
+        f"{'worker':<28} {'live':<5} {'nodes':>6} {'usable':>6} {'revoking':>8} {'free cpu':>10} {'free mem':>10} {'pending':>8} {'binds/s':>8} {'cpu':>5}"
     )
     for wid, w in sorted(status["workers"].items()):
         lines.append(
-            f"{wid:<28} {'yes' if w.get('live') else 'no':<5} {w.get('nodes', 0):>6} {w.get('revoking', 0):>8} "
+            f"{wid:<28} {'yes' if w.get('live') else 'no':<5} {w.get('nodes', 0):>6} {w.get('usable', 0):>6} {w.get('revoking', 0):>8} "
             f"{w.get('free_cpu', 0) / 1000:>9.1f}c {w.get('free_memory', 0) / 2**30:>8.1f}Gi {w.get('pending', 0):>8} "
             f"{w.get('binds_per_s', 0.0):>8.1f} {w.get('cpu', 0.0):>5.2f}"
         )

@@ -247,9 +247,9 @@ class CoordinatedWorker:
                 binds_per_second=cap.binds_per_s,
                 process_cpu=proc.cpu_percent(None) / 100.0,
                 reported_at=time.time(),
+                usable_nodes=cap.nodes,
             )
             await self.shard.report_load(report)
-            metrics.owned_nodes.set(len(self.shard.owned()))
 
 
 async def run_coordinated(settings: WorkerSettings, options: CoordinatedOptions) -> int:

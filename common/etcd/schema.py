@@ -66,7 +66,10 @@ class _Fields:
             raise self.fail(name, "must be a string")
         return value
 
-    def integer(self, name: str) -> int:
+    def integer(self, name: str, default: int | None = None) -> int:
+        """``default`` makes the field optional: a record written before the field existed still decodes."""
+        if default is not None and name not in self.obj:
+            return default
         value = self._get(name)
         # bool is an int subclass; a true/false here is a writer bug, not a count.
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
@@ -171,6 +174,9 @@ class LoadReport:
     binds_per_second: float = 0.0
     process_cpu: float = 0.0  # CPU seconds per second used by the worker process; 1.0 = one core busy
     reported_at: float = 0.0  # wall-clock seconds
+    # granted nodes the worker places pods on now: fewer than granted while it catches up on newly granted
+    # nodes, 0 while it is fenced or draining (optional in the record: a worker of an earlier release omits it)
+    usable_nodes: int = 0
 
     def encode(self) -> bytes:
         return _dumps(
@@ -182,6 +188,7 @@ class LoadReport:
                 "binds_per_second": self.binds_per_second,
                 "process_cpu": self.process_cpu,
                 "reported_at": self.reported_at,
+                "usable_nodes": self.usable_nodes,
             },
         )
 
@@ -195,6 +202,7 @@ class LoadReport:
             binds_per_second=f.number("binds_per_second"),
             process_cpu=f.number("process_cpu"),
             reported_at=f.number("reported_at"),
+            usable_nodes=f.integer("usable_nodes", default=0),
         )
 
 

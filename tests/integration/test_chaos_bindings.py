@@ -57,6 +57,7 @@ from tests.integration.test_coordinator import (  # the harness and the audit of
     audit,
     burst,
     lease_etcd,  # noqa: F401 - the fixture, used by name
+    settled,
     started,
 )
 
@@ -357,6 +358,7 @@ async def test_bindings_denied_in_one_namespace_then_allowed(
     d.worker("w1")
     d.worker("w2")
     await started(d, 2)
+    await settled(d, kube)  # the test asserts both workers placed pods
 
     async def create(ns: str, n: int) -> None:
         await burst(kube, d, ns, n, concurrency=16)

@@ -44,6 +44,7 @@ from tests.integration.test_coordinator import (  # the harness and the audit of
     audit,
     burst,
     lease_etcd,  # noqa: F401 - the fixture, used by name
+    settled,
     started,
 )
 
@@ -200,6 +201,7 @@ async def test_hostile_peers_during_a_burst(
     target = d.worker("w1")
     d.worker("w2")
     await started(d, 2)
+    await settled(d, kube)  # the test asserts both workers placed pods
     await leader_stream_up(target)  # the shard map can name w1 before the leader's stream reaches it
     host, _, port_text = (await d.status())["workers"]["w1"]["address"].rpartition(":")
     port = int(port_text)

@@ -189,6 +189,26 @@ async def started(d: Deployment, workers: int) -> None:
     )
 
 
+async def settled(d: Deployment, kube: KubeClient) -> None:
+    """Every node granted, none in handoff, and every live worker placing on all the nodes granted to it (its
+    load report's ``usable``). ``started`` only says the shard map named the workers: a worker granted nodes
+    after its pod watch listed catches up on them node by node (``worker.shard``), seconds on a busy API
+    server, and meanwhile a burst goes to the others. A test that asserts which workers placed pods, or
+    counts the nodes the shards evaluated, waits for this first."""
+    total = len((await kube.get("/api/v1/nodes"))["items"])  # the pool is every node (no selector)
+    await d.wait_status(
+        lambda s: (
+            sum(nodes_of(s).values()) == total
+            and all(
+                not v.get("revoking") and v.get("usable") == v.get("nodes")
+                for v in s["workers"].values()
+                if v.get("live")
+            )
+        ),
+        f"all {total} nodes granted and usable, none in handoff",
+    )
+
+
 async def test_steady_load_two_workers(
     kube: KubeClient, namespace: str, deployment: Deployment, record_property: Any
 ) -> None:
@@ -197,6 +217,7 @@ async def test_steady_load_two_workers(
     d.worker("w1")
     d.worker("w2")
     await started(d, 2)
+    await settled(d, kube)
     await logged(coord, "claim set: w1, w2")
     t0 = time.monotonic()
     for second in range(6):  # about 50 pods/s
@@ -325,16 +346,10 @@ async def test_pod_no_shard_can_fit_is_reported_with_every_shards_reasons(
     d.worker("w1")
     d.worker("w2")
     await started(d, 2)
-    total = len((await kube.get("/api/v1/nodes"))["items"])  # the pool is every node (no selector)
-    # Every node granted and none moving: the message counts the nodes the shards evaluated, and a node in
-    # handoff (released by one worker, not yet granted to the other) is evaluated by neither.
-    await d.wait_status(
-        lambda s: (
-            sum(nodes_of(s).values()) == total
-            and not any(v.get("revoking") for v in s["workers"].values() if v.get("live"))
-        ),
-        f"all {total} nodes granted, none in handoff",
-    )
+    # the message counts the nodes the shards evaluated: a node in handoff (released by one worker, not yet
+    # granted to the other) or still catching up is evaluated by none
+    await settled(d, kube)
+    total = len((await kube.get("/api/v1/nodes"))["items"])
     huge = agent_pod(0, namespace=namespace, scheduler_name=d.scheduler_name)
     huge["metadata"]["name"] = "huge"
     huge["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "500"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -25,7 +26,7 @@ Record = WorkerRecord | LoadReport | ShardAssignment | ReleaseAck | LeaderRecord
 RECORDS: list[Record] = [
     WorkerRecord(W, "10.0.0.1:8080", WorkerCapacity(2.0, 500.0), 1700000000.5),
     WorkerRecord(W, "[::1]:9000"),
-    LoadReport(3, 4000, 1 << 30, 120.5, 0.75, 1700000000.0),
+    LoadReport(3, 4000, 1 << 30, 120.5, 0.75, 1700000000.0, usable_nodes=250),
     ShardAssignment(W, 0x1234, 7, frozenset({NodeName("n1"), NodeName("n2")}), frozenset({NodeName("n3")})),
     ShardAssignment(W, 1, 0),
     ReleaseAck(W, 0x1234, 7, frozenset({NodeName("n3")})),
@@ -63,6 +64,7 @@ def _mutate(record: Record, **changes: object) -> bytes:
         (RECORDS[2], {"pending_pods": -1}, "pending_pods"),
         (RECORDS[2], {"pending_pods": True}, "pending_pods"),
         (RECORDS[2], {"process_cpu": "high"}, "process_cpu"),
+        (RECORDS[2], {"usable_nodes": -1}, "usable_nodes"),
         (RECORDS[3], {"granted": "n1"}, "granted"),
         (RECORDS[3], {"granted": ["n1", ""]}, "granted"),
         (RECORDS[3], {"revoking": ["n1"]}, "overlaps"),
@@ -77,6 +79,15 @@ def test_malformed_values_are_rejected_with_a_clear_error(
 ) -> None:
     with pytest.raises(RecordError, match=message):
         type(record).decode(_mutate(record, **changes))
+
+
+def test_a_load_report_without_usable_nodes_decodes_as_none_usable() -> None:
+    """A worker of an earlier release writes no ``usable_nodes``: its report still counts for balancing."""
+    original = RECORDS[2]
+    assert isinstance(original, LoadReport)
+    assert LoadReport.decode(_mutate(original, usable_nodes=...)) == dataclasses.replace(
+        original, usable_nodes=0
+    )
 
 
 @pytest.mark.parametrize("raw", [b"", b"\xff\xfe", b"[]", b"null", b"{}"])

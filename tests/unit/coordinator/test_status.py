@@ -56,3 +56,12 @@ def test_label_pool_mode_shows_the_rebalancing_in_force() -> None:
         in text
     )
     assert render(status(None)).endswith("shard policy: (not published)")
+
+
+def test_a_worker_row_shows_its_granted_and_usable_nodes() -> None:
+    """A worker catching up on granted nodes shows fewer usable than granted (here 40 of 275)."""
+    s = status(None)
+    s["workers"] = {"w1": {"live": True, "nodes": 275, "usable": 40, "revoking": 0, "free_cpu": 8000}}
+    header, row = render(s).splitlines()[1:3]
+    assert header.split()[:5] == ["worker", "live", "nodes", "usable", "revoking"]
+    assert row.split()[:5] == ["w1", "yes", "275", "40", "0"]
