@@ -59,8 +59,8 @@ Leader -> worker
                                                this worker reported and the leader chose: if the pod fits
                                                nowhere, re-check that node's victims and preempt there
     CLAIMS    {workers}                        the claim set: the worker ids among which plain pods are claimed
-                                               (``common.claims``); sent on every change, and to a stream once
-                                               its worker is ready. Empty: claim nothing. A worker that has
+                                               (``common.claims``); sent on every change, and to each new stream
+                                               at once. Empty: claim nothing. A worker that has
                                                no stream claims nothing
     PING      {ts}                             heartbeat, every ``HEARTBEAT_INTERVAL`` (and once at once)
 Worker -> leader

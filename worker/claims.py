@@ -5,21 +5,25 @@ Owned here:
 - ``workers``: the current leader stream's claim set; empty while there is no stream or before its CLAIMS,
   so a worker with no leader claims nothing, and lets go of the claimed pods it is not already placing
   (the leader moves or dispatches them).
-- ``claimed``: pod key -> uid of the pods claimed and not yet placed, handed back or taken by a DISPATCH.
+- ``claimed``: pod key -> uid of the pods claimed and not yet placed, handed back, taken by a DISPATCH, or let
+  go because the claim set changed (``not_mine``).
 - ``handed_back``: pod key -> uid of the pods handed to the leader, or dispatched by it: never claimed
   (again), until the pod leaves the pending set; the leader may dispatch them here.
 - ``anti``: the cross-node required anti-affinity terms of every pending pod of ours in this worker's view.
   A pod matching one is not claimed but handed to the leader at once: the leader's lane decides when it may
   go (``coordinator.dispatch.lane``, rule 3). This view is the pod watch's, the same the decision reads: a
   pod with such a term created before the claimed pod is in it, pending (then the claimed pod is not taken)
-  or placed (then the filter sees it).
+  or placed (then the filter sees it). It is kept only from the first CLAIMS on: a pod pending since
+  before then, with no event since, is in it only after the next relist (docs/architecture.md, "Worker
+  claims", known gaps).
 - ``unread``: the pending pods of ours the pod watch did not parse (claimed by another worker), as the watch
   gave them: read again when the claim set changes, so a pod now hashed here is claimed without waiting for
   its next event.
 
-The feed (``worker.feeds.PodFeed``) asks ``to_read`` and ``take`` and tells ``pending`` and ``left``; the outcome
-receiver (``worker.intake.LeaderResults``) calls ``done`` and ``hand_back``, and sets ``workers`` from its
-stream (the intake hands it each CLAIMS).
+The feed (``worker.feeds.PodFeed``) asks ``to_read`` and ``take``, tells ``pending`` and ``left``, lets go of
+``not_mine`` on a set change and resets the maps on a relist; the outcome receiver
+(``worker.intake.LeaderResults``) calls ``done`` and ``hand_back``, and sets ``workers`` from its stream (the
+intake hands it each CLAIMS); the intake calls ``dispatched`` for each DISPATCH.
 """
 
 from __future__ import annotations
@@ -113,6 +117,8 @@ class Claims:
 
     def left(self, key: PodKey) -> None:
         """``key`` left the pending set (placed, deleted, finished, or not ours any more)."""
+        if not self.active:
+            return  # claims off: nothing is kept per pod (every map is empty)
         self.unread.pop(key, None)
         self.anti.pop(key, None)
         self.handed_back.pop(key, None)

@@ -180,7 +180,8 @@ class PodFeed:
         return self.cache.placed(key) or self.pending.get(key)
 
     def admit(self, pod: PodRecord, seen_at: float) -> None:
-        """A pod from the watch: queue it if it is ours and waiting; drop it from the queue once placed.
+        """A pod from the watch: queue it if it is ours, waiting, and taken here (standalone: every such pod;
+        under a coordinator: those this worker claims); drop it from the queue once placed.
         ``seen_at`` (the queue's clock) is when the watch delivered it: the start of the "queued" stage."""
         claims = self.claims
         if pod.scheduler_name != self.scheduler_name:
@@ -215,8 +216,7 @@ class PodFeed:
         placed), and take the pods now hashed here: those parsed (``pending``) and those the watch left
         unread."""
         claims = self.claims
-        if claims is None:
-            return
+        assert claims is not None  # only ever called back by the claims
         for key in claims.not_mine():
             if not self.cache.is_assumed(key):
                 self.queue.delete(key)
@@ -317,7 +317,7 @@ class PodFeed:
     def _unread(self, key: PodKey, obj: dict[str, Any]) -> bool:
         """True when ``obj``, a pod this worker has no placed or assumed record of, needs no parse: it is not
         placed, not terminal, and either of another scheduler or (``watch_pending`` off: the leader's DISPATCH
-        brings our pods) ours, neither nominated nor being deleted. A parse would only have told ``admit`` to
+        brings our pods) ours, neither nominated nor being deleted nor one ``Claims.to_read`` wants. A parse would only have told ``admit`` to
         drop the pod from ``pending`` (or to keep it there for the DISPATCH's parse, which then parses in full:
         the same record). ``pending`` drops its older record, so nothing stale is kept."""
         spec = obj.get("spec") or {}

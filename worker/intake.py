@@ -195,7 +195,9 @@ class LeaderStream:
 
 
 class LeaderResults:
-    """The current leader stream, the pods it dispatched, and the RESULTs owed to it (``Outcomes``)."""
+    """The current leader stream, the pods it dispatched, and the RESULTs owed to it (``Outcomes``); with
+    ``claims``, also the claimed pods' outcomes: none for one placed, a hand-back (id ``protocol.CLAIMED``) for
+    one not placed."""
 
     def __init__(
         self,

@@ -13,7 +13,8 @@ Seams, all given to the constructor (so the coordinator can drive a worker witho
   with backoff; otherwise pods arrive through ``submit`` and an unschedulable or refused one leaves the
   queue, handed back to the leader with the verdict (the leader retries a refused one with backoff).
 - ``claims`` (``worker.claims``, under a coordinator): the pod watch also admits the pending pods this worker
-  claims; they are decided and answered as dispatched pods are (``worker.intake.LeaderResults``).
+  claims; they are decided as dispatched pods are; one placed is not answered (the leader's watch shows
+  it), one not placed is handed back (``worker.intake.LeaderResults``).
 
 - ``preempt``: when no node fits, try preemption (``worker.preemption``). It adds a watch of
   PodDisruptionBudgets, synced before the first decision. Standalone, the worker preempts at once. Under a

@@ -43,7 +43,8 @@ class Worker:
     reserved_memory: int = 0
     dispatched: int = 0
     bound: int = 0
-    # the latest RESULT over the current stream, or pod it claimed that the watch showed placed (leader's clock)
+    # when (leader's clock) the latest RESULT came over the current stream, or the watch showed a pod it
+    # claimed leave the pending set (placed or deleted)
     answered_at: float | None = None
 
     @property

@@ -3,8 +3,9 @@
 Inputs: a watch of pending pods (``spec.schedulerName`` = ours, ``spec.nodeName`` empty), the set of live
 workers with their dispatch addresses (from etcd membership, through ``set_workers``) and the shard map's
 grants and nodes in transit (``granted``, ``in_transit``). Output: the claim set (CLAIMS), DISPATCH messages
-over each worker's link (``common.protocol``), and the unschedulable report for pods no shard can take. The parts: ``pending`` (the table and the verdict), ``choice`` (what is known of each worker and which
-one a pod goes to), ``links`` (one worker's stream), ``lane`` (pods with inter-pod rules); this module wires
+over each worker's link (``common.protocol``), and the unschedulable report for pods no shard can take. The
+parts: ``pending`` (the table and the verdict), ``choice`` (what is known of each worker and which one a pod
+goes to), ``links`` (one worker's stream), ``lane`` (pods with inter-pod rules); this module wires
 them and runs the loop.
 
 Invariants:
@@ -30,9 +31,10 @@ Invariants:
   worker's capacity grows, the set of workers changes, or ``UNSCHEDULABLE_RETRY`` passes. A RESULT rejected
   is never a no, nor is an unschedulable answer over zero nodes (a worker that saw no usable node): the pod
   is dispatched again after a backoff (``pending``), so workers fenced through an etcd outage cause no
-  Unschedulable verdict. Nor is a verdict given while the shard map moves nodes (some revoking, or granted
-  to a worker whose summary does not count them yet), for up to ``SETTLE_LIMIT`` per pod: the live shards'
-  answers then do not cover every node.
+  Unschedulable verdict. Nor is a verdict given, nor preemption tried, while the shard map moves nodes (some
+  revoking, or granted to a worker whose summary counts none of its nodes yet), for up to ``SETTLE_LIMIT`` per
+  pod from its first deferral since it was last dispatched: the live shards' answers then do not cover every
+  node.
 - A worker with ``protocol.MAX_UNACKED`` dispatches awaiting ACK is not chosen; pods that only it could take
   wait (they are not "no" answers) and are queued again as soon as an ACK frees its window.
 - Preemption across shards (``choice``, ``pending``): before a pod is declared unschedulable, the live
@@ -252,7 +254,8 @@ class Dispatcher:
     def _claim_or_queue(self, p: PendingPod) -> None:
         """A pod that just became ready to place: its claimant's (``common.claims``), or the ready queue's.
         The workers compute the claimant from the same object and claim set; a pod they see otherwise (a
-        claim set on its way to them) is placed twice at worst, or taken over after the claim timeout."""
+        claim set on its way to them) is decided twice at worst (the second binding gets a conflict), or taken
+        over after the claim timeout."""
         key = p.record.key
         wid = claimant(p.record.uid, self.claim_set) if self.claim_set else None
         if wid is None or not claimable(p.record, self.scheduler_name):
@@ -296,7 +299,9 @@ class Dispatcher:
                     w.answered_at = self.clock()  # its claimant is progressing (``PendingPod.claim_expired``)
                 self._unclaim(p)
         self.reporter.forget(key)
-        self._early.pop(key, None)
+        early = self._early.get(key)
+        if early is not None and (p is None or not early[1].uid or early[1].uid == p.record.uid):
+            del self._early[key]  # a hand-back for the pod that left (one for its successor is kept)
         self._lane_waits.pop(key, None)
         held = self.lane.holds(key)
         dispatched_at = self.lane.seen(key, rv)
@@ -364,6 +369,7 @@ class Dispatcher:
                 return  # no worker can take it now: it waits for capacity, an ACK, or workers to change
         self._next_id += 1
         p.worker, p.dispatch_id, p.dispatched_at = w.worker_id, self._next_id, now
+        p.deferred_since = None  # a later move of the shard map may hold back its verdict again
         w.assign(p.dispatch_id, p.record)
         self.lane.dispatched(p.record, now)
         w.link.send(
@@ -371,7 +377,7 @@ class Dispatcher:
         )
 
     def _shards_moving(self) -> bool:
-        """Are nodes between workers, or granted to a worker whose summary does not count them yet? Then the
+        """Are nodes between workers, or granted to a worker whose summary counts none of its nodes yet? Then the
         live shards' answers do not cover every node (a verdict would count too few nodes, and one not
         counted may fit the pod)."""
         if self.in_transit() > 0:
@@ -506,8 +512,8 @@ class Dispatcher:
 
     def _update_claims(self) -> None:
         """Recompute the claim set (the ready workers that place pods and own nodes); when it changed, send
-        it to every worker and move each claimed pod to its claimant in the new set. A worker whose stream
-        is new is not ready until its first summary, so it gets the set then (the set changes). A pod left
+        it to every worker and move each claimed pod to its claimant in the new set. A new stream gets the
+        current set at once (``link_up``); its worker joins the set at its first summary. A pod left
         with no claimant is dispatched; its former claimant may still place it, so for the lane it counts
         as a lost dispatch (rule 4)."""
         if not self.claims:
@@ -561,7 +567,7 @@ class Dispatcher:
                     self.retry_parked(force=True)
             case protocol.Ack(dispatch_id):
                 self._acknowledged(w, dispatch_id)
-            case protocol.Result(id=protocol.CLAIMED):
+            case protocol.Result(id=protocol.CLAIMED) if self.claims:
                 self._handed_back(w, message)
             case protocol.Result():
                 w.answered_at = self.clock()
@@ -623,9 +629,11 @@ class Dispatcher:
         is still claimed by that worker: a claim moved or taken over meanwhile stands. One for a pod not yet
         claimed here is remembered for its claim (``_remember_early``)."""
         p = self.table.get(PodKey(result.key))
-        if p is not None and result.uid and result.uid != p.record.uid:
-            return  # about another pod of that name
-        if p is None or (p.claimant is None and p.worker is None and p.parked_at is None):
+        if p is None or (result.uid and result.uid != p.record.uid):
+            # our watch shows no such pod yet, or still its predecessor of the same name
+            self._remember_early(w, result)
+            return
+        if p.claimant is None and p.worker is None and p.parked_at is None:
             self._remember_early(w, result)
             return
         if p.claimant != w.worker_id:

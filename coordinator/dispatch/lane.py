@@ -222,7 +222,7 @@ class Lane:
 
     def wait(self, pod: PodRecord, in_flight: Callable[[], Iterable[PodRecord]], now: float) -> Wait | None:
         """Why ``pod`` may not be dispatched now, or None. ``in_flight`` gives the pods dispatched and not
-        yet answered; it is called only for a lane pod with cross-node anti-affinity."""
+        yet answered, and the pods claimed; it is called only for a lane pod with cross-node anti-affinity."""
         lost = self._lost(now) if self.lost_dispatches else []
         if lane_rule(pod) is None:
             for f in self.flying.values():

@@ -1,7 +1,7 @@
 """The leader's pending table: every pending pod of our scheduler, where it is, and the verdict over it.
 
 A pod in the table is in exactly one of these states:
-- waiting: not gated, not dispatched, not parked; it is in (or will be put back into) the ready queue;
+- waiting: not gated, not dispatched, not claimed, not parked; it is in (or will be put back into) the ready queue;
 - gated: it has scheduling gates; it waits for an update that lifts them;
 - dispatched: ``worker`` names the worker it is on its way to, under ``dispatch_id`` (since
   ``dispatched_at``), until that worker's final RESULT, the watch showing it bound or deleted, the worker's
@@ -11,7 +11,7 @@ A pod in the table is in exactly one of these states:
 - claimed: ``claimant`` names the worker that takes it from its own pod watch (``common.claims``), since
   ``claimed_at``, until the watch shows it bound or deleted, the worker hands it back (a RESULT with id 0),
   the claim set changes (it is claimed by the pod's claimant in the new set, or dispatched if there is none),
-  or the claim expires as a dispatch would (``expired``): then it is dispatched as any pod;
+  or the claim expires as a dispatch would (``claim_expired``): then it is dispatched as any pod;
 - parked: declared unschedulable at ``parked_at``; retried after ``UNSCHEDULABLE_RETRY``, or at once when a
   worker's capacity grows or the set of workers changes. Malformed pods are parked for good.
 
@@ -27,7 +27,7 @@ Verdict (``verdict``): a pod is unschedulable only when every live worker with n
 summary rules the pod out, and no connected worker that has not said no is still settling (no summary yet on
 its stream, granted nodes it is still catching up on, or not placing pods for now). The message sums the
 answers kube-style ("0/40 nodes are available: ..."); a worker ruled out by its summary counts its nodes as
-"Insufficient cpu".
+"Insufficient cpu". While the shard map moves nodes the dispatcher holds a verdict back (``SETTLE_LIMIT``).
 
 Preemption (``choice``'s module docstring): before a pod is declared unschedulable, the workers its summary
 ruled out are asked too (when it may preempt), and then, up to ``MAX_PREEMPTIONS`` times, the best candidate
@@ -94,9 +94,9 @@ class PendingPod:
     candidates: dict[str, protocol.Candidate] = field(default_factory=dict)
     preemptions: int = 0
     waiting_since: float | None = None  # the dispatch in flight was answered RESULT waiting at this time
-    deferred_since: float | None = (
-        None  # its verdict was first held back for moving shards (``SETTLE_LIMIT``)
-    )
+    # its verdict was first held back for moving shards at this time, since it was last dispatched or parked
+    # (``SETTLE_LIMIT``)
+    deferred_since: float | None = None
     # the worker that claimed it (``common.claims``) since ``claimed_at``, until it is placed or handed back
     claimant: str | None = None
     claimed_at: float = 0.0

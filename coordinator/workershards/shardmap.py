@@ -197,7 +197,8 @@ class ShardMapLeader:
         return frozenset(nodes)
 
     def granted_counts(self) -> dict[WorkerId, int]:
-        """Worker -> nodes granted to it in the mirrored map (read-only; for the coordinator's metrics)."""
+        """Worker -> nodes granted to it in the mirrored map (read-only; for the coordinator's metrics, and
+        the dispatcher's "is the map moving" before a verdict)."""
         counts: dict[WorkerId, int] = {}
         for key, kv in list(self._mirror.items.items()):
             parsed = self._keys.parse(key)

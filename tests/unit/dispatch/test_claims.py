@@ -10,10 +10,9 @@ import pytest_asyncio
 
 from common import protocol
 from common.claims import claimant
-from common.etcd.keys import WorkerId
 from common.kube import Credentials, KubeClient
 from common.records import PodKey
-from coordinator.dispatch.pending import DISPATCH_TIMEOUT, SETTLE_LIMIT
+from coordinator.dispatch.pending import DISPATCH_TIMEOUT
 from tests.builders import PodBuilder
 from tests.unit.dispatch.fakes import FakeLink, Rig
 
@@ -41,13 +40,23 @@ def claims_sent(link: FakeLink) -> list[tuple[str, ...]]:
     return [m.workers for m in link.sent if isinstance(m, protocol.Claims)]
 
 
-def named(rig: Rig, workers: tuple[str, ...], want: str, count: int = 1) -> list[str]:
-    """``count`` pod names whose claimant in ``workers`` is ``want``."""
+def ready(rig: Rig, *names: str) -> list[FakeLink]:
+    """The workers ``names``, connected and summarised (in the claim set)."""
+    links = rig.workers(*names)
+    for link in links:
+        link.up().summary()
+    return links
+
+
+def named(
+    workers: tuple[str, ...], want: str, count: int = 1, *, uid_suffixes: tuple[str, ...] = ("",)
+) -> list[str]:
+    """``count`` pod names whose claimant in ``workers`` is ``want`` (for each uid ``uid-NAME`` + suffix)."""
     out: list[str] = []
     i = 0
     while len(out) < count:
         name = f"p{i}"
-        if claimant(f"uid-{name}", workers) == want:
+        if all(claimant(f"uid-{name}{suffix}", workers) == want for suffix in uid_suffixes):
             out.append(name)
         i += 1
     return out
@@ -84,10 +93,8 @@ async def test_the_claim_set_goes_to_every_worker_once_it_is_ready(rig: Rig) -> 
 
 
 async def test_a_plain_pod_is_left_to_its_claimant_and_never_dispatched(rig: Rig) -> None:
-    w1, w2 = rig.workers("w1", "w2")
-    w1.up().summary()
-    w2.up().summary()
-    (mine,) = named(rig, ("w1", "w2"), "w2")
+    w1, w2 = ready(rig, "w1", "w2")
+    (mine,) = named(("w1", "w2"), "w2")
     rig.d.observe(pod(mine))
     rig.step()
     assert w1.dispatches() == [] and w2.dispatches() == []
@@ -98,13 +105,10 @@ async def test_a_plain_pod_is_left_to_its_claimant_and_never_dispatched(rig: Rig
     bound["spec"]["nodeName"] = "node-1"
     rig.d.observe(bound)  # the watch shows it placed
     assert key(mine) not in rig.d.table and rig.d.statistics()["claims"]["claimed_now"] == 0
-    rig.clock.advance(DISPATCH_TIMEOUT * 2)
-    assert rig.d.expire_claims() == 0
 
 
 async def test_pods_for_the_leaders_path_are_dispatched(rig: Rig) -> None:
-    (w1,) = rig.workers("w1")
-    w1.up().summary()
+    (w1,) = ready(rig, "w1")
     rig.d.observe(PodBuilder("lane").req(cpu="100m").uid("uid-lane").spread(ZONE, {"a": "b"}).obj)
     rig.d.observe(PodBuilder("gated").req(cpu="100m").uid("uid-gated").gate("g").obj)
     rig.step()
@@ -115,20 +119,9 @@ async def test_pods_for_the_leaders_path_are_dispatched(rig: Rig) -> None:
     assert rig.d.table.pods[key("gated")].claimant == "w1" and len(w1.dispatches()) == 1
 
 
-async def test_without_claims_every_pod_is_dispatched(rig: Rig) -> None:
-    rig.d.claims = False  # the default
-    (w1,) = rig.workers("w1")
-    w1.up().summary()
-    rig.d.observe(pod("a"))
-    rig.step()
-    assert claims_sent(w1) == [] and len(w1.dispatches()) == 1
-
-
 async def test_a_handed_back_pod_goes_the_leaders_way_and_its_no_counts(rig: Rig) -> None:
-    w1, w2 = rig.workers("w1", "w2")
-    w1.up().summary()
-    w2.up().summary()
-    (name,) = named(rig, ("w1", "w2"), "w1")
+    w1, w2 = ready(rig, "w1", "w2")
+    (name,) = named(("w1", "w2"), "w1")
     rig.d.observe(pod(name))
     rig.step()
     hand_back(w2, name)  # not its claimant: ignored
@@ -145,8 +138,7 @@ async def test_a_handed_back_pod_goes_the_leaders_way_and_its_no_counts(rig: Rig
 
 
 async def test_a_pod_handed_back_untried_may_go_anywhere(rig: Rig) -> None:
-    (w1,) = rig.workers("w1")
-    w1.up().summary()
+    (w1,) = ready(rig, "w1")
     rig.d.observe(pod("a"))
     hand_back(w1, "a", nodes=0)  # rejected or zero nodes: not a no
     rig.step()
@@ -154,10 +146,8 @@ async def test_a_pod_handed_back_untried_may_go_anywhere(rig: Rig) -> None:
 
 
 async def test_a_departing_claimant_leaves_its_claims_to_the_others(rig: Rig) -> None:
-    w1, w2 = rig.workers("w1", "w2")
-    w1.up().summary()
-    w2.up().summary()
-    names = named(rig, ("w1", "w2"), "w2", count=3)
+    w1, w2 = ready(rig, "w1", "w2")
+    names = named(("w1", "w2"), "w2", count=3)
     for name in names:
         rig.d.observe(pod(name))
     w2.down()
@@ -174,8 +164,7 @@ async def test_a_departing_claimant_leaves_its_claims_to_the_others(rig: Rig) ->
 
 
 async def test_a_claim_not_placed_in_time_is_taken_over(rig: Rig) -> None:
-    (w1,) = rig.workers("w1")
-    w1.up().summary()
+    (w1,) = ready(rig, "w1")
     rig.d.observe(pod("a"))
     rig.clock.advance(DISPATCH_TIMEOUT - 1)
     assert rig.d.expire_claims() == 0
@@ -188,8 +177,7 @@ async def test_a_claim_not_placed_in_time_is_taken_over(rig: Rig) -> None:
 
 
 async def test_a_claimant_placing_other_claims_keeps_its_claims(rig: Rig) -> None:
-    (w1,) = rig.workers("w1")
-    w1.up().summary()
+    ready(rig, "w1")
     rig.d.observe(pod("a"))
     rig.clock.advance(DISPATCH_TIMEOUT - 1)
     rig.d.observe(pod("b"))
@@ -201,8 +189,7 @@ async def test_a_claimant_placing_other_claims_keeps_its_claims(rig: Rig) -> Non
 
 
 async def test_a_lane_pod_waits_for_a_claimed_pod_its_anti_affinity_matches(rig: Rig) -> None:
-    (w1,) = rig.workers("w1")
-    w1.up().summary()
+    (w1,) = ready(rig, "w1")
     plain = PodBuilder("web").req(cpu="100m").uid("uid-web").label("app", "web").obj
     rig.d.observe(plain)
     assert rig.d.table.pods[key("web")].claimant == "w1"
@@ -218,47 +205,9 @@ async def test_a_lane_pod_waits_for_a_claimed_pod_its_anti_affinity_matches(rig:
     assert sent.pod["metadata"]["name"] == "lane" and sent.min_rv >= 77
 
 
-def huge() -> dict[str, Any]:
-    """A pod no shard fits, that may not preempt (so no dry run is asked for before the verdict)."""
-    return PodBuilder("huge").req(cpu="64").uid("uid-huge").never_preempt().obj
-
-
-async def test_no_verdict_while_nodes_are_between_workers(rig: Rig) -> None:
-    rig.d.claims = False
-    (w1,) = rig.workers("w1")
-    w1.up().summary()
-    granted = {WorkerId("w1"): 4, WorkerId("w2"): 4}  # w2 granted nodes, not yet connected
-    rig.d.granted = lambda: granted
-    rig.d.observe(huge())
-    rig.step()
-    assert rig.reporter.verdicts == []
-    granted.pop(WorkerId("w2"))
-    rig.d.in_transit = lambda: 4  # released by w2, not yet granted again
-    rig.rescan()
-    rig.step()
-    assert rig.reporter.verdicts == []
-    rig.clock.advance(SETTLE_LIMIT)  # a map that does not settle holds no pod unanswered
-    rig.rescan()
-    rig.step()
-    [(_, message)] = rig.reporter.verdicts
-    assert message.startswith("0/4 nodes are available")
-
-
-async def test_a_verdict_once_the_map_has_settled(rig: Rig) -> None:
-    rig.d.claims = False
-    (w1,) = rig.workers("w1")
-    w1.up().summary()
-    rig.d.granted = lambda: {WorkerId("w1"): 4}
-    rig.d.observe(huge())
-    rig.step()
-    assert len(rig.reporter.verdicts) == 1
-
-
 async def test_a_hand_back_before_the_leaders_watch_shows_the_pod_is_kept_for_its_claim(rig: Rig) -> None:
-    w1, w2 = rig.workers("w1", "w2")
-    w1.up().summary()
-    w2.up().summary()
-    (name,) = named(rig, ("w1", "w2"), "w1")
+    w1, w2 = ready(rig, "w1", "w2")
+    (name,) = named(("w1", "w2"), "w1")
     hand_back(w1, name)  # the worker's watch is ahead of the leader's
     rig.d.observe(pod(name))
     rig.step()
@@ -269,8 +218,7 @@ async def test_a_hand_back_before_the_leaders_watch_shows_the_pod_is_kept_for_it
 
 
 async def test_a_hand_back_while_the_leader_still_sees_the_pod_gated_is_kept_for_its_claim(rig: Rig) -> None:
-    (w1,) = rig.workers("w1")
-    w1.up().summary()
+    (w1,) = ready(rig, "w1")
     rig.d.observe(PodBuilder("a").req(cpu="100m").uid("uid-a").gate("g").obj)
     hand_back(w1, "a", nodes=0)  # the worker saw the gate lifted first, and could not place it yet
     rig.d.observe(pod("a"))
@@ -279,12 +227,34 @@ async def test_a_hand_back_while_the_leader_still_sees_the_pod_gated_is_kept_for
 
 
 async def test_an_early_hand_back_is_forgotten_after_a_while(rig: Rig) -> None:
-    w1, w2 = rig.workers("w1", "w2")
-    w1.up().summary()
-    w2.up().summary()
-    first, second = named(rig, ("w1", "w2"), "w1", count=2)
+    w1, _ = ready(rig, "w1", "w2")
+    first, second = named(("w1", "w2"), "w1", count=2)
     hand_back(w1, first)
     rig.clock.advance(31)
     hand_back(w1, second)  # sweeps the first
     rig.d.observe(pod(first))
     assert rig.d.table.pods[key(first)].claimant == "w1"
+
+
+async def test_a_hand_back_for_the_recreated_pod_of_the_same_name_is_kept_for_its_claim(rig: Rig) -> None:
+    w1, w2 = ready(rig, "w1", "w2")
+    (name,) = named(("w1", "w2"), "w1", uid_suffixes=("", "-new"))
+    rig.d.observe(pod(name))  # claimed by w1
+    # The worker's watch is ahead: it saw the pod deleted and created again, claimed the new one and could
+    # not place it. The leader still holds the old one.
+    result = protocol.Result.unschedulable(
+        protocol.CLAIMED,
+        str(key(name)),
+        nodes=4,
+        reasons={"Insufficient cpu": 4},
+        message="no",
+        uid=f"uid-{name}-new",
+    )
+    w1.events.received(w1, result)
+    assert rig.d.table.pods[key(name)].claimant == "w1"  # the old pod's claim stands
+    rig.d.observe(PodBuilder(name).req(cpu="500m", memory="1Gi").uid(f"uid-{name}-new").obj)
+    rig.step()
+    p = rig.d.table.pods[key(name)]
+    assert p.record.uid == f"uid-{name}-new" and p.claimant is None
+    [sent] = w2.dispatches()  # at once, to the other shard: no wait for the claim timeout
+    assert sent.pod["metadata"]["uid"] == f"uid-{name}-new" and w1.dispatches() == []

@@ -8,6 +8,7 @@ import random
 from typing import Any
 
 from common import protocol
+from common.etcd.keys import WorkerId
 from common.records import PodKey, pod_from_json
 from coordinator.dispatch import UNSCHEDULABLE_RETRY
 from coordinator.dispatch.pending import (
@@ -19,6 +20,7 @@ from coordinator.dispatch.pending import (
     QUEUED_LIMIT,
     REJECT_BACKOFF,
     REJECT_BACKOFF_MAX,
+    SETTLE_LIMIT,
     STALE,
 )
 from tests.builders import PodBuilder
@@ -864,3 +866,77 @@ async def test_a_summary_that_changes_what_choice_reads_wakes_the_loop(rig: Rig)
         rig.d.table.wakeup.clear()
         w1.summary(**{"max_cpu": 1000, **change})  # type: ignore[arg-type]
         assert rig.d.table.wakeup.is_set(), change
+
+
+async def test_without_claims_every_pod_is_dispatched(rig: Rig) -> None:
+    (w1,) = rig.workers("w1")
+    w1.up().summary()
+    rig.d.observe(pod("a"))
+    rig.step()
+    assert not any(isinstance(m, protocol.Claims) for m in w1.sent) and len(w1.dispatches()) == 1
+
+
+# ----- no verdict while the shard map moves nodes ---------------------------------------------------------
+
+
+def huge() -> dict[str, Any]:
+    """A pod no shard fits, that may not preempt (so no dry run is asked for before the verdict)."""
+    return PodBuilder("huge").req(cpu="64").never_preempt().obj
+
+
+async def test_no_verdict_while_nodes_are_between_workers(rig: Rig) -> None:
+    (w1,) = rig.workers("w1")
+    w1.up().summary()
+    granted = {WorkerId("w1"): 4, WorkerId("w2"): 4}  # w2 granted nodes, not yet connected
+    rig.d.granted = lambda: granted
+    rig.d.observe(huge())
+    rig.step()
+    assert rig.reporter.verdicts == []
+    granted.pop(WorkerId("w2"))
+    rig.d.in_transit = lambda: 4  # released by w2, not yet granted again
+    rig.rescan()
+    rig.step()
+    assert rig.reporter.verdicts == []
+    rig.clock.advance(SETTLE_LIMIT)  # a map that does not settle holds no pod unanswered
+    rig.rescan()
+    rig.step()
+    [(_, message)] = rig.reporter.verdicts
+    assert message.startswith("0/4 nodes are available")
+
+
+async def test_a_verdict_once_the_map_has_settled(rig: Rig) -> None:
+    (w1,) = rig.workers("w1")
+    w1.up().summary()
+    rig.d.granted = lambda: {WorkerId("w1"): 4}
+    rig.d.observe(huge())
+    rig.step()
+    assert len(rig.reporter.verdicts) == 1
+
+
+async def test_a_later_move_holds_the_verdict_back_again(rig: Rig) -> None:
+    """The deferral's limit counts from the pod's latest dispatch: a pod held back once, then dispatched
+    when the map settled, is held back again by a move that starts long after the first."""
+    w1, w2 = rig.workers("w1", "w2")
+    w1.up().summary()
+    granted = {WorkerId("w1"): 4, WorkerId("w2"): 4}
+    rig.d.granted = lambda: granted
+    rig.d.observe(pod("a"))
+    rig.step()
+    [first] = w1.dispatches()
+    w1.unschedulable(first.id, 4, {"Insufficient memory": 4})
+    rig.step()
+    assert rig.reporter.verdicts == []  # w2 granted nodes but not connected: held back
+    w2.up().summary()  # settled
+    rig.rescan()
+    rig.step()
+    [second] = w2.dispatches()
+    rig.clock.advance(SETTLE_LIMIT + 1)
+    rig.d.in_transit = lambda: 4  # a new move, while w2 decides
+    w2.unschedulable(second.id, 4, {"Insufficient memory": 4})
+    rig.step()
+    assert rig.reporter.verdicts == []
+    rig.d.in_transit = lambda: 0
+    rig.rescan()
+    rig.step()
+    [(_, message)] = rig.reporter.verdicts
+    assert message.startswith("0/8 nodes are available: 8 Insufficient memory.")

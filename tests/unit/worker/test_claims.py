@@ -4,8 +4,10 @@ watch under the claim set, the ones it leaves or hands back, and what it answers
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +20,7 @@ from tests.builders import PodBuilder
 from tests.unit.worker import test_intake as intake_tests
 from tests.unit.worker.test_intake import Leader
 from worker import intake as intake_module
+from worker.audit import AuditLog
 from worker.claims import Claims
 from worker.intake import LeaderResults
 from worker.scheduler import Scheduler
@@ -145,17 +148,21 @@ async def test_a_claimed_pod_that_does_not_fit_is_handed_back_with_its_reasons(w
 
 
 async def test_nothing_is_claimed_without_a_claim_set_or_while_not_placing(worker: Worker) -> None:
-    worker.watch("ADDED", pod("a").json())  # no leader stream
-    assert not worker.queued("a")
+    a, b = hashed("w1", ("w0", "w1"), count=2)  # claimed here under ("w1",) and ("w0", "w1")
+    worker.watch("ADDED", pod(a).json())  # no leader stream, claims not on: nothing is kept for it
+    assert not worker.queued(a)
     leader = await Leader.connect(worker, term=1)
     worker.placing[0] = False
     await claim_set(worker, leader, ("w1",))
-    worker.watch("ADDED", pod("b").json())
-    assert not worker.queued("b")
+    worker.watch("ADDED", pod(b).json())
+    assert not worker.queued(b)
     worker.placing[0] = True
-    await claim_set(worker, leader, ("w0", "w1"))  # the set changes: both are read again
-    for name in ("a", "b"):
-        assert worker.queued(name) == (claimant(f"uid-{name}", ("w0", "w1")) == "w1")
+    await claim_set(worker, leader, ("w0", "w1"))  # the set changes: the pods kept are read again
+    assert worker.queued(b)
+    # seen before claims were on: taken at its next event (or dispatched once the leader's claim expires)
+    assert not worker.queued(a)
+    worker.watch("MODIFIED", pod(a).json())
+    assert worker.queued(a)
     await leader.close()
 
 
@@ -219,7 +226,9 @@ async def test_a_dispatch_of_a_claimed_pod_is_answered_as_a_dispatch(worker: Wor
     await leader.close()
 
 
-async def test_a_claimed_pod_the_watch_shows_bound_first_is_still_audited_as_claimed(worker: Worker) -> None:
+async def test_a_claimed_pod_the_watch_shows_bound_first_is_still_audited_as_claimed(
+    worker: Worker, tmp_path: Path
+) -> None:
     leader = await Leader.connect(worker, term=1)
     await claim_set(worker, leader, ("w1",))
     worker.watch("ADDED", pod("a").json())
@@ -227,8 +236,13 @@ async def test_a_claimed_pod_the_watch_shows_bound_first_is_still_audited_as_cla
     assert qp is not None and worker.sched.schedule_one(qp) is not None
     worker.watch("MODIFIED", pod("a").on("n1").json())  # the watch shows the binding before its answer
     assert not worker.claims.claimed
-    assert worker.claims.done(qp.pod)  # the binder's answer: it was claimed (nothing to answer)
-    assert not worker.claims.done(qp.pod)
+    worker.results.audit = AuditLog(str(tmp_path / "audit.jsonl"), worker="w1", epoch=lambda: 1)
+    worker.results.bound(qp.pod, NodeName("n1"), assumed_at=1.0, bound_at=2.0)  # the binder's answer
+    worker.results.audit.close()
+    [trail] = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    assert (trail["pod"], trail["via"]) == ("default/a", "claim")
+    leader.send(protocol.Ping(ts=2.0))
+    await leader.next(protocol.Pong)  # no RESULT before it: nothing is owed for a claimed pod
     await leader.close()
 
 
