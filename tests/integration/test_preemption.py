@@ -227,6 +227,18 @@ async def wait_running(kube: KubeClient, namespace: str, name: str) -> None:
         await asyncio.sleep(0.1)
 
 
+def describe_start(obj: dict[str, Any] | None) -> str:
+    """What a pod that should have started shows (for a failure's message): phase, node, conditions."""
+    if obj is None:
+        return "not found"
+    status = obj.get("status") or {}
+    conditions = ", ".join(f"{c.get('type')}={c.get('status')}" for c in status.get("conditions") or ())
+    return (
+        f"phase {status.get('phase')}, node {obj['spec'].get('nodeName')}, conditions [{conditions}], "
+        f"resourceVersion {obj['metadata'].get('resourceVersion')}"
+    )
+
+
 def condition_message(obj: dict[str, Any]) -> str:
     for c in obj.get("status", {}).get("conditions") or ():
         if c.get("type") == "PodScheduled" and c.get("status") == "False":
@@ -262,7 +274,9 @@ async def run_scenario(rig: Rig, s: Scenario, scheduler: str) -> Outcome:
         pods = {p["metadata"]["name"]: p for p in await list_pods(kube, namespace)}
         if all(pods.get(prefix + n, {}).get("status", {}).get("phase") == "Running" for n, *_ in s.placed):
             break
-        assert time.monotonic() < deadline, "placed pods never started"
+        assert time.monotonic() < deadline, "placed pods never started: " + "; ".join(
+            f"{n}: {describe_start(pods.get(prefix + n))}" for n, *_ in s.placed
+        )
         await asyncio.sleep(0.2)
     await asyncio.sleep(1.1)  # start times are whole seconds: keep the preemptor's later than every victim's
     klass = classes[s.preemptor_class + ("-never" if s.never else "")]
