@@ -14,8 +14,9 @@ Rules:
   rendezvous hashing, so a worker joining or leaving moves only the pods hashed to it. The claim set is the
   leader's (``protocol.Claims``): the ready workers that place pods and own nodes.
 - A worker claims a claimable pod whose claimant it is, while it can place pods, unless it handed that pod to
-  the leader before or the leader dispatched it (to any worker), or a pod pending in its own view states a cross-node required anti-affinity term that
-  matches it (the leader's lane, rule 3, decides when such a pod may go). A claimed pod it cannot place it
+  the leader before or the leader dispatched it (to any worker), or a pod pending in its own view states a
+  cross-node required anti-affinity term that matches it (the leader's lane, rule 3, decides when such a pod
+  may go). A claimed pod it cannot place it
   hands to the leader (RESULT with ``protocol.CLAIMED``): from there the leader's path, the other shards,
   preemption and the verdict.
 - Disagreement is safe: while a claim set changes, two workers may claim one pod (the second binding gets

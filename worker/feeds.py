@@ -6,7 +6,8 @@
   ``watch_pending`` (standalone) also every pending pod of our scheduler name into the queue, and under a
   coordinator the pending pods this worker claims (``claims``, ``worker.claims``). Freed capacity
   wakes the unschedulable pods; a deleted pod leaves the queue and the reporter, and ``gone`` is told (what
-  the scheduler keeps per dispatched pod outside the queue goes with it). An event costs what it changes
+  the scheduler keeps per dispatched pod outside the queue goes with it); so does a queued pod a relist no
+  longer lists, unless its record is newer than the list (a DISPATCH that came after it was read). An event costs what it changes
   (``shortcuts``, on outside tests that compare them with the full path):
   - a DELETED event is not parsed (its key and uid are all it is read for);
   - a pod with no placed or assumed record here, not placed, not terminal, of another scheduler or (without
@@ -163,8 +164,9 @@ class PodFeed:
         # Off: every event is parsed in full and applied (the reference the shortcuts are tested against).
         self.shortcuts = shortcuts
         # The latest record of each pending pod of ours that was parsed (standalone: all of them; under a
-        # coordinator nominated ones and those ``Claims.to_read`` wants, see ``_unread``): the ``previous`` of its next parse, here and for a
-        # DISPATCH of it (``worker.intake``), so neither parses again what the watch already has.
+        # coordinator nominated ones and those ``Claims.to_read`` wants, see ``_unread``): the ``previous``
+        # of its next parse, here and for a DISPATCH of it (``worker.intake``), so neither parses again what
+        # the watch already has.
         self.pending: dict[PodKey, PodRecord] = {}
         # Under a coordinator: the pods this worker claims from this watch (``worker.claims``)
         self.claims = claims
@@ -238,13 +240,13 @@ class PodFeed:
     def replace(self, objects: list[dict[str, Any]]) -> None:
         seen_at = self.queue.clock()
         pods = [pod_from_json(o) for o in objects]
+        listed_uids = {p.key: p.uid for p in pods}
         self.pending.clear()
         claims = self.claims
         if claims is not None:
             # Read again from the snapshot; what it claimed stays claimed. Every pending pod's anti-affinity
             # terms first, so that no pod is claimed against a half-read list (``admit`` checks them).
-            listed_keys = {p.key for p in pods}
-            for key in [k for k in (*claims.claimed, *claims.handed_back) if k not in listed_keys]:
+            for key in [k for k in (*claims.claimed, *claims.handed_back) if k not in listed_uids]:
                 claims.left(key)  # deleted during the watch's gap
             claims.anti.clear()
             claims.unread.clear()
@@ -262,6 +264,7 @@ class PodFeed:
             self.cache.upsert_pod(record)
         for p in pods:
             self.admit(p, seen_at)
+        self._drop_vanished(listed_uids, self.listed_revision())
         listed = {p.key for p in pods if not p.node_name and not p.deleting and not p.terminal}
         for key in [k for k in self.cache.nominated_node if k not in listed]:
             self.cache.unnominate(key)
@@ -295,6 +298,22 @@ class PodFeed:
                 self._apply(pod_from_json(obj, placed or self.pending.get(key)), seen_at)
         self.progress.set()
 
+    def _drop_vanished(self, listed_uids: dict[PodKey, str], snapshot: int) -> None:
+        """After a relist: a queued pod (or one in flight) the snapshot does not list, or lists with another
+        uid, was deleted or finished while the watch was down; it goes as if its DELETED had come, or it
+        would be decided, assumed and sent to a binding that can only fail. A queued record newer than the
+        snapshot is kept: the pod came (by DISPATCH) after the list was read, and the watch, resuming from
+        the snapshot, brings its events."""
+        for pod in self.queue.records():
+            if listed_uids.get(pod.key) == pod.uid:
+                continue
+            try:
+                newer = int(pod.resource_version or 0) > snapshot
+            except ValueError:
+                newer = True  # no revision to compare: only its own DELETED may take it
+            if not newer:
+                self._remove(pod.key, pod.uid)
+
     def _apply(self, pod: PodRecord, seen_at: float) -> None:
         if pod.terminal:
             self._remove(pod.key, pod.uid)
@@ -317,9 +336,10 @@ class PodFeed:
     def _unread(self, key: PodKey, obj: dict[str, Any]) -> bool:
         """True when ``obj``, a pod this worker has no placed or assumed record of, needs no parse: it is not
         placed, not terminal, and either of another scheduler or (``watch_pending`` off: the leader's DISPATCH
-        brings our pods) ours, neither nominated nor being deleted nor one ``Claims.to_read`` wants. A parse would only have told ``admit`` to
-        drop the pod from ``pending`` (or to keep it there for the DISPATCH's parse, which then parses in full:
-        the same record). ``pending`` drops its older record, so nothing stale is kept."""
+        brings our pods) ours, neither nominated nor being deleted nor one ``Claims.to_read`` wants. A parse
+        would only have told ``admit`` to drop the pod from ``pending`` (or to keep it there for the
+        DISPATCH's parse, which then parses in full: the same record). ``pending`` drops its older record, so
+        nothing stale is kept."""
         spec = obj.get("spec") or {}
         if spec.get("nodeName") or key in self.cache.pod_node:
             return False

@@ -249,6 +249,10 @@ class SchedulingQueue:
         qp = self._pods.get(key)
         return qp.pod if qp is not None else None
 
+    def records(self) -> list[PodRecord]:
+        """The record of every pod queued or in flight (as ``queued`` gives it)."""
+        return [qp.pod for qp in self._pods.values()]
+
     def where(self, key: PodKey) -> str | None:
         return self._where.get(key)
 

@@ -629,11 +629,13 @@ class Dispatcher:
         is still claimed by that worker: a claim moved or taken over meanwhile stands. One for a pod not yet
         claimed here is remembered for its claim (``_remember_early``)."""
         p = self.table.get(PodKey(result.key))
-        if p is None or (result.uid and result.uid != p.record.uid):
-            # our watch shows no such pod yet, or still its predecessor of the same name
-            self._remember_early(w, result)
-            return
-        if p.claimant is None and p.worker is None and p.parked_at is None:
+        if (
+            p is None
+            or (result.uid and result.uid != p.record.uid)
+            or (p.claimant is None and p.worker is None and p.parked_at is None)
+        ):
+            # our watch shows no such pod yet, or still its predecessor of the same name, or the pod is not
+            # yet claimed, dispatched or parked here
             self._remember_early(w, result)
             return
         if p.claimant != w.worker_id:

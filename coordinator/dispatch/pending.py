@@ -16,10 +16,10 @@ A pod in the table is in exactly one of these states:
   worker's capacity grows or the set of workers changes. Malformed pods are parked for good.
 
 ``tried`` holds the workers that said no (RESULT unschedulable over at least one node) since the pod was
-last parked; each one's latest unschedulable answer (its node count and reasons) is in the pod's tally. A RESULT rejected is
-never a no: it means "try later" (the worker is fenced or draining, still catching up on granted nodes, or
-the binding was refused, which kube-scheduler also retries with backoff), and so does an unschedulable answer over zero nodes (the worker
-saw no usable node when it decided: fenced, or catching up). Such a pod waits until ``not_before``
+last parked; each one's latest unschedulable answer (its node count and reasons) is in the pod's tally. A
+RESULT rejected is never a no: it means "try later" (the worker is fenced or draining, still catching up on
+granted nodes, or the binding was refused, which kube-scheduler also retries with backoff), and so does an
+unschedulable answer over zero nodes (the worker saw no usable node when it decided: fenced, or catching up). Such a pod waits until ``not_before``
 (``REJECT_BACKOFF`` doubling per rejection up to ``REJECT_BACKOFF_MAX``) and is then dispatched again. A pod
 is one object: its entry is replaced when a pod of the same name with another uid appears.
 

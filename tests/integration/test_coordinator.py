@@ -189,12 +189,12 @@ async def started(d: Deployment, workers: int) -> None:
     )
 
 
-async def settled(d: Deployment, kube: KubeClient) -> None:
+async def settled(d: Deployment, kube: KubeClient) -> int:
     """Every node granted, none in handoff, and every live worker placing on all the nodes granted to it (its
     load report's ``usable``). ``started`` only says the shard map named the workers: a worker granted nodes
     after its pod watch listed catches up on them node by node (``worker.shard``), seconds on a busy API
     server, and meanwhile a burst goes to the others. A test that asserts which workers placed pods, or
-    counts the nodes the shards evaluated, waits for this first."""
+    counts the nodes the shards evaluated, waits for this first. Returns the number of nodes."""
     total = len((await kube.get("/api/v1/nodes"))["items"])  # the pool is every node (no selector)
     await d.wait_status(
         lambda s: (
@@ -207,6 +207,7 @@ async def settled(d: Deployment, kube: KubeClient) -> None:
         ),
         f"all {total} nodes granted and usable, none in handoff",
     )
+    return total
 
 
 @pytest.mark.parametrize("via", ["dispatch", "claim"])
@@ -351,8 +352,7 @@ async def test_pod_no_shard_can_fit_is_reported_with_every_shards_reasons(
     await started(d, 2)
     # the message counts the nodes the shards evaluated: a node in handoff (released by one worker, not yet
     # granted to the other) or still catching up is evaluated by none
-    await settled(d, kube)
-    total = len((await kube.get("/api/v1/nodes"))["items"])
+    total = await settled(d, kube)
     huge = agent_pod(0, namespace=namespace, scheduler_name=d.scheduler_name)
     huge["metadata"]["name"] = "huge"
     huge["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "500"
