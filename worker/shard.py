@@ -290,7 +290,9 @@ class ShardState:
         pods = self._pods
         assert pods is not None
         await pods.wait_synced()
+        reads = 0
         if not pods.listed_since(granted_at):
+            reads = len(nodes)
             sem = asyncio.Semaphore(CATCH_UP_CONCURRENCY)
 
             async def one(node: NodeName) -> None:
@@ -298,6 +300,15 @@ class ShardState:
                     await self._catch_up(pods, node)
 
             await asyncio.gather(*(one(n) for n in nodes))
+        # How long granted nodes waited to be usable, and by how many reads: the cost of a grant that came
+        # after the pod watch listed (one read per node) shows here, not only as a slower first burst.
+        log.info(
+            "worker %s: %d granted nodes usable after %.1fs (%d per-node reads)",
+            self.name,
+            len(nodes),
+            time.monotonic() - granted_at,
+            reads,
+        )
         self._syncing.subtract(nodes)
         for node in nodes:
             if self._syncing[node] <= 0:

@@ -476,7 +476,10 @@ async def shard_status(running: Running) -> dict[str, Any] | None:
 
 
 async def wait_sharded(running: Running, nodes: int, *, timeout: float = READY_TIMEOUT) -> str:
-    """Wait until every worker holds nodes, all ``nodes`` are granted and no handoff is under way.
+    """Wait until every worker holds nodes, all ``nodes`` are granted, no handoff is under way and every live
+    worker places pods on all the nodes granted to it (its load report's ``usable``): a worker granted nodes
+    after its pod watch listed catches up on them node by node, and a burst sent meanwhile would measure the
+    catch-up, not the scheduler.
 
     Returns "" when settled, else a note on how far it got (the run goes on; the note is reported)."""
     deadline = time.monotonic() + timeout
@@ -490,12 +493,16 @@ async def wait_sharded(running: Running, nodes: int, *, timeout: float = READY_T
         live = [w for w in workers.values() if w.get("live") and w.get("nodes", 0) > 0]
         granted = sum(int(w.get("nodes", 0)) for w in workers.values())
         moving = sum(int(w.get("revoking", 0)) for w in workers.values())
-        if len(live) == running.spec.workers and granted >= nodes and moving == 0:
+        catching_up = [w for w in live if int(w.get("usable", 0)) < int(w.get("nodes", 0))]
+        if len(live) == running.spec.workers and granted >= nodes and moving == 0 and not catching_up:
             settled_polls += 1
             if settled_polls >= 2:
                 return ""
         else:
             settled_polls = 0
         await asyncio.sleep(1.0)
-    shards = {k: (v.get("nodes"), v.get("revoking")) for k, v in ((last or {}).get("workers") or {}).items()}
-    return f"shard map not settled after {timeout:.0f}s: (nodes, revoking) per worker {shards}"
+    shards = {
+        k: (v.get("nodes"), v.get("usable"), v.get("revoking"))
+        for k, v in ((last or {}).get("workers") or {}).items()
+    }
+    return f"shard map not settled after {timeout:.0f}s: (nodes, usable, revoking) per worker {shards}"
