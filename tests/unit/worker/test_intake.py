@@ -666,3 +666,60 @@ async def test_an_unchanged_capacity_summary_still_goes_out_as_the_heartbeat(
     again = await leader.next(protocol.Capacity)  # nothing changed: sent as the stream's heartbeat
     assert dataclasses.replace(again, ts=first.ts) == first
     await leader.close()
+
+
+@contextlib.asynccontextmanager
+async def stream_pair() -> AsyncIterator[
+    tuple[intake_module.LeaderStream, asyncio.StreamReader, protocol.Session]
+]:
+    """A worker's ``LeaderStream`` over a local socket pair, and the leader's reader and session."""
+    ours, theirs = socket.socketpair()
+    _, writer = await asyncio.open_connection(sock=ours)
+    reader, leader_writer = await asyncio.open_connection(sock=theirs)
+    nonces = {"hello_nonce": b"h" * 16, "welcome_nonce": b"w" * 16}
+    stream = intake_module.LeaderStream(writer, protocol.Session(KEY, leader=False, **nonces), term=1)
+    try:
+        yield stream, reader, protocol.Session(KEY, leader=True, **nonces)
+    finally:
+        for w in (writer, leader_writer):
+            w.close()
+
+
+async def nothing_arrives(reader: asyncio.StreamReader) -> bool:
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(0.2):
+            await reader.read(1)
+            return False
+    return True
+
+
+async def test_acks_and_bound_results_wait_for_company_then_go_in_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ACKs and "bound" RESULTs are written up to ``LAZY_FLUSH`` late, with the next frame that cannot wait
+    (here a "no"), in the order sent."""
+    monkeypatch.setattr(intake_module, "LAZY_FLUSH", 3600.0)
+    sent: list[protocol.Message] = [
+        protocol.Ack(1),
+        protocol.Result.bound(2, "default/p", "n1", uid="u"),
+        protocol.Result(3, "default/q", protocol.UNSCHEDULABLE, nodes=1, uid="v"),
+    ]
+    async with stream_pair() as (stream, reader, session):
+        stream.send(sent[0])
+        stream.send(sent[1])
+        assert await nothing_arrives(reader)
+        stream.send(sent[2])
+        async with asyncio.timeout(TIMEOUT):
+            assert [await session.read(reader) for _ in sent] == sent
+
+
+async def test_acks_and_bound_results_alone_go_out_after_the_lazy_flush(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(intake_module, "LAZY_FLUSH", 0.01)
+    sent: list[protocol.Message] = [protocol.Ack(1), protocol.Result.bound(2, "default/p", "n1", uid="u")]
+    async with stream_pair() as (stream, reader, session):
+        for message in sent:
+            stream.send(message)
+        async with asyncio.timeout(TIMEOUT):
+            assert [await session.read(reader) for _ in sent] == sent
