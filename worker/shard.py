@@ -292,12 +292,12 @@ class ShardState:
         await pods.wait_synced()
         reads = 0
         if not pods.listed_since(granted_at):
-            reads = len(nodes)
             sem = asyncio.Semaphore(CATCH_UP_CONCURRENCY)
 
             async def one(node: NodeName) -> None:
+                nonlocal reads
                 async with sem:
-                    await self._catch_up(pods, node)
+                    reads += await self._catch_up(pods, node)
 
             await asyncio.gather(*(one(n) for n in nodes))
         # How long granted nodes waited to be usable, and by how many reads: the cost of a grant that came
@@ -315,11 +315,13 @@ class ShardState:
                 del self._syncing[node]
         self.publish()
 
-    async def _catch_up(self, pods: PodWatch, node: NodeName) -> None:
+    async def _catch_up(self, pods: PodWatch, node: NodeName) -> bool:
+        """Wait until the cache holds the pods bound to ``node`` (one read of them); False if ``node`` was
+        revoked before it was read."""
         backoff = api_retry()
         while True:
             if node not in self._granted:
-                return  # revoked meanwhile: nothing to wait for
+                return False  # revoked meanwhile: nothing to wait for
             try:
                 listed, target = await pods.list_bound(node)
                 break
@@ -335,8 +337,9 @@ class ShardState:
                     "pod watch lags behind a granted node; applying a direct read", extra={"node": node}
                 )
                 pods.apply_direct(listed)
-                return
+                return True
             await asyncio.sleep(CATCH_UP_POLL)
+        return True
 
     # ---- releases ----
 
