@@ -103,12 +103,6 @@ MAX_HANDSHAKES = 64  # connections in their handshake at once (an idle one costs
 TERM_WAIT = 1.0  # how long a HELLO waits for our election mirror to name its term
 TERM_POLL = 0.05
 WRITE_HIGH_WATER = 1 << 20  # bytes buffered towards the leader before we wait for it to read
-# How long an ACK or a "bound" RESULT may wait to share a write with the frames after it. Neither holds a pod
-# back (the leader's window is ``protocol.MAX_UNACKED`` dispatches; a bound pod is bound), and in a burst
-# bindings complete one HTTP response at a time: written at once, each would be its own system call and wake
-# the leader for one frame. Every other frame (a "no", a hand-back, PONG, CAPACITY) is written at the end of
-# the loop pass it was sent in, with whatever waits.
-LAZY_FLUSH = 0.005
 
 # ----- wire: every message this side encodes or decodes -------------------------------------------------
 
@@ -161,8 +155,8 @@ def elected_term(election: Mapping[str, KeyValue]) -> int | None:
 class LeaderStream:
     """One authenticated leader stream: every frame written to it is sealed by its session, in order.
 
-    Frames are written in the order sent, several in one write: at the end of the loop pass a frame was sent
-    in, or, when only ACKs and "bound" RESULTs wait, up to ``LAZY_FLUSH`` later (see there)."""
+    Frames sent in one pass of the event loop (the ACKs of a batch of DISPATCHes, the RESULTs of a batch of
+    bindings) are written together at the end of it: one write, not one system call per frame."""
 
     def __init__(self, writer: asyncio.StreamWriter, session: protocol.Session, term: int) -> None:
         self.writer = writer
@@ -170,30 +164,18 @@ class LeaderStream:
         self.term = term
         self._frames: list[bytes] = []  # sealed, in order, not yet written
         self._queued = 0  # their bytes
-        self._soon = False  # a flush at the end of this loop pass is scheduled
-        self._later: asyncio.TimerHandle | None = None  # the lazy flush, if one is scheduled
 
     def send(self, message: protocol.Message) -> None:
         if self.writer.is_closing():
             return
+        if not self._frames:
+            asyncio.get_running_loop().call_soon(self.flush)
         frame = self.session.seal(message)
         self._frames.append(frame)
         self._queued += len(frame)
-        if self._soon:
-            return
-        loop = asyncio.get_running_loop()
-        if not _lazy(message):
-            self._soon = True
-            loop.call_soon(self.flush)
-        elif self._later is None:
-            self._later = loop.call_later(LAZY_FLUSH, self.flush)
 
     def flush(self) -> None:
         """Write the frames sent so far."""
-        self._soon = False
-        if self._later is not None:
-            self._later.cancel()
-            self._later = None
         frames, self._frames, self._queued = self._frames, [], 0
         if frames and not self.writer.is_closing():
             self.writer.write(b"".join(frames))
@@ -207,13 +189,6 @@ class LeaderStream:
         self.flush()
         async with asyncio.timeout(protocol.DEAD_AFTER):
             await self.writer.drain()
-
-
-def _lazy(message: protocol.Message) -> bool:
-    """May ``message`` wait up to ``LAZY_FLUSH`` for company?"""
-    return isinstance(message, protocol.Ack) or (
-        isinstance(message, protocol.Result) and message.outcome == protocol.BOUND
-    )
 
 
 # ----- outcomes under a coordinator ---------------------------------------------------------------------
