@@ -111,6 +111,8 @@ def _scalar(name: str, action: argparse.Action, value: Any) -> Any:
         converted = kind(value) if callable(kind) else value
     except (TypeError, ValueError):
         raise ConfigError(f"{name}: expected {_type_name(kind)}, got {_describe(value)}") from None
+    except argparse.ArgumentTypeError as e:  # a flag type's own message, as argparse shows it for the flag
+        raise ConfigError(f"{name}: {e}") from None
     if kind is int and isinstance(value, float):
         raise ConfigError(f"{name}: expected an integer, got {_describe(value)}")
     if action.choices is not None and converted not in action.choices:

@@ -1,14 +1,22 @@
-"""Small asyncio helpers shared by the etcd layer: racing waits and cancelling tasks cleanly.
+"""Small asyncio helpers: racing waits and cancelling tasks cleanly (the etcd layer), and the event loop a
+worker or coordinator process runs on (``--event-loop``).
 
-Invariant: nothing started here outlives the call that started it; every helper cancels and awaits the
-tasks it created, so no "Task was destroyed but it is pending" warnings escape into tests.
+Invariants: nothing started here outlives the call that started it; every helper cancels and awaits the
+tasks it created, so no "Task was destroyed but it is pending" warnings escape into tests. A process's loop
+is chosen once, before anything is created on it: ``run`` makes a new loop and closes it, as ``asyncio.run``.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
-from collections.abc import Awaitable
-from typing import Any
+import os
+from collections.abc import Awaitable, Coroutine
+from typing import Any, TypeVar
+
+import uvloop
+
+T = TypeVar("T")
 
 
 async def cancel_and_wait(*tasks: asyncio.Task[Any] | None) -> None:
@@ -42,3 +50,38 @@ async def wait_first(*waits: Awaitable[Any]) -> int:
             task.result()  # re-raise the winner's error, if any
             return index
     raise AssertionError("asyncio.wait returned with nothing done")
+
+
+# ----- the event loop a process runs on -----------------------------------------------------------------
+
+EVENT_LOOP_ENV = "AGENT_SCHEDULER_EVENT_LOOP"
+EVENT_LOOPS = ("uvloop", "asyncio")
+
+
+def _event_loop(value: str) -> str:
+    if value not in EVENT_LOOPS:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an event loop: choose {' or '.join(EVENT_LOOPS)}")
+    return value
+
+
+def add_event_loop_argument(p: argparse.ArgumentParser) -> None:
+    """``--event-loop``, defaulting to ``$AGENT_SCHEDULER_EVENT_LOOP`` or uvloop; a bad value of either is a
+    usage error (argparse converts a string default as it converts the flag)."""
+    p.add_argument(
+        "--event-loop",
+        type=_event_loop,
+        choices=EVENT_LOOPS,
+        default=os.environ.get(EVENT_LOOP_ENV) or "uvloop",
+        help="uvloop (default) or asyncio, the standard library's loop (to rule the loop out when debugging)",
+    )
+
+
+def run(main: Coroutine[Any, Any, T], event_loop: str) -> T:
+    """Run ``main`` to completion on a new event loop of the kind named, as ``asyncio.run`` does.
+
+    uvloop is the default because a scheduler process spends most of its CPU on the loop's own per-event
+    machinery (watch reads, TLS, stream reads and writes), not on its code's work per pod; uvloop does that
+    machinery in C (``docs/architecture.md``, "Event loop", has the measurements)."""
+    if event_loop == "uvloop":
+        return uvloop.run(main)
+    return asyncio.run(main)

@@ -23,7 +23,7 @@ import signal
 import socket
 import time
 
-from common import metrics
+from common import aiotools, metrics
 from common.etcd.flags import add_security_arguments, endpoints_from, security_from
 from common.etcd.keys import KeyLayout
 from common.etcd.kv import EtcdConfigError, connect, wait_ready
@@ -78,6 +78,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="seconds the leader's shard map or pending-pod watch may make no progress before it steps down",
     )
     add_security_arguments(p)
+    aiotools.add_event_loop_argument(p)
 
 
 def sharding_options(args: argparse.Namespace) -> ShardingOptions | None:
@@ -201,7 +202,7 @@ async def _main(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        return asyncio.run(_main(args))
+        return aiotools.run(_main(args), args.event_loop)
     except EtcdConfigError as e:
         log.error("etcd: %s", e)
         return 2

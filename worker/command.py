@@ -20,7 +20,7 @@ import signal
 import socket
 import sys
 
-from common import metrics
+from common import aiotools, metrics
 from common.etcd.flags import add_security_arguments, endpoints_from, security_from
 from common.etcd.kv import EtcdConfigError
 from common.kube import KubeClient, load_credentials
@@ -77,6 +77,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="allow a dispatch listener beyond loopback without --dispatch-secret-file",
     )
     add_security_arguments(p)
+    aiotools.add_event_loop_argument(p)
     # no flags: set only by the --config file's podTopologySpread section (agent_scheduler.config)
     p.set_defaults(spread_defaulting="System", spread_default_constraints=[])
 
@@ -153,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     settings = settings_from(args)
     if args.standalone:
-        return asyncio.run(run_standalone(settings))
+        return aiotools.run(run_standalone(settings), args.event_loop)
     from worker.coordinated import CoordinatedOptions, run_coordinated
 
     host, _, port = args.listen.rpartition(":")
@@ -171,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
         etcd_security=security_from(args),
     )
     try:
-        return asyncio.run(run_coordinated(settings, options))
+        return aiotools.run(run_coordinated(settings, options), args.event_loop)
     except EtcdConfigError as e:
         log.error("etcd: %s", e)
         return 2

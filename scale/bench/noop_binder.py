@@ -5,7 +5,7 @@ flight, ``--concurrency``): the pod's node is already written in
 its ``NODE_ANNOTATION`` (computed before the run by ``placer``, with the real engine over the same node fleet,
 so every choice fits), and this process posts the bindings — through ``common.kube.KubeClient``, the same
 client path, rate limiter and connection pool as the agent scheduler's binder, with the same number of bindings
-in flight.
+in flight, on the same event loop (``--event-loop``).
 
 It watches every non-terminal pod, as a scheduler's cache must (the worker and kube-scheduler do too), and picks
 out the pending pods of its scheduler name itself: the API server then pays for the same watch traffic as with a
@@ -24,6 +24,7 @@ import signal
 from collections.abc import Callable
 from typing import Any
 
+from common import aiotools
 from common.backoff import Backoff
 from common.kube import (
     ApiError,
@@ -181,9 +182,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--burst", type=int, default=5000)
     p.add_argument("--concurrency", type=int, default=64, help="bindings in flight (the worker's default)")
     p.add_argument("--log-level", default="INFO")
+    aiotools.add_event_loop_argument(p)  # the scheduler's loop, so the ceiling is of the same machinery
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    return asyncio.run(serve(args))
+    return aiotools.run(serve(args), args.event_loop)
 
 
 if __name__ == "__main__":

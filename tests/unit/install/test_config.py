@@ -71,6 +71,11 @@ def test_coordinator_documents(tmp_path: Path) -> None:
         (WORKER + "---\n" + WORKER, "expected one YAML mapping"),
         ("[1, 2]\n", "expected one YAML mapping"),
         (WORKER + "leaseTtl: [\n", "not YAML"),
+        (WORKER + "eventLoop: trio\n", "eventLoop: 'trio' is not an event loop: choose uvloop or asyncio"),
+        (
+            COORDINATOR.replace("Coordinator", "Worker") + "eventLoop: 3\n",
+            "eventLoop: 3 is not an event loop",
+        ),
     ],
 )
 def test_errors_name_the_file_and_field(tmp_path: Path, text: str, message: str) -> None:
@@ -105,3 +110,23 @@ def test_warm_connections_default_to_the_binding_concurrency_and_refuse_a_negati
     assert command.settings_from(parse("worker", "--warm-connections", "0")).api.warm_connections == 0
     assert command.run(parse("worker", "--warm-connections", "-1")) == 2
     assert "--warm-connections must be 0 or more" in capsys.readouterr().err
+
+
+def test_the_event_loop_comes_from_the_flag_the_file_or_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("AGENT_SCHEDULER_EVENT_LOOP", raising=False)
+    assert parse("worker").event_loop == "uvloop"
+    assert parse("coordinator", "--event-loop", "asyncio").event_loop == "asyncio"
+    path = write(tmp_path, WORKER + "eventLoop: asyncio\n")
+    assert parse("worker", "--config", path).event_loop == "asyncio"
+    monkeypatch.setenv("AGENT_SCHEDULER_EVENT_LOOP", "asyncio")
+    assert parse("worker").event_loop == "asyncio"
+    assert parse("worker", "--event-loop", "uvloop").event_loop == "uvloop"
+    # A bad environment value is a usage error of the command, not a crash later.
+    monkeypatch.setenv("AGENT_SCHEDULER_EVENT_LOOP", "tornado")
+    with pytest.raises(SystemExit) as e:
+        cli.main(["worker", "--standalone"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --event-loop: 'tornado' is not an event loop: choose uvloop or asyncio" in err
