@@ -9,7 +9,11 @@ each process's own CPU seconds (by PID), so a report can say which process of a 
 It also reads the whole host's busy CPU time, so the report can say how much of the machine's CPU went to
 processes outside the measured groups (other work on a shared machine makes numbers noisy; this says how noisy).
 
-Invariant: a process is identified by PID and start time, so a reused PID is never charged to a group.
+Invariant: a process is identified by PID and the kernel's start time in clock ticks since boot
+(``/proc/PID/stat``), so a reused PID is never charged to a group and one process is never counted twice. (Not
+psutil's ``create_time()``: that adds the boot time, which ``/proc/stat`` derives from the wall clock, so on a
+host whose clock is stepped one process read twice could look like two, and the second would be charged its
+whole life's CPU.)
 """
 
 from __future__ import annotations
@@ -57,6 +61,14 @@ class _Tracked:
         self.last = cpu
 
 
+def _identity(pid: int) -> tuple[int, int]:
+    """(PID, start time in clock ticks since boot): fixed for a process's life, distinct for a reused PID."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        stat = f.read()
+    # Fields after the command (which may hold spaces and parentheses) start at field 3; starttime is field 22.
+    return pid, int(stat[stat.rindex(b")") + 2 :].split()[19])
+
+
 def _cpu(proc: psutil.Process) -> float:
     t = proc.cpu_times()
     return float(t.user + t.system + t.children_user + t.children_system)
@@ -66,7 +78,7 @@ class ProcessMeter:
     def __init__(self, groups: dict[str, PidSource], *, period: float = DEFAULT_PERIOD) -> None:
         self.groups = groups
         self.period = period
-        self._tracked: dict[str, dict[tuple[int, float], _Tracked]] = {g: {} for g in groups}
+        self._tracked: dict[str, dict[tuple[int, int], _Tracked]] = {g: {} for g in groups}
         self._peak: dict[str, int] = dict.fromkeys(groups, 0)
         self._host_start = 0.0
         self._host_cpu = 0.0
@@ -80,17 +92,17 @@ class ProcessMeter:
             rss = 0
             for pid in set(source()):
                 try:
-                    proc = psutil.Process(pid)
-                    key = (pid, proc.create_time())
+                    key = _identity(pid)
                     entry = tracked.get(key)
                     if entry is None:
+                        proc = psutil.Process(pid)
                         # A process born inside the window counts from zero, one alive before from the baseline.
                         entry = tracked[key] = _Tracked(proc, 0.0 if self._started else _cpu(proc))
-                    with proc.oneshot():
+                    with entry.proc.oneshot():
                         entry.last = _cpu(entry.proc)
                         rss += int(entry.proc.memory_info().rss)
-                except psutil.Error:
-                    continue
+                except (OSError, ValueError, IndexError, psutil.Error):
+                    continue  # gone (or going) since the source listed it: its last reading stands
             self._peak[group] = max(self._peak[group], rss)
 
     def start(self) -> None:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from scale.bench.meter import ProcessMeter, own_pid, with_children
 from scale.bench.volcano import (
@@ -59,6 +62,25 @@ async def test_meter_charges_cpu_to_the_group() -> None:
     assert usage["nobody"].cpu_s == 0 and usage["nobody"].processes == 0
     assert meter.host_cpu_s >= 0.15
     assert with_children([os.getpid()])[0] == os.getpid()
+
+
+async def test_a_stepped_clock_does_not_count_a_process_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    # psutil's create_time() adds the boot time, which /proc/stat derives from the wall clock: step it at every
+    # read. Identified by that, this process looked new at each sample and was charged its whole life's CPU.
+    import psutil._pslinux as pslinux
+
+    boot = pslinux.boot_time()
+    steps = iter(range(1, 1_000_000))
+    monkeypatch.setattr(pslinux, "boot_time", lambda: boot + next(steps))
+    end = time.process_time() + 0.5  # CPU used before the window must not be charged to it
+    while time.process_time() < end:
+        pass
+    meter = ProcessMeter({"me": own_pid}, period=0.02)
+    meter.start()
+    await asyncio.sleep(0.1)
+    usage = await meter.stop()
+    assert usage["me"].processes == 1
+    assert usage["me"].cpu_s < 0.4
 
 
 def test_a_given_binary_is_used_when_it_answers_version(tmp_path: Path) -> None:
