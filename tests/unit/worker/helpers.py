@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 
 from common.records import NodeName, NodeRecord, PodRecord
@@ -29,6 +30,9 @@ class FixedShard:
 
     def syncing(self) -> int:
         return self.syncing_nodes
+
+    def bind_deadline(self, node: NodeName) -> float | None:
+        return math.inf if node in self.nodes else None  # no lease: no fencing deadline
 
     def set(self, nodes: Iterable[str]) -> None:
         new = frozenset(NodeName(n) for n in nodes)

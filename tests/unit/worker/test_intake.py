@@ -304,7 +304,7 @@ async def test_a_pod_preempting_here_is_answered_waiting_once_then_bound() -> No
         worker.sched.queue.activate(hi.record().key)
         qp = worker.sched.queue.pop_nowait()
         assert qp is not None and worker.sched.schedule_one(qp) is None
-        assert hi.record().key in worker.sched.queue  # type: ignore[operator]
+        assert hi.record().key in worker.sched.queue
         worker.results.bound(hi.record(), NodeName("n1"), assumed_at=1.0, bound_at=2.0)
         final = await leader.next(protocol.Result)
         assert (final.id, final.outcome) == (14, protocol.BOUND)
