@@ -42,6 +42,7 @@ from tests.integration.test_coordinator import (  # the harness of the coordinat
     deployment,  # noqa: F401 - the fixture, used by name
     lease_etcd,  # noqa: F401 - the fixture, used by name
     nodes_of,
+    settled,
     started,
 )
 from tests.integration.test_preemption import SET_LABEL, TAINT, Nodes
@@ -114,6 +115,9 @@ async def stage(
     for w in ("w1", "w2", "w3"):
         d.worker(w)
     await started(d, 3)
+    # Balanced first: while the shard map still moves nodes from the first worker to the later ones, the new
+    # nodes (free, placed for balance) can all go to one worker, and the staging needs two owners.
+    await settled(d, kube)
     set_id = uuid.uuid4().hex[:6]
     names = await nodes.make(set_id, ["256"] * 6)
     ns = f"/api/v1/namespaces/{namespace}/pods"
