@@ -66,11 +66,11 @@ def _event_loop(value: str) -> str:
 
 def add_event_loop_argument(p: argparse.ArgumentParser) -> None:
     """``--event-loop``, defaulting to ``$AGENT_SCHEDULER_EVENT_LOOP`` or uvloop; a bad value of either is a
-    usage error (argparse converts a string default as it converts the flag)."""
+    usage error."""
     p.add_argument(
         "--event-loop",
-        type=_event_loop,
-        choices=EVENT_LOOPS,
+        type=_event_loop,  # also checks the environment's value: argparse converts a string default
+        metavar="{" + ",".join(EVENT_LOOPS) + "}",
         default=os.environ.get(EVENT_LOOP_ENV) or "uvloop",
         help="uvloop (default) or asyncio, the standard library's loop (to rule the loop out when debugging)",
     )
@@ -79,8 +79,8 @@ def add_event_loop_argument(p: argparse.ArgumentParser) -> None:
 def run(main: Coroutine[Any, Any, T], event_loop: str) -> T:
     """Run ``main`` to completion on a new event loop of the kind named, as ``asyncio.run`` does.
 
-    uvloop is the default because a scheduler process spends most of its CPU on the loop's own per-event
-    machinery (watch reads, TLS, stream reads and writes), not on its code's work per pod; uvloop does that
+    uvloop is the default because a scheduler process spends more of its CPU on the loop's own per-event
+    machinery (watch reads, TLS, stream reads and writes) than on its code's work per pod; uvloop does that
     machinery in C (``docs/architecture.md``, "Event loop", has the measurements)."""
     if event_loop == "uvloop":
         return uvloop.run(main)

@@ -72,10 +72,7 @@ def test_coordinator_documents(tmp_path: Path) -> None:
         ("[1, 2]\n", "expected one YAML mapping"),
         (WORKER + "leaseTtl: [\n", "not YAML"),
         (WORKER + "eventLoop: trio\n", "eventLoop: 'trio' is not an event loop: choose uvloop or asyncio"),
-        (
-            COORDINATOR.replace("Coordinator", "Worker") + "eventLoop: 3\n",
-            "eventLoop: 3 is not an event loop",
-        ),
+        (WORKER + "eventLoop: 3\n", "eventLoop: 3 is not an event loop"),
     ],
 )
 def test_errors_name_the_file_and_field(tmp_path: Path, text: str, message: str) -> None:
