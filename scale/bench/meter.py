@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable
 import psutil
 
 from scale.bench.results import Usage
+from scale.cluster.processes import start_ticks
 
 DEFAULT_PERIOD = 0.5
 
@@ -63,10 +64,7 @@ class _Tracked:
 
 def _identity(pid: int) -> tuple[int, int]:
     """(PID, start time in clock ticks since boot): fixed for a process's life, distinct for a reused PID."""
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        stat = f.read()
-    # Fields after the command (which may hold spaces and parentheses) start at field 3; starttime is field 22.
-    return pid, int(stat[stat.rindex(b")") + 2 :].split()[19])
+    return pid, start_ticks(pid)
 
 
 def _cpu(proc: psutil.Process) -> float:

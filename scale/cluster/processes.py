@@ -6,8 +6,13 @@ described by a ``ProcessRecord`` (name, pid, start time, command, log file); the
 ``state.json``, so a later ``cluster down`` in another interpreter can stop them.
 
 Invariants:
-- A process is identified by ``(pid, create_time)``: a recorded PID whose current owner started at another time
-  belongs to someone else (PID reuse after a reboot or a long gap) and is never signalled.
+- A process is identified by ``(pid, start_ticks)``, the kernel's start time in clock ticks since boot
+  (``/proc/PID/stat``): a recorded PID whose current owner started at another tick belongs to someone else (PID
+  reuse) and is never signalled. Not psutil's ``create_time()``, a wall-clock time: it adds the boot time,
+  which ``/proc/stat`` derives from the wall clock, so after the clock was stepped our own process would look
+  like a stranger and be left running. ``create_time`` is still recorded (when it started, for people); a
+  record without ticks (a ``state.json`` written before they were recorded) is compared by it, within
+  ``_CREATE_TIME_TOLERANCE``, and a record read after a reboot never matches (another boot's ticks).
 - Signals go to single PIDs we started: never to a process group, never by name.
 - Processes start in their own session (``start_new_session``), so a Ctrl-C in the terminal that ran
   ``cluster up`` does not take the cluster down with it, and their output goes to one log file each.
@@ -50,12 +55,18 @@ class ProcessRecord:
     create_time: float
     command: tuple[str, ...]
     log: str
+    #: start time in clock ticks since boot (``start_ticks``); None in records written before it was kept
+    start_ticks: int | None = None
+    #: the boot it was started in (``boot_id``); None in records written before it was kept
+    boot: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "pid": self.pid,
             "create_time": self.create_time,
+            "start_ticks": self.start_ticks,
+            "boot": self.boot,
             "command": list(self.command),
             "log": self.log,
         }
@@ -68,7 +79,35 @@ class ProcessRecord:
             create_time=float(data["create_time"]),
             command=tuple(str(a) for a in data.get("command") or ()),
             log=str(data.get("log") or ""),
+            start_ticks=None if data.get("start_ticks") is None else int(data["start_ticks"]),
+            boot=None if data.get("boot") is None else str(data["boot"]),
         )
+
+
+def start_ticks(pid: int) -> int:
+    """The start time of process ``pid`` in clock ticks since boot: fixed for the process's life and
+    independent of the wall clock. Raises ``OSError`` (``FileNotFoundError``, ``ProcessLookupError``) when
+    there is no such process."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        stat = f.read()
+    # Fields after the command (which may hold spaces and parentheses) start at field 3; starttime is field 22.
+    return int(stat[stat.rindex(b")") + 2 :].split()[19])
+
+
+def boot_id() -> str:
+    """This boot's identity (``/proc/sys/kernel/random/boot_id``): clock ticks count from a boot, so a record
+    of another boot never matches a process of this one."""
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        return f.read().strip()
+
+
+def _same_process(record: ProcessRecord, proc: psutil.Process) -> bool:
+    if record.start_ticks is not None and record.boot is not None:
+        try:
+            return record.boot == boot_id() and start_ticks(proc.pid) == record.start_ticks
+        except (OSError, ValueError, IndexError):
+            return False
+    return abs(proc.create_time() - record.create_time) <= _CREATE_TIME_TOLERANCE
 
 
 def spawn(
@@ -92,12 +131,14 @@ def spawn(
             cwd=cwd,
         )
     _children[proc.pid] = proc
+    ticks: int | None
     try:
         create_time = psutil.Process(proc.pid).create_time()
-    except psutil.NoSuchProcess:
-        create_time = 0.0  # already gone; is_running() will say so via the Popen
+        ticks = start_ticks(proc.pid)
+    except (psutil.NoSuchProcess, OSError):
+        create_time, ticks = 0.0, None  # already gone; is_running() will say so via the Popen
     log.debug("started %s (pid %d): %s", name, proc.pid, " ".join(command))
-    return ProcessRecord(name, proc.pid, create_time, tuple(command), str(log_path))
+    return ProcessRecord(name, proc.pid, create_time, tuple(command), str(log_path), ticks, boot_id())
 
 
 def exit_code(record: ProcessRecord) -> int | None:
@@ -115,7 +156,7 @@ def is_running(record: ProcessRecord) -> bool:
         return child.poll() is None
     try:
         proc = psutil.Process(record.pid)
-        if abs(proc.create_time() - record.create_time) > _CREATE_TIME_TOLERANCE:
+        if not _same_process(record, proc):
             return False
         return bool(proc.status() != psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:

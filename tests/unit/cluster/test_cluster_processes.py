@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from scale.cluster import processes
 from scale.cluster.processes import ProcessRecord, exit_code, is_running, spawn, tail, terminate
@@ -61,25 +65,72 @@ def test_exit_code_of_a_child(tmp_path: Path) -> None:
     assert not is_running(record)
 
 
+@contextlib.contextmanager
+def _as_another_interpreter(record: ProcessRecord) -> Iterator[None]:
+    """Look at ``record`` the way a later ``cluster down`` in another interpreter would (no Popen for it)."""
+    child = processes._children.pop(record.pid)
+    try:
+        yield
+    finally:
+        processes._children[record.pid] = child
+
+
 def test_reused_pid_is_not_ours(tmp_path: Path) -> None:
     record = spawn("sleeper", [sys.executable, "-c", "import time; time.sleep(60)"], tmp_path / "s.log")
     try:
-        # Same PID, other start time: what state.json would say after the PID was reused.
-        stranger = dataclasses.replace(record, create_time=record.create_time - 1000)
-        child = processes._children.pop(record.pid)  # look at it the way another interpreter would
-        try:
+        assert record.start_ticks is not None and record.boot
+        # Same PID, another start tick, or another boot: what state.json would say after the PID was reused.
+        strangers = [
+            dataclasses.replace(record, start_ticks=record.start_ticks - 1),
+            dataclasses.replace(record, boot="another-boot"),
+        ]
+        with _as_another_interpreter(record):
             assert is_running(record)
-            assert not is_running(stranger)
-            assert terminate([stranger], grace=0.1) == []
+            for stranger in strangers:
+                assert not is_running(stranger)
+                assert terminate([stranger], grace=0.1) == []
             assert is_running(record), "a process that is not ours is never signalled"
-        finally:
-            processes._children[record.pid] = child
+    finally:
+        terminate([record], grace=5)
+
+
+def test_a_stepped_clock_does_not_make_our_process_a_stranger(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    record = spawn("sleeper", [sys.executable, "-c", "import time; time.sleep(60)"], tmp_path / "s.log")
+    try:
+        # psutil's create_time() adds the boot time, which /proc/stat derives from the wall clock: a clock
+        # stepped by an hour moves it by an hour. Identified by it, the process would be left running.
+        import psutil._pslinux as pslinux
+
+        boot = pslinux.boot_time()
+        monkeypatch.setattr(pslinux, "boot_time", lambda: boot + 3600)
+        with _as_another_interpreter(record):
+            assert is_running(record)
+            assert terminate([record], grace=5) == []
+            assert not is_running(record)
+    finally:
+        terminate([record], grace=5)
+
+
+def test_a_record_without_ticks_is_recognised_by_its_create_time(tmp_path: Path) -> None:
+    # A state.json written before the start ticks were recorded: compared by create_time, as then.
+    record = spawn("sleeper", [sys.executable, "-c", "import time; time.sleep(60)"], tmp_path / "s.log")
+    try:
+        old = ProcessRecord.from_json(
+            {k: v for k, v in record.to_json().items() if k not in ("start_ticks", "boot")}
+        )
+        assert old.start_ticks is None and old.boot is None
+        stranger = dataclasses.replace(old, create_time=old.create_time - 1000)
+        with _as_another_interpreter(record):
+            assert is_running(old)
+            assert not is_running(stranger)
     finally:
         terminate([record], grace=5)
 
 
 def test_record_round_trip_and_tail_limits(tmp_path: Path) -> None:
-    record = ProcessRecord("x", 123, 456.5, ("a", "b"), "/tmp/x.log")
+    record = ProcessRecord("x", 123, 456.5, ("a", "b"), "/tmp/x.log", 789, "boot")
     assert ProcessRecord.from_json(record.to_json()) == record
     log = tmp_path / "many.log"
     log.write_text("".join(f"line {i}\n" for i in range(200)))
