@@ -1,8 +1,9 @@
 """Create-to-bound times of the pods a load generator created, on the generator's own clock.
 
 One implementation for the demo and the benchmarks:
-- ``PodTimes`` is one pod as the generator saw it: when its create was sent and answered, when it was first
-  seen bound and to which node.
+- ``PodTimes`` is one pod as the generator saw it: when its create was sent and answered, when its watch first
+  delivered it (``visible``: the API server's commit and watch fan-out, which every scheduler waits for too),
+  when it was first seen bound and to which node.
 - ``BindWatch`` is the handler of a ``common.watching.Reflector`` on the workload's namespace. The first time
   it sees an expected pod with ``spec.nodeName`` set, it stamps that pod's ``bound`` time. A watch event
   arrives a few milliseconds after the binding is stored, for every scheduler alike; ``creationTimestamp`` is
@@ -11,7 +12,7 @@ One implementation for the demo and the benchmarks:
   ``wait_running`` the same for the bound pods' ``status.phase`` Running (the first time it is seen:
   ``running``), for runs that time create -> running.
 
-Invariants: a pod's ``bound`` and ``running`` are each stamped once (later events, relists and deletions do not move it); a pod the
+Invariants: a pod's ``visible``, ``bound`` and ``running`` are each stamped once (later events, relists and deletions do not move it); a pod the
 generator did not ``expect`` is ignored. Time comes from the injected clock (``time.monotonic`` by default).
 """
 
@@ -43,6 +44,8 @@ class PodTimes:
     eligible: float = math.nan
     #: when the pod was first seen Running
     running: float = math.nan
+    #: when the generator's watch first delivered the pod (an event or a relist), bound or not
+    visible: float = math.nan
 
     @property
     def is_bound(self) -> bool:
@@ -82,14 +85,16 @@ class BindWatch:
         return times
 
     def _see(self, obj: dict[str, Any]) -> None:
-        node = (obj.get("spec") or {}).get("nodeName")
-        if not node:
-            return
         name = (obj.get("metadata") or {}).get("name") or ""
         times = self.pods.get(name)
         if times is None:
             return
         now = self.clock()
+        if math.isnan(times.visible):
+            times.visible = now
+        node = (obj.get("spec") or {}).get("nodeName")
+        if not node:
+            return
         if not times.is_bound:
             times.bound = now
             times.node = str(node)

@@ -376,6 +376,30 @@ def stage_table(results: Sequence[RunResult]) -> list[str]:
     return lines
 
 
+def split_table(results: Sequence[RunResult]) -> list[str]:
+    """Markdown: each run's mean create->bound latency split into what came before any scheduler could see the
+    pod (the load generator's watch delivering it), the scheduler's stages along the path (their means summed,
+    as the stacked bar), and the rest; [] when no run measured the first part."""
+    runs = sorted(
+        (r for r in results if r.visible_mean_ms > 0 and not r.error),
+        key=lambda r: (r.nodes, _workload_order(r.workload), r.scheduler),
+    )
+    if not runs:
+        return []
+    lines = [
+        "| nodes | workload | scheduler | create→bound mean | create→visible mean (p50 / p99) | scheduler stages | rest |",
+        "|---:|---|---|---:|---:|---:|---:|",
+    ]
+    for r in runs:
+        path = sum(ms for _, ms in stack(r)) if r.stages else math.nan
+        rest = r.mean_ms - r.visible_mean_ms - (0.0 if math.isnan(path) else path)
+        lines.append(
+            f"| {r.nodes} | {r.workload} | {r.scheduler} | {_fmt(r.mean_ms)} | {_fmt(r.visible_mean_ms)} "
+            f"({_fmt(r.visible_p50_ms)} / {_fmt(r.visible_p99_ms)}) | {_fmt(path)} | {_fmt(rest)} |"
+        )
+    return lines
+
+
 def process_cpu_table(results: Sequence[RunResult]) -> list[str]:
     """Markdown: each scheduler process's CPU-s per 1k pods, for runs with more than one process."""
     runs = sorted(
@@ -568,6 +592,23 @@ def render(
             "mean minus the worker's stage means.",
             "",
             *stages,
+            "",
+        ]
+    split = split_table(results)
+    if split:
+        lines += [
+            "## Where the time goes, end to end (mean ms)",
+            "",
+            "`create→visible`: from the create sent (a backlog: its release) to the load generator's pod watch first "
+            "delivering the pod, the API server's commit and watch fan-out that every scheduler waits for too "
+            "(a backlog's pods are visible before their release: 0, and the release's delivery is in `rest`). "
+            "`scheduler stages`: the stage means along the path, as the stacked bar (no stages: kube-scheduler, "
+            "the no-decision binder). `rest`: create→bound minus both, the time no stage covers: the pod's way to "
+            "the scheduler's own watch and into its loop, and the bound pod's way back to the load generator's "
+            "watch (on a saturated host, mostly waits for a core). Durations of different processes are added, "
+            "never their clocks subtracted.",
+            "",
+            *split,
             "",
         ]
     per_process = process_cpu_table(results)

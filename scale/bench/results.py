@@ -174,6 +174,11 @@ class RunResult:
     running: int = 0
     running_p50_ms: float = 0.0
     running_p99_ms: float = 0.0
+    # create sent (or eligible, if later) to the load generator's watch first delivering the pod, of the bound
+    # agent pods: the part of the latency before any scheduler could see the pod (0 when not measured)
+    visible_p50_ms: float = 0.0
+    visible_p99_ms: float = 0.0
+    visible_mean_ms: float = 0.0
     pods_waiting_for_pulls: int = 0
     pulls: int = 0
     params: dict[str, Any] = field(default_factory=dict)
@@ -279,6 +284,7 @@ def summarize(
     overall_span = (max(bound_times) - first_sent) if bound_times else 0.0
     batch_bound = [p for p in batch if p.is_bound]
     started = [max(0.0, p.running_latency) for p in bound if not math.isnan(p.running)]
+    visible = latency_stats(max(0.0, p.visible - p.start) for p in bound if not math.isnan(p.visible))
     running = latency_stats(started) if started else None
     sched = usage.get("scheduler", Usage())
     measured = sum(u.cpu_s for u in usage.values())
@@ -317,6 +323,9 @@ def summarize(
         running=len(started),
         running_p50_ms=running.p50_ms if running is not None else 0.0,
         running_p99_ms=running.p99_ms if running is not None else 0.0,
+        visible_p50_ms=visible.p50_ms,
+        visible_p99_ms=visible.p99_ms,
+        visible_mean_ms=visible.mean_ms,
         pods_waiting_for_pulls=pods_waiting_for_pulls,
         pulls=pulls,
         params=dict(params or {}),

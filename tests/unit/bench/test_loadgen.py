@@ -44,6 +44,18 @@ def test_bind_is_stamped_the_first_time_only() -> None:
     assert watch.bound == 1 and watch.deleted == 1
 
 
+def test_visible_is_the_first_delivery_of_the_pod_bound_or_not() -> None:
+    clock = FakeClock()
+    watch = BindWatch(clock)
+    pending, relisted = watch.expect("a", "agent"), watch.expect("b", "agent")
+    watch.event("ADDED", _pod("a"))
+    clock.now = 101.0
+    watch.event("MODIFIED", _pod("a", "n1"))
+    watch.replace([_pod("a", "n1"), _pod("b", "n2")])  # b first seen in a relist, already bound
+    assert (pending.visible, pending.bound) == (100.0, 101.0)
+    assert relisted.visible == relisted.bound == 101.0
+
+
 def test_pods_the_generator_did_not_create_are_ignored() -> None:
     watch = BindWatch(FakeClock())
     watch.event("ADDED", _pod("stranger", "n1"))

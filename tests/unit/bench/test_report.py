@@ -270,3 +270,24 @@ def test_sharded_goals_compare_each_coordinated_configuration_with_the_standalon
     assert "## Goals of the sharded path" in text
     assert "| 1000 | agent-coord-2 | burst p99 vs kube-scheduler | <= 0.5x | 0.60 | **missed** |" in text
     assert "Goals of the sharded path" not in report.render(results()[:2])  # no coordinated run: no section
+
+
+def test_the_end_to_end_split_puts_the_api_servers_part_beside_the_schedulers(tmp_path: Path) -> None:
+    standalone = staged("agent-standalone", "burst", STANDALONE)
+    coordinated = staged("agent-coord-1", "burst", COORD)
+    kube = run("kube-scheduler-qps5000", "burst", kind="kube-scheduler", pps=400, p99=5000, cpu=2.0)
+    for r, mean in ((standalone, 1000.0), (coordinated, 2000.0), (kube, 1500.0)):
+        r.mean_ms, r.visible_mean_ms, r.visible_p50_ms, r.visible_p99_ms = mean, 300.0, 250.0, 900.0
+    lines = report.split_table([standalone, coordinated, kube])
+    assert len(lines) == 5
+    # standalone: 1000 - 300 visible - (0.1 + 40 + 100 + 20) stages
+    assert "| 1000 | burst | agent-standalone | 1,000 | 300 (250 / 900) | 160 | 540 |" in lines
+    # coordinated: the path is the leader's dispatched plus the worker's stages and the hops (= dispatched + result)
+    assert "| 1000 | burst | agent-coord-1 | 2,000 | 300 (250 / 900) | 1,200 | 500 |" in lines
+    assert "| 1000 | burst | kube-scheduler-qps5000 | 1,500 | 300 (250 / 900) | - | 1,200 |" in lines
+    assert (
+        "## Where the time goes, end to end (mean ms)"
+        in report.write(tmp_path, [standalone, kube]).read_text()
+    )
+    # results without the measurement (older files) leave the section out
+    assert report.split_table(results()) == []

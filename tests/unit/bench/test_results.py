@@ -133,6 +133,31 @@ class TestSummarize:
         assert result.create_p50_ms == pytest.approx(10.0)
         assert result.pods_per_s == pytest.approx(100.0, rel=0.05)
         assert result.duration_s == 2.0
+
+    def test_visible_is_measured_from_the_start_and_never_negative(self) -> None:
+        agent = [_times("agent", i * 0.01, i * 0.01 + 0.5) for i in range(100)]
+        for i, t in enumerate(agent):
+            t.visible = t.sent + (0.1 if i < 40 else 0.3)
+        released = _times("agent", 0.0, 2.5)
+        released.eligible, released.visible = 2.0, 0.05  # a backlog pod: visible before its release
+        unbound = _times("agent", 0.0, None)
+        unbound.visible = 9.0  # not bound: not counted
+        result = summarize(
+            scheduler="agent-standalone",
+            scheduler_kind="agent",
+            workload="burst",
+            nodes=50,
+            agent=[*agent, released, unbound],
+            batch=[],
+            origin=0.0,
+            end=3.0,
+            usage={},
+            host_cpu_s=0.0,
+        )
+        assert result.visible_mean_ms == pytest.approx((40 * 100 + 60 * 300) / 101, abs=0.01)
+        assert result.visible_p50_ms == pytest.approx(300.0, abs=0.01)
+        assert result.visible_p99_ms == pytest.approx(300.0, abs=0.01)
+        assert RunResult.from_json(result.to_json()).visible_mean_ms == result.visible_mean_ms
         assert len(result.cdf_ms) == CDF_POINTS
 
     def test_splits_the_scheduler_cpu_by_named_process(self) -> None:
