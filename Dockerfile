@@ -7,7 +7,7 @@
 FROM python:3.11-slim AS build
 WORKDIR /src
 RUN python -m venv /opt/agent-scheduler
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY common common
 COPY worker worker
 COPY coordinator coordinator

@@ -89,18 +89,22 @@ class BindWatch:
         times = self.pods.get(name)
         if times is None:
             return
+        node = (obj.get("spec") or {}).get("nodeName")
+        binds = bool(node) and not times.is_bound
+        starts = (
+            bool(node) and math.isnan(times.running) and (obj.get("status") or {}).get("phase") == "Running"
+        )
+        if not (binds or starts or math.isnan(times.visible)):
+            return  # nothing to stamp: most events of a tracked pod come after all three (kubelet's status)
         now = self.clock()
         if math.isnan(times.visible):
             times.visible = now
-        node = (obj.get("spec") or {}).get("nodeName")
-        if not node:
-            return
-        if not times.is_bound:
+        if binds:
             times.bound = now
             times.node = str(node)
             self.bound += 1
             self.last_bind = now
-        if math.isnan(times.running) and (obj.get("status") or {}).get("phase") == "Running":
+        if starts:
             times.running = self.last_running = now
             self.running += 1
 

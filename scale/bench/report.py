@@ -391,11 +391,13 @@ def split_table(results: Sequence[RunResult]) -> list[str]:
         "|---:|---|---|---:|---:|---:|---:|",
     ]
     for r in runs:
-        path = sum(ms for _, ms in stack(r)) if r.stages else math.nan
-        rest = r.mean_ms - r.visible_mean_ms - (0.0 if math.isnan(path) else path)
+        # None: the scheduler reports no stages (kube-scheduler, the no-decision binder); the rest holds its work
+        path = sum(ms for _, ms in stack(r)) if r.stages else None
+        rest = r.mean_ms - r.visible_mean_ms - (path or 0.0)
         lines.append(
             f"| {r.nodes} | {r.workload} | {r.scheduler} | {_fmt(r.mean_ms)} | {_fmt(r.visible_mean_ms)} "
-            f"({_fmt(r.visible_p50_ms)} / {_fmt(r.visible_p99_ms)}) | {_fmt(path)} | {_fmt(rest)} |"
+            f"({_fmt(r.visible_p50_ms)} / {_fmt(r.visible_p99_ms)}) | {'-' if path is None else _fmt(path)} "
+            f"| {_fmt(rest)} |"
         )
     return lines
 

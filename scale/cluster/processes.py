@@ -23,6 +23,7 @@ Invariants:
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -94,9 +95,11 @@ def start_ticks(pid: int) -> int:
     return int(stat[stat.rindex(b")") + 2 :].split()[19])
 
 
+@functools.cache
 def boot_id() -> str:
     """This boot's identity (``/proc/sys/kernel/random/boot_id``): clock ticks count from a boot, so a record
-    of another boot never matches a process of this one."""
+    of another boot never matches a process of this one. Read once: it cannot change under a running
+    interpreter."""
     with open("/proc/sys/kernel/random/boot_id") as f:
         return f.read().strip()
 

@@ -14,7 +14,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 from agent_scheduler import cli
@@ -204,14 +203,17 @@ async def test_controller_manager_runs_workloads_binds_volumes_and_collects_garb
 
 
 def _alive(record: ProcessRecord) -> bool:
-    """Independent of the package under test: the PID exists, is not a zombie, and was started at that time."""
+    """Independent of the package under test: the PID exists, is not a zombie, and was started at the recorded
+    kernel tick (field 22 of ``/proc/PID/stat``, after the command name's closing parenthesis: a clock step
+    does not move it, as it moves psutil's ``create_time()``)."""
+    assert record.start_ticks is not None, "every record this test makes has its start ticks"
     try:
-        proc = psutil.Process(record.pid)
-        return bool(
-            abs(proc.create_time() - record.create_time) < 0.5 and proc.status() != psutil.STATUS_ZOMBIE
-        )
-    except psutil.NoSuchProcess:
+        with open(f"/proc/{record.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
         return False
+    # fields[0] is field 3 (the state): field 22 is fields[19]
+    return fields[0] != "Z" and int(fields[19]) == record.start_ticks
 
 
 @pytest.mark.slow

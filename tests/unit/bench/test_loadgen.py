@@ -56,6 +56,24 @@ def test_visible_is_the_first_delivery_of_the_pod_bound_or_not() -> None:
     assert relisted.visible == relisted.bound == 101.0
 
 
+def test_the_clock_is_read_only_when_an_event_stamps_something() -> None:
+    reads: list[float] = []
+
+    def clock() -> float:
+        reads.append(100.0 + len(reads))
+        return reads[-1]
+
+    watch = BindWatch(clock)
+    times = watch.expect("a", "agent")
+    watch.event("ADDED", _pod("stranger"))
+    watch.event("ADDED", _pod("a"))  # visible
+    watch.event("MODIFIED", _pod("a"))
+    watch.event("MODIFIED", _pod("a", "n1"))  # bound
+    watch.event("MODIFIED", _pod("a", "n1"))
+    assert len(reads) == 2
+    assert (times.visible, times.bound) == (100.0, 101.0)
+
+
 def test_pods_the_generator_did_not_create_are_ignored() -> None:
     watch = BindWatch(FakeClock())
     watch.event("ADDED", _pod("stranger", "n1"))

@@ -77,7 +77,14 @@ def test_odd_rounds_run_in_reversed_order() -> None:
 
 
 def result(
-    cpu: float, p50: float, p99: float, *, by_process: dict[str, float], error: str = "", busy: bool = False
+    cpu: float,
+    p50: float,
+    p99: float,
+    *,
+    by_process: dict[str, float],
+    error: str = "",
+    busy: bool = False,
+    visible_p99: float = 0.0,
 ) -> RunResult:
     base = failed_result(SCHEDULERS["agent-coord-1"], WorkloadSpec(name=BURST, pods=100), 10, error)
     # as ``wait_quiet`` notes a trial it could not start quietly
@@ -93,6 +100,7 @@ def result(
         p99_ms=p99,
         pods_per_s=200.0,
         cpu_s_per_1k_pods_by_process=by_process,
+        visible_p99_ms=visible_p99,
     )
 
 
@@ -102,9 +110,19 @@ def test_the_summary_gives_means_spreads_and_the_change_against_the_first() -> N
     trials = [
         Trial(WARMUP, -1, 0, result(0.5, 50, 100, by_process={"coordinator": 0.1, "worker-1": 0.4})),
         Trial("before", 0, 1, result(1.0, 100, 200, by_process={"coordinator": 0.3, "worker-1": 0.7})),
-        Trial("after", 0, 2, result(0.9, 90, 180, by_process={"coordinator": 0.2, "worker-1": 0.7})),
         Trial(
-            "after", 1, 3, result(0.8, 110, 220, by_process={"coordinator": 0.2, "worker-1": 0.6}, busy=True)
+            "after",
+            0,
+            2,
+            result(0.9, 90, 180, by_process={"coordinator": 0.2, "worker-1": 0.7}, visible_p99=50),
+        ),
+        Trial(
+            "after",
+            1,
+            3,
+            result(
+                0.8, 110, 220, by_process={"coordinator": 0.2, "worker-1": 0.6}, busy=True, visible_p99=70
+            ),
         ),
         Trial("before", 1, 4, result(1.2, 120, 240, by_process={"coordinator": 0.4, "worker-1": 0.8})),
         Trial("before", 2, 5, result(0.0, 0, 0, by_process={}, error="probe: 3/10 pods bound")),
@@ -124,6 +142,9 @@ def test_the_summary_gives_means_spreads_and_the_change_against_the_first() -> N
         "| after | agent-coord-1 | this | 2 (1 disturbed) | 0.850 (0.800-0.900) | 0.849 | -22.5 % |" in text
     )
     assert "coordinator 0.200, worker-1 0.650" in text
+    # the API server's part: measured in after's trials (mean, min-max), not in before's (older results)
+    assert "| 200 (180-220) | 60 (50-70) | 200 (200-200) |" in text
+    assert "| 220 (200-240) | - | 200 (200-200) |" in text
 
 
 def test_the_drift_fit_recovers_levels_under_a_steady_drift() -> None:

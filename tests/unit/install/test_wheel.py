@@ -20,7 +20,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 # What the Dockerfile copies into its build stage.
-IMAGE_SOURCES = ("pyproject.toml", "README.md", "common", "worker", "coordinator", "agent_scheduler")
+IMAGE_SOURCES = (
+    "pyproject.toml",
+    "README.md",
+    "LICENSE",
+    "common",
+    "worker",
+    "coordinator",
+    "agent_scheduler",
+)
 
 
 def _copy_sources(dest: Path) -> None:
@@ -54,6 +62,7 @@ def test_wheel_without_scale_installs_and_runs(tmp_path: Path) -> None:
     ).stdout
     assert "scale/" not in names and "tests/" not in names
     assert "agent_scheduler/cli.py" in names and "worker/command.py" in names
+    assert ".dist-info/licenses/LICENSE" in names  # the license travels with the package
 
     made = _run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=tmp_path)
     assert made.returncode == 0, made.stderr
