@@ -30,7 +30,7 @@ lint: $(VENV)
 	.venv/bin/ruff format --check common worker coordinator scale agent_scheduler tests
 
 typecheck: $(VENV)
-	.venv/bin/mypy common worker coordinator scale agent_scheduler
+	.venv/bin/mypy common worker coordinator scale agent_scheduler tests
 
 imports: $(VENV)
 	.venv/bin/lint-imports

@@ -17,9 +17,26 @@ from pathlib import Path
 from typing import Any
 
 from common.kube import KubeClient, NotFound
-from scale.audit import Audit, audit_capacity  # noqa: F401 - re-exported: the tests import the audit here
+from scale.audit import Audit, audit_capacity
 from scale.cluster import Cluster
 from scale.cluster.processes import is_running, spawn, stop, tail
+
+# Audit and audit_capacity are re-exported: the tests import the capacity audit from here.
+__all__ = [
+    "ROOT",
+    "Audit",
+    "CuttableProxy",
+    "SchedulerProcess",
+    "all_bound",
+    "audit_capacity",
+    "bench_env",
+    "create_pods",
+    "list_pods",
+    "priority_classes",
+    "run_bench",
+    "start_worker",
+    "wait_for",
+]
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -19,7 +19,7 @@ from typing import Any, cast
 import pytest
 
 from common.kube import KubeClient
-from common.records import NodeName, PodRecord, node_from_json, pod_from_json
+from common.records import NodeName, PodKey, PodRecord, node_from_json, pod_from_json
 from scale.cluster import Cluster
 from scale.workload import agent_pod
 from worker.binder import Binder
@@ -109,7 +109,7 @@ async def test_a_binding_given_up_after_unanswered_attempts_keeps_its_capacity_i
         await asyncio.gather(task, *client.sent, return_exceptions=True)
         await client.close()
     listed = (await kube.get(f"/api/v1/namespaces/{namespace}/pods"))["items"]
-    on_server = {f"{namespace}/{o['metadata']['name']}": o["spec"].get("nodeName") for o in listed}
+    on_server = {PodKey(f"{namespace}/{o['metadata']['name']}"): o["spec"].get("nodeName") for o in listed}
     landed = {key for key, n in on_server.items() if n}
     assert landed == {p.key for p in pods if p.name in client.lands}  # the scenario happened as scripted
     assert not rec.bound  # no attempt was answered in time

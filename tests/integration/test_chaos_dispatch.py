@@ -70,14 +70,10 @@ class SecureDeployment(Deployment):
     def _common(self) -> list[str]:
         return [*super()._common(), f"--dispatch-secret-file={self.secret_file}"]
 
-    def coordinator(self, name: str, *, lease_ttl: int | None = None) -> SchedulerProcess:
+    def coordinator(self, name: str, *extra: str, lease_ttl: int | None = None) -> SchedulerProcess:
         """A coordinator, optionally with a lease TTL of its own (the last ``--lease-ttl`` flag counts)."""
-        extra = [f"--lease-ttl={lease_ttl}"] if lease_ttl is not None else []
-        proc = SchedulerProcess(
-            ["coordinator", *self._common(), f"--id={name}", *extra], self.tmp / f"{name}.log"
-        )
-        self.procs[name] = proc
-        return proc
+        ttl = [f"--lease-ttl={lease_ttl}"] if lease_ttl is not None else []
+        return super().coordinator(name, *extra, *ttl)
 
 
 @pytest.fixture

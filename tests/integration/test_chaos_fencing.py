@@ -153,13 +153,13 @@ def check_grants(grants: GrantLog, trails: list[dict[str, Any]], pods: list[dict
     by_pod = {f"{t['pod']}": t for t in trails}
     for p in pods:
         key = f"{p['metadata']['namespace']}/{p['metadata']['name']}"
-        t = by_pod.get(key)
+        trail = by_pod.get(key)
         cond = next((c for c in p["status"].get("conditions", []) if c["type"] == "PodScheduled"), None)
-        if t is None or cond is None or not cond.get("lastTransitionTime"):
+        if trail is None or cond is None or not cond.get("lastTransitionTime"):
             continue
         second = datetime.fromisoformat(cond["lastTransitionTime"].replace("Z", "+00:00")).timestamp()
-        if t["worker"] not in grants.holders_between(p["spec"]["nodeName"], second, second + 1):
-            violations.append(("API server bound it while the worker was not the grantee", t))
+        if trail["worker"] not in grants.holders_between(p["spec"]["nodeName"], second, second + 1):
+            violations.append(("API server bound it while the worker was not the grantee", trail))
     assert not violations, violations[:5]
     return len(trails)
 

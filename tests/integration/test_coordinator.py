@@ -85,7 +85,7 @@ class Deployment:
         self.procs[name] = proc
         return proc
 
-    def stop_all(self) -> dict[str, int]:
+    def stop_all(self) -> dict[str, int | None]:
         return {name: p.stop() for name, p in self.procs.items()}
 
     def trails(self) -> list[dict[str, Any]]:

@@ -915,7 +915,7 @@ class InterPodDifferential(Differential):
                 )
         elif any(v is None for v in verdicts.values()):
             problems.append("engine found no node, but filter_all accepts some")
-        if decision.node in verdicts and _pinning_keeps_verdicts(pod):
+        if decision.node is not None and decision.node in verdicts and _pinning_keeps_verdicts(pod):
             # kube-scheduler's verdict on the engine's pick, asked alone and settled before the pod itself
             self.probes += 1
             probe = await self.probe(pod, f"{name}-p", decision.node)

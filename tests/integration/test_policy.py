@@ -198,7 +198,8 @@ async def test_without_configmap_and_flag_keeps_the_label_pool(rig: Rig) -> None
 
     async def all_held() -> bool:
         workers = (await rig.status())["workers"].values()
-        return sum(w.get("nodes", 0) for w in workers) == len(nodes)
+        held: int = sum(w.get("nodes", 0) for w in workers)
+        return held == len(nodes)
 
     await eventually(all_held, HANG, "the label pool granted")
     record = await eventually(rig.record, HANG, "policy record")

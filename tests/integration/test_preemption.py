@@ -139,7 +139,7 @@ class Nodes:
         self.count = 0
 
     async def make(self, set_id: str, cpus: list[str]) -> list[str]:
-        out = []
+        out: list[str] = []
         for cpu in cpus:
             name = f"pre-{set_id}-{len(out)}"
             obj = make_fleet_node(FLEET_INDEX_OFFSET + self.count, prefix=f"pre-{set_id}")
@@ -262,9 +262,9 @@ async def run_scenario(rig: Rig, s: Scenario, scheduler: str) -> Outcome:
             },
         )
     for name, index, klass, cpu, labels in s.placed:
-        obj = pod(prefix + name, set_id, classes[klass], cpu, scheduler=KUBE, labels=labels)
-        obj["spec"]["nodeName"] = names[index]
-        await kube.post(f"/api/v1/namespaces/{namespace}/pods", obj)
+        placed = pod(prefix + name, set_id, classes[klass], cpu, scheduler=KUBE, labels=labels)
+        placed["spec"]["nodeName"] = names[index]
+        await kube.post(f"/api/v1/namespaces/{namespace}/pods", placed)
         if s.stagger:
             await wait_running(kube, namespace, prefix + name)
             await asyncio.sleep(1.1)

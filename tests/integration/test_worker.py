@@ -73,8 +73,8 @@ async def test_unschedulable_pod_gets_condition_and_one_event(
     pod = make_pod("too-big", namespace).scheduler(scheduler_name).req(cpu="1000").json()
     await create_pods(kube, namespace, [pod])
 
-    def has_condition(pods: list[dict[str, object]]) -> bool:
-        conds = pods[0].get("status", {}).get("conditions") or []  # type: ignore[union-attr]
+    def has_condition(pods: list[dict[str, Any]]) -> bool:
+        conds = pods[0].get("status", {}).get("conditions") or []
         return any(c.get("type") == "PodScheduled" and c.get("status") == "False" for c in conds)
 
     pods = await wait_for(kube, namespace, has_condition, timeout=60, what="PodScheduled=False")

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 async def _candidates(
     endpoint: str, keys: KeyLayout, *names: str
 ) -> list[tuple[Etcd3Client, LeaderElection]]:
-    out = []
+    out: list[tuple[Etcd3Client, LeaderElection]] = []
     for name in names:
         client = await connect([endpoint])
         out.append((client, LeaderElection(client, LeaderRecord(name), keys=keys, ttl=TTL)))

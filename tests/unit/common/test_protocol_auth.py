@@ -48,7 +48,8 @@ def test_session_macs_are_the_documented_hmacs() -> None:
     # must agree with it frame after frame, whatever state a session keeps between frames.
     session_key = hmac.new(KEY, b"session" + HN + WN, hashlib.sha256).digest()
     leader, worker = pair()
-    for seq, message in enumerate([Ping(1.0), Ack(3), Dispatch(4, {"metadata": {"name": "a"}}), Ack(5)]):
+    messages: list[protocol.Message] = [Ping(1.0), Ack(3), Dispatch(4, {"metadata": {"name": "a"}}), Ack(5)]
+    for seq, message in enumerate(messages):
         for side, direction in ((leader, b"L"), (worker, b"W")):
             frame = side.seal(message)
             (size,) = struct.unpack(">I", frame[:4])

@@ -3,7 +3,7 @@ metrics, NodeShard write errors, and what ``/readyz`` says about an empty pool."
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from aiohttp import ClientSession, web
@@ -163,7 +163,7 @@ async def test_nodeshard_write_errors_are_counted_by_part_and_reason() -> None:
 
 
 async def test_a_ready_verdict_with_a_note_passes_and_shows_it() -> None:
-    notes = iter([shared.Ready("owns no nodes"), True, "fenced"])
+    notes: Iterator[bool | str] = iter([shared.Ready("owns no nodes"), True, "fenced"])
     runner = await shared.serve("127.0.0.1", 0, lambda: next(notes))
     try:
         (address,) = shared.addresses(runner)

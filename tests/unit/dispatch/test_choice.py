@@ -20,6 +20,9 @@ class Link:
     def send(self, message: protocol.Message) -> None:
         raise AssertionError("choice never sends")
 
+    def flush(self) -> bool:
+        raise AssertionError("choice never sends")
+
     async def drain(self) -> None:
         return None
 

@@ -219,7 +219,10 @@ async def test_a_pod_waiting_for_its_victims_is_kept_past_the_dispatch_timeout(r
     for w in (w1, w2):
         w.up().summary(nodes=1, max_cpu=8000)
     rig.d.observe(pod("a", cpu="2"))
-    proposals = {w1: candidate("n1", top=1), w2: candidate("n2", top=2)}
+    proposals: dict[FakeLink, protocol.Candidate | None] = {
+        w1: candidate("n1", top=1),
+        w2: candidate("n2", top=2),
+    }
     answer_no_with(rig, proposals, rounds=2, nodes=1)
     rig.step()
     [go] = [d for d in w1.dispatches() if d.preempt]
@@ -844,7 +847,7 @@ async def test_a_summary_that_changes_nothing_decisive_never_frees_a_waiting_pod
         if not same:  # one field changed at random (perhaps to the value it had)
             field = rng.choice([0, 1, 2, 2, 3, 3])  # syncing and placing more often: rarer to matter
             new[field] = rng.choice([s[field] for s in shapes])
-        link.events.received(link, summary((new[0], new[1], new[2], new[3]), **noise))
+        link.events.received(link, summary((new[0], new[1], new[2], bool(new[3])), **noise))
         woke = rig.d.table.wakeup.is_set()
         assert not (same and woke)
         rig.rescan()

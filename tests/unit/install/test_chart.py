@@ -386,7 +386,7 @@ def _metric_names(expr: str) -> set[str]:
 
 
 def _exported() -> set[str]:
-    names = set()
+    names: set[str] = set()
     for metric in REGISTRY.collect():
         suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "gauge": ("",)}
         names.update(metric.name + suffix for suffix in suffixes.get(metric.type, ("",)))

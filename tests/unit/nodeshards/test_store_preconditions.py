@@ -50,7 +50,7 @@ class StrictApi:
 def store_with(api: StrictApi, name: str = "agent") -> NodeShardStore:
     store = NodeShardStore(api)  # type: ignore[arg-type]
     store.available = True
-    obj = api.put(dict(new_nodeshard(name, ["n1", "n2", "n3"])))  # type: ignore[arg-type]
+    obj = api.put(dict(new_nodeshard(name, ["n1", "n2", "n3"])))
     store.replace([{**obj, "metadata": dict(obj["metadata"])}])
     return store
 

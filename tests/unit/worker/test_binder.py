@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from common.kube import ApiError, Credentials, KubeClient, ServerError, _error_for
-from common.records import NodeName, PodRecord
+from common.records import NodeName, PodKey, PodRecord
 from tests.builders import make_node, make_pod
 from worker.binder import FENCE_MARGIN, MIN_ATTEMPT, Binder
 from worker.cache import Cache
@@ -71,6 +71,7 @@ class Recorded:
         self.requeued: list[str] = []
         self.requeued_attempts: list[int] = []
         self.gone: list[str] = []
+        self.waiting: list[tuple[str, str]] = []
 
     def on_bound(self, pod: PodRecord, node: NodeName, *, assumed_at: float, bound_at: float) -> None:
         assert assumed_at <= bound_at
@@ -85,6 +86,9 @@ class Recorded:
     def on_gone(self, key: str, uid: str) -> None:
         self.gone.append(key)
 
+    def on_waiting(self, pod: PodRecord, node: NodeName) -> None:
+        self.waiting.append((pod.key, node))
+
     def requeue(self, pod: PodRecord, attempts: int) -> None:
         self.requeued.append(pod.key)
         self.requeued_attempts.append(attempts)
@@ -98,6 +102,7 @@ class Outcomes:
         self.unschedulable = rec.on_unschedulable
         self.rejected = rec.on_rejected
         self.gone = rec.on_gone
+        self.waiting = rec.on_waiting
 
 
 class FakeShard:
@@ -181,7 +186,7 @@ async def test_201_is_bound_and_starts_the_assumption_ttl() -> None:
     assert rec.bound == [("default/p", NODE)] and binder.bound == 1
     path, body = api.posts[0]
     assert path == "/api/v1/namespaces/default/pods/p/binding" and body["target"]["name"] == NODE
-    assumed = cache.assumed["default/p"]  # type: ignore[index]
+    assumed = cache.assumed[PodKey("default/p")]
     assert assumed.deadline is not None  # confirmed by the watch later, or expires
     assert not rec.rejected and not rec.requeued
 
@@ -197,8 +202,8 @@ async def test_404_forgets_the_pod() -> None:
 
 async def test_409_keeps_the_assumption_for_the_watch() -> None:
     cache, api, rec, _ = await bind_once([409])
-    assert cache.is_assumed("default/p")  # type: ignore[arg-type]
-    assert cache.assumed["default/p"].deadline is not None  # type: ignore[index]
+    assert cache.is_assumed(PodKey("default/p"))
+    assert cache.assumed[PodKey("default/p")].deadline is not None
     assert cache.nodes[NODE].requested.milli_cpu == 1000
     assert not rec.bound and not rec.rejected and not rec.requeued
     assert len(api.posts) == 1
@@ -343,7 +348,9 @@ async def test_a_failed_binding_that_landed_unanswered_keeps_its_capacity(landed
     cache, api, rec, _ = await bind_once(replies, retries=2, hold=0.3, check_hold=True)
     assert api.bound_to == NODE
     assert rec.requeued == [] and not rec.bound
-    assert cache.assumed["default/p"].deadline is not None  # kept with its TTL running, as after a 409
+    assert (
+        cache.assumed[PodKey("default/p")].deadline is not None
+    )  # kept with its TTL running, as after a 409
     assert cache.nodes[NODE].requested.milli_cpu == 1000
 
 

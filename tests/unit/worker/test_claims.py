@@ -108,7 +108,7 @@ async def claim_set(w: Worker, leader: Leader, workers: tuple[str, ...]) -> None
 async def test_the_claimant_takes_its_pods_from_the_watch_and_answers_nothing_when_bound(
     worker: Worker,
 ) -> None:
-    leader = await Leader.connect(worker, term=1)
+    leader = await Leader.connect(worker.inner, term=1)
     await claim_set(worker, leader, ("w1", "w2"))
     (mine,) = hashed("w1", ("w1", "w2"))
     (theirs,) = hashed("w2", ("w1", "w2"))
@@ -127,7 +127,7 @@ async def test_the_claimant_takes_its_pods_from_the_watch_and_answers_nothing_wh
 
 
 async def test_a_claimed_pod_that_does_not_fit_is_handed_back_with_its_reasons(worker: Worker) -> None:
-    leader = await Leader.connect(worker, term=1)
+    leader = await Leader.connect(worker.inner, term=1)
     await claim_set(worker, leader, ("w1",))
     worker.watch("ADDED", pod("big", cpu="64").json())
     qp = worker.sched.queue.pop_nowait()
@@ -151,7 +151,7 @@ async def test_nothing_is_claimed_without_a_claim_set_or_while_not_placing(worke
     a, b = hashed("w1", ("w0", "w1"), count=2)  # claimed here under ("w1",) and ("w0", "w1")
     worker.watch("ADDED", pod(a).json())  # no leader stream, claims not on: nothing is kept for it
     assert not worker.queued(a)
-    leader = await Leader.connect(worker, term=1)
+    leader = await Leader.connect(worker.inner, term=1)
     worker.placing[0] = False
     await claim_set(worker, leader, ("w1",))
     worker.watch("ADDED", pod(b).json())
@@ -167,7 +167,7 @@ async def test_nothing_is_claimed_without_a_claim_set_or_while_not_placing(worke
 
 
 async def test_a_claim_set_change_moves_pods_both_ways(worker: Worker) -> None:
-    leader = await Leader.connect(worker, term=1)
+    leader = await Leader.connect(worker.inner, term=1)
     await claim_set(worker, leader, ("w1", "w2"))
     names = hashed("w2", ("w1", "w2"), count=10)
     for name in names:
@@ -188,7 +188,7 @@ async def test_a_claim_set_change_moves_pods_both_ways(worker: Worker) -> None:
 async def test_a_pod_matching_a_pending_pods_cross_node_anti_affinity_is_handed_back_at_once(
     worker: Worker,
 ) -> None:
-    leader = await Leader.connect(worker, term=1)
+    leader = await Leader.connect(worker.inner, term=1)
     await claim_set(worker, leader, ("w1",))
     lane = pod("lane").pod_affinity(ZONE, {"app": "web"}, anti=True)
     worker.watch("ADDED", lane.json())  # the leader's pod (its lane): not claimed, but its terms are kept
@@ -211,7 +211,7 @@ async def test_a_pod_matching_a_pending_pods_cross_node_anti_affinity_is_handed_
 
 
 async def test_a_dispatch_of_a_claimed_pod_is_answered_as_a_dispatch(worker: Worker) -> None:
-    leader = await Leader.connect(worker, term=1)
+    leader = await Leader.connect(worker.inner, term=1)
     await claim_set(worker, leader, ("w1",))
     worker.watch("ADDED", pod("big", cpu="64").json())
     leader.send(protocol.Dispatch(id=4, pod=pod("big", cpu="64").json()))  # the leader took it over
@@ -229,7 +229,7 @@ async def test_a_dispatch_of_a_claimed_pod_is_answered_as_a_dispatch(worker: Wor
 async def test_a_claimed_pod_the_watch_shows_bound_first_is_still_audited_as_claimed(
     worker: Worker, tmp_path: Path
 ) -> None:
-    leader = await Leader.connect(worker, term=1)
+    leader = await Leader.connect(worker.inner, term=1)
     await claim_set(worker, leader, ("w1",))
     worker.watch("ADDED", pod("a").json())
     qp = worker.sched.queue.pop_nowait()
@@ -247,7 +247,7 @@ async def test_a_claimed_pod_the_watch_shows_bound_first_is_still_audited_as_cla
 
 
 async def test_with_claims_off_a_worker_keeps_nothing_per_pod(worker: Worker) -> None:
-    leader = await Leader.connect(worker, term=1)  # a leader that sends no CLAIMS: claims are off
+    leader = await Leader.connect(worker.inner, term=1)  # a leader that sends no CLAIMS: claims are off
     worker.watch("ADDED", pod("a").json())
     worker.watch("ADDED", pod("lane").pod_affinity(ZONE, {"app": "web"}, anti=True).json())
     leader.send(protocol.Dispatch(id=1, pod=pod("a").json()))

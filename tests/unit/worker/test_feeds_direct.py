@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from common.records import PodKey, pod_from_json
+from common.records import NodeName, PodKey, pod_from_json
+from common.reporting import Reporter
 from common.wellknown import DEFAULT_SCHEDULER_NAME
 from tests.builders import make_node, make_pod
 from worker.cache import Cache
@@ -30,7 +31,8 @@ def feed_over() -> tuple[Cache, PodFeed]:
     feed = PodFeed(
         cache,
         SchedulingQueue(lambda: 0.0),
-        cast(Any, _NoReports()),
+        # PodFeed takes the concrete Reporter (no protocol); the feed only calls its forget()
+        cast(Reporter, _NoReports()),
         scheduler_name=DEFAULT_SCHEDULER_NAME,
         watch_pending=False,
     )
@@ -38,7 +40,7 @@ def feed_over() -> tuple[Cache, PodFeed]:
 
 
 def cpu(cache: Cache) -> int:
-    return cache.nodes["n0"].requested.milli_cpu
+    return cache.nodes[NodeName("n0")].requested.milli_cpu
 
 
 def test_older_watch_events_of_a_directly_read_pod_do_not_free_its_capacity() -> None:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import cast
 
 from common import metrics
 from common.records import PodRecord
+from common.reporting import Reporter
 from common.wellknown import DEFAULT_SCHEDULER_NAME
 from tests.builders import make_pod
 from worker.cache import Cache
@@ -41,7 +43,8 @@ def gate(watch: Watch, released: list[str], done: asyncio.Event | None = None) -
 
 
 def test_a_pod_the_watch_has_reached_is_released_at_once() -> None:
-    watch, released = Watch(), []
+    watch = Watch()
+    released: list[str] = []
     watch.rv = 100
     g = gate(watch, released)
     g.hold(make_pod("a").record(), 100)
@@ -50,7 +53,8 @@ def test_a_pod_the_watch_has_reached_is_released_at_once() -> None:
 
 
 def test_parked_pods_are_released_in_order_of_their_min_rv() -> None:
-    watch, released = Watch(), []
+    watch = Watch()
+    released: list[str] = []
     g = gate(watch, released)
     g.hold(make_pod("late").record(), 300)
     g.hold(make_pod("early").record(), 200)
@@ -63,7 +67,8 @@ def test_parked_pods_are_released_in_order_of_their_min_rv() -> None:
 
 
 def test_a_pod_dispatched_again_while_parked_keeps_one_entry_with_the_later_min_rv() -> None:
-    watch, released = Watch(), []
+    watch = Watch()
+    released: list[str] = []
     g = gate(watch, released)
     g.hold(make_pod("a").record(), 200)
     g.hold(make_pod("a").record(), 400)
@@ -77,7 +82,8 @@ def test_a_pod_dispatched_again_while_parked_keeps_one_entry_with_the_later_min_
 
 
 async def test_run_releases_parked_pods_as_the_watch_advances() -> None:
-    watch, released, done = Watch(), [], asyncio.Event()
+    watch, done = Watch(), asyncio.Event()
+    released: list[str] = []
     g = gate(watch, released, done)
     task = asyncio.create_task(g.run())
     try:
@@ -96,7 +102,8 @@ async def test_run_releases_parked_pods_as_the_watch_advances() -> None:
 
 async def test_run_notices_an_advance_without_an_event() -> None:
     """A bookmark moves the watch's revision without a pod event: the gate polls while pods are parked."""
-    watch, released, done = Watch(), [], asyncio.Event()
+    watch, done = Watch(), asyncio.Event()
+    released: list[str] = []
     g = gate(watch, released, done)
     task = asyncio.create_task(g.run())
     try:
@@ -120,7 +127,8 @@ def test_the_pod_feed_signals_progress_on_every_event_and_relist() -> None:
     feed = PodFeed(
         Cache(),
         SchedulingQueue(time.monotonic),
-        _Reporter(),  # type: ignore[arg-type]
+        # PodFeed takes the concrete Reporter (no protocol); the feed only calls its forget()
+        cast(Reporter, _Reporter()),
         scheduler_name=DEFAULT_SCHEDULER_NAME,
         watch_pending=False,
         progress=progress,

@@ -9,7 +9,7 @@ import random
 from typing import Any
 
 from common import protocol
-from common.records import PodRecord, pod_from_json
+from common.records import PodKey, PodRecord, pod_from_json
 from tests.unit.common.test_records_reparse import _mutations, _pods
 from worker.intake import _dispatch
 
@@ -50,7 +50,11 @@ def test_a_dispatched_pod_is_the_full_parse_of_its_object_whatever_the_watch_hol
             other["metadata"]["uid"] = "someone-else"
             held = pod_from_json(other)
         msg = protocol.Dispatch(id=i, pod=sent, min_rv=7)
-        dispatch_id, pod, min_rv = _dispatch(msg, lambda _key, held=held: held)
+
+        def previous(_key: PodKey, held: PodRecord | None = held) -> PodRecord | None:
+            return held
+
+        dispatch_id, pod, min_rv = _dispatch(msg, previous)
         assert (dispatch_id, min_rv) == (i, 7)
         assert pod == pod_from_json(sent), (watched, sent)
         if held is not None and pod is held:

@@ -188,7 +188,7 @@ def test_node_affinity_policy_honor_and_ignore() -> None:
                 make_node("y").label(ZONE, "b").label("pool", "y").record(),
             ]
         )
-        out = []
+        out: list[str | None] = []
         for i in range(2):
             pod = make_pod(f"p{i}").label("app", "s").node_selector(pool="x")
             pod.spread(ZONE, {"app": "s"}, node_affinity_policy=policy)
@@ -204,7 +204,7 @@ def test_node_taints_policy_honor_and_ignore() -> None:
         engine = engine_over(
             [make_node("x").label(ZONE, "a").record(), make_node("y").label(ZONE, "b").taint("t").record()]
         )
-        out = []
+        out: list[str | None] = []
         for i in range(2):
             pod = make_pod(f"p{i}").label("app", "s").spread(ZONE, {"app": "s"}, node_taints_policy=policy)
             out.append(place(engine, pod.record()))
@@ -256,7 +256,7 @@ def test_assumed_pods_count_and_forgetting_gives_the_domain_back() -> None:
 def test_plain_pods_run_no_inter_pod_filter() -> None:
     engine = zoned("a")
     plain = make_pod("p").req(cpu="100m").record()
-    assert not any(f.applies(plain) for f in engine._sometimes)  # type: ignore[attr-defined]
+    assert not any(f.applies(plain) for f in engine._sometimes)
     assert {f.name for f in engine._sometimes} == {
         "InterPodAffinity",
         "PodTopologySpread",
@@ -330,9 +330,9 @@ def test_incremental_counts_equal_a_recount_through_random_changes() -> None:
                 )
             live[rec.key] = rec
         elif r < 0.7 and live:
-            key = rng.choice(sorted(live))
-            cache.remove_pod(key)
-            del live[key]
+            removed = rng.choice(sorted(live))
+            cache.remove_pod(removed)
+            del live[removed]
         elif r < 0.85:
             # a Namespace created, relabelled or deleted: the pods there count or stop counting
             space = rng.choice(spaces)

@@ -11,11 +11,12 @@ import json
 import random
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from common.records import UNREAD_WHEN_PLACED, NodeName, PodRecord, node_from_json, pod_from_json, pod_key
+from common.reporting import Reporter
 from tests.builders import make_node, make_pod
 from tests.unit.worker.helpers import FixedShard
 from worker.cache import Cache
@@ -27,11 +28,12 @@ Obj = dict[str, Any]
 OURS = "agent-scheduler"
 NODES = [f"n{i}" for i in range(6)]
 ZONES = ["za", "zb"]
-CAPTURED = json.loads((Path(__file__).parent / "data" / "pod_events.json").read_text())
+# pod name: its watch events, each {"type": ..., "object": ...}
+CAPTURED: dict[str, list[Obj]] = json.loads((Path(__file__).parent / "data" / "pod_events.json").read_text())
 _COMPARED = [f for f in PodRecord.__slots__ if f not in UNREAD_WHEN_PLACED]
 
 
-class Reporter:
+class NoReports:
     def forget(self, key: str) -> None:
         pass
 
@@ -55,7 +57,8 @@ class Worker:
         self.feed = PodFeed(
             self.cache,
             self.queue,
-            Reporter(),  # type: ignore[arg-type]
+            # PodFeed takes the concrete Reporter (no protocol); the feed only calls its forget()
+            cast(Reporter, NoReports()),
             scheduler_name=OURS,
             watch_pending=watch_pending,
             gone=lambda key, uid: self.gone.append((key, uid)),
@@ -100,7 +103,7 @@ def _state(w: Worker) -> Any:
 
 def _template(rng: random.Random) -> Obj:
     """A real pod's first event (pending), with rules that read its labels now and then."""
-    obj = copy.deepcopy(rng.choice(list(CAPTURED.values()))[0]["object"])
+    obj: Obj = copy.deepcopy(rng.choice(list(CAPTURED.values()))[0]["object"])
     spec = obj["spec"]
     spec["schedulerName"] = rng.choice([OURS, OURS, OURS, "default-scheduler"])
     obj["metadata"]["labels"]["app"] = rng.choice(["web", "db"])

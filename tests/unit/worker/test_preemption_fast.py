@@ -41,12 +41,12 @@ def world(seed: int) -> tuple[Engine, Budgets]:
         settings.scheduling.spread_default_constraints = [HOST_ONCE]
     nodes = []
     for i in range(rng.randint(3, 12)):
-        b = make_node(
+        nb = make_node(
             f"n{i}", cpu=str(rng.randint(2, 8)), memory=f"{rng.randint(4, 16)}Gi", pods=str(rng.randint(3, 9))
         )
         if rng.random() < 0.3:
-            b = b.extended(GPU, str(rng.randint(1, 4)))
-        nodes.append(b.record())
+            nb = nb.extended(GPU, str(rng.randint(1, 4)))
+        nodes.append(nb.record())
     engine = engine_over(nodes, settings=settings)
     engine.cache.workloads.upsert(
         REPLICA_SET,
@@ -237,7 +237,7 @@ def test_memo_follows_the_clock_for_pods_without_a_start_time() -> None:
     )  # no start time: "now"
     ev = Evaluator(engine.cache, engine, Budgets(), wall=lambda: NOW)
     pod = make_pod("hi").req(cpu="1").priority(5).record()
-    info = engine.cache.nodes["n0"]
+    info = engine.cache.nodes[NodeName("n0")]
     first = ev.select_victims(pod, info, NOW)
     assert isinstance(first, Candidate) and [v.name for v in first.victims] == ["new"]  # the older one stays
     assert ev.select_victims(pod, info, NOW + 1) == first and ev.memo_hits == 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from prometheus_client import REGISTRY
@@ -14,7 +14,7 @@ from common import protocol
 from common.keyring import StaticKeys
 from common.kube import Credentials, KubeClient
 from common.metrics import STAGE_METRIC
-from common.records import NodeName, PodRecord
+from common.records import NodeName, PodKey, PodRecord
 from common.reporting import Reporter
 from common.wellknown import DEFAULT_SCHEDULER_NAME
 from tests.builders import PodBuilder, make_node, make_pod
@@ -22,7 +22,7 @@ from tests.unit.worker.helpers import FixedShard
 from worker.binder import Binder
 from worker.cache import Cache
 from worker.feeds import PodFeed
-from worker.intake import Intake, LeaderResults
+from worker.intake import Intake, LeaderResults, LeaderStream
 from worker.outcomes import PodReports
 from worker.queue import SchedulingQueue
 from worker.scheduler import Scheduler
@@ -117,6 +117,17 @@ class NoOutcomes:
     def rejected(self, pod: PodRecord, message: str) -> None:
         pass
 
+    def waiting(self, pod: PodRecord, node: NodeName) -> None:
+        pass
+
+    def gone(self, key: PodKey, uid: str) -> None:
+        pass
+
+
+class NoReports:
+    def forget(self, key: PodKey) -> None:
+        pass
+
 
 async def test_bind_sent_waits_for_a_slot_and_bound_is_the_post() -> None:
     clock = Clock()
@@ -125,7 +136,7 @@ async def test_bind_sent_waits_for_a_slot_and_bound_is_the_post() -> None:
     pod = make_pod("p").req(cpu="1").record()
     cache.assume(pod, NODE)
     api = SlowApi(clock, took=0.25)
-    binder = Binder(api, cache, NoOutcomes(), requeue=lambda _: None, clock=clock, concurrency=1)  # type: ignore[arg-type]
+    binder = Binder(api, cache, NoOutcomes(), requeue=lambda pod, attempts: None, clock=clock, concurrency=1)
     sent, bound = stage("bind_sent"), stage("bound")
     binder.submit(pod, NODE, queued_at=0.0, attempts=1)
     clock.now += 1.5  # no binder slot yet: the binder is not running
@@ -178,7 +189,8 @@ async def test_queued_runs_from_the_dispatch_read_to_the_queue(client: KubeClien
             sent.append(message)
 
     before = stage("queued")
-    intake.handle(protocol.Dispatch(1, PodBuilder("p").req(cpu="1").obj), Stream())  # type: ignore[arg-type]
+    # handle() takes the concrete LeaderStream (no protocol); a DISPATCH only uses its send()
+    intake.handle(protocol.Dispatch(1, PodBuilder("p").req(cpu="1").obj), cast(LeaderStream, Stream()))
     assert sent == [protocol.Ack(1)]
     assert grew(before, "queued") == (1, 0.75)
 
@@ -193,7 +205,9 @@ def test_standalone_queued_runs_from_the_watch_event_to_the_queue() -> None:
         add(pod)
 
     queue.add = slow_add  # type: ignore[method-assign]
-    feed = PodFeed(Cache(), queue, None, scheduler_name=DEFAULT_SCHEDULER_NAME, watch_pending=True)  # type: ignore[arg-type]
+    # PodFeed takes the concrete Reporter (no protocol); the feed only calls its forget()
+    reports = cast(Reporter, NoReports())
+    feed = PodFeed(Cache(), queue, reports, scheduler_name=DEFAULT_SCHEDULER_NAME, watch_pending=True)
     before = stage("queued")
     feed.event("ADDED", PodBuilder("p").req(cpu="1").obj)
     assert grew(before, "queued") == (1, 0.5)
