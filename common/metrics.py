@@ -115,6 +115,13 @@ pod_stage_duration = Histogram(
     ["stage"],
     buckets=_STAGE_BUCKETS,
 )
+watch_restarts = Counter(
+    "agent_scheduler_watch_restarts_total",
+    "Watch streams of the API server restarted, by resource and reason: gone (410, relisted), error (a failed "
+    "request or broken stream, resumed), closed (the API server ended the stream before its timeout, resumed), "
+    "oversized (an event too large, relisted), handler_error (relisted).",
+    ["resource", "reason"],
+)
 watch_wait = Histogram(
     "agent_scheduler_lane_watch_wait_seconds",
     "Time a dispatched pod waited for this worker's pod watch to reach the DISPATCH's min_rv (the topology "

@@ -13,6 +13,11 @@ Invariants:
   began, so a caller can tell whether the cache reflects a consistent read made after some moment.
 - ``resource_version`` only grows while one stream lasts (the API server delivers events in etcd revision
   order), which lets a caller wait until the cache has seen a given object revision.
+- A stream the API server ends before its ``timeoutSeconds`` (it ends watchers it judges too slow, and every
+  watch when it shuts down) is resumed from the last resourceVersion like a timed-out one, and counted in
+  ``closed_early``; after the backoff delay if it delivered no event (no spinning on a server that ends every
+  stream at once). Every restart but a stream's timeout is counted in ``agent_scheduler_watch_restarts_total``
+  by this reflector's name and the reason.
 - Nothing a watch or a handler raises ends ``run`` (only cancellation does). An event too large to read
   (``EventTooLarge``, counted in ``oversized``) and a handler that raises (counted in ``handler_errors``) are
   logged and followed by a relist after the backoff delay: the list carries the object the event was about,
@@ -26,12 +31,15 @@ import logging
 import time
 from typing import Any, Protocol
 
+from common import metrics
 from common.backoff import api_retry
 from common.kube import ApiError, EventTooLarge, Gone, KubeClient
 
 log = logging.getLogger(__name__)
 
 LIST_PAGE_SIZE = 500
+# A stream that lasted less than this share of its timeoutSeconds was ended by the API server, not the timeout.
+EARLY_CLOSE = 0.9
 
 
 class WatchHandler(Protocol):
@@ -66,6 +74,7 @@ class Reflector:
         self.events = 0
         self.oversized = 0
         self.handler_errors = 0
+        self.closed_early = 0
         self.list_started_at = -1.0  # monotonic start of the latest (re)list that completed
 
     async def list_all(self) -> tuple[list[dict[str, Any]], str]:
@@ -97,6 +106,7 @@ class Reflector:
                     self.synced.set()
                     need_list = False
                     log.debug("%s: listed %d objects at rv %s", self.name, len(items), self.resource_version)
+                opened, delivered = time.monotonic(), self.events
                 async for kind, obj in self.client.watch(
                     self.path,
                     resource_version=self.resource_version,
@@ -111,10 +121,27 @@ class Reflector:
                     self.events += 1
                     self.handler.event(kind, obj)
                     backoff.reset()
+                lasted = time.monotonic() - opened
+                if lasted < self.watch_timeout * EARLY_CLOSE:
+                    self.closed_early += 1
+                    self._restarted("closed")
+                    log.info(
+                        "%s: the API server ended the watch after %.1fs (timeout %ds); resuming from %s",
+                        self.name,
+                        lasted,
+                        self.watch_timeout,
+                        self.resource_version,
+                    )
+                    if self.events == delivered:
+                        # nothing came through it: a server or proxy that keeps ending streams at once is not
+                        # asked again at once, over and over
+                        await asyncio.sleep(backoff.next())
             except Gone:
+                self._restarted("gone")
                 log.info("%s: resourceVersion %s too old, relisting", self.name, self.resource_version)
                 need_list = True
             except EventTooLarge as e:
+                self._restarted("oversized")
                 self.oversized += 1
                 need_list = True
                 delay = backoff.next()
@@ -127,6 +154,7 @@ class Reflector:
                 )
                 await asyncio.sleep(delay)
             except ApiError as e:
+                self._restarted("error")
                 self.reconnects += 1
                 delay = backoff.next()
                 log.warning("%s: watch failed (%s), retrying in %.1fs", self.name, e, delay)
@@ -134,6 +162,7 @@ class Reflector:
             except Exception:
                 # A handler that cannot take an object must not stop this kind's cache for good: relist, so it
                 # is rebuilt from a consistent read, after a delay, so a failure that repeats does not spin.
+                self._restarted("handler_error")
                 self.handler_errors += 1
                 need_list = True
                 delay = backoff.next()
@@ -141,3 +170,6 @@ class Reflector:
                     "%s: handling the list or an event failed; relisting in %.1fs", self.name, delay
                 )
                 await asyncio.sleep(delay)
+
+    def _restarted(self, reason: str) -> None:
+        metrics.watch_restarts.labels(self.name, reason).inc()

@@ -7,6 +7,7 @@ import asyncio
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
 from common.kube import EventTooLarge, Gone, ServerError, TooManyRequests
 from common.watching import LIST_PAGE_SIZE, Reflector
@@ -127,6 +128,39 @@ async def test_bookmarks_advance_the_version_without_events() -> None:
     assert handler.events == [] and reflector.events == 0
     assert reflector.resource_version == "90"
     assert kube.watch_versions == ["5", "90"], "a stream that ends is watched again from the bookmark"
+
+
+def _restarts(resource: str, reason: str) -> float:
+    return (
+        REGISTRY.get_sample_value(
+            "agent_scheduler_watch_restarts_total", {"resource": resource, "reason": reason}
+        )
+        or 0.0
+    )
+
+
+async def test_a_stream_the_server_ends_early_is_resumed_counted_and_not_reopened_at_once_if_empty(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    kube = FakeKube(
+        pages=[_page(["a"], "5"), _page(["a"], "12")],
+        streams=[
+            [("ADDED", _obj("b", "7"))],  # ended by the server (long before the 300 s timeout)
+            [],  # ended at once, nothing delivered
+            [("MODIFIED", _obj("b", "9")), Gone(410, "too old")],
+        ],
+    )
+    slept = record_sleeps(monkeypatch)
+    handler = Handler()
+    reflector = Reflector(kube.client(), PATH, handler, name="early-close-test")
+
+    await _run_until_idle(reflector, kube)
+
+    assert kube.watch_versions == ["5", "7", "7", "12"], "an ended stream resumes where it stopped"
+    assert reflector.closed_early == 2 and reflector.relists == 2 and reflector.reconnects == 0
+    assert slept == [0.2], "only the empty stream waits before the next watch"
+    assert (_restarts("early-close-test", "closed"), _restarts("early-close-test", "gone")) == (2.0, 1.0)
+    assert _restarts("early-close-test", "error") == 0.0
 
 
 async def test_an_event_too_large_to_read_relists_after_a_backoff_so_the_object_is_not_lost(
