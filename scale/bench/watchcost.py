@@ -35,7 +35,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import signal
 import statistics
 import sys
@@ -399,5 +398,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("PYTHONUNBUFFERED", "1")
     sys.exit(main())
