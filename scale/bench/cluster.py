@@ -43,7 +43,7 @@ from common.backoff import Backoff
 from common.events import rfc3339
 from common.kube import ApiError, Conflict, KubeClient, NotFound, ServerError, TooManyRequests
 from common.records import Resources, resources_from_list
-from scale.bench import loadgen, noop_binder, report, stagemetrics, stages
+from scale.bench import apiserver_watches, loadgen, noop_binder, report, stagemetrics, stages
 from scale.bench.meter import PidSource, ProcessMeter, own_pid, with_children
 from scale.bench.results import RunResult, dump, summarize
 from scale.bench.schedulers import (
@@ -442,6 +442,7 @@ async def run_workload(
     started_at = rfc3339()
     log.info("%s × %s × %d nodes: %d pods", spec.name, workload.name, nodes, len(plan))
     stages_before, _ = await stagemetrics.scrape(running.metrics_addresses)
+    ended_before, ended_problem = await apiserver_watches.scrape(cluster)
     if workload.paused:
         running.pause()
     meter.start()
@@ -509,6 +510,11 @@ async def run_workload(
         result.notes.append(f"cleaning up the namespace failed: {e}")
         log.warning("cleaning up %s failed: %s", namespace, e)
     await asyncio.sleep(SETTLE_S)  # let the scheduler's watches catch up with the deletions
+    ended_after, problem = await apiserver_watches.scrape(cluster)
+    if ended_before >= 0 and ended_after >= 0:
+        result.apiserver_ended_pod_watches = ended_after - ended_before
+    else:
+        result.notes.append(ended_problem or problem)
     if running.metrics_addresses:
         # After the settle pause: a RESULT may reach the leader after the load generator saw the binding.
         stages_after, problems = await stagemetrics.scrape(running.metrics_addresses)

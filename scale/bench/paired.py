@@ -164,6 +164,9 @@ class Summary:
     pods_per_s: tuple[float, float, float] = (0.0, 0.0, 0.0)
     # create -> the load generator's watch delivering the pod: the API server's part, which no contender moves
     visible_p99_ms: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    # pod watches the API server ended as too slow, per trial (``scale.bench.apiserver_watches``); None when
+    # no trial measured it
+    ended_watches: tuple[float, float, float] | None = None
     by_process: dict[str, float] = field(default_factory=dict)  # mean CPU-s per 1k pods of each process
     adjusted_cpu_s_per_1k: float = 0.0  # its level in the drift fit, at the mean position (``drift``)
 
@@ -202,6 +205,10 @@ def drift(trials: Sequence[Trial]) -> tuple[float, dict[str, float]]:
     }
 
 
+def _ended(results: Sequence[RunResult]) -> list[float]:
+    return [float(r.apiserver_ended_pod_watches) for r in results if r.apiserver_ended_pod_watches >= 0]
+
+
 def summarize(contenders: Sequence[Contender], trials: Sequence[Trial]) -> list[Summary]:
     _, levels = drift(trials)
     out = []
@@ -220,6 +227,7 @@ def summarize(contenders: Sequence[Contender], trials: Sequence[Trial]) -> list[
                 p99_ms=_spread([r.p99_ms for r in ok]),
                 pods_per_s=_spread([r.pods_per_s for r in ok]),
                 visible_p99_ms=_spread([r.visible_p99_ms for r in ok]),
+                ended_watches=_spread(ended) if (ended := _ended(ok)) else None,
                 by_process={
                     p: statistics.fmean(r.cpu_s_per_1k_pods_by_process.get(p, 0.0) for r in ok)
                     for p in processes
@@ -241,8 +249,8 @@ def table(summaries: Sequence[Summary], slope: float = 0.0) -> str:
     base = summaries[0].adjusted_cpu_s_per_1k if summaries and summaries[0].rounds else 0.0
     lines = [
         "| contender | scheduler | checkout | rounds | CPU-s/1k pods | drift-adjusted | vs first | p50 ms "
-        "| p99 ms | visible p99 ms | pods/s | CPU-s/1k by process |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| p99 ms | visible p99 ms | watches ended | pods/s | CPU-s/1k by process |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in summaries:
         c = s.contender
@@ -251,10 +259,11 @@ def table(summaries: Sequence[Summary], slope: float = 0.0) -> str:
         rounds = f"{s.rounds}" + (f" ({s.disturbed} disturbed)" if s.disturbed else "")
         rounds += f" (+{s.failed} failed)" if s.failed else ""
         visible = cell(s.visible_p99_ms, ".0f") if s.visible_p99_ms[1] > 0 else "-"  # 0: not measured
+        ended = cell(s.ended_watches, ".1f") if s.ended_watches is not None else "-"
         lines.append(
             f"| {c.label} | {c.scheduler} | {'this' if c.checkout == PROJECT_ROOT else c.checkout} | {rounds} "
             f"| {cell(s.cpu_s_per_1k, '.3f')} | {s.adjusted_cpu_s_per_1k:.3f} | {versus} "
-            f"| {cell(s.p50_ms, '.0f')} | {cell(s.p99_ms, '.0f')} | {visible} | {cell(s.pods_per_s, '.0f')} "
+            f"| {cell(s.p50_ms, '.0f')} | {cell(s.p99_ms, '.0f')} | {visible} | {ended} | {cell(s.pods_per_s, '.0f')} "
             f"| {by_process} |"
         )
     if slope:

@@ -181,6 +181,9 @@ class RunResult:
     visible_mean_ms: float = 0.0
     pods_waiting_for_pulls: int = 0
     pulls: int = 0
+    # pod watches (any client's) the API server ended as too slow during the run, its deletions and the settle
+    # pause (``scale.bench.apiserver_watches``); -1 when not measured
+    apiserver_ended_pod_watches: int = -1
     params: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     cdf_ms: list[float] = field(default_factory=list)

@@ -60,6 +60,7 @@ def test_tiny_bench_writes_results_and_report(tmp_path: Path) -> None:
         assert r.cpu_s > 0 and r.cpu_s_per_1k_pods > 0
         assert r.peak_rss_mb > 10
         assert r.apiserver_cpu_s > 0
+        assert r.apiserver_ended_pod_watches >= 0, r.notes  # the API server's /metrics answered, twice
         assert len(r.cdf_ms) == 101 and r.timeline[-1][1] == PODS
         # simulated pulls (on by default): every pod was seen running, no sooner than bound
         assert r.params["pull_delay_s"] > 0 and r.running == PODS, r.notes

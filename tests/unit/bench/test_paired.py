@@ -85,6 +85,7 @@ def result(
     error: str = "",
     busy: bool = False,
     visible_p99: float = 0.0,
+    ended: int = -1,
 ) -> RunResult:
     base = failed_result(SCHEDULERS["agent-coord-1"], WorkloadSpec(name=BURST, pods=100), 10, error)
     # as ``wait_quiet`` notes a trial it could not start quietly
@@ -101,6 +102,7 @@ def result(
         pods_per_s=200.0,
         cpu_s_per_1k_pods_by_process=by_process,
         visible_p99_ms=visible_p99,
+        apiserver_ended_pod_watches=ended,
     )
 
 
@@ -114,14 +116,20 @@ def test_the_summary_gives_means_spreads_and_the_change_against_the_first() -> N
             "after",
             0,
             2,
-            result(0.9, 90, 180, by_process={"coordinator": 0.2, "worker-1": 0.7}, visible_p99=50),
+            result(0.9, 90, 180, by_process={"coordinator": 0.2, "worker-1": 0.7}, visible_p99=50, ended=3),
         ),
         Trial(
             "after",
             1,
             3,
             result(
-                0.8, 110, 220, by_process={"coordinator": 0.2, "worker-1": 0.6}, busy=True, visible_p99=70
+                0.8,
+                110,
+                220,
+                by_process={"coordinator": 0.2, "worker-1": 0.6},
+                busy=True,
+                visible_p99=70,
+                ended=0,
             ),
         ),
         Trial("before", 1, 4, result(1.2, 120, 240, by_process={"coordinator": 0.4, "worker-1": 0.8})),
@@ -142,9 +150,12 @@ def test_the_summary_gives_means_spreads_and_the_change_against_the_first() -> N
         "| after | agent-coord-1 | this | 2 (1 disturbed) | 0.850 (0.800-0.900) | 0.849 | -22.5 % |" in text
     )
     assert "coordinator 0.200, worker-1 0.650" in text
-    # the API server's part: measured in after's trials (mean, min-max), not in before's (older results)
-    assert "| 200 (180-220) | 60 (50-70) | 200 (200-200) |" in text
-    assert "| 220 (200-240) | - | 200 (200-200) |" in text
+    # the API server's part and the watches it ended: measured in after's trials (mean, min-max), not in
+    # before's (older results)
+    assert second.ended_watches == pytest.approx((1.5, 0, 3))
+    assert first.ended_watches is None
+    assert "| 200 (180-220) | 60 (50-70) | 1.5 (0.0-3.0) | 200 (200-200) |" in text
+    assert "| 220 (200-240) | - | - | 200 (200-200) |" in text
 
 
 def test_the_drift_fit_recovers_levels_under_a_steady_drift() -> None:
