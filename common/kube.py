@@ -500,6 +500,30 @@ class KubeClient:
     ) -> Any:
         """One request; returns the decoded JSON reply (or None for an empty one). A 401 is retried once when
         the credential source gives a different token."""
+        status, raw = await self._request_raw(
+            method, path, params=params, body=body, content_type=content_type, timeout=timeout
+        )
+        try:
+            return orjson.loads(raw) if raw else None
+        except orjson.JSONDecodeError as e:
+            raise ServerError(status, f"{method} {path}: the reply is not JSON: {e}") from e
+
+    async def get_text(self, path: str, params: dict[str, str] | None = None) -> str:
+        """A GET whose reply is text, not JSON (the API server's ``/metrics``), with everything else as
+        ``request``: the rate limit, the current token, the errors."""
+        _, raw = await self._request_raw("GET", path, params=params)
+        return raw.decode("utf-8", errors="replace")
+
+    async def _request_raw(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, str] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        timeout: float | None = None,
+    ) -> tuple[int, bytes]:
         try:
             return await self._request_once(
                 method, path, params=params, body=body, content_type=content_type, timeout=timeout
@@ -520,7 +544,7 @@ class KubeClient:
         body: Any,
         content_type: str,
         timeout: float | None,
-    ) -> Any:
+    ) -> tuple[int, bytes]:
         await self._limiter.take()
         data = orjson.dumps(body) if body is not None else None
         headers = {"Content-Type": content_type} if data is not None else None
@@ -536,12 +560,9 @@ class KubeClient:
                 raw = await resp.read()
                 if resp.status >= 300:
                     raise _error_for(resp.status, raw)
+                return resp.status, raw
         except _TRANSPORT_ERRORS as e:
             raise ServerError(0, f"{method} {path}: {type(e).__name__}: {e}") from e
-        try:
-            return orjson.loads(raw) if raw else None
-        except orjson.JSONDecodeError as e:
-            raise ServerError(resp.status, f"{method} {path}: the reply is not JSON: {e}") from e
 
     async def get(self, path: str, params: dict[str, str] | None = None) -> Any:
         return await self.request("GET", path, params=params)

@@ -14,15 +14,11 @@ for ``resource="pods"`` in ``RunResult.apiserver_ended_pod_watches`` (-1: not me
 
 from __future__ import annotations
 
-import ssl
-
-import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from scale.cluster import Cluster
+from common.kube import ApiError, KubeClient
 
 COUNTER = "apiserver_terminated_watchers"  # the family's name as the parser reports it (without ``_total``)
-SCRAPE_TIMEOUT = 10.0
 
 
 def ended_pod_watches(text: str) -> int:
@@ -43,16 +39,9 @@ def ended_pod_watches(text: str) -> int:
     return round(total)
 
 
-async def scrape(cluster: Cluster) -> tuple[int, str]:
+async def scrape(client: KubeClient) -> tuple[int, str]:
     """The counter now, or (-1, why) when the server did not answer."""
-    context = ssl.create_default_context(cafile=str(cluster.ca_file))
-    headers = {"Authorization": f"Bearer {cluster.token}"}
     try:
-        async with (
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT)) as session,
-            session.get(f"{cluster.server}/metrics", headers=headers, ssl=context) as response,
-        ):
-            response.raise_for_status()
-            return ended_pod_watches(await response.text()), ""
-    except (aiohttp.ClientError, TimeoutError, ValueError) as e:
+        return ended_pod_watches(await client.get_text("/metrics")), ""
+    except (ApiError, ValueError) as e:
         return -1, f"API server metrics did not answer ({e or type(e).__name__})"

@@ -442,7 +442,7 @@ async def run_workload(
     started_at = rfc3339()
     log.info("%s × %s × %d nodes: %d pods", spec.name, workload.name, nodes, len(plan))
     stages_before, _ = await stagemetrics.scrape(running.metrics_addresses)
-    ended_before, ended_problem = await apiserver_watches.scrape(cluster)
+    ended_before, ended_problem = await apiserver_watches.scrape(client)
     if workload.paused:
         running.pause()
     meter.start()
@@ -510,7 +510,7 @@ async def run_workload(
         result.notes.append(f"cleaning up the namespace failed: {e}")
         log.warning("cleaning up %s failed: %s", namespace, e)
     await asyncio.sleep(SETTLE_S)  # let the scheduler's watches catch up with the deletions
-    ended_after, problem = await apiserver_watches.scrape(cluster)
+    ended_after, problem = await apiserver_watches.scrape(client)
     if ended_before >= 0 and ended_after >= 0:
         result.apiserver_ended_pod_watches = ended_after - ended_before
     else:

@@ -1,11 +1,16 @@
 """A real etcd server process for tests that need their own (restartable) etcd: the project's own build
 (.local/bin/etcd) on free 127.0.0.1 ports with a temp data dir, stopped by the PID we started. With ``tls``
-it serves https only and requires client certificates signed by the same CA (``--client-cert-auth``)."""
+it serves https only and requires client certificates signed by the same CA (``--client-cert-auth``).
+
+A port found free can be taken by another process before etcd binds it (the suite starts many servers and
+clients). A first start that loses that race picks new ports and begins again with an empty data dir; a
+restart keeps its endpoint (clients hold it), so it waits and tries the same ports again."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import ssl
@@ -20,12 +25,18 @@ ROOT = Path(__file__).resolve().parents[2]
 ETCD_BIN = ROOT / ".local" / "bin" / "etcd"
 START_TIMEOUT = 30.0
 STOP_TIMEOUT = 10.0
+BIND_ATTEMPTS = 5
+BIND_RETRY_PAUSE = 0.5
 
 
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+class _PortTaken(Exception):
+    """etcd exited because another process holds one of its ports."""
 
 
 @dataclass(frozen=True)
@@ -49,7 +60,7 @@ class EtcdServer:
         self.peer_port = _free_port()
         self.log_path = data_dir.with_suffix(".log")
         self._proc: subprocess.Popen[bytes] | None = None
-        self._log: object = None
+        self._started = False
 
     @property
     def endpoint(self) -> str:
@@ -65,6 +76,25 @@ class EtcdServer:
 
     def start(self) -> None:
         assert not self.running
+        for attempt in range(1, BIND_ATTEMPTS + 1):
+            try:
+                self._start_once()
+            except _PortTaken:
+                if attempt == BIND_ATTEMPTS:
+                    raise RuntimeError(
+                        f"etcd could not bind its ports in {BIND_ATTEMPTS} attempts; see {self.log_path}"
+                    ) from None
+                if self._started:
+                    time.sleep(BIND_RETRY_PAUSE)
+                else:
+                    self.client_port, self.peer_port = _free_port(), _free_port()
+                    shutil.rmtree(self.data_dir, ignore_errors=True)
+            else:
+                self._started = True
+                return
+
+    def _start_once(self) -> None:
+        log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         client_url = self.url
         peer_url = f"http://127.0.0.1:{self.peer_port}"
         security = []
@@ -99,6 +129,10 @@ class EtcdServer:
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
+                with self.log_path.open("rb") as f:
+                    f.seek(log_offset)
+                    if b"address already in use" in f.read():
+                        raise _PortTaken
                 raise RuntimeError(f"etcd exited with {self._proc.returncode}; see {self.log_path}")
             with (
                 contextlib.suppress(OSError, urllib.error.URLError),

@@ -16,7 +16,7 @@ import psutil
 import pytest
 from prometheus_client import REGISTRY
 
-from common.kube import KubeClient
+from common.kube import KubeClient, NotFound, ServerError
 from scale.cluster import Cluster
 from tests.integration.support import start_worker
 
@@ -75,3 +75,15 @@ async def test_a_worker_holds_its_binding_connections_open_before_any_pod(
         assert worker.stop() == 0, worker.tail()
     # the default is --bind-concurrency (64); its watches alone hold about ten
     assert held >= 64, (held, worker.tail())
+
+
+async def test_a_text_reply_is_read_through_the_same_client(cluster: Cluster) -> None:
+    """``/metrics`` answers in Prometheus text, not JSON: ``get_text`` reads it with the client's token and
+    TLS, and an error still maps to the client's error classes."""
+    async with KubeClient(cluster.credentials()) as client:
+        text = await client.get_text("/metrics")
+        assert "# TYPE apiserver_request_total counter" in text
+        with pytest.raises(NotFound):
+            await client.get_text("/metrics-that-do-not-exist")
+        with pytest.raises(ServerError, match="not JSON"):
+            await client.get("/metrics")  # a JSON request of the same path says what it got
