@@ -12,7 +12,17 @@ beside a scheduler placing a burst, so that a design of the sharded path can be 
   frames), frames counted, not decoded: what the transport would cost in the encoding kube-scheduler uses;
 - ``per-node``: one watch per node (``fieldSelector=spec.nodeName=NODE``, as each kubelet watches its pods) on
   every ``--share``-th node (2: half of them, one of two workers' shards), lines counted: what a worker would
-  read if it watched the bound pods of its own nodes only.
+  read if it watched the bound pods of its own nodes only;
+- ``relay`` and ``relay-sink``: the fan-out of option O4 in ``docs/design/worker-pod-reads.md``, without a
+  scheduler. The relay reads the cluster-wide watch as ``cluster-decoded`` does, derives from each event a
+  *rule record* (``rule_record``: what a worker reads of another node's pod, plus the requests, ports and
+  claims it reads of its own), drops the records that did not change (a pending pod not nominated, a status
+  update) and sends what is left, batched per chunk of the watch, to ``--share`` sinks (one per worker) over
+  local TCP in the dispatch link's framing (a 4-byte length, an HMAC-SHA256 of the frame's sequence and body,
+  a msgpack body; ``common.protocol``). Each sink verifies and unpacks every frame and keeps the records by
+  uid. For the relay, events and bytes are the watch's; for a sink, the records and frame bytes it received.
+  Every sink gets every record: a real leader would send a node's full record to its owner only (a little
+  less to read than measured here).
 
 ``python -m scale.bench.watchcost [--nodes N] [--pods N] [--rounds N] [--scheduler NAME] [--share N] [--out DIR]``:
 one local cluster (as ``bench paired`` builds it); a warm-up trial, not counted, then ``rounds`` trials. Each
@@ -24,6 +34,8 @@ pod's ADDED, binding, Running, deletionTimestamp and DELETED), so CPU per event 
 another event mix. A reader whose stream ended before the burst did is reported as such and its
 trial not averaged. ``watchcost.json`` and ``summary.md`` go to ``--out``.
 
+``--modes`` picks some of the readers (default: all; a sink runs only with its relay).
+
 Nothing is asserted; the numbers are reported. They are a floor: a real worker does more per event, and a busy
 one may read several events per wake-up where an idle reader wakes once per event.
 """
@@ -33,9 +45,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
+import hmac
 import json
 import logging
 import signal
+import socket
 import statistics
 import sys
 import tempfile
@@ -46,9 +61,11 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import msgpack
 import psutil
 
 from common.kube import MAX_WATCH_EVENT, KubeClient, _event, _lines, load_credentials
+from common.protocol import MAC_SIZE, read_frame
 from scale.bench import stages
 from scale.bench.cluster import (
     BenchConfig,
@@ -65,7 +82,12 @@ from scale.cluster.nodes import PREPULLED_FRACTION
 
 log = logging.getLogger(__name__)
 
-MODES = ("cluster", "cluster-decoded", "cluster-protobuf", "per-node")
+MODES = ("cluster", "cluster-decoded", "cluster-protobuf", "per-node", "relay", "relay-sink")
+RELAY, SINK = "relay", "relay-sink"
+RELAY_KEY = (
+    b"watchcost-relay"  # the frames' MAC key: a fixed key, since the cost, not the secrecy, is measured
+)
+SINK_CONNECT_S = 30.0  # a sink retries its connection this long while its relay starts
 MODULE = "scale.bench.watchcost"  # what the readers run (``__name__`` is "__main__" under ``-m``)
 PROTOBUF_WATCH = "application/vnd.kubernetes.protobuf;stream=watch"
 SETTLE_S = 20.0  # after the readers start: 500 per-node watches take seconds to open on a 2-core host
@@ -81,6 +103,7 @@ class Reading:
     events: int = 0
     bytes: int = 0
     ended: int = 0  # streams that ended before the reader was stopped (their events stopped counting)
+    records: int = 0  # relay: the records sent to each sink
 
 
 class FrameCounter:
@@ -144,12 +167,170 @@ async def _watch(
     reading.ended += 1
 
 
-async def read(mode: str, kubeconfig: str, share: int) -> dict[str, Any]:
+def rule_record(event_type: str, obj: dict[str, Any]) -> list[Any] | None:
+    """What the relay sends for one watch event: a deletion's key and uid, or a placed or nominated pod's
+    namespace, name, uid, labels, node, whether it is terminating, nominated node, priority, its required
+    anti-affinity terms, claims, host ports and container requests; None for a pod a worker does not read
+    (pending and not nominated)."""
+    meta = obj.get("metadata") or {}
+    key = [meta.get("namespace", ""), meta.get("name", ""), meta.get("uid", "")]
+    if event_type == "DELETED":
+        return ["D", *key]
+    spec = obj.get("spec") or {}
+    node = spec.get("nodeName") or ""
+    nominated = (obj.get("status") or {}).get("nominatedNodeName") or ""
+    if not node and not nominated:
+        return None
+    anti = ((spec.get("affinity") or {}).get("podAntiAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or []
+    claims = [
+        v["persistentVolumeClaim"].get("claimName", "")
+        for v in spec.get("volumes") or ()
+        if isinstance(v, dict) and isinstance(v.get("persistentVolumeClaim"), dict)
+    ]
+    containers = spec.get("containers") or ()
+    requests = [(c.get("resources") or {}).get("requests") or {} for c in containers]
+    ports = [p.get("hostPort") for c in containers for p in c.get("ports") or () if p.get("hostPort")]
+    return [
+        "P",
+        *key,
+        meta.get("labels") or {},
+        node,
+        bool(meta.get("deletionTimestamp")),
+        nominated,
+        spec.get("priority") or 0,
+        anti,
+        claims,
+        ports,
+        requests,
+    ]
+
+
+class Sealer:
+    """One direction of one stream: frames sealed as ``common.protocol.Session`` seals them (HMAC-SHA256 of
+    a sequence number and the body under a key hashed once)."""
+
+    def __init__(self) -> None:
+        self._keyed = hmac.new(RELAY_KEY, digestmod=hashlib.sha256)
+        self.seq = 0
+
+    def mac(self, body: bytes) -> bytes:
+        h = self._keyed.copy()
+        h.update(self.seq.to_bytes(8, "big"))
+        h.update(body)
+        self.seq += 1
+        return h.digest()
+
+
+async def relay(
+    session: aiohttp.ClientSession, server: str, reading: Reading, rv: str, port: int, *, flush_s: float = 0.0
+) -> None:
+    """Read the cluster-wide watch; send the changed rule records to every connected sink: each watch
+    chunk's at once, or (``flush_s`` > 0) those of every chunk read within ``flush_s`` of the first one not
+    sent yet, in one frame (fewer frames, each record later by up to ``flush_s``)."""
+    sinks: list[tuple[asyncio.StreamWriter, Sealer]] = []
+    pending: list[list[Any]] = []
+    timer: asyncio.TimerHandle | None = None
+
+    def flush() -> None:
+        nonlocal timer
+        timer = None
+        if not pending:
+            return
+        reading.records += len(pending)
+        body = msgpack.packb(pending, use_bin_type=True)
+        pending.clear()
+        for writer, sealer in sinks:
+            writer.write((MAC_SIZE + len(body)).to_bytes(4, "big") + sealer.mac(body) + body)
+
+    async def accept(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sinks.append((writer, Sealer()))
+
+    listener = await asyncio.start_server(accept, "127.0.0.1", port)
+    last: dict[str, list[Any]] = {}
+    query = {"watch": "1", "resourceVersion": rv, "timeoutSeconds": "3600"}
+    timeout = aiohttp.ClientTimeout(total=None)
+    try:
+        async with session.get(server + "/api/v1/pods", params=query, timeout=timeout) as resp:
+            if resp.status != 200:
+                raise RuntimeError(f"watch answered {resp.status}: {(await resp.read())[:200]!r}")
+            reading.watches += 1
+            buf = b""
+            async for chunk in resp.content.iter_any():
+                reading.bytes += len(chunk)
+                *lines, buf = (buf + chunk).split(b"\n")
+                for line in lines:
+                    if not line.strip():
+                        continue
+                    reading.events += 1
+                    kind, obj = _event(line, "/api/v1/pods")
+                    record = rule_record(kind, obj)
+                    uid = str((obj.get("metadata") or {}).get("uid", ""))
+                    if record is None or (kind != "DELETED" and last.get(uid) == record):
+                        continue
+                    if kind == "DELETED":
+                        last.pop(uid, None)
+                    else:
+                        last[uid] = record
+                    pending.append(record)
+                if pending and flush_s <= 0:
+                    flush()
+                elif pending and timer is None:
+                    timer = asyncio.get_running_loop().call_later(flush_s, flush)
+        reading.ended += 1
+    finally:
+        if timer is not None:
+            timer.cancel()
+        listener.close()
+        for writer, _ in sinks:
+            writer.close()
+
+
+async def sink(reading: Reading, port: int) -> None:
+    """Read the relay's frames: verify each, unpack it, keep its records by uid."""
+    deadline = time.monotonic() + SINK_CONNECT_S
+    while True:
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+    reading.watches += 1
+    opener = Sealer()
+    pods: dict[str, list[Any]] = {}
+    try:
+        while True:
+            try:
+                mac, body = await read_frame(reader)
+            except asyncio.IncompleteReadError:
+                break
+            if not hmac.compare_digest(mac, opener.mac(body)):
+                raise RuntimeError(f"frame {opener.seq - 1} not authenticated")
+            reading.bytes += 4 + MAC_SIZE + len(body)
+            for record in msgpack.unpackb(body):
+                reading.events += 1
+                if record[0] == "D":
+                    pods.pop(record[3], None)
+                else:
+                    pods[record[3]] = record
+        reading.ended += 1
+    finally:
+        writer.close()
+
+
+async def read(mode: str, kubeconfig: str, share: int, port: int = 0, flush_s: float = 0.0) -> dict[str, Any]:
     """Read the pod watch the ``mode`` way until SIGTERM; what was read (a ``Reading``, and why watches
     failed)."""
     reading = Reading(mode)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    if mode == SINK:
+        task = asyncio.create_task(sink(reading, port))
+        await stop.wait()
+        return asdict(reading) | {"failed": await _stopped(task)}
     creds = load_credentials(kubeconfig)
     async with KubeClient(creds) as lister:
         rv = str((await lister.get("/api/v1/pods", {"limit": "1"}))["metadata"]["resourceVersion"])
@@ -159,6 +340,12 @@ async def read(mode: str, kubeconfig: str, share: int) -> dict[str, Any]:
     # ``common.kube``'s line splitter and event decoder): what is measured is the transport and, by mode, the
     # decoding, with the client's TLS and authentication.
     async with KubeClient(creds, max_connections=len(selectors) + 4) as client:
+        if mode == RELAY:
+            task = asyncio.create_task(
+                relay(client._session, client.creds.server, reading, rv, port, flush_s=flush_s)
+            )
+            await stop.wait()
+            return asdict(reading) | {"failed": await _stopped(task)}
         tasks = [
             asyncio.create_task(
                 _watch(
@@ -178,6 +365,14 @@ async def read(mode: str, kubeconfig: str, share: int) -> dict[str, Any]:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
     return asdict(reading) | {"failed": [str(e) for e in failed]}
+
+
+async def _stopped(task: asyncio.Task[None]) -> list[str]:
+    """Cancel ``task``; why it failed before, if it did."""
+    failed = [str(task.exception())] if task.done() and not task.cancelled() and task.exception() else []
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    return failed
 
 
 @dataclass(slots=True)
@@ -218,7 +413,9 @@ def summary(results: Sequence[ReaderResult], scheduler_cpu: Sequence[float], sha
         ok = [r for r in mine if r.valid]
         if not mine:
             continue
-        name = f"per-node (1 of {share} shards)" if mode == "per-node" else mode
+        name = {"per-node": f"per-node (1 of {share} shards)", SINK: f"relay-sink (each of {share})"}.get(
+            mode, mode
+        )
         trials = f"{len(ok)}" + (f" (+{len(mine) - len(ok)} invalid)" if len(ok) < len(mine) else "")
         lines.append(
             f"| {name} | {trials} | {spread([r.cpu_s_per_1k_pods for r in ok], '.3f')} "
@@ -262,7 +459,29 @@ class WatchCostConfig:
     rounds: int = 3
     scheduler: str = "agent-standalone"
     share: int = 2
+    modes: tuple[str, ...] = MODES
+    relay_flush_ms: float = 0.0
     out: Path
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def reader_labels(modes: Sequence[str], share: int) -> list[tuple[str, str]]:
+    """(label, mode) of every reader process a trial starts: one per mode, the relay's sinks one per share,
+    after their relay (a sink without its relay is not started)."""
+    labels: list[tuple[str, str]] = []
+    for mode in MODES:
+        if mode not in modes or (mode == SINK and RELAY not in modes):
+            continue
+        if mode == SINK:
+            labels += [(f"{SINK}-{i}", SINK) for i in range(1, share + 1)]
+        else:
+            labels.append((mode, mode))
+    return labels
 
 
 async def run(config: WatchCostConfig) -> tuple[list[ReaderResult], list[float]]:
@@ -287,19 +506,21 @@ async def run(config: WatchCostConfig) -> tuple[list[ReaderResult], list[float]]
             kubeconfig, _ = measured_kubeconfig(cluster, await grant_agent_rbac(client))
             for trial in range(config.rounds + 1):  # trial 0: the warm-up
                 running = launch(spec, cluster, config.out / "logs", kubeconfig=kubeconfig, tag=f"w{trial}")
-                readers: dict[str, tuple[asyncio.subprocess.Process, Path]] = {}
+                readers: dict[str, tuple[str, asyncio.subprocess.Process, Path]] = {}
                 try:
                     why = await until_ready(client, spec, running, nodes=config.nodes, fleet=fleet, notes=[])
                     if why:
                         raise RuntimeError(f"{config.scheduler} did not get ready: {why}")
-                    for mode in MODES:
-                        out = config.out / f"reader-{trial}-{mode}.json"
+                    port = _free_port()
+                    for label, mode in reader_labels(config.modes, config.share):
+                        out = config.out / f"reader-{trial}-{label}.json"
                         argv = [sys.executable, "-m", MODULE, "read", mode, str(kubeconfig), str(out)]
-                        argv += ["--share", str(config.share)]
-                        readers[mode] = (await asyncio.create_subprocess_exec(*argv), out)
+                        argv += ["--share", str(config.share), "--port", str(port)]
+                        argv += ["--flush-ms", str(config.relay_flush_ms)]
+                        readers[label] = (mode, await asyncio.create_subprocess_exec(*argv), out)
                     await asyncio.sleep(SETTLE_S)
                     await wait_quiet(cluster, running, cores=bench.quiet_cores, max_wait=30.0)
-                    procs = {m: psutil.Process(p.pid) for m, (p, _) in readers.items()}
+                    procs = {label: psutil.Process(p.pid) for label, (_, p, _) in readers.items()}
                     before = {m: sum(p.cpu_times()[:2]) for m, p in procs.items()}
                     result = await run_workload(
                         client,
@@ -314,18 +535,20 @@ async def run(config: WatchCostConfig) -> tuple[list[ReaderResult], list[float]]
                     after = {m: sum(p.cpu_times()[:2]) for m, p in procs.items()}
                 finally:
                     running.stop()
-                    await _stop_readers([proc for proc, _ in readers.values()])
+                    # sinks first: a relay stopped before them would end their streams, which reads as a failure
+                    await _stop_readers([proc for mode, proc, _ in readers.values() if mode == SINK])
+                    await _stop_readers([proc for mode, proc, _ in readers.values() if mode != SINK])
                 if trial == 0:
                     continue
                 scheduler_cpu.append(result.cpu_s_per_1k_pods)
                 pods = max(result.pods, 1)
-                for mode, (_, out) in readers.items():
+                for label, (mode, _, out) in readers.items():
                     data: dict[str, Any] = _load(out)
                     results.append(
                         ReaderResult(
                             mode=mode,
                             trial=trial,
-                            cpu_s_per_1k_pods=(after[mode] - before[mode]) / pods * 1000,
+                            cpu_s_per_1k_pods=(after[label] - before[label]) / pods * 1000,
                             events_per_pod=int(data.get("events", 0)) / pods,
                             bytes_per_pod=int(data.get("bytes", 0)) / pods,
                             watches=int(data.get("watches", 0)),
@@ -334,7 +557,7 @@ async def run(config: WatchCostConfig) -> tuple[list[ReaderResult], list[float]]
                         )
                     )
                 log.info(
-                    "trial %d: %s", trial, summary(results[-len(MODES) :], scheduler_cpu[-1:], config.share)
+                    "trial %d: %s", trial, summary(results[-len(readers) :], scheduler_cpu[-1:], config.share)
                 )
     finally:
         await asyncio.to_thread(cluster.stop)
@@ -351,22 +574,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     reader.add_argument("kubeconfig")
     reader.add_argument("out", type=Path)
     reader.add_argument("--share", type=int, default=2)
+    reader.add_argument("--port", type=int, default=0, help="the relay's, for relay and relay-sink")
+    reader.add_argument("--flush-ms", type=float, default=0.0)
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--pods", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--scheduler", default="agent-standalone")
     parser.add_argument("--share", type=int, default=2, help="per-node reads every SHARE-th node")
+    parser.add_argument("--modes", default=",".join(MODES), help="the readers, comma-separated")
+    parser.add_argument(
+        "--relay-flush-ms",
+        type=float,
+        default=0.0,
+        help="the relay sends its records at most this often (0: each watch chunk's at once)",
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    if args.share < 1 or args.nodes < 1 or args.pods < 1 or args.rounds < 1:
-        parser.error("--share, --nodes, --pods and --rounds must be positive")
+    if args.share < 1 or args.nodes < 1 or args.pods < 1 or args.rounds < 1 or args.relay_flush_ms < 0:
+        parser.error("--share, --nodes, --pods and --rounds must be positive, --relay-flush-ms not negative")
     if args.action == "read":
         import uvloop
 
-        args.out.write_text(json.dumps(uvloop.run(read(args.mode, args.kubeconfig, args.share))))
+        args.out.write_text(
+            json.dumps(
+                uvloop.run(read(args.mode, args.kubeconfig, args.share, args.port, args.flush_ms / 1000))
+            )
+        )
         return 0
     if args.scheduler not in SCHEDULERS:
         parser.error(f"--scheduler: one of {', '.join(sorted(SCHEDULERS))}")
+    modes = tuple(m for m in args.modes.split(",") if m)
+    if not modes or (unknown := set(modes) - set(MODES)):
+        parser.error(f"--modes: some of {', '.join(MODES)} (not {', '.join(sorted(unknown)) or 'none'})")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     out = (args.out or Path("results") / f"bench-watchcost-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     config = WatchCostConfig(
@@ -375,6 +614,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         rounds=args.rounds,
         scheduler=args.scheduler,
         share=args.share,
+        modes=modes,
+        relay_flush_ms=args.relay_flush_ms,
         out=out,
     )
     results, scheduler_cpu = asyncio.run(run(config))

@@ -1,10 +1,27 @@
-"""The parts of ``scale.bench.watchcost`` that need no cluster: frame counting, the per-node share, the summary."""
+"""The parts of ``scale.bench.watchcost`` that need no cluster: frame counting, the per-node share, the summary,
+the relay's records and its sinks' reading of them."""
 
 from __future__ import annotations
 
+import asyncio
+import socket
+
+import msgpack
 import pytest
 
-from scale.bench.watchcost import FrameCounter, ReaderResult, every_nth, main, summary
+from common.protocol import MAC_SIZE
+from scale.bench.watchcost import (
+    FrameCounter,
+    ReaderResult,
+    Reading,
+    Sealer,
+    every_nth,
+    main,
+    reader_labels,
+    rule_record,
+    sink,
+    summary,
+)
 
 
 def _frame(payload: bytes) -> bytes:
@@ -67,3 +84,105 @@ def test_a_bad_share_is_refused_before_any_cluster_starts(capsys: pytest.Capture
         main(["--share", "0"])
     assert exit_info.value.code == 2
     assert "must be positive" in capsys.readouterr().err
+
+
+def test_a_bad_mode_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--modes", "relay,cluster-json"])
+    assert "not cluster-json" in capsys.readouterr().err
+
+
+def test_a_trial_starts_one_sink_per_share_and_only_with_its_relay() -> None:
+    assert reader_labels(("relay", "relay-sink", "cluster"), 2) == [
+        ("cluster", "cluster"),
+        ("relay", "relay"),
+        ("relay-sink-1", "relay-sink"),
+        ("relay-sink-2", "relay-sink"),
+    ]
+    assert reader_labels(("relay-sink", "per-node"), 2) == [("per-node", "per-node")]
+
+
+def _pod(*, node: str = "", nominated: str = "", **spec: object) -> dict[str, object]:
+    return {
+        "metadata": {"namespace": "ns", "name": "p", "uid": "u1", "labels": {"app": "a"}},
+        "spec": {"nodeName": node, **spec} if node else dict(spec),
+        "status": {"nominatedNodeName": nominated} if nominated else {},
+    }
+
+
+def test_the_relay_sends_what_a_worker_reads_of_a_placed_or_nominated_pod_and_nothing_of_a_pending_one() -> (
+    None
+):
+    assert rule_record("ADDED", _pod()) is None  # pending, not nominated: only its dispatch matters
+    assert rule_record("DELETED", _pod()) == ["D", "ns", "p", "u1"]
+    anti = [{"topologyKey": "zone", "labelSelector": {"matchLabels": {"app": "a"}}}]
+    placed = rule_record(
+        "MODIFIED",
+        _pod(
+            node="n1",
+            priority=5,
+            affinity={"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": anti}},
+            volumes=[
+                {"name": "v", "persistentVolumeClaim": {"claimName": "data"}},
+                {"name": "e", "emptyDir": {}},
+            ],
+            containers=[
+                {"resources": {"requests": {"cpu": "1"}}, "ports": [{"hostPort": 80}, {"containerPort": 8}]}
+            ],
+        ),
+    )
+    assert placed == [
+        "P",
+        "ns",
+        "p",
+        "u1",
+        {"app": "a"},
+        "n1",
+        False,
+        "",
+        5,
+        anti,
+        ["data"],
+        [80],
+        [{"cpu": "1"}],
+    ]
+    nominated = rule_record("MODIFIED", _pod(nominated="n2"))
+    assert nominated is not None and nominated[5:8] == ["", False, "n2"]
+
+
+async def test_a_sink_keeps_the_records_of_authentic_frames_and_stops_at_a_forged_one() -> None:
+    def frame(sealer: Sealer, records: list[list[object]], *, forge: bool = False) -> bytes:
+        body: bytes = msgpack.packb(records, use_bin_type=True)
+        mac = sealer.mac(body)
+        if forge:
+            mac = bytes([mac[0] ^ 1]) + mac[1:]
+        return (MAC_SIZE + len(body)).to_bytes(4, "big") + mac + body
+
+    async def serve(frames: list[bytes]) -> tuple[asyncio.Server, int]:
+        async def send(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            for f in frames:
+                writer.write(f)
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(send, "127.0.0.1", 0)
+        sock: socket.socket = server.sockets[0]
+        return server, int(sock.getsockname()[1])
+
+    sealer = Sealer()
+    placed = ["P", "ns", "p", "u1", {}, "n1", False, "", 0, [], [], [], []]
+    server, port = await serve(
+        [frame(sealer, [placed, ["P", "ns", "q", "u2"]]), frame(sealer, [["D", "ns", "q", "u2"]])]
+    )
+    async with server:
+        reading = Reading("relay-sink")
+        await sink(reading, port)
+        assert (reading.watches, reading.events, reading.ended) == (1, 3, 1)
+
+    forger = Sealer()
+    server, port = await serve([frame(forger, [placed]), frame(forger, [placed], forge=True)])
+    async with server:
+        reading = Reading("relay-sink")
+        with pytest.raises(RuntimeError, match="frame 1 not authenticated"):
+            await sink(reading, port)
+        assert reading.events == 1
