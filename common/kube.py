@@ -498,9 +498,8 @@ class KubeClient:
         content_type: str = "application/json",
         timeout: float | None = None,
     ) -> Any:
-        """One request; returns the decoded JSON reply (or None for an empty one). A 401 is retried once when
-        the credential source gives a different token."""
-        status, raw = await self._request_raw(
+        """One request; returns the decoded JSON reply (or None for an empty one)."""
+        status, raw = await self._send(
             method, path, params=params, body=body, content_type=content_type, timeout=timeout
         )
         try:
@@ -511,31 +510,12 @@ class KubeClient:
     async def get_text(self, path: str, params: dict[str, str] | None = None) -> str:
         """A GET whose reply is text, not JSON (the API server's ``/metrics``), with everything else as
         ``request``: the rate limit, the current token, the errors."""
-        _, raw = await self._request_raw("GET", path, params=params)
+        _, raw = await self._send(
+            "GET", path, params=params, body=None, content_type="application/json", timeout=None
+        )
         return raw.decode("utf-8", errors="replace")
 
-    async def _request_raw(
-        self,
-        method: str,
-        path: str,
-        *,
-        params: dict[str, str] | None = None,
-        body: Any = None,
-        content_type: str = "application/json",
-        timeout: float | None = None,
-    ) -> tuple[int, bytes]:
-        try:
-            return await self._request_once(
-                method, path, params=params, body=body, content_type=content_type, timeout=timeout
-            )
-        except ApiError as e:
-            if e.status != 401 or not await self.auth.refresh_if_due():
-                raise
-        return await self._request_once(
-            method, path, params=params, body=body, content_type=content_type, timeout=timeout
-        )
-
-    async def _request_once(
+    async def _send(
         self,
         method: str,
         path: str,
@@ -545,24 +525,30 @@ class KubeClient:
         content_type: str,
         timeout: float | None,
     ) -> tuple[int, bytes]:
-        await self._limiter.take()
+        """The status and raw reply of a request that succeeded; an ``ApiError`` otherwise. A 401 is sent
+        again once when the credential source gives a different token."""
         data = orjson.dumps(body) if body is not None else None
         headers = {"Content-Type": content_type} if data is not None else None
-        try:
-            async with self._session.request(
-                method,
-                self.creds.server + path,
-                params=params,
-                data=data,
-                headers=headers,
-                timeout=aiohttp.ClientTimeout(total=timeout or self._timeout),
-            ) as resp:
-                raw = await resp.read()
-                if resp.status >= 300:
-                    raise _error_for(resp.status, raw)
-                return resp.status, raw
-        except _TRANSPORT_ERRORS as e:
-            raise ServerError(0, f"{method} {path}: {type(e).__name__}: {e}") from e
+        retried = False
+        while True:
+            await self._limiter.take()
+            try:
+                async with self._session.request(
+                    method,
+                    self.creds.server + path,
+                    params=params,
+                    data=data,
+                    headers=headers,
+                    timeout=aiohttp.ClientTimeout(total=timeout or self._timeout),
+                ) as resp:
+                    status, raw = resp.status, await resp.read()
+            except _TRANSPORT_ERRORS as e:
+                raise ServerError(0, f"{method} {path}: {type(e).__name__}: {e}") from e
+            if status < 300:
+                return status, raw
+            if status != 401 or retried or not await self.auth.refresh_if_due():
+                raise _error_for(status, raw)
+            retried = True
 
     async def get(self, path: str, params: dict[str, str] | None = None) -> Any:
         return await self.request("GET", path, params=params)
