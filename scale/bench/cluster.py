@@ -445,6 +445,7 @@ async def run_workload(
     ended_before, ended_problem = await apiserver_watches.scrape(client)
     if workload.paused:
         running.pause()
+    running.profile_window(True)
     meter.start()
     try:
         observed = await loadgen.run(
@@ -462,6 +463,7 @@ async def run_workload(
         if workload.paused:
             running.resume()  # also when the run failed: never leave a scheduler stopped
         usage = await meter.stop()
+        running.profile_window(False)
     run_notes = list(notes)
     if not observed.complete:
         run_notes.append(
@@ -636,7 +638,14 @@ async def bench_scheduler(
         log.info("cluster of %d nodes for %s ready in %.0fs", nodes, spec.name, time.monotonic() - began)
         async with cluster.client(qps=50000, burst=50000, max_connections=256) as client:
             kubeconfig, notes = measured_kubeconfig(cluster, await grant_agent_rbac(client))
-            running = launch(spec, cluster, logs, kubeconfig=kubeconfig, volcano_binary=volcano_binary)
+            running = launch(
+                spec,
+                cluster,
+                logs,
+                kubeconfig=kubeconfig,
+                volcano_binary=volcano_binary,
+                profile_windows=True,  # run_workload opens them
+            )
             why = await until_ready(client, spec, running, nodes=nodes, fleet=fleet, notes=notes)
             if why:
                 for workload in workloads:

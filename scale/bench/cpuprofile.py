@@ -5,23 +5,55 @@
 time its process waited for a core, so the profile of a scheduler beside the API server says where the waiting
 fell rather than where the CPU went. The stats are written on any exit the interpreter sees (a return,
 ``SystemExit`` from a SIGTERM handler, an exception); a SIGKILLed process writes none.
+
+``python -m scale.bench.cpuprofile --window OUT MODULE ARGS...`` profiles only between a SIGUSR1 (on) and the
+next SIGUSR2 (off), as often as they come: the bench sends them around each measured window
+(``scale.bench.schedulers.Running.profile_window``), so the stats hold what the window's CPU figure holds, not
+the start-up, the wait for a quiet host or the namespace's deletion after it. The profiler is per thread and
+signal handlers run on the main thread, which is the one profiled; other threads' CPU (the gRPC client's) is
+in the timer, charged to whatever the main thread runs meanwhile. Only a process started this way may be sent
+those signals: their default action ends a process.
 """
 
 from __future__ import annotations
 
 import cProfile
 import runpy
+import signal
 import sys
 import time
+from types import FrameType
+
+USAGE = "usage: python -m scale.bench.cpuprofile [--window] OUT MODULE [ARGS...]"
+
+
+def windowed(profile: cProfile.Profile) -> None:
+    """SIGUSR1 turns ``profile`` on, SIGUSR2 off."""
+
+    def on(signum: int, frame: FrameType | None) -> None:
+        profile.enable()
+
+    def off(signum: int, frame: FrameType | None) -> None:
+        profile.disable()
+
+    signal.signal(signal.SIGUSR1, on)
+    signal.signal(signal.SIGUSR2, off)
 
 
 def main() -> None:
-    if len(sys.argv) < 3:
-        raise SystemExit("usage: python -m scale.bench.cpuprofile OUT MODULE [ARGS...]")
-    out, module = sys.argv[1], sys.argv[2]
-    sys.argv = [module, *sys.argv[3:]]
+    args = sys.argv[1:]
+    window = bool(args) and args[0] == "--window"
+    if window:
+        args = args[1:]
+    if len(args) < 2:
+        raise SystemExit(USAGE)
+    out, module = args[0], args[1]
+    sys.argv = [module, *args[2:]]
     profile = cProfile.Profile(time.process_time)
-    profile.enable()
+    if window:
+        windowed(profile)
+    else:
+        profile.enable()
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
     finally:

@@ -3,21 +3,26 @@
 ``python -m scale.bench.cpusplit LABEL=FILE[,FILE...] [LABEL=...]`` reads each label's cProfile stats (one file
 per process: a coordinated configuration gives several, summed under one label) and prints a Markdown table of
 CPU seconds per activity (``ACTIVITIES``), one column per label, then each activity's share of the label's
-total without the work a bench trial does before its measured window (``BEFORE_WINDOW``: start-up, the first
-lists, the catch-up of granted nodes). ``FILE:CPU`` scales that process's other activities so they sum to
-``CPU`` (its CPU-s per 1,000 pods in an unprofiled run, from ``bench paired``'s "by process" column): an
-estimate of where the unprofiled CPU went, on the assumption that profiling slows every activity of a process
-alike (below: it does not quite).
+total without the start-up (``ONCE``: once per process, never in a measured window). ``bench paired``'s
+and ``bench cluster``'s profiles hold their measured windows only (``scale.bench.cpuprofile --window``): the
+same span as the window's CPU figure. ``FILE:CPU`` scales that process's activities so they sum to ``CPU`` (its CPU-s per 1,000 pods in an
+unprofiled run, from ``bench paired``'s "by process" column): an estimate of where the unprofiled CPU went, on
+the assumption that profiling slows every activity of a process alike (below: it does not quite). A label's
+files all carry a CPU figure or none do.
 
 An activity is the cumulative time of its entry points: the coroutine or callback under which that work runs
-(the pod watch's reader, the pod feed's handler, the scheduling loop, the binder, the dispatch link). The pod
-feed's handler is split further by what it calls (parsing a pod, applying it to the cache, the rest of the
-handler), from the profile's caller records. Entry points are named by file and function, not line, so a
-change that moves a function does not move its time to "rest".
+(a watch's reader, the pod feed's handler, the scheduling loop, the binder, each end of the dispatch link).
+The feeds' handler is split further by what it calls (parsing a pod, applying it to the cache, the rest of the
+handler), and applying a list by who calls it (``Reflector.run``), from the profile's caller records. Entry
+points are named by file and function, not line, so a change that moves a function does not move its time to
+"rest"; renaming one does (a test checks that every entry point still exists).
 
 Invariants: no entry point of one activity runs under another's (each is a separate task or callback), so the
-activities do not overlap and "rest" (the event loop, timers, metrics, everything unnamed) is the total less
-their sum; a function matched twice is counted once.
+activities do not overlap and "rest" is the total less their sum. "Rest" is what no entry point names: the
+event loop's own work (uvloop's C code is charged to the frame that runs the loop), timers, metrics, the
+etcd client's Python side, and the CPU of other threads (the gRPC client's), which the process-wide timer
+charges to whatever the main thread runs. If the activities ever add up to more than the total, an entry
+point runs under another's, and the table says so.
 
 How to read the numbers: cProfile adds a cost to every Python call and builtin call, so a profiled process runs
 slower and call-heavy code looks dearer than it is; a bench with profiling on also changes what the processes
@@ -28,9 +33,10 @@ them to that process's CPU in an unprofiled run of the same workload is an estim
 from __future__ import annotations
 
 import argparse
+import math
 import pstats
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 # pstats' raw record: (file, line, function) -> (primitive calls, calls, own time, cumulative time, callers),
@@ -59,51 +65,61 @@ class Activity:
     within: Entry | None = None
 
 
-STARTUP = "start-up: imports, argument parser (once per process)"
-RELISTS = "relists (every feed's replace; the first list at start)"
-CATCH_UP = "worker: catch-up of granted nodes (per-node reads)"
-# Work a bench trial does before its measured window (the processes start, list, and are granted their shards
-# before the trial is ready): left out of the shares and of a scaled estimate.
-BEFORE_WINDOW = (STARTUP, RELISTS, CATCH_UP)
+STARTUP = "start-up: the argument parser and the command modules it imports"
+ONCE = (STARTUP,)  # left out of the shares and of a scaled estimate
 _FEED = Entry("worker/feeds.py", "event")
 _FEED_PARSE = (Entry("common/records.py", "pod_update"), Entry("common/records.py", "pod_from_json"))
 _FEED_APPLY = (Entry("worker/feeds.py", "_apply"), Entry("worker/feeds.py", "_remove"))
+_REFLECTOR = Entry("common/watching.py", "run")
+PARSE = "pod feed: parse a pod"
+APPLY = "pod feed: apply to the cache"
+FEED_REST = "feeds: rest of the event handlers"
 
 ACTIVITIES: tuple[Activity, ...] = (
     Activity(STARTUP, (Entry("agent_scheduler/cli.py", "_build_parser"),)),
     Activity("watches: HTTP stream, lines, JSON decode", (Entry("common/kube.py", "watch"),)),
+    Activity("lists: the API read and decode", (Entry("common/watching.py", "list_all"),)),
+    Activity("lists: applied by every feed (replace)", (Entry("", "replace"),), within=_REFLECTOR),
     Activity(
-        "socket receive (aiohttp, every connection)", (Entry("aiohttp/client_proto.py", "data_received"),)
+        "socket receive (aiohttp: watch streams and API replies)",
+        (Entry("aiohttp/client_proto.py", "data_received"),),
     ),
-    Activity("pod feed: parse a pod", _FEED_PARSE, within=_FEED),
-    Activity("pod feed: apply to the cache", _FEED_APPLY, within=_FEED),
-    Activity("feeds: rest of the event handlers", (_FEED,)),
-    Activity(RELISTS, (Entry("worker/feeds.py", "replace"),)),
-    Activity(CATCH_UP, (Entry("worker/shard.py", "one"),)),
+    Activity(PARSE, _FEED_PARSE, within=_FEED),
+    Activity(APPLY, _FEED_APPLY, within=_FEED),
+    Activity(FEED_REST, (_FEED,)),
+    Activity("worker: catch-up of granted nodes (per-node reads)", (Entry("worker/shard.py", "one"),)),
     Activity("scheduling loop", (Entry("worker/scheduler.py", "scheduling_loop"),)),
     Activity("binding", (Entry("worker/binder.py", "_work"),)),
     Activity("Kubernetes Events", (Entry("common/reporting.py", "_scheduled_loop"),)),
     Activity(
-        "worker: dispatch link",
+        "worker: dispatch link (DISPATCH in; ACK, RESULT, CAPACITY out)",
         (Entry("worker/intake.py", "serve"), Entry("worker/intake.py", "_report_capacity")),
     ),
+    Activity("worker: dispatch gate", (Entry("worker/gate.py", "run"),)),
     Activity("coordinator: pod watch handler", (Entry("coordinator/dispatch/dispatcher.py", "event"),)),
-    Activity("coordinator: dispatch loop", (Entry("coordinator/dispatch/dispatcher.py", "_loop"),)),
-    Activity("coordinator: links", (Entry("coordinator/dispatch/links.py", "_run"),)),
+    Activity(
+        "coordinator: dispatch loop and housekeeping",
+        (
+            Entry("coordinator/dispatch/dispatcher.py", "_loop"),
+            Entry("coordinator/dispatch/dispatcher.py", "_housekeeping"),
+        ),
+    ),
+    Activity(
+        "coordinator: links (ACK, RESULT, CAPACITY in)", (Entry("coordinator/dispatch/links.py", "_run"),)
+    ),
     Activity("coordinator: shard map", (Entry("coordinator/workershards/shardmap.py", "run"),)),
     Activity("coordinator: NodeShards", (Entry("coordinator/nodeshards/controller.py", "_loop"),)),
 )
 REST = "rest: event loop, timers, metrics, unnamed"
 TOTAL = "total"
+OVERLAP = "overlap"  # the activities' sum beyond the total (zero unless an entry point runs under another's)
 
 
 def _cumulative(stats: RawStats, activity: Activity) -> float:
-    seen: set[Func] = set()
     total = 0.0
     for func, (_, _, _, cumulative, callers) in stats.items():
-        if func in seen or not any(e.matches(func) for e in activity.entries):
+        if not any(e.matches(func) for e in activity.entries):
             continue
-        seen.add(func)
         if activity.within is None:
             total += cumulative
         else:
@@ -112,29 +128,28 @@ def _cumulative(stats: RawStats, activity: Activity) -> float:
 
 
 def split(stats: RawStats, total: float) -> dict[str, float]:
-    """CPU seconds per activity of one profile, ``REST`` and ``TOTAL`` included."""
+    """CPU seconds per activity of one profile, with ``REST``, ``TOTAL`` and ``OVERLAP``."""
     out = {a.label: _cumulative(stats, a) for a in ACTIVITIES}
     # The feed handler's parse and apply are inside its own cumulative time: what it is left with is the rest.
-    rest_of_feed = "feeds: rest of the event handlers"
-    out[rest_of_feed] = max(
-        0.0, out[rest_of_feed] - out["pod feed: parse a pod"] - out["pod feed: apply to the cache"]
-    )
-    out[REST] = max(0.0, total - sum(out.values()))
+    out[FEED_REST] = max(0.0, out[FEED_REST] - out[PARSE] - out[APPLY])
+    named = sum(out.values())
+    out[REST] = max(0.0, total - named)
     out[TOTAL] = total
+    out[OVERLAP] = max(0.0, named - total)
     return out
 
 
 def in_window(out: Mapping[str, float]) -> float:
-    """The total less the work of ``BEFORE_WINDOW``."""
-    return out.get(TOTAL, 0.0) - sum(out.get(label, 0.0) for label in BEFORE_WINDOW)
+    """The total less the start-up."""
+    return out.get(TOTAL, 0.0) - sum(out.get(label, 0.0) for label in ONCE)
 
 
 def scaled(out: Mapping[str, float], cpu: float) -> dict[str, float]:
-    """``out`` without the work of ``BEFORE_WINDOW``, scaled so its total is ``cpu``."""
+    """``out`` without the start-up, scaled so its total is ``cpu``."""
     running = in_window(out)
     factor = cpu / running if running > 0 else 0.0
-    result = {label: seconds * factor for label, seconds in out.items() if label not in BEFORE_WINDOW}
-    result.update(dict.fromkeys(BEFORE_WINDOW, 0.0))
+    result = {label: seconds * factor for label, seconds in out.items() if label not in ONCE}
+    result.update(dict.fromkeys(ONCE, 0.0))
     result[TOTAL] = cpu
     return result
 
@@ -147,16 +162,19 @@ def _file_spec(spec: str) -> tuple[str, float | None]:
         value = float(cpu)
     except ValueError:
         return spec, None  # a colon in the path, not a CPU figure
-    if value < 0:
-        raise ValueError(f"{spec!r}: a negative CPU figure")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{spec!r}: a CPU figure must be a finite number, at least 0")
     return path, value
 
 
-def load(specs: Iterable[str]) -> dict[str, float]:
+def load(specs: Sequence[str]) -> dict[str, float]:
     """The split of several profiles (one per process of a configuration), summed; ``PATH:CPU`` scaled."""
+    files = [_file_spec(spec) for spec in specs]
+    if len({cpu is None for _, cpu in files}) > 1:
+        # profiled seconds and estimated CPU-s per 1,000 pods do not add up
+        raise ValueError("either every file of a label has a CPU figure or none has")
     summed: dict[str, float] = {}
-    for spec in specs:
-        path, cpu = _file_spec(spec)
+    for path, cpu in files:
         s = pstats.Stats(path)
         raw: RawStats = s.stats  # type: ignore[attr-defined]  # documented, not in the stubs
         out = split(raw, s.total_tt)  # type: ignore[attr-defined]
@@ -168,7 +186,8 @@ def load(specs: Iterable[str]) -> dict[str, float]:
 
 
 def table(columns: Mapping[str, Mapping[str, float]]) -> list[str]:
-    """CPU seconds per activity, then shares of the total without the work before the window."""
+    """CPU seconds per activity, then shares of the total without the start-up; a warning line when a label's
+    activities overlap."""
     names = list(columns)
     labels = [a.label for a in ACTIVITIES] + [REST, TOTAL]
     lines = [
@@ -184,11 +203,17 @@ def table(columns: Mapping[str, Mapping[str, float]]) -> list[str]:
         shares = []
         for n in names:
             running = in_window(columns[n])
-            shown = label not in (*BEFORE_WINDOW, TOTAL) and running > 0
+            shown = label not in (*ONCE, TOTAL) and running > 0
             shares.append(f"{100 * columns[n].get(label, 0.0) / running:.1f}" if shown else "")
         lines.append(
             f"| {label} | " + " | ".join(f"{v:.3f}" for v in seconds) + " | " + " | ".join(shares) + " |"
         )
+    for n in names:
+        if columns[n].get(OVERLAP, 0.0) > 0.001 * max(columns[n].get(TOTAL, 0.0), 1e-9):
+            lines.append(
+                f"\nWarning: {n}'s activities add up to {columns[n][OVERLAP]:.3f} s more than its total: an entry "
+                "point runs under another's, so some time is counted twice."
+            )
     return lines
 
 

@@ -328,7 +328,13 @@ async def run_paired(config: PairedConfig) -> list[Trial]:
                 running: Running | None = None
                 try:
                     running = launch(
-                        spec, cluster, logs, kubeconfig=kubeconfig, tag=f"{label}-{position}", code=c.checkout
+                        spec,
+                        cluster,
+                        logs,
+                        kubeconfig=kubeconfig,
+                        tag=f"{label}-{position}",
+                        code=c.checkout,
+                        profile_windows=True,  # run_workload opens them
                     )
                     trial_notes = list(notes)
                     why = await until_ready(

@@ -171,9 +171,12 @@ def checkout_env(code: Path) -> dict[str, str] | None:
     return {**os.environ, "PYTHONPATH": str(code) + (os.pathsep + path if path else "")}
 
 
-def python_module(module: str, *args: str, profile_to: Path | None = None) -> list[str]:
+def python_module(module: str, *args: str, profile_to: Path | None = None, window: bool = False) -> list[str]:
+    """The command running ``module``; under cProfile into ``profile_to`` if given, only within the windows
+    ``Running.profile_window`` opens if ``window``."""
     if profile_to is not None:
-        return [sys.executable, "-m", "scale.bench.cpuprofile", str(profile_to), module, *args]
+        profiler = ["-m", "scale.bench.cpuprofile", *(["--window"] if window else []), str(profile_to)]
+        return [sys.executable, *profiler, module, *args]
     return [sys.executable, "-m", module, *args]
 
 
@@ -203,6 +206,7 @@ class Running:
         etcd_prefix: str = "",
         metrics_addresses: list[str] | None = None,
         code: Path = PROJECT_ROOT,
+        profiled_windows: bool = False,
     ) -> None:
         self.spec = spec
         self.cluster = cluster
@@ -212,6 +216,8 @@ class Running:
         self.code = code  # the project checkout our processes run from
         self.metrics_addresses = metrics_addresses or []  # host:port of each of our processes' /metrics
         self.notes: list[str] = []
+        # our processes run under ``scale.bench.cpuprofile --window``: they take SIGUSR1/SIGUSR2
+        self.profiled_windows = profiled_windows
 
     def process_names(self) -> dict[int, str]:
         """PID -> name of each process counted as the scheduler's (``coordinator``, ``worker-1``, ...)."""
@@ -232,6 +238,16 @@ class Running:
 
     def resume(self) -> None:
         self._signal_all(signal.SIGCONT)
+
+    def profile_window(self, on: bool) -> None:
+        """Turn the profilers of our processes on (a measured window starts) or off (it ended); nothing
+        unless they run under ``scale.bench.cpuprofile --window`` (to any other process these signals are
+        fatal)."""
+        if not self.profiled_windows:
+            return
+        for pid in self.pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGUSR1 if on else signal.SIGUSR2)
 
     def _signal_all(self, sig: int) -> None:
         for pid in with_children(self.pids()):
@@ -316,6 +332,7 @@ def launch(
     tag: str = "",
     volcano_binary: str = "",
     code: Path = PROJECT_ROOT,
+    profile_windows: bool = False,
 ) -> Running:
     """Start the processes of ``spec`` (none for kube-scheduler, which the cluster runs; Volcano's from
     ``volcano_binary``; ours from the project checkout ``code``). A coordinated configuration gets the etcd
@@ -330,8 +347,10 @@ def launch(
     suffix = f"-{tag}" if tag else ""
     # AGENT_BENCH_PROFILE_DIR: every one of our processes runs under cProfile (CPU-timed: scale.bench.cpuprofile),
     # its stats written there when it stops (to find where the CPU of a coordinator and its workers goes; the
-    # processes run slower meanwhile).
+    # processes run slower meanwhile). With ``profile_windows`` (a caller that opens ``Running.profile_window``
+    # around what it measures) only those windows are profiled; otherwise the whole run.
     profile_dir = os.environ.get("AGENT_BENCH_PROFILE_DIR", "")
+    window = profile_windows and profile_to is None and bool(profile_dir)
 
     def profiled(process: str) -> Path | None:
         if profile_to is not None:
@@ -391,11 +410,14 @@ def launch(
                 f"--bind-concurrency={spec.bind_concurrency}",
                 "--id=bench-standalone",
                 profile_to=profiled("worker"),
+                window=window,
             ),
             logs / f"{spec.name}-worker{suffix}.log",
             code=code,
         )
-        return Running(spec, cluster, [child], metrics_addresses=addresses, code=code)
+        return Running(
+            spec, cluster, [child], metrics_addresses=addresses, code=code, profiled_windows=window
+        )
     etcd = cluster.etcd_endpoint.removeprefix("http://")
     prefix = f"{ETCD_PREFIX}/{spec.name}{suffix}"
     children = []
@@ -416,6 +438,7 @@ def launch(
                         f"--bind-concurrency={spec.bind_concurrency}",
                         f"--metrics-address={addresses[i]}",
                         profile_to=profiled(f"worker-{i + 1}"),
+                        window=window,
                     ),
                     logs / f"{spec.name}-worker-{i + 1}{suffix}.log",
                     code=code,
@@ -433,6 +456,7 @@ def launch(
                     "--id=bench-coordinator",
                     f"--metrics-address={addresses[spec.workers]}",
                     profile_to=profiled("coordinator"),
+                    window=window,
                 ),
                 logs / f"{spec.name}-coordinator{suffix}.log",
                 code=code,
@@ -449,6 +473,7 @@ def launch(
         etcd_prefix=prefix,
         metrics_addresses=addresses,
         code=code,
+        profiled_windows=window,
     )
 
 
