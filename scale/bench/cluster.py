@@ -446,23 +446,26 @@ async def run_workload(
     if workload.paused:
         running.pause()
     running.profile_window(True)
-    meter.start()
     try:
-        observed = await loadgen.run(
-            client,
-            namespace,
-            plan,
-            concurrency=workload.create_concurrency,
-            stall_s=config.stall_s,
-            timeout_s=config.timeout_s,
-            release=running.resume if workload.paused else None,
-            pull_delay_s=workload.pull_delay_s,
-            first_bind_s=workload.first_bind_s,
-        )
+        meter.start()
+        try:
+            observed = await loadgen.run(
+                client,
+                namespace,
+                plan,
+                concurrency=workload.create_concurrency,
+                stall_s=config.stall_s,
+                timeout_s=config.timeout_s,
+                release=running.resume if workload.paused else None,
+                pull_delay_s=workload.pull_delay_s,
+                first_bind_s=workload.first_bind_s,
+            )
+        finally:
+            if workload.paused:
+                running.resume()  # also when the run failed: never leave a scheduler stopped
+            usage = await meter.stop()
     finally:
-        if workload.paused:
-            running.resume()  # also when the run failed: never leave a scheduler stopped
-        usage = await meter.stop()
+        # also when the run or the meter failed: the profile holds the window only
         running.profile_window(False)
     run_notes = list(notes)
     if not observed.complete:

@@ -10,9 +10,12 @@ fell rather than where the CPU went. The stats are written on any exit the inter
 next SIGUSR2 (off), as often as they come: the bench sends them around each measured window
 (``scale.bench.schedulers.Running.profile_window``), so the stats hold what the window's CPU figure holds, not
 the start-up, the wait for a quiet host or the namespace's deletion after it. The profiler is per thread and
-signal handlers run on the main thread, which is the one profiled; other threads' CPU (the gRPC client's) is
-in the timer, charged to whatever the main thread runs meanwhile. Only a process started this way may be sent
-those signals: their default action ends a process.
+signal handlers run on the main thread, which is the one profiled. Time spent while no frame entered since
+the window opened is running is charged to nothing: the event loop's own C code between callbacks (its frame
+was entered before), and other threads' CPU (the gRPC client's) meanwhile; while such a frame runs, other
+threads' CPU is charged to it (the timer is the process's). Only a process started this way may be sent those
+signals: their default action ends a process. The bench runs this file by its path, with the standard library
+only, so it profiles a contender from another checkout too.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import runpy
 import signal
 import sys
 import time
+from pathlib import Path
 from types import FrameType
 
 USAGE = "usage: python -m scale.bench.cpuprofile [--window] OUT MODULE [ARGS...]"
@@ -41,6 +45,10 @@ def windowed(profile: cProfile.Profile) -> None:
 
 
 def main() -> None:
+    if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
+        # Run by its path (``scale.bench.schedulers.PROFILER``): its folder leads ``sys.path``, where its
+        # neighbours' names (``cluster``, ``report``, ...) would shadow what the profiled program imports.
+        sys.path.pop(0)
     args = sys.argv[1:]
     window = bool(args) and args[0] == "--window"
     if window:

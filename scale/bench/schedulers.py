@@ -171,11 +171,16 @@ def checkout_env(code: Path) -> dict[str, str] | None:
     return {**os.environ, "PYTHONPATH": str(code) + (os.pathsep + path if path else "")}
 
 
+PROFILER = Path(__file__).with_name("cpuprofile.py")  # standard library only: runs beside any checkout
+
+
 def python_module(module: str, *args: str, profile_to: Path | None = None, window: bool = False) -> list[str]:
     """The command running ``module``; under cProfile into ``profile_to`` if given, only within the windows
-    ``Running.profile_window`` opens if ``window``."""
+    ``Running.profile_window`` opens if ``window``. The profiler is this checkout's, run by its path: a
+    contender from another checkout (``PYTHONPATH``) is profiled, and signalled, the way this bench expects,
+    whatever that checkout's own profiler knows."""
     if profile_to is not None:
-        profiler = ["-m", "scale.bench.cpuprofile", *(["--window"] if window else []), str(profile_to)]
+        profiler = [str(PROFILER), *(["--window"] if window else []), str(profile_to)]
         return [sys.executable, *profiler, module, *args]
     return [sys.executable, "-m", module, *args]
 
@@ -216,7 +221,8 @@ class Running:
         self.code = code  # the project checkout our processes run from
         self.metrics_addresses = metrics_addresses or []  # host:port of each of our processes' /metrics
         self.notes: list[str] = []
-        # our processes run under ``scale.bench.cpuprofile --window``: they take SIGUSR1/SIGUSR2
+        # our processes run under this checkout's ``cpuprofile.py --window`` (``PROFILER``): they take
+        # SIGUSR1/SIGUSR2
         self.profiled_windows = profiled_windows
 
     def process_names(self) -> dict[int, str]:
