@@ -249,14 +249,15 @@ class Running:
         """Turn the profilers of our processes on (a measured window starts) or off (it ended); nothing
         unless they run under ``scale.bench.cpuprofile --window`` (to any other process these signals are
         fatal)."""
-        if not self.profiled_windows:
-            return
-        for pid in self.pids():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGUSR1 if on else signal.SIGUSR2)
+        if self.profiled_windows:
+            self._signal(self.pids(), signal.SIGUSR1 if on else signal.SIGUSR2)
 
     def _signal_all(self, sig: int) -> None:
-        for pid in with_children(self.pids()):
+        self._signal(with_children(self.pids()), sig)
+
+    @staticmethod
+    def _signal(pids: list[int], sig: int) -> None:
+        for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
 
