@@ -19,7 +19,11 @@ Invariants:
 - Bearer tokens are never cached for the life of the process (``Authenticator``): a token file (projected
   service-account token, or a kubeconfig ``tokenFile``) is re-read every ``TOKEN_REREAD`` seconds, an exec
   credential plugin is re-run ``EXPIRY_SKEW`` before its ``expirationTimestamp``, and both on a 401. Every
-  request, watches included, carries the current token. A 401/403 answer to every request for
+  request, watches included, carries the current token. A 401 answered to a token that has been replaced since
+  the request was sent says nothing about the current one: it neither re-fetches (with an exec plugin, a burst
+  of requests in flight at a rotation would otherwise run the plugin once per request, each run holding every
+  request back) nor counts as a refusal, and its request is sent again with the current token. A 401/403
+  answer to every request for
   ``LASTING_DENIAL`` seconds is logged once and makes ``Authenticator.healthy`` fail (the process's
   ``/healthz``), so a process whose credentials stopped working is restarted instead of retrying quietly.
 """
@@ -32,7 +36,7 @@ import logging
 import os
 import ssl
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -280,6 +284,12 @@ def _named(items: object, name: object, key: str) -> dict[str, Any]:
     return {}
 
 
+def sent_token(headers: Mapping[str, str]) -> str:
+    """The bearer token a request carried ("" for none)."""
+    value = headers.get("Authorization", "")
+    return value[len("Bearer ") :] if value.startswith("Bearer ") else ""
+
+
 class Authenticator:
     """The current bearer token and whether the API server accepts it.
 
@@ -344,8 +354,11 @@ class Authenticator:
                 log.info("API bearer token refreshed")
             return changed
 
-    def observe(self, status: int) -> None:
-        """Called with every response's status code."""
+    def observe(self, status: int, sent: str | None = None) -> None:
+        """Called with every response's status code and the token its request carried (None: not known). A
+        401 to a token already replaced is about that token only: ignored."""
+        if status == 401 and sent is not None and sent != self.token:
+            return
         if status in (401, 403):
             if status == 401:
                 self._stale = True
@@ -451,7 +464,8 @@ class KubeClient:
                 params.headers["Authorization"] = f"Bearer {auth.token}"
 
         async def end(_: object, __: object, params: aiohttp.TraceRequestEndParams) -> None:
-            auth.observe(params.response.status)
+            status = params.response.status
+            auth.observe(status, sent_token(params.headers) if status == 401 else None)
 
         trace = aiohttp.TraceConfig()
         trace.on_request_start.append(start)
@@ -526,7 +540,8 @@ class KubeClient:
         timeout: float | None,
     ) -> tuple[int, bytes]:
         """The status and raw reply of a request that succeeded; an ``ApiError`` otherwise. A 401 is sent
-        again once when the credential source gives a different token."""
+        again once when the token it carried is no longer the current one (another request's 401 replaced
+        it while this one was in flight, or this one's 401 fetched a different token now)."""
         data = orjson.dumps(body) if body is not None else None
         headers = {"Content-Type": content_type} if data is not None else None
         retried = False
@@ -542,11 +557,15 @@ class KubeClient:
                     timeout=aiohttp.ClientTimeout(total=timeout or self._timeout),
                 ) as resp:
                     status, raw = resp.status, await resp.read()
+                    sent = sent_token(resp.request_info.headers) if status == 401 else ""
             except _TRANSPORT_ERRORS as e:
                 raise ServerError(0, f"{method} {path}: {type(e).__name__}: {e}") from e
             if status < 300:
                 return status, raw
-            if status != 401 or retried or not await self.auth.refresh_if_due():
+            if status != 401 or retried:
+                raise _error_for(status, raw)
+            await self.auth.refresh_if_due()
+            if not self.auth.token or sent == self.auth.token:
                 raise _error_for(status, raw)
             retried = True
 

@@ -2,7 +2,8 @@
 
 The worker authenticates with a service-account token read from a file (a kubeconfig ``tokenFile``, as a
 projected token is). Mid-burst the file gets a new token and the old one is revoked (its bound Secret deleted):
-the worker must pick the new token up on the first 401 and finish the burst. A slow variant then revokes every
+the worker must pick the new token up on the first 401 and finish the burst, every binding refused with the
+old token sent again with the new one (none rejected). A slow variant then revokes every
 token it could read: its ``/healthz`` must fail once the refusals have lasted ``LASTING_DENIAL``.
 """
 
@@ -184,6 +185,8 @@ async def test_a_rotated_token_file_is_picked_up_mid_burst(
     result = await run_rotation(kube, namespace, cluster, tmp_path, revoke_all=False)
     assert "API bearer token refreshed" in result["log"], result["log"][-3000:]
     assert "refused every request" not in result["log"]
+    # the bindings in flight with the old token are sent again with the new one, not failed and rescheduled
+    assert "bind rejected" not in result["log"], result["log"][-3000:]
     record_property("pods", 2 * PODS)
     record_property("recover_s", round(result["recover_s"], 2))
     print(

@@ -4,11 +4,13 @@ API server on a free local port, a fake token source, and an injected clock."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import stat
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -83,6 +85,15 @@ async def test_a_401_makes_the_next_request_fetch_a_token_first() -> None:
     auth.observe(401)
     assert auth.due()
     assert await auth.refresh_if_due() and auth.token == "t1"
+
+
+def test_a_401_to_a_replaced_token_is_about_that_token_only() -> None:
+    clock, source = Clock(), Source(Token("t1"))
+    auth = auth_with(source, clock)
+    auth.observe(401, "t-old")  # sent before t0 became current
+    assert not auth.due() and auth.denied_for() == 0.0
+    auth.observe(401, "t0")  # the current token refused: fetch first, and the streak starts
+    assert auth.due() and auth._denied_since is not None
 
 
 async def test_a_failing_source_keeps_the_old_token_and_warns_once(caplog: pytest.LogCaptureFixture) -> None:
@@ -209,20 +220,27 @@ class Api:
         return web.json_response({"kind": "Namespace"})
 
 
-@pytest.fixture
-async def api() -> AsyncIterator[tuple[Api, str]]:
-    fake = Api()
+@contextlib.asynccontextmanager
+async def serving(handle: Callable[[web.Request], Awaitable[web.Response]]) -> AsyncIterator[str]:
+    """``handle`` answering every GET on a free local port; the server's URL."""
     app = web.Application()
-    app.router.add_get("/{tail:.*}", fake.handle)
+    app.router.add_get("/{tail:.*}", handle)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     try:
-        yield fake, f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{port}"
     finally:
         await runner.cleanup()
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[tuple[Api, str]]:
+    fake = Api()
+    async with serving(fake.handle) as server:
+        yield fake, server
 
 
 async def test_a_rotated_token_file_is_picked_up_on_the_first_401(
@@ -251,3 +269,41 @@ async def test_a_revoked_token_stays_refused_and_is_reported(api: tuple[Api, str
         assert client.auth.denied_for() >= 0 and client.auth._denied_since is not None
         client.auth._denied_since = time.monotonic() - 31  # as if refused for 31 s
         assert isinstance(client.auth.healthy(), str)
+
+
+class RotatingApi:
+    """Holds the first ``held`` requests until all have arrived, then starts wanting ``t1`` instead of ``t0``,
+    so every one of them is refused at once: the requests in flight at a token rotation."""
+
+    def __init__(self, held: int) -> None:
+        self.held = held
+        self.valid = "t0"
+        self.seen: list[str] = []
+        self.arrived = asyncio.Event()
+
+    async def handle(self, request: web.Request) -> web.Response:
+        auth = request.headers.get("Authorization", "")
+        self.seen.append(auth)
+        if len(self.seen) == self.held:
+            self.valid = "t1"
+            self.arrived.set()
+        if len(self.seen) <= self.held:
+            await self.arrived.wait()
+        if auth != f"Bearer {self.valid}":
+            return web.json_response({"kind": "Status", "reason": "Unauthorized"}, status=401)
+        return web.json_response({"kind": "Namespace"})
+
+
+async def test_requests_in_flight_at_a_rotation_fetch_once_and_all_succeed() -> None:
+    held = 8
+    fake, source = RotatingApi(held), Source(Token("t1"))
+    async with (
+        serving(fake.handle) as server,
+        KubeClient(Credentials(server=server, token="t0", token_source=source)) as client,
+    ):
+        replies = await asyncio.gather(*(client.get(f"/api/v1/namespaces/n{i}") for i in range(held)))
+        assert replies == [{"kind": "Namespace"}] * held  # none failed with the 401 of the old token
+        # one fetch for the rotation, not one per refused request (an exec plugin runs once)
+        assert source.fetches == 1 and client.auth.refreshes == 1
+        assert fake.seen == ["Bearer t0"] * held + ["Bearer t1"] * held
+        assert client.auth.healthy() is True
