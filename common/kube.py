@@ -18,7 +18,8 @@ Invariants:
   or a watch is one of the ``ApiError`` classes.
 - Bearer tokens are never cached for the life of the process (``Authenticator``): a token file (projected
   service-account token, or a kubeconfig ``tokenFile``) is re-read every ``TOKEN_REREAD`` seconds, an exec
-  credential plugin is re-run ``EXPIRY_SKEW`` before its ``expirationTimestamp``, and both on a 401. Every
+  credential plugin is re-run ``EXPIRY_SKEW`` before its ``expirationTimestamp``, and both on a 401 to the
+  current token. Every
   request, watches included, carries the current token. A 401 answered to a token that has been replaced since
   the request was sent says nothing about the current one: it neither re-fetches (with an exec plugin, a burst
   of requests in flight at a rotation would otherwise run the plugin once per request, each run holding every
@@ -294,9 +295,10 @@ class Authenticator:
     """The current bearer token and whether the API server accepts it.
 
     ``token`` is what requests carry; ``refresh_if_due`` fetches a new one from the source when the old one
-    is due (file: every ``TOKEN_REREAD``; exec: ``EXPIRY_SKEW`` before expiry; any: after a 401). ``observe``
-    is told every response status; a streak of nothing but 401/403 lasting ``LASTING_DENIAL`` makes
-    ``healthy`` fail, and any other answer ends the streak.
+    is due (file: every ``TOKEN_REREAD``; exec: ``EXPIRY_SKEW`` before expiry; any: after a 401 to the current
+    token). ``observe`` is told every response status; a streak of nothing but 401/403 lasting
+    ``LASTING_DENIAL`` makes ``healthy`` fail, and any other answer ends the streak. A 401 to a token already
+    replaced (sent before the rotation) does neither: it says nothing about the current token.
     """
 
     def __init__(
@@ -356,8 +358,10 @@ class Authenticator:
 
     def observe(self, status: int, sent: str | None = None) -> None:
         """Called with every response's status code and the token its request carried (None: not known). A
-        401 to a token already replaced is about that token only: ignored."""
-        if status == 401 and sent is not None and sent != self.token:
+        401 to a token already replaced is about that token only: ignored. A request that carried none (its
+        header dropped, as on a redirect to another origin) is judged as before, so a lasting refusal of it
+        still makes the process unhealthy."""
+        if status == 401 and sent and sent != self.token:
             return
         if status in (401, 403):
             if status == 401:

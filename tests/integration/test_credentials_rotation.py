@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from common.kube import LASTING_DENIAL, ApiError, Credentials, KubeClient
 from scale.cluster import Cluster
@@ -127,6 +128,20 @@ def healthz(port: int) -> int:
         return 0
 
 
+def posts_refused(port: int) -> float:
+    """POST requests (bindings, Events) the worker's API server answered with 401, from its /metrics."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "rest_client_requests_total"
+        and sample.labels.get("code") == "401"
+        and sample.labels.get("method") == "POST"
+    )
+
+
 async def run_rotation(
     kube: KubeClient, namespace: str, cluster: Cluster, tmp_path: Path, *, revoke_all: bool
 ) -> dict[str, Any]:
@@ -166,6 +181,7 @@ async def run_rotation(
         if not revoke_all:
             await wait_for(kube, namespace, all_bound(2 * PODS), timeout=GUARD, what="every pod bound")
             out["recover_s"] = time.monotonic() - rotated
+            out["posts_refused"] = posts_refused(port)
         else:
             deadline = time.monotonic() + LASTING_DENIAL + GUARD
             while healthz(port) != 503:
@@ -185,12 +201,17 @@ async def test_a_rotated_token_file_is_picked_up_mid_burst(
     result = await run_rotation(kube, namespace, cluster, tmp_path, revoke_all=False)
     assert "API bearer token refreshed" in result["log"], result["log"][-3000:]
     assert "refused every request" not in result["log"]
-    # the bindings in flight with the old token are sent again with the new one, not failed and rescheduled
+    # the bindings in flight with the old token were sent again with the new one, not rejected and rescheduled
+    # (37 of 100 were, before that). How many met the rotation is reported, not asserted: a kept-warm GET or the
+    # token file's re-read may pick the new token up before the burst, and then none does (the unit tests in
+    # tests/unit/common/test_credentials.py hold requests in flight deterministically).
     assert "bind rejected" not in result["log"], result["log"][-3000:]
+    record_property("posts_refused_401", result["posts_refused"])
     record_property("pods", 2 * PODS)
     record_property("recover_s", round(result["recover_s"], 2))
     print(
-        f"\ntoken rotated mid-burst: all {2 * PODS} pods bound {result['recover_s']:.2f}s after the rotation"
+        f"\ntoken rotated mid-burst: all {2 * PODS} pods bound {result['recover_s']:.2f}s after the rotation;"
+        f" {result['posts_refused']:.0f} POSTs refused with the old token and sent again"
     )
 
 

@@ -94,6 +94,9 @@ def test_a_401_to_a_replaced_token_is_about_that_token_only() -> None:
     assert not auth.due() and auth.denied_for() == 0.0
     auth.observe(401, "t0")  # the current token refused: fetch first, and the streak starts
     assert auth.due() and auth._denied_since is not None
+    carried_none = auth_with(Source(Token("t1")), clock)
+    carried_none.observe(401, "")  # no token went (its header dropped on a redirect): judged as before
+    assert carried_none.due() and carried_none._denied_since is not None
 
 
 async def test_a_failing_source_keeps_the_old_token_and_warns_once(caplog: pytest.LogCaptureFixture) -> None:
@@ -272,31 +275,40 @@ async def test_a_revoked_token_stays_refused_and_is_reported(api: tuple[Api, str
 
 
 class RotatingApi:
-    """Holds the first ``held`` requests until all have arrived, then starts wanting ``t1`` instead of ``t0``,
-    so every one of them is refused at once: the requests in flight at a token rotation."""
+    """Holds the first ``held`` requests until all have arrived, then starts wanting ``t1`` instead of ``t0``
+    and refuses them: the requests in flight at a token rotation. ``staggered``: the first is refused at once
+    and the others only once a request with the new token came (their 401s arrive after the refresh)."""
 
-    def __init__(self, held: int) -> None:
+    def __init__(self, held: int, *, staggered: bool) -> None:
         self.held = held
+        self.staggered = staggered
         self.valid = "t0"
         self.seen: list[str] = []
         self.arrived = asyncio.Event()
+        self.renewed = asyncio.Event()
 
     async def handle(self, request: web.Request) -> web.Response:
         auth = request.headers.get("Authorization", "")
         self.seen.append(auth)
-        if len(self.seen) == self.held:
+        n = len(self.seen)
+        if n == self.held:
             self.valid = "t1"
             self.arrived.set()
-        if len(self.seen) <= self.held:
+        if auth == "Bearer t1":
+            self.renewed.set()
+        if n <= self.held:
             await self.arrived.wait()
+            if self.staggered and n > 1:
+                await self.renewed.wait()
         if auth != f"Bearer {self.valid}":
             return web.json_response({"kind": "Status", "reason": "Unauthorized"}, status=401)
         return web.json_response({"kind": "Namespace"})
 
 
-async def test_requests_in_flight_at_a_rotation_fetch_once_and_all_succeed() -> None:
+@pytest.mark.parametrize("staggered", [False, True], ids=["refused-together", "refused-after-the-refresh"])
+async def test_requests_in_flight_at_a_rotation_fetch_once_and_all_succeed(staggered: bool) -> None:
     held = 8
-    fake, source = RotatingApi(held), Source(Token("t1"))
+    fake, source = RotatingApi(held, staggered=staggered), Source(Token("t1"))
     async with (
         serving(fake.handle) as server,
         KubeClient(Credentials(server=server, token="t0", token_source=source)) as client,
