@@ -29,9 +29,9 @@ so.
 
 How to read the numbers: cProfile adds a cost to every Python call and builtin call (with the CPU clock as its
 timer, a system call per call), so a profiled process runs slower and call-heavy code looks dearer than it is:
-``scale.bench.protocolcost`` measured the protocol's steps inflated 6-16 times where whole processes were
-inflated about 3 times; a bench with profiling on also changes what the processes
-do (a saturated worker batches differently). The shares say where the time goes within one process; applying
+``scale.bench.protocolcost`` measured the protocol's steps inflated 6-16 times where whole processes came out
+about 3 times slower (which also holds what profiling changed in the run); a bench with profiling on also
+changes what the processes do (a saturated worker batches differently). The shares say where the time goes within one process; applying
 them to that process's CPU in an unprofiled run of the same workload is an estimate, not a measurement.
 """
 

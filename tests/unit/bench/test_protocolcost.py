@@ -49,3 +49,8 @@ def test_main_refuses_no_pods(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         protocolcost.main(["--pods", "0"])
     assert "at least 1" in capsys.readouterr().err
+
+
+def test_a_step_too_quick_for_the_clock_has_no_ratio() -> None:
+    costs = dict.fromkeys(STEPS, (0.0, 0.0))
+    assert all(row.split(" | ")[3] == "–" for row in table(costs).splitlines()[2:-1])
