@@ -19,14 +19,13 @@ Invariants:
 - Bearer tokens are never cached for the life of the process (``Authenticator``): a token file (projected
   service-account token, or a kubeconfig ``tokenFile``) is re-read every ``TOKEN_REREAD`` seconds, an exec
   credential plugin is re-run ``EXPIRY_SKEW`` before its ``expirationTimestamp``, and both on a 401 to the
-  current token. Every
-  request, watches included, carries the current token. A 401 answered to a token that has been replaced since
-  the request was sent says nothing about the current one: it neither re-fetches (with an exec plugin, a burst
-  of requests in flight at a rotation would otherwise run the plugin once per request, each run holding every
-  request back) nor counts as a refusal, and its request is sent again with the current token. A 401/403
-  answer to every request for
-  ``LASTING_DENIAL`` seconds is logged once and makes ``Authenticator.healthy`` fail (the process's
-  ``/healthz``), so a process whose credentials stopped working is restarted instead of retrying quietly.
+  current token. Every request, watches included, carries the current token. A 401 answered to a token that
+  has been replaced since the request was sent says nothing about the current one: it neither re-fetches (with
+  an exec plugin, a burst of requests in flight at a rotation would otherwise run the plugin once per request,
+  each run holding every request back) nor counts as a refusal, and its request is sent again with the current
+  token. A 401/403 answer to every request for ``LASTING_DENIAL`` seconds is logged once and makes
+  ``Authenticator.healthy`` fail (the process's ``/healthz``), so a process whose credentials stopped working
+  is restarted instead of retrying quietly.
 """
 
 from __future__ import annotations
@@ -285,7 +284,7 @@ def _named(items: object, name: object, key: str) -> dict[str, Any]:
     return {}
 
 
-def sent_token(headers: Mapping[str, str]) -> str:
+def _sent_token(headers: Mapping[str, str]) -> str:
     """The bearer token a request carried ("" for none)."""
     value = headers.get("Authorization", "")
     return value[len("Bearer ") :] if value.startswith("Bearer ") else ""
@@ -469,7 +468,7 @@ class KubeClient:
 
         async def end(_: object, __: object, params: aiohttp.TraceRequestEndParams) -> None:
             status = params.response.status
-            auth.observe(status, sent_token(params.headers) if status == 401 else None)
+            auth.observe(status, _sent_token(params.headers) if status == 401 else None)
 
         trace = aiohttp.TraceConfig()
         trace.on_request_start.append(start)
@@ -561,7 +560,7 @@ class KubeClient:
                     timeout=aiohttp.ClientTimeout(total=timeout or self._timeout),
                 ) as resp:
                     status, raw = resp.status, await resp.read()
-                    sent = sent_token(resp.request_info.headers) if status == 401 else ""
+                    sent = _sent_token(resp.request_info.headers) if status == 401 else ""
             except _TRANSPORT_ERRORS as e:
                 raise ServerError(0, f"{method} {path}: {type(e).__name__}: {e}") from e
             if status < 300:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import copy
 import cProfile
 import time
 import uuid
@@ -63,8 +62,7 @@ STEPS = (
 def pending_pods(count: int, source: Path = CAPTURED) -> list[dict[str, Any]]:
     """``count`` pending pods of the captured pod's template, as a DISPATCH carries them."""
     events = orjson.loads(source.read_bytes())
-    first = next(iter(events.values()))[0]["object"]
-    base = copy.deepcopy(first)
+    base = next(iter(events.values()))[0]["object"]  # the first pod's ADDED: still pending
     base["metadata"].pop("managedFields", None)
     pods = []
     for i in range(count):

@@ -202,7 +202,7 @@ async def test_a_rotated_token_file_is_picked_up_mid_burst(
     assert "API bearer token refreshed" in result["log"], result["log"][-3000:]
     assert "refused every request" not in result["log"]
     # the bindings in flight with the old token were sent again with the new one, not rejected and rescheduled
-    # (37 of 100 were, before that). How many met the rotation is reported, not asserted: a kept-warm GET or the
+    # (37 of the second half's 100 were, before that). How many met the rotation is reported, not asserted: a kept-warm GET or the
     # token file's re-read may pick the new token up before the burst, and then none does (the unit tests in
     # tests/unit/common/test_credentials.py hold requests in flight deterministically).
     assert "bind rejected" not in result["log"], result["log"][-3000:]
