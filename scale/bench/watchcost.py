@@ -8,6 +8,11 @@ beside a scheduler placing a burst, so that a design of the sharded path can be 
   decoded: the transport (TLS, HTTP chunks, the event loop's wake-ups);
 - ``cluster-decoded``: the same, each line decoded as the workers' reflector decodes it
   (``common.kube._event``: orjson);
+- ``cluster-paced`` and ``cluster-paused``: ``cluster-decoded`` read at most once per ``--pace-ms`` (after
+  each read of what is buffered the reader sleeps, so the events that arrived meanwhile are taken in one
+  wake-up of the reading task); ``cluster-paused`` also pauses the TLS transport's delivery while it sleeps
+  (``pause_reading``: the bytes still leave the socket as they arrive, into the TLS layer's buffer). Whether
+  reading in batches, at a few ms of delay, makes the read cheaper;
 - ``cluster-protobuf``: the same watch in Kubernetes' protobuf encoding (``stream=watch``, length-prefixed
   frames), frames counted, not decoded: what the transport would cost in the encoding kube-scheduler uses;
 - ``per-node``: one watch per node (``fieldSelector=spec.nodeName=NODE``, as each kubelet watches its pods) on
@@ -55,7 +60,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -82,7 +87,17 @@ from scale.cluster.nodes import PREPULLED_FRACTION
 
 log = logging.getLogger(__name__)
 
-MODES = ("cluster", "cluster-decoded", "cluster-protobuf", "per-node", "relay", "relay-sink")
+MODES = (
+    "cluster",
+    "cluster-decoded",
+    "cluster-paced",
+    "cluster-paused",
+    "cluster-protobuf",
+    "per-node",
+    "relay",
+    "relay-sink",
+)
+PACED = ("cluster-paced", "cluster-paused")
 RELAY, SINK = "relay", "relay-sink"
 RELAY_KEY = (
     b"watchcost-relay"  # the frames' MAC key: a fixed key, since the cost, not the secrecy, is measured
@@ -141,6 +156,7 @@ async def _watch(
     resource_version: str,
     mode: str,
     field_selector: str = "",
+    pace_s: float = 0.0,
 ) -> None:
     query = {"watch": "1", "resourceVersion": resource_version, "timeoutSeconds": "3600"}
     if field_selector:
@@ -158,13 +174,39 @@ async def _watch(
                 frames.feed(chunk)
                 reading.events = frames.frames
         else:
-            async for line in _lines(resp.content, MAX_WATCH_EVENT, "/api/v1/pods"):
+            content: Any = resp.content
+            if mode in PACED:
+                transport = (
+                    resp.connection.transport if mode == "cluster-paused" and resp.connection else None
+                )
+                content = _Paced(resp.content, pace_s, transport)
+            async for line in _lines(content, MAX_WATCH_EVENT, "/api/v1/pods"):
                 reading.bytes += len(line) + 1
                 if line.strip():
                     reading.events += 1
-                    if mode == "cluster-decoded":
+                    if mode != "cluster":
                         _event(line, "/api/v1/pods")
     reading.ended += 1
+
+
+class _Paced:
+    """A stream read at most once per ``pace_s``: after each read of what is buffered, the reader sleeps, so
+    the events that arrive meanwhile are taken in one wake-up (``cluster-paused`` also pauses the transport's
+    reading while it sleeps)."""
+
+    def __init__(self, content: aiohttp.StreamReader, pace_s: float, transport: Any) -> None:
+        self._content = content
+        self._pace_s = pace_s
+        self._transport = transport
+
+    async def iter_any(self) -> AsyncIterator[bytes]:
+        async for chunk in self._content.iter_any():
+            yield chunk
+            if self._transport is not None:
+                self._transport.pause_reading()
+            await asyncio.sleep(self._pace_s)
+            if self._transport is not None:
+                self._transport.resume_reading()
 
 
 def rule_record(event_type: str, obj: dict[str, Any]) -> list[Any] | None:
@@ -355,6 +397,7 @@ async def read(mode: str, kubeconfig: str, share: int, port: int = 0, flush_s: f
                     resource_version=rv,
                     mode=mode,
                     field_selector=selector,
+                    pace_s=flush_s,
                 )
             )
             for selector in selectors
@@ -461,6 +504,7 @@ class WatchCostConfig:
     share: int = 2
     modes: tuple[str, ...] = MODES
     relay_flush_ms: float = 0.0
+    pace_ms: float = 5.0
     out: Path
 
 
@@ -516,7 +560,8 @@ async def run(config: WatchCostConfig) -> tuple[list[ReaderResult], list[float]]
                         out = config.out / f"reader-{trial}-{label}.json"
                         argv = [sys.executable, "-m", MODULE, "read", mode, str(kubeconfig), str(out)]
                         argv += ["--share", str(config.share), "--port", str(port)]
-                        argv += ["--flush-ms", str(config.relay_flush_ms)]
+                        flush_ms = config.pace_ms if mode in PACED else config.relay_flush_ms
+                        argv += ["--flush-ms", str(flush_ms)]
                         readers[label] = (mode, await asyncio.create_subprocess_exec(*argv), out)
                     await asyncio.sleep(SETTLE_S)
                     await wait_quiet(cluster, running, cores=bench.quiet_cores, max_wait=30.0)
@@ -588,10 +633,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=0.0,
         help="the relay sends its records at most this often (0: each watch chunk's at once)",
     )
+    parser.add_argument(
+        "--pace-ms",
+        type=float,
+        default=5.0,
+        help="cluster-paced and cluster-paused read the watch at most this often",
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    if args.share < 1 or args.nodes < 1 or args.pods < 1 or args.rounds < 1 or args.relay_flush_ms < 0:
-        parser.error("--share, --nodes, --pods and --rounds must be positive, --relay-flush-ms not negative")
+    if args.share < 1 or args.nodes < 1 or args.pods < 1 or args.rounds < 1:
+        parser.error("--share, --nodes, --pods and --rounds must be positive")
+    if args.relay_flush_ms < 0 or args.pace_ms < 0:
+        parser.error("--relay-flush-ms and --pace-ms must not be negative")
     if args.action == "read":
         import uvloop
 
@@ -616,6 +669,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         share=args.share,
         modes=modes,
         relay_flush_ms=args.relay_flush_ms,
+        pace_ms=args.pace_ms,
         out=out,
     )
     results, scheduler_cpu = asyncio.run(run(config))

@@ -15,6 +15,7 @@ from scale.bench.watchcost import (
     ReaderResult,
     Reading,
     Sealer,
+    _Paced,
     every_nth,
     main,
     reader_labels,
@@ -84,6 +85,48 @@ def test_a_bad_share_is_refused_before_any_cluster_starts(capsys: pytest.Capture
         main(["--share", "0"])
     assert exit_info.value.code == 2
     assert "must be positive" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--pace-ms", "--relay-flush-ms"])
+def test_a_negative_delay_is_refused(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main([flag, "-1"])
+    assert exit_info.value.code == 2
+    assert "must not be negative" in capsys.readouterr().err
+
+
+class _Chunks:
+    """A stream's ``iter_any``: the chunks given, each read logged."""
+
+    def __init__(self, chunks: list[bytes], log: list[str]) -> None:
+        self.chunks = chunks
+        self.log = log
+
+    async def iter_any(self):  # type: ignore[no-untyped-def]
+        for chunk in self.chunks:
+            self.log.append(f"read {chunk.decode()}")
+            yield chunk
+
+
+class _Transport:
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+
+    def pause_reading(self) -> None:
+        self.log.append("pause")
+
+    def resume_reading(self) -> None:
+        self.log.append("resume")
+
+
+@pytest.mark.parametrize("paused", [False, True])
+async def test_a_paced_read_passes_every_chunk_and_sleeps_between_reads(paused: bool) -> None:
+    log: list[str] = []
+    paced = _Paced(_Chunks([b"a", b"b"], log), 0.001, _Transport(log) if paused else None)  # type: ignore[arg-type]
+    async for chunk in paced.iter_any():
+        log.append(f"got {chunk.decode()}")
+    between = ["pause", "resume"] if paused else []
+    assert log == ["read a", "got a", *between, "read b", "got b", *between]
 
 
 def test_a_bad_mode_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
