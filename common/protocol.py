@@ -115,6 +115,13 @@ not yet acknowledged with ACK (or answered with RESULT); a worker whose window i
 ACK frees a slot. Writers that can pile up wait for ``drain()``: the worker stops reading a leader that does
 not read its answers.
 
+Coalescing: each end writes the frames it sends at most ``COALESCE`` after the first of them not yet
+written, in one write (in order; ``drain`` writes at once). Every frame written wakes the peer's loop and
+costs both processes a system call: in a burst the leader sends DISPATCHes and the worker ACKs and RESULTs a
+few ms apart, so waiting a little turns several writes and wake-ups into one. It delays a DISPATCH (and so a
+pod's placement) by at most ``COALESCE``, and an answer by as much; every deadline of this protocol is
+seconds long.
+
 Acks and duplicates: the leader keeps every dispatched pod until a final RESULT (or the pod is seen bound by
 its own watch). If the stream breaks, no frame arrives for ``DEAD_AFTER``, or no RESULT arrives within the
 leader's dispatch timeout (longer after a RESULT ``waiting``), the leader dispatches the pod again. A pod dispatched twice is harmless: the API
@@ -147,6 +154,8 @@ HEARTBEAT_INTERVAL: Final = 1.0
 CAPACITY_INTERVAL: Final = 0.1
 DEAD_AFTER: Final = 5.0
 MAX_UNACKED: Final = 256  # dispatches per worker stream awaiting ACK; see "Flow control" above
+# Frames sent within this long of the first unwritten one go out in one write (both ends; see "Coalescing").
+COALESCE: Final = 0.005
 
 HELLO: Final = "hello"
 WELCOME: Final = "welcome"

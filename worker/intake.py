@@ -155,8 +155,9 @@ def elected_term(election: Mapping[str, KeyValue]) -> int | None:
 class LeaderStream:
     """One authenticated leader stream: every frame written to it is sealed by its session, in order.
 
-    Frames sent in one pass of the event loop (the ACKs of a batch of DISPATCHes, the RESULTs of a batch of
-    bindings) are written together at the end of it: one write, not one system call per frame."""
+    Frames sent within ``protocol.COALESCE`` of the first one not yet written (the ACKs of a batch of
+    DISPATCHes, the RESULTs of bindings that end close together) are written together: one write and one
+    wake-up of the leader, not one per frame."""
 
     def __init__(self, writer: asyncio.StreamWriter, session: protocol.Session, term: int) -> None:
         self.writer = writer
@@ -169,7 +170,7 @@ class LeaderStream:
         if self.writer.is_closing():
             return
         if not self._frames:
-            asyncio.get_running_loop().call_soon(self.flush)
+            asyncio.get_running_loop().call_later(protocol.COALESCE, self.flush)
         frame = self.session.seal(message)
         self._frames.append(frame)
         self._queued += len(frame)

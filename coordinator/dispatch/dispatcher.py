@@ -728,6 +728,11 @@ class Dispatcher:
                         await self.table.wakeup.wait()
                 if not ready:
                     self.table.requeue_waiting()
+                if ready:
+                    # Woken by the first pod of a burst: let the next ones, a few ms behind it, join this
+                    # pass, so that they go out in one write per worker and wake each worker once
+                    # (``protocol.COALESCE``).
+                    await asyncio.sleep(protocol.COALESCE)
             n = 0
             pending = len(ready)
             while ready and n < pending:

@@ -10,8 +10,8 @@ frames arrive; the worker's CAPACITY, sent when it changes and at least every ``
 coming, and its PONG keeps an idle stream alive). Every frame it writes
 is sealed by the stream's ``protocol.Session``.
 
-Writes: frames sent in one pass of the event loop are written together when it ends (or at ``flush`` or
-``drain``), in the order they were sent. Backpressure: ``flush`` says whether the write buffer is above its
+Writes: frames are written together at most ``protocol.COALESCE`` after the first of them was sent (or at
+``flush`` or ``drain``: the dispatch loop flushes after each pass), in the order they were sent. Backpressure: ``flush`` says whether the write buffer is above its
 high-water mark, and ``drain`` then waits for it to flush, but at most ``DRAIN_WAIT``, so a worker that has
 stopped reading (paused, partitioned) slows the dispatch loop by at most that per pass until its stream is
 declared dead; a dead stream is aborted, its unsent buffer discarded (its pods are re-dispatched).
@@ -117,9 +117,9 @@ class Link:
 
     def send(self, message: protocol.Message) -> None:
         if self._writer is not None and self._session is not None and not self._writer.is_closing():
-            # Frames sent in one pass of the event loop (a burst of DISPATCHes) go out in one write.
+            # Frames sent within ``protocol.COALESCE`` (a burst of DISPATCHes) go out in one write.
             if not self._frames:
-                asyncio.get_running_loop().call_soon(self._flush, self._writer)
+                asyncio.get_running_loop().call_later(protocol.COALESCE, self._flush, self._writer)
             self._frames.append(self._session.seal(message))
 
     def _flush(self, writer: asyncio.StreamWriter) -> None:

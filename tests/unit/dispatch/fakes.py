@@ -51,6 +51,9 @@ class FakeLink:
         self._connected = False
         self.stopped = False
         self.sent: list[protocol.Message] = []
+        self.writes: list[
+            list[protocol.Message]
+        ] = []  # what each flush wrote (flushes with nothing left out)
 
     @property
     def connected(self) -> bool:
@@ -61,6 +64,9 @@ class FakeLink:
             self.sent.append(message)
 
     def flush(self) -> bool:
+        written = sum(len(w) for w in self.writes)
+        if len(self.sent) > written:
+            self.writes.append(self.sent[written:])
         return False
 
     async def drain(self) -> None:

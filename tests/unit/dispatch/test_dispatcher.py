@@ -3,9 +3,13 @@ it is declared unschedulable, and what happens when workers answer, go away or s
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import copy
 import random
 from typing import Any
+
+import pytest
 
 from common import protocol
 from common.etcd.keys import WorkerId
@@ -869,6 +873,35 @@ async def test_a_summary_that_changes_what_choice_reads_wakes_the_loop(rig: Rig)
         rig.d.table.wakeup.clear()
         w1.summary(**{"max_cpu": 1000, **change})  # type: ignore[arg-type]
         assert rig.d.table.wakeup.is_set(), change
+
+
+async def test_pods_a_few_ms_behind_the_first_go_out_in_its_write(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loop, woken by a burst's first pod, waits ``protocol.COALESCE`` for the next ones: one write (and
+    one wake-up of the worker) for all of them. Longer here than in production, so the test does not race a
+    busy host's clock."""
+    monkeypatch.setattr(protocol, "COALESCE", 0.2)
+    (w1,) = rig.workers("w1")
+    w1.up().summary()
+    loop = asyncio.create_task(rig.d._loop())
+    try:
+        for _ in range(3):
+            await asyncio.sleep(0)  # the loop starts, finds nothing to do, and waits
+        rig.d.observe(pod("a"))
+        for _ in range(3):
+            await asyncio.sleep(0)  # the loop wakes, and waits for the rest of the burst
+        rig.d.observe(pod("b"))
+        rig.d.observe(pod("c"))
+        await asyncio.sleep(2 * protocol.COALESCE)
+        names = [
+            [m.pod["metadata"]["name"] for m in w if isinstance(m, protocol.Dispatch)] for w in w1.writes
+        ]
+        assert names == [["a", "b", "c"]]
+    finally:
+        loop.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await loop
 
 
 async def test_without_claims_every_pod_is_dispatched(rig: Rig) -> None:

@@ -136,6 +136,38 @@ async def test_hello_then_typed_messages_then_reconnect_after_error(
         link.stop()
 
 
+async def test_frames_sent_together_go_out_in_one_write(
+    worker: tuple[WorkerStandIn, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Frames sent within ``protocol.COALESCE`` of each other are one write on the stream, in order (longer
+    here than in production, so the test does not race a busy host's clock)."""
+    monkeypatch.setattr(protocol, "COALESCE", 0.2)
+    stand_in, address = worker
+    events = Events()
+    link = Link("w1", address, events, leader_id="leader-1", term=9).start()
+    try:
+        reader, writer = await stand_in.accept()
+        _, session = await welcome(reader, writer)
+        await events.until("up")
+        assert link._writer is not None
+        written: list[bytes] = []
+        write = link._writer.write
+
+        def logged(data: bytes) -> None:
+            written.append(bytes(data))
+            write(data)
+
+        monkeypatch.setattr(link._writer, "write", logged)
+        sent = [protocol.Dispatch(i, {"metadata": {"name": f"p{i}"}}) for i in (1, 2, 3)]
+        for message in sent:
+            link.send(message)
+        assert [await session.read(reader) for _ in sent] == sent
+        assert len(written) == 1
+        writer.close()
+    finally:
+        link.stop()
+
+
 async def test_the_link_is_up_only_after_a_welcome_under_its_key(worker: tuple[WorkerStandIn, str]) -> None:
     stand_in, address = worker
     events = Events()
