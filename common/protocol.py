@@ -116,10 +116,13 @@ ACK frees a slot. Writers that can pile up wait for ``drain()``: the worker stop
 not read its answers.
 
 Coalescing: each end writes the frames it sends at most ``COALESCE`` after the first of them not yet
-written, in one write (in order; ``drain`` writes at once). Every frame written wakes the peer's loop and
-costs both processes a system call: in a burst the leader sends DISPATCHes and the worker ACKs and RESULTs a
-few ms apart, so waiting a little turns several writes and wake-ups into one. It delays a DISPATCH (and so a
-pod's placement) by at most ``COALESCE``, and an answer by as much; every deadline of this protocol is
+written, in one write, in order (``drain``, the end of a dispatch pass and the leader's first PING write at
+once). Every frame written wakes the peer's loop and costs both processes a system call: in a burst the leader
+sends DISPATCHes and the worker ACKs and RESULTs a few ms apart, so waiting a little turns several writes and
+wake-ups into one. For the same reason the leader's dispatch loop, woken by a newly arrived pod, waits
+``COALESCE`` for the burst's next pods before its pass. So a new pod's DISPATCH leaves up to ``COALESCE``
+after the pod arrived and an answer up to ``COALESCE`` after it was sent; a pod the topology lane holds until
+another pod's RESULT waits as much more for each RESULT it waits on. Every deadline of this protocol is
 seconds long.
 
 Acks and duplicates: the leader keeps every dispatched pod until a final RESULT (or the pod is seen bound by

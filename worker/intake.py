@@ -231,6 +231,7 @@ class LeaderResults:
         """The elected leader's stream is authenticated: it replaces the current one (nothing is claimed
         until its CLAIMS)."""
         if self.stream is not None and self.stream is not stream:
+            self.stream.flush()  # what it still owes (the frames of the last ``protocol.COALESCE``) goes out
             self.stream.writer.close()
         self.stream = stream
         if self.claims is not None:
@@ -433,7 +434,7 @@ class Intake:
         if self._server is not None:
             self._server.close()
         if self.results.stream is not None:
-            self.results.stream.flush()  # the RESULTs sent in this pass of the loop still go out
+            self.results.stream.flush()  # the RESULTs not yet written (``protocol.COALESCE``) still go out
             self.results.stream.writer.close()
         for writer in list(self._handshaking):
             writer.close()

@@ -190,6 +190,8 @@ class Dispatcher:
         # hand-backs that came before the claim they answer (our watch behind the worker's): pod ->
         # (worker, its RESULT, when), oldest first
         self._early: dict[PodKey, tuple[str, protocol.Result, float]] = {}
+        # a pod arrived (new, or its scheduling gates lifted) since the loop's last pass (``_loop``)
+        self._arrived = False
         self.reflector = Reflector(
             client,
             "/api/v1/pods",
@@ -259,6 +261,7 @@ class Dispatcher:
         key = p.record.key
         wid = claimant(p.record.uid, self.claim_set) if self.claim_set else None
         if wid is None or not claimable(p.record, self.scheduler_name):
+            self._arrived = True
             self.table.enqueue(key)
             return
         p.claimant, p.claimed_at = wid, self.clock()
@@ -728,11 +731,13 @@ class Dispatcher:
                         await self.table.wakeup.wait()
                 if not ready:
                     self.table.requeue_waiting()
-                if ready:
-                    # Woken by the first pod of a burst: let the next ones, a few ms behind it, join this
-                    # pass, so that they go out in one write per worker and wake each worker once
-                    # (``protocol.COALESCE``).
+                if ready and self._arrived:
+                    # Woken by a newly arrived pod (the first of a burst): let the next ones, a few ms behind
+                    # it, join this pass, so that they go out in one write per worker and wake each worker
+                    # once (``protocol.COALESCE``). A pod queued again (its worker answered, the lane let it
+                    # go, a retry came due) does not wait.
                     await asyncio.sleep(protocol.COALESCE)
+            self._arrived = False
             n = 0
             pending = len(ready)
             while ready and n < pending:

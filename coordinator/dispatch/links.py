@@ -11,10 +11,11 @@ coming, and its PONG keeps an idle stream alive). Every frame it writes
 is sealed by the stream's ``protocol.Session``.
 
 Writes: frames are written together at most ``protocol.COALESCE`` after the first of them was sent (or at
-``flush`` or ``drain``: the dispatch loop flushes after each pass), in the order they were sent. Backpressure: ``flush`` says whether the write buffer is above its
-high-water mark, and ``drain`` then waits for it to flush, but at most ``DRAIN_WAIT``, so a worker that has
-stopped reading (paused, partitioned) slows the dispatch loop by at most that per pass until its stream is
-declared dead; a dead stream is aborted, its unsent buffer discarded (its pods are re-dispatched).
+``flush`` or ``drain``: the dispatch loop flushes after each pass; the first PING is written at once), in the
+order they were sent. Backpressure: ``flush`` says whether the write buffer is above its high-water mark, and
+``drain`` then waits for it to flush, but at most ``DRAIN_WAIT``, so a worker that has stopped reading (paused,
+partitioned) slows the dispatch loop by at most that per pass until its stream is declared dead; a dead stream
+is aborted, its unsent buffer discarded (its pods are re-dispatched).
 
 A link knows nothing of pods. It tells its ``LinkEvents`` (given at construction) three things, always with
 itself as the first argument so the owner can tell a current link from one it has already replaced:
@@ -162,6 +163,7 @@ class Link:
                     session = await self._handshake(reader, writer)
                 self._writer, self._session = writer, session
                 self.send(protocol.Ping(ts=time.time()))  # the first session frame: the worker takes us now
+                self._flush(writer)
                 up = True
                 self.events.link_up(self)
                 await self._read(reader, writer)

@@ -60,7 +60,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -194,17 +194,24 @@ class _Paced:
     the events that arrive meanwhile are taken in one wake-up (``cluster-paused`` also pauses the transport's
     reading while it sleeps)."""
 
-    def __init__(self, content: aiohttp.StreamReader, pace_s: float, transport: Any) -> None:
+    def __init__(
+        self,
+        content: aiohttp.StreamReader,
+        pace_s: float,
+        transport: Any,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
         self._content = content
         self._pace_s = pace_s
         self._transport = transport
+        self._sleep = sleep
 
     async def iter_any(self) -> AsyncIterator[bytes]:
         async for chunk in self._content.iter_any():
             yield chunk
             if self._transport is not None:
                 self._transport.pause_reading()
-            await asyncio.sleep(self._pace_s)
+            await self._sleep(self._pace_s)
             if self._transport is not None:
                 self._transport.resume_reading()
 

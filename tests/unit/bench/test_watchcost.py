@@ -122,10 +122,15 @@ class _Transport:
 @pytest.mark.parametrize("paused", [False, True])
 async def test_a_paced_read_passes_every_chunk_and_sleeps_between_reads(paused: bool) -> None:
     log: list[str] = []
-    paced = _Paced(_Chunks([b"a", b"b"], log), 0.001, _Transport(log) if paused else None)  # type: ignore[arg-type]
+
+    async def sleep(seconds: float) -> None:
+        log.append(f"sleep {seconds}")
+
+    transport = _Transport(log) if paused else None
+    paced = _Paced(_Chunks([b"a", b"b"], log), 0.005, transport, sleep)  # type: ignore[arg-type]
     async for chunk in paced.iter_any():
         log.append(f"got {chunk.decode()}")
-    between = ["pause", "resume"] if paused else []
+    between = ["pause", "sleep 0.005", "resume"] if paused else ["sleep 0.005"]
     assert log == ["read a", "got a", *between, "read b", "got b", *between]
 
 

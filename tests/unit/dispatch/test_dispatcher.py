@@ -891,6 +891,7 @@ async def test_pods_a_few_ms_behind_the_first_go_out_in_its_write(
         rig.d.observe(pod("a"))
         for _ in range(3):
             await asyncio.sleep(0)  # the loop wakes, and waits for the rest of the burst
+        assert not w1.dispatches()
         rig.d.observe(pod("b"))
         rig.d.observe(pod("c"))
         await asyncio.sleep(2 * protocol.COALESCE)
@@ -898,6 +899,29 @@ async def test_pods_a_few_ms_behind_the_first_go_out_in_its_write(
             [m.pod["metadata"]["name"] for m in w if isinstance(m, protocol.Dispatch)] for w in w1.writes
         ]
         assert names == [["a", "b", "c"]]
+    finally:
+        loop.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await loop
+
+
+async def test_a_pod_queued_again_does_not_wait_for_a_burst(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only an arrival makes the loop wait ``protocol.COALESCE``: a waiting pod queued again when a worker
+    can take it goes at once."""
+    monkeypatch.setattr(protocol, "COALESCE", 3600.0)
+    (w1,) = rig.workers("w1")
+    rig.d.observe(pod("a"))  # no worker can take it yet
+    loop = asyncio.create_task(rig.d._loop())
+    try:
+        for _ in range(3):
+            await asyncio.sleep(0)  # the loop's pass finds no worker for it: it waits
+        assert not w1.dispatches()
+        w1.up().summary()  # wakes the loop, which queues the waiting pod again
+        for _ in range(10):
+            await asyncio.sleep(0)  # a few loop passes: far less than COALESCE
+        assert [m.pod["metadata"]["name"] for m in w1.dispatches()] == ["a"]
     finally:
         loop.cancel()
         with contextlib.suppress(asyncio.CancelledError):

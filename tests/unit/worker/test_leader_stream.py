@@ -1,5 +1,6 @@
-"""The worker's end of a leader stream writes what it sends within ``protocol.COALESCE`` in one write, in
-order, each frame sealed by the stream's session; ``drain`` writes at once."""
+"""The worker's end of a leader stream writes what it sends within ``protocol.COALESCE`` of the first frame
+not yet written in one write, in order, each frame sealed by the stream's session, even when loop passes end
+between them; ``drain`` writes at once."""
 
 from __future__ import annotations
 
@@ -32,9 +33,11 @@ async def connected() -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.Strea
     reader, leader_writer = await asyncio.open_connection(host, port)
     worker_writer = await accepted.get()
     yield reader, worker_writer
-    worker_writer.close()
-    leader_writer.close()
+    for writer in (worker_writer, leader_writer):
+        writer.close()
+        await writer.wait_closed()
     server.close()
+    await server.wait_closed()
 
 
 def counting(writer: asyncio.StreamWriter, monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
@@ -64,9 +67,11 @@ async def test_frames_sent_together_are_one_write(
     reader, writer = connected
     written = counting(writer, monkeypatch)
     stream = LeaderStream(writer, session(leader=False), term=1)
-    for message in ANSWERS:
+    stream.send(ANSWERS[0])
+    await asyncio.sleep(0.05)  # the loop passes that ended meanwhile wrote nothing
+    assert written == [] and stream.buffered() > 0
+    for message in ANSWERS[1:]:
         stream.send(message)
-    assert stream.buffered() > 0
     leader = session(leader=True)
     async with asyncio.timeout(5):
         assert [await leader.read(reader) for _ in ANSWERS] == ANSWERS
