@@ -98,6 +98,7 @@ MODES = (
     "relay-sink",
 )
 PACED = ("cluster-paced", "cluster-paused")
+DECODED = ("cluster-decoded", *PACED)  # the JSON readers that decode each event (the others count lines)
 RELAY, SINK = "relay", "relay-sink"
 RELAY_KEY = (
     b"watchcost-relay"  # the frames' MAC key: a fixed key, since the cost, not the secrecy, is measured
@@ -184,7 +185,7 @@ async def _watch(
                 reading.bytes += len(line) + 1
                 if line.strip():
                     reading.events += 1
-                    if mode != "cluster":
+                    if mode in DECODED:
                         _event(line, "/api/v1/pods")
     reading.ended += 1
 

@@ -100,6 +100,22 @@ async def welcome(
     return hello, session
 
 
+async def link_up(
+    stand_in: WorkerStandIn, address: str, events: Events, *, leader_id: str = "l", term: int = 1
+) -> tuple[Link, asyncio.StreamReader, asyncio.StreamWriter, protocol.Session]:
+    """A started link whose stream the stand-in welcomed: the link, the worker's reader and writer, its
+    session. The caller stops the link."""
+    link = Link("w1", address, events, leader_id=leader_id, term=term).start()
+    try:
+        reader, writer = await stand_in.accept()
+        _, session = await welcome(reader, writer)
+        await events.until("up")
+    except BaseException:
+        link.stop()
+        raise
+    return link, reader, writer, session
+
+
 async def test_hello_then_typed_messages_then_reconnect_after_error(
     worker: tuple[WorkerStandIn, str],
 ) -> None:
@@ -145,11 +161,8 @@ async def test_frames_sent_together_go_out_in_one_write(
     monkeypatch.setattr(protocol, "COALESCE", 0.2)
     stand_in, address = worker
     events = Events()
-    link = Link("w1", address, events, leader_id="leader-1", term=9).start()
+    link, reader, writer, session = await link_up(stand_in, address, events)
     try:
-        reader, writer = await stand_in.accept()
-        _, session = await welcome(reader, writer)
-        await events.until("up")
         assert link._writer is not None
         written: list[bytes] = []
         write = link._writer.write
@@ -236,11 +249,8 @@ async def test_garbage_from_a_worker_breaks_the_stream(
 ) -> None:
     stand_in, address = worker
     events = Events()
-    link = Link("w1", address, events, leader_id="leader-1", term=1).start()
+    link, _reader, writer, _ = await link_up(stand_in, address, events)
     try:
-        reader, writer = await stand_in.accept()
-        await welcome(reader, writer)
-        await events.until("up")
         writer.write(garbage)
         await writer.drain()
         await events.until("down")
@@ -265,11 +275,8 @@ async def test_a_worker_that_stops_reading_bounds_drain_and_is_dropped(
     monkeypatch.setattr(protocol, "DEAD_AFTER", 0.5)
     stand_in, address = worker
     events = Events()
-    link = Link("w1", address, events, leader_id="l", term=1).start()
+    link, _reader, writer, _ = await link_up(stand_in, address, events)
     try:
-        reader, writer = await stand_in.accept()
-        await welcome(reader, writer)
-        await events.until("up")
         big = {"metadata": {"name": "p", "annotations": {"pad": "x" * 200_000}}}
         assert not link.flush()  # nothing written yet: the dispatch loop does not wait for this link
         for i in range(64):  # ~12 MiB the worker never reads: far beyond the socket buffers
@@ -295,11 +302,8 @@ async def test_a_worker_that_keeps_talking_stays_up_past_many_dead_afters(
     monkeypatch.setattr(links, "DEADLINE_SLACK", 0.1)
     stand_in, address = worker
     events = Events()
-    link = Link("w1", address, events, leader_id="l", term=1).start()
+    link, _reader, writer, session = await link_up(stand_in, address, events)
     try:
-        reader, writer = await stand_in.accept()
-        _, session = await welcome(reader, writer)
-        await events.until("up")
         for _ in range(40):  # ~2 s of CAPACITY every 50 ms: several DEAD_AFTER + DEADLINE_SLACK periods
             writer.write(session.seal(CAPACITY))
             await writer.drain()
