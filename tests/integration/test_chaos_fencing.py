@@ -16,7 +16,9 @@ and the grant audit, against grant times this test reads
 from etcd (each worker's assignment, polled every ``POLL`` s, this machine's wall clock):
 - every binding in the workers' trails happened while its worker was the node's latest grantee: the latest
   grant before assumed_at (or seen less than ``LAG`` after it, the lag of our reading) was to that worker, and
-  no grant to another lies in (assumed_at, bound_at];
+  no grant to another lies in (assumed_at, bound_at], where bound_at is the earlier of the worker's reading
+  of the API server's answer and the proxy's (``applied_bounds``: ``w2`` paused with an answer unread reads it
+  after the move, yet the binding was applied before);
 - the API server's own record agrees: the pod's ``PodScheduled`` ``lastTransitionTime`` (set when the API
   server applied the binding; whole seconds) lies in a second in which that worker was the latest grantee at
   some instant;
@@ -56,6 +58,7 @@ from tests.integration.test_coordinator import (
     SETTLE_TIMEOUT,
     TTL,
     Deployment,
+    applied_bounds,
     audit,
     burst,
     started,
@@ -149,7 +152,9 @@ def check_grants(grants: GrantLog, trails: list[dict[str, Any]], pods: list[dict
     for t in trails:
         node, worker = t["node"], t["worker"]
         if not grants.held_throughout(node, worker, t["assumed_at"], t["bound_at"]):
-            violations.append(("not the node's grantee from assumption to binding", t))
+            violations.append(
+                ("not the node's grantee from assumption to binding", t, grants.grants.get(node))
+            )
     by_pod = {f"{t['pod']}": t for t in trails}
     for p in pods:
         key = f"{p['metadata']['namespace']}/{p['metadata']['name']}"
@@ -159,8 +164,14 @@ def check_grants(grants: GrantLog, trails: list[dict[str, Any]], pods: list[dict
             continue
         second = datetime.fromisoformat(cond["lastTransitionTime"].replace("Z", "+00:00")).timestamp()
         if trail["worker"] not in grants.holders_between(p["spec"]["nodeName"], second, second + 1):
-            violations.append(("API server bound it while the worker was not the grantee", trail))
-    assert not violations, violations[:5]
+            violations.append(
+                (
+                    "API server bound it while the worker was not the grantee",
+                    trail,
+                    grants.grants.get(trail["node"]),
+                )
+            )
+    assert not violations, (len(violations), violations[:5])
     return len(trails)
 
 
@@ -198,6 +209,10 @@ class BindingProxy:
         self._session: aiohttp.ClientSession | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self.port = 0
+
+    def answered(self) -> dict[str, float]:
+        """When the API server answered each pod's applied binding (pod key -> wall clock)."""
+        return {b["pod"]: b["answered_at"] for b in self.bindings if b["status"] == 201}
 
     @property
     def late(self) -> int:
@@ -290,7 +305,7 @@ def check_proxied(grants: GrantLog, proxy: BindingProxy, worker: str) -> int:
     violations = [
         b for b in applied if not grants.held_throughout(b["node"], worker, b["sent_at"], b["answered_at"])
     ]
-    assert not violations, violations[:5]
+    assert not violations, (len(violations), violations[:5])
     return len(applied)
 
 
@@ -377,11 +392,14 @@ async def finish(
     what: str,
     record: Any,
 ) -> None:
-    pods = await audit(d, kube, namespace, PODS)
+    pods = await audit(d, kube, namespace, PODS, answered=proxy.answered)
     recovered = time.monotonic() - since
     # The victim drains and exits by itself after the disruption (a wedged worker would need SIGKILL).
     assert await asyncio.to_thread(d.procs["w2"].stop) == 0, d.procs["w2"].tail()
-    trails = d.trails()
+    trails = applied_bounds(d.trails(), proxy.answered())
+    # Kept beside the workers' logs and trails, for reading a failed audit afterwards.
+    (d.tmp / "w2.proxied.json").write_text(json.dumps(proxy.bindings, indent=0))
+    (d.tmp / "grants.json").write_text(json.dumps(grants.grants, indent=0))
     check_grants(grants, trails, pods)
     proxied = check_proxied(grants, proxy, "w2")
     by_worker = {w: sum(1 for t in trails if t["worker"] == w) for w in sorted({t["worker"] for t in trails})}
@@ -409,7 +427,7 @@ async def test_worker_paused_past_its_lease_binds_nothing_on_granted_nodes(
             moving = grants.held_by("w2")
             assert moving, "w2 holds no node"
             os.kill(victim.pid, signal.SIGSTOP)  # the PID this test started
-            paused = time.monotonic()
+            paused, paused_wall = time.monotonic(), time.time()
             try:
                 await asyncio.sleep(2 * TTL)
                 await grants.wait_moved(moving, "w1")  # granted elsewhere meanwhile
@@ -417,7 +435,10 @@ async def test_worker_paused_past_its_lease_binds_nothing_on_granted_nodes(
                 os.kill(victim.pid, signal.SIGCONT)
             resumed = time.monotonic()
             record_property("paused_s", round(resumed - paused, 1))
-            print(f"\nw2 paused for {resumed - paused:.1f}s (until its nodes were granted to w1)")
+            print(
+                f"\nw2 paused for {resumed - paused:.1f}s from {paused_wall:.3f} (wall clock; until its nodes"
+                " were granted to w1)"
+            )
         await finish(
             kube,
             d,
