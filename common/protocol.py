@@ -115,9 +115,9 @@ not yet acknowledged with ACK (or answered with RESULT); a worker whose window i
 ACK frees a slot. Writers that can pile up wait for ``drain()``: the worker stops reading a leader that does
 not read its answers.
 
-Coalescing: each end writes the frames it sends at most ``COALESCE`` after the first of them not yet
-written, in one write, in order (``drain``, the end of a dispatch pass and the leader's first PING write at
-once). Every frame written wakes the peer's loop and costs both processes a system call: in a burst the leader
+Coalescing: each end writes the frames it sends (through an ``Outbox``, the sending half both ends use) at
+most ``COALESCE`` after the first of them not yet written, in one write, in order (``drain``, the end of a
+dispatch pass and the leader's first PING write at once). Every frame written wakes the peer's loop and costs both processes a system call: in a burst the leader
 sends DISPATCHes and the worker ACKs and RESULTs a few ms apart, so waiting a little turns several writes and
 wake-ups into one. For the same reason the leader's dispatch loop, woken by a newly arrived pod, waits
 ``COALESCE`` for the burst's next pods before its pass. So a new pod's DISPATCH leaves up to ``COALESCE``
@@ -773,7 +773,7 @@ async def read_reply(reader: asyncio.StreamReader, key: bytes, hello_nonce: byte
 class Session:
     """One side of one authenticated stream after the handshake: seals what it sends and opens what it
     reads, each direction with its own frame counter bound into the MAC (see "Authentication" above).
-    ``seal`` must be followed by writing the frame before anything else is sealed for the same stream."""
+    Sealed frames must be written in the order they were sealed (``Outbox`` does)."""
 
     def __init__(self, key: bytes, *, hello_nonce: bytes, welcome_nonce: bytes, leader: bool) -> None:
         self._key = _mac(key, _SESSION_CONTEXT, hello_nonce, welcome_nonce)
@@ -809,3 +809,64 @@ class Session:
         or a malformed body)."""
         mac, body = await read_frame(reader)
         return self.open(mac, body)
+
+
+class Outbox:
+    """The sending half of one authenticated stream, at either end: each message sent is sealed by ``session``
+    at once and written to ``writer`` with the others sent within ``COALESCE`` of the first one not yet
+    written, in one write, in the order sent ("Coalescing" above). ``flush`` writes them at once.
+
+    Invariants: frames reach the stream in the order they were sealed, or not at all; nothing is written to
+    a stream that is closing, or once ``discard`` was called (the stream broke or was replaced), not even by
+    a flush that was due; at most one flush is scheduled at a time."""
+
+    def __init__(self, writer: asyncio.StreamWriter, session: Session) -> None:
+        self.writer = writer
+        self.session = session
+        self._frames: list[bytes] = []  # sealed, in order, not yet written
+        self._queued = 0  # their bytes
+        self._due: asyncio.TimerHandle | None = None  # the scheduled flush, while frames wait
+        self._discarded = False
+
+    def send(self, message: Message) -> None:
+        if self._discarded or self.writer.is_closing():
+            return
+        frame = self.session.seal(message)
+        if self._due is None:
+            self._due = asyncio.get_running_loop().call_later(COALESCE, self.flush)
+        self._frames.append(frame)
+        self._queued += len(frame)
+
+    def flush(self) -> None:
+        """Write the frames sent so far, now."""
+        if self._due is not None:
+            self._due.cancel()
+            self._due = None
+        frames, self._frames, self._queued = self._frames, [], 0
+        if frames and not self._discarded and not self.writer.is_closing():
+            self.writer.write(b"".join(frames))
+
+    def discard(self) -> None:
+        """Drop the frames not yet written and write nothing more: the stream is gone."""
+        self._discarded = True
+        self.flush()
+
+    def buffered(self) -> int:
+        """Bytes sent and not yet taken by the peer's socket: waiting here or in the transport's buffer."""
+        transport = self.writer.transport
+        return self._queued + (transport.get_write_buffer_size() if transport is not None else 0)
+
+    def above_high_water(self) -> bool:
+        """Is the transport's buffer, once flushed, above its high-water mark (the peer reads too slowly)?"""
+        self.flush()
+        if self.writer.is_closing():
+            return False
+        _, high = self.writer.transport.get_write_buffer_limits()
+        return bool(self.writer.transport.get_write_buffer_size() > high)
+
+    async def drain(self, timeout: float) -> None:
+        """Flush, then wait until the transport's buffer is below its high-water mark; ``TimeoutError`` if
+        the peer has not read enough within ``timeout`` s."""
+        self.flush()
+        async with asyncio.timeout(timeout):
+            await self.writer.drain()

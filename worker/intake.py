@@ -152,44 +152,18 @@ def elected_term(election: Mapping[str, KeyValue]) -> int | None:
     return min((kv.create_revision for kv in election.values()), default=None)
 
 
-class LeaderStream:
-    """One authenticated leader stream: every frame written to it is sealed by its session, in order.
-
-    Frames sent within ``protocol.COALESCE`` of the first one not yet written (the ACKs of a batch of
-    DISPATCHes, the RESULTs of bindings that end close together) are written together: one write and one
-    wake-up of the leader, not one per frame."""
+class LeaderStream(protocol.Outbox):
+    """One authenticated leader stream of term ``term``, written through its ``protocol.Outbox``: frames
+    sent within ``protocol.COALESCE`` of the first one not yet written (the ACKs of a batch of DISPATCHes,
+    the RESULTs of bindings that end close together) go out in one write and wake the leader once."""
 
     def __init__(self, writer: asyncio.StreamWriter, session: protocol.Session, term: int) -> None:
-        self.writer = writer
-        self.session = session
+        super().__init__(writer, session)
         self.term = term
-        self._frames: list[bytes] = []  # sealed, in order, not yet written
-        self._queued = 0  # their bytes
 
-    def send(self, message: protocol.Message) -> None:
-        if self.writer.is_closing():
-            return
-        if not self._frames:
-            asyncio.get_running_loop().call_later(protocol.COALESCE, self.flush)
-        frame = self.session.seal(message)
-        self._frames.append(frame)
-        self._queued += len(frame)
-
-    def flush(self) -> None:
-        """Write the frames sent so far."""
-        frames, self._frames, self._queued = self._frames, [], 0
-        if frames and not self.writer.is_closing():
-            self.writer.write(b"".join(frames))
-
-    def buffered(self) -> int:
-        transport = self.writer.transport
-        return self._queued + (transport.get_write_buffer_size() if transport is not None else 0)
-
-    async def drain(self) -> None:
-        """Wait for the buffer to flush; ``TimeoutError`` if the leader has not read for ``DEAD_AFTER``."""
-        self.flush()
-        async with asyncio.timeout(protocol.DEAD_AFTER):
-            await self.writer.drain()
+    async def drain(self, timeout: float = protocol.DEAD_AFTER) -> None:
+        """Wait for the buffer to flush; ``TimeoutError`` if the leader has not read for ``timeout`` s."""
+        await super().drain(timeout)
 
 
 # ----- outcomes under a coordinator ---------------------------------------------------------------------

@@ -10,9 +10,9 @@ frames arrive; the worker's CAPACITY, sent when it changes and at least every ``
 coming, and its PONG keeps an idle stream alive). Every frame it writes
 is sealed by the stream's ``protocol.Session``.
 
-Writes: frames are written together at most ``protocol.COALESCE`` after the first of them was sent (or at
-``flush`` or ``drain``: the dispatch loop flushes after each pass; the first PING is written at once), in the
-order they were sent. Backpressure: ``flush`` says whether the write buffer is above its high-water mark, and
+Writes: through the stream's ``protocol.Outbox``: frames are written together at most ``protocol.COALESCE``
+after the first of them was sent (or at ``flush`` or ``drain``: the dispatch loop flushes after each pass; the
+first PING is written at once), in the order they were sent; a broken stream's unwritten frames are dropped. Backpressure: ``flush`` says whether the write buffer is above its high-water mark, and
 ``drain`` then waits for it to flush, but at most ``DRAIN_WAIT``, so a worker that has stopped reading (paused,
 partitioned) slows the dispatch loop by at most that per pass until its stream is declared dead; a dead stream
 is aborted, its unsent buffer discarded (its pods are re-dispatched).
@@ -99,9 +99,7 @@ class Link:
         self.term = term
         self.keys: Keys = keys or NoSecret()
         self.clock = clock
-        self._writer: asyncio.StreamWriter | None = None
-        self._session: protocol.Session | None = None
-        self._frames: list[bytes] = []  # sealed for ``_writer``'s stream, in order, not yet written
+        self._outbox: protocol.Outbox | None = None  # the current stream's sending half, while up
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> Link:
@@ -114,39 +112,20 @@ class Link:
 
     @property
     def connected(self) -> bool:
-        return self._writer is not None and not self._writer.is_closing()
+        return self._outbox is not None and not self._outbox.writer.is_closing()
 
     def send(self, message: protocol.Message) -> None:
-        if self._writer is not None and self._session is not None and not self._writer.is_closing():
-            # Frames sent within ``protocol.COALESCE`` (a burst of DISPATCHes) go out in one write.
-            if not self._frames:
-                asyncio.get_running_loop().call_later(protocol.COALESCE, self._flush, self._writer)
-            self._frames.append(self._session.seal(message))
-
-    def _flush(self, writer: asyncio.StreamWriter) -> None:
-        if writer is not self._writer:
-            return  # that stream is gone, and its frames with it (``_run`` dropped them)
-        frames, self._frames = self._frames, []
-        if frames and not writer.is_closing():
-            writer.write(b"".join(frames))
+        if self._outbox is not None:
+            self._outbox.send(message)
 
     def flush(self) -> bool:
-        writer = self._writer
-        if writer is None:
-            return False
-        self._flush(writer)
-        if writer.is_closing():
-            return False
-        _, high = writer.transport.get_write_buffer_limits()
-        return writer.transport.get_write_buffer_size() > high
+        return self._outbox is not None and self._outbox.above_high_water()
 
     async def drain(self) -> None:
-        if self._writer is not None:
-            self._flush(self._writer)
-        if self._writer is not None and not self._writer.is_closing():
+        outbox = self._outbox
+        if outbox is not None and not outbox.writer.is_closing():
             with contextlib.suppress(ConnectionError, TimeoutError):
-                async with asyncio.timeout(DRAIN_WAIT):
-                    await self._writer.drain()
+                await outbox.drain(DRAIN_WAIT)
 
     async def _run(self) -> None:
         host, _, port = self.address.rpartition(":")
@@ -161,17 +140,19 @@ class Link:
             try:
                 async with asyncio.timeout(protocol.HELLO_TIMEOUT):
                     session = await self._handshake(reader, writer)
-                self._writer, self._session = writer, session
-                self.send(protocol.Ping(ts=time.time()))  # the first session frame: the worker takes us now
-                self._flush(writer)
+                outbox = self._outbox = protocol.Outbox(writer, session)
+                outbox.send(protocol.Ping(ts=time.time()))  # the first session frame: the worker takes us now
+                outbox.flush()
                 up = True
                 self.events.link_up(self)
-                await self._read(reader, writer)
+                await self._read(reader, outbox.session)
             except (asyncio.IncompleteReadError, ConnectionError, protocol.ProtocolError, TimeoutError) as e:
                 log.warning("stream to worker %s broke: %s", self.worker_id, e)
             finally:
                 writer.transport.abort()  # not close(): that would wait to flush to a worker that may not read
-                self._writer, self._session, self._frames = None, None, []
+                if self._outbox is not None:
+                    self._outbox.discard()
+                    self._outbox = None
                 if up:
                     self.events.link_down(self)
             await asyncio.sleep(CONNECT_RETRY)
@@ -184,10 +165,8 @@ class Link:
         welcome = await protocol.read_reply(reader, key, nonce)
         return protocol.Session(key, hello_nonce=nonce, welcome_nonce=welcome.nonce, leader=True)
 
-    async def _read(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _read(self, reader: asyncio.StreamReader, session: protocol.Session) -> None:
         last_ping = self.clock()
-        session = self._session
-        assert session is not None
         loop = asyncio.get_running_loop()
         # Liveness: one deadline for the whole stream, pushed back as frames arrive, but only once it is
         # nearer than DEAD_AFTER (at most every DEADLINE_SLACK): a stream is declared dead after DEAD_AFTER to

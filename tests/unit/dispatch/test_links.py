@@ -163,15 +163,16 @@ async def test_frames_sent_together_go_out_in_one_write(
     events = Events()
     link, reader, writer, session = await link_up(stand_in, address, events)
     try:
-        assert link._writer is not None
+        assert link._outbox is not None
+        stream = link._outbox.writer
         written: list[bytes] = []
-        write = link._writer.write
+        write = stream.write
 
         def logged(data: bytes) -> None:
             written.append(bytes(data))
             write(data)
 
-        monkeypatch.setattr(link._writer, "write", logged)
+        monkeypatch.setattr(stream, "write", logged)
         sent = [protocol.Dispatch(i, {"metadata": {"name": f"p{i}"}}) for i in (1, 2, 3)]
         link.send(sent[0])
         await asyncio.sleep(0.05)  # the loop passes that ended meanwhile wrote nothing

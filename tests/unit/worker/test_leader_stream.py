@@ -1,6 +1,7 @@
-"""The worker's end of a leader stream writes what it sends within ``protocol.COALESCE`` of the first frame
-not yet written in one write, in order, each frame sealed by the stream's session, even when loop passes end
-between them; ``drain`` writes at once."""
+"""The worker's end of a leader stream (a ``protocol.Outbox``, as the leader's end is) writes what it sends
+within ``protocol.COALESCE`` of the first frame not yet written in one write, in order, each frame sealed by
+the stream's session, even when loop passes end between them; ``drain`` and ``flush`` write at once, and a
+flush cancels the one that was due; once discarded it writes nothing."""
 
 from __future__ import annotations
 
@@ -92,3 +93,39 @@ async def test_drain_writes_at_once(
     leader = session(leader=True)
     async with asyncio.timeout(5):
         assert [await leader.read(reader) for _ in ANSWERS] == ANSWERS
+
+
+async def test_frames_sent_after_a_flush_wait_their_own_coalescing_time(
+    connected: tuple[asyncio.StreamReader, asyncio.StreamWriter], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the flush that was due for the first frame is cancelled by the explicit flush: it does not write the
+    # next frame early (at most one flush is scheduled)
+    monkeypatch.setattr(protocol, "COALESCE", 0.3)
+    reader, writer = connected
+    written = counting(writer, monkeypatch)
+    stream = LeaderStream(writer, session(leader=False), term=1)
+    stream.send(ANSWERS[0])
+    await asyncio.sleep(0.2)
+    stream.flush()
+    stream.send(ANSWERS[1])
+    await asyncio.sleep(0.2)  # past the first frame's due time, not the second's
+    assert len(written) == 1
+    leader = session(leader=True)
+    async with asyncio.timeout(5):
+        assert [await leader.read(reader) for _ in ANSWERS[:2]] == ANSWERS[:2]
+    assert len(written) == 2
+
+
+async def test_a_discarded_stream_writes_nothing_more(
+    connected: tuple[asyncio.StreamReader, asyncio.StreamWriter], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(protocol, "COALESCE", 0.05)
+    _, writer = connected
+    written = counting(writer, monkeypatch)
+    stream = LeaderStream(writer, session(leader=False), term=1)
+    stream.send(ANSWERS[0])
+    stream.discard()
+    stream.send(ANSWERS[1])
+    stream.flush()
+    await asyncio.sleep(0.2)  # past every flush that was or would have been due
+    assert written == [] and stream.buffered() == 0
