@@ -117,7 +117,7 @@ not read its answers.
 
 Coalescing: each end writes the frames it sends (through an ``Outbox``, the sending half both ends use) at
 most ``COALESCE`` after the first of them not yet written, in one write, in order (``drain``, the end of a
-dispatch pass and the leader's first PING write at once). Every frame written wakes the peer's loop and costs both processes a system call: in a burst the leader
+dispatch pass, the leader's first PING and a worker's stream being replaced by a newer one write at once). Every frame written wakes the peer's loop and costs both processes a system call: in a burst the leader
 sends DISPATCHes and the worker ACKs and RESULTs a few ms apart, so waiting a little turns several writes and
 wake-ups into one. For the same reason the leader's dispatch loop, woken by a newly arrived pod, waits
 ``COALESCE`` for the burst's next pods before its pass. So a new pod's DISPATCH leaves up to ``COALESCE``
@@ -773,7 +773,8 @@ async def read_reply(reader: asyncio.StreamReader, key: bytes, hello_nonce: byte
 class Session:
     """One side of one authenticated stream after the handshake: seals what it sends and opens what it
     reads, each direction with its own frame counter bound into the MAC (see "Authentication" above).
-    Sealed frames must be written in the order they were sealed (``Outbox`` does)."""
+    Sealed frames must be written in the order they were sealed, and once one is dropped unwritten nothing
+    more may be written to that stream (the peer's frame counter would disagree): ``Outbox`` keeps both."""
 
     def __init__(self, key: bytes, *, hello_nonce: bytes, welcome_nonce: bytes, leader: bool) -> None:
         self._key = _mac(key, _SESSION_CONTEXT, hello_nonce, welcome_nonce)
@@ -817,8 +818,10 @@ class Outbox:
     written, in one write, in the order sent ("Coalescing" above). ``flush`` writes them at once.
 
     Invariants: frames reach the stream in the order they were sealed, or not at all; nothing is written to
-    a stream that is closing, or once ``discard`` was called (the stream broke or was replaced), not even by
-    a flush that was due; at most one flush is scheduled at a time."""
+    a stream that is closing, or once ``discard`` was called (the stream is over: the leader's link discards
+    it when the stream breaks, the worker when its connection ends), not even by a flush that was due; both
+    states are final, so a frame dropped unwritten is never followed by a written one; at most one flush is
+    scheduled at a time."""
 
     def __init__(self, writer: asyncio.StreamWriter, session: Session) -> None:
         self.writer = writer
@@ -857,7 +860,8 @@ class Outbox:
         return self._queued + (transport.get_write_buffer_size() if transport is not None else 0)
 
     def above_high_water(self) -> bool:
-        """Is the transport's buffer, once flushed, above its high-water mark (the peer reads too slowly)?"""
+        """Flush, then say whether the transport's buffer is above its high-water mark (the peer reads too
+        slowly)."""
         self.flush()
         if self.writer.is_closing():
             return False

@@ -446,6 +446,7 @@ class Intake:
         finally:
             if stream is not None:
                 self.results.disconnect(stream)
+                stream.discard()  # the stream is over: a flush still due writes nothing
             self._evicted.discard(writer)
             writer.close()
 

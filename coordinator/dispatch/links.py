@@ -12,10 +12,11 @@ is sealed by the stream's ``protocol.Session``.
 
 Writes: through the stream's ``protocol.Outbox``: frames are written together at most ``protocol.COALESCE``
 after the first of them was sent (or at ``flush`` or ``drain``: the dispatch loop flushes after each pass; the
-first PING is written at once), in the order they were sent; a broken stream's unwritten frames are dropped. Backpressure: ``flush`` says whether the write buffer is above its high-water mark, and
-``drain`` then waits for it to flush, but at most ``DRAIN_WAIT``, so a worker that has stopped reading (paused,
-partitioned) slows the dispatch loop by at most that per pass until its stream is declared dead; a dead stream
-is aborted, its unsent buffer discarded (its pods are re-dispatched).
+first PING is written at once), in the order they were sent; a broken stream's unwritten frames are dropped.
+Backpressure: ``flush`` says whether the write buffer is above its high-water mark, and ``drain`` then waits for
+it to flush, but at most ``DRAIN_WAIT``, so a worker that has stopped reading (paused, partitioned) slows the
+dispatch loop by at most that per pass until its stream is declared dead; a dead stream is aborted, its unsent
+buffer discarded (its pods are re-dispatched).
 
 A link knows nothing of pods. It tells its ``LinkEvents`` (given at construction) three things, always with
 itself as the first argument so the owner can tell a current link from one it has already replaced:

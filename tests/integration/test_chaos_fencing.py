@@ -57,6 +57,7 @@ from tests.integration.support import CuttableProxy, SchedulerProcess
 from tests.integration.test_coordinator import (
     SETTLE_TIMEOUT,
     TTL,
+    Answers,
     Deployment,
     applied_bounds,
     audit,
@@ -168,7 +169,7 @@ def check_grants(grants: GrantLog, trails: list[dict[str, Any]], pods: list[dict
                 (
                     "API server bound it while the worker was not the grantee",
                     trail,
-                    grants.grants.get(trail["node"]),
+                    grants.grants.get(p["spec"]["nodeName"]),
                 )
             )
     assert not violations, (len(violations), violations[:5])
@@ -210,9 +211,13 @@ class BindingProxy:
         self._tasks: set[asyncio.Task[Any]] = set()
         self.port = 0
 
-    def answered(self) -> dict[str, float]:
-        """When the API server answered each pod's applied binding (pod key -> wall clock)."""
-        return {b["pod"]: b["answered_at"] for b in self.bindings if b["status"] == 201}
+    def answered(self) -> Answers:
+        """When the API server answered each applied binding ((pod key, node) -> wall clock). A pod is bound
+        once: the API server refuses a second binding (409), so two 201 answers for one pod fail here."""
+        applied = [b for b in self.bindings if b["status"] == 201]
+        pods = [b["pod"] for b in applied]
+        assert len(pods) == len(set(pods)), sorted(p for p in pods if pods.count(p) > 1)[:5]
+        return {(b["pod"], b["node"]): b["answered_at"] for b in applied}
 
     @property
     def late(self) -> int:
@@ -392,14 +397,16 @@ async def finish(
     what: str,
     record: Any,
 ) -> None:
-    pods = await audit(d, kube, namespace, PODS, answered=proxy.answered)
-    recovered = time.monotonic() - since
-    # The victim drains and exits by itself after the disruption (a wedged worker would need SIGKILL).
-    assert await asyncio.to_thread(d.procs["w2"].stop) == 0, d.procs["w2"].tail()
-    trails = applied_bounds(d.trails(), proxy.answered())
-    # Kept beside the workers' logs and trails, for reading a failed audit afterwards.
-    (d.tmp / "w2.proxied.json").write_text(json.dumps(proxy.bindings, indent=0))
-    (d.tmp / "grants.json").write_text(json.dumps(grants.grants, indent=0))
+    try:
+        pods = await audit(d, kube, namespace, PODS, answered=("w2", proxy.answered))
+        recovered = time.monotonic() - since
+        # The victim drains and exits by itself after the disruption (a wedged worker would need SIGKILL).
+        assert await asyncio.to_thread(d.procs["w2"].stop) == 0, d.procs["w2"].tail()
+    finally:
+        # Kept beside the workers' logs and trails, for reading a failed audit afterwards.
+        (d.tmp / "w2.proxied.json").write_text(json.dumps(proxy.bindings, indent=0))
+        (d.tmp / "grants.json").write_text(json.dumps(grants.grants, indent=0))
+    trails = applied_bounds(d.trails(), "w2", proxy.answered())
     check_grants(grants, trails, pods)
     proxied = check_proxied(grants, proxy, "w2")
     by_worker = {w: sum(1 for t in trails if t["worker"] == w) for w in sorted({t["worker"] for t in trails})}
