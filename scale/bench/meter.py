@@ -4,7 +4,8 @@ A ``ProcessMeter`` is given named groups, each a function returning the PIDs tha
 scheduler's processes, the API server, etcd, kwok, this process). ``start()`` takes a baseline, a background
 task samples every ``period`` seconds (new PIDs and children appear, exited ones keep their last reading), and
 ``stop()`` returns each group's CPU seconds (user + system, also of reaped children) and its peak summed RSS, and
-each process's own CPU seconds (by PID), so a report can say which process of a group the CPU went to.
+each process's own CPU seconds (by PID), so a report can say which process of a group the CPU went to, and those
+of its main thread (the event loop of an asyncio process; the rest went to other threads, such as gRPC's).
 
 It also reads the whole host's busy CPU time, so the report can say how much of the machine's CPU went to
 processes outside the measured groups (other work on a shared machine makes numbers noisy; this says how noisy).
@@ -54,12 +55,14 @@ def host_busy_seconds() -> float:
 
 
 class _Tracked:
-    __slots__ = ("first", "last", "proc")
+    __slots__ = ("first", "last", "main_first", "main_last", "proc")
 
-    def __init__(self, proc: psutil.Process, cpu: float) -> None:
+    def __init__(self, proc: psutil.Process, cpu: float, main: float) -> None:
         self.proc = proc
         self.first = cpu
         self.last = cpu
+        self.main_first = main
+        self.main_last = main
 
 
 def _identity(pid: int) -> tuple[int, int]:
@@ -70,6 +73,17 @@ def _identity(pid: int) -> tuple[int, int]:
 def _cpu(proc: psutil.Process) -> float:
     t = proc.cpu_times()
     return float(t.user + t.system + t.children_user + t.children_system)
+
+
+def _main_thread_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of the process's main thread, whose thread id is its PID."""
+    with open(f"/proc/{pid}/task/{pid}/stat", "rb") as f:
+        stat = f.read()
+    fields = stat[stat.rindex(b")") + 2 :].split()  # from field 3: utime and stime are fields 14 and 15
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 class ProcessMeter:
@@ -95,10 +109,14 @@ class ProcessMeter:
                     if entry is None:
                         proc = psutil.Process(pid)
                         # A process born inside the window counts from zero, one alive before from the baseline.
-                        entry = tracked[key] = _Tracked(proc, 0.0 if self._started else _cpu(proc))
+                        born = self._started
+                        entry = tracked[key] = _Tracked(
+                            proc, 0.0 if born else _cpu(proc), 0.0 if born else _main_thread_cpu(pid)
+                        )
                     with entry.proc.oneshot():
                         entry.last = _cpu(entry.proc)
                         rss += int(entry.proc.memory_info().rss)
+                    entry.main_last = _main_thread_cpu(pid)
                 except (OSError, ValueError, IndexError, psutil.Error):
                     continue  # gone (or going) since the source listed it: its last reading stands
             self._peak[group] = max(self._peak[group], rss)
@@ -126,11 +144,17 @@ class ProcessMeter:
         out: dict[str, Usage] = {}
         for group, tracked in self._tracked.items():
             by_pid: dict[int, float] = {}
+            main_by_pid: dict[int, float] = {}
             for (pid, _), e in tracked.items():
                 by_pid[pid] = by_pid.get(pid, 0.0) + max(0.0, e.last - e.first)
+                main_by_pid[pid] = main_by_pid.get(pid, 0.0) + max(0.0, e.main_last - e.main_first)
             cpu = sum(by_pid.values())
             out[group] = Usage(
-                round(cpu, 3), self._peak[group], len(tracked), {p: round(c, 3) for p, c in by_pid.items()}
+                round(cpu, 3),
+                self._peak[group],
+                len(tracked),
+                {p: round(c, 3) for p, c in by_pid.items()},
+                {p: round(c, 3) for p, c in main_by_pid.items()},
             )
         return out
 

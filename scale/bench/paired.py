@@ -168,6 +168,9 @@ class Summary:
     # no trial measured it
     ended_watches: tuple[float, float, float] | None = None
     by_process: dict[str, float] = field(default_factory=dict)  # mean CPU-s per 1k pods of each process
+    main_share: dict[str, float] = field(
+        default_factory=dict
+    )  # mean part of each one's CPU on its main thread
     adjusted_cpu_s_per_1k: float = 0.0  # its level in the drift fit, at the mean position (``drift``)
 
 
@@ -232,6 +235,17 @@ def summarize(contenders: Sequence[Contender], trials: Sequence[Trial]) -> list[
                     p: statistics.fmean(r.cpu_s_per_1k_pods_by_process.get(p, 0.0) for r in ok)
                     for p in processes
                 },
+                main_share={
+                    p: statistics.fmean(shares)
+                    for p in processes
+                    if (
+                        shares := [
+                            r.main_thread_share_by_process[p]
+                            for r in ok
+                            if p in r.main_thread_share_by_process
+                        ]
+                    )
+                },
                 adjusted_cpu_s_per_1k=levels.get(c.label, 0.0),
             )
         )
@@ -255,7 +269,14 @@ def table(summaries: Sequence[Summary], slope: float = 0.0) -> str:
     for s in summaries:
         c = s.contender
         versus = f"{(s.adjusted_cpu_s_per_1k / base - 1) * 100:+.1f} %" if base and s.rounds else "-"
-        by_process = ", ".join(f"{p} {v:.3f}" for p, v in s.by_process.items()) or "-"
+        by_process = (
+            ", ".join(
+                f"{p} {v:.3f}"
+                + (f" ({s.main_share[p] * 100:.0f} % main thread)" if p in s.main_share else "")
+                for p, v in s.by_process.items()
+            )
+            or "-"
+        )
         rounds = f"{s.rounds}" + (f" ({s.disturbed} disturbed)" if s.disturbed else "")
         rounds += f" (+{s.failed} failed)" if s.failed else ""
         visible = cell(s.visible_p99_ms, ".0f") if s.visible_p99_ms[1] > 0 else "-"  # 0: not measured

@@ -191,6 +191,8 @@ class RunResult:
     stages: dict[str, dict[str, float]] = field(default_factory=dict)  # per stage: count, mean/p50/p99 ms
     # CPU-s per 1k bound pods of each scheduler process (coordinator, worker-1, ...): where the sum went
     cpu_s_per_1k_pods_by_process: dict[str, float] = field(default_factory=dict)
+    # the part of each one's CPU its main thread (the event loop) used, 0-1: the rest went to other threads
+    main_thread_share_by_process: dict[str, float] = field(default_factory=dict)
     schema: int = SCHEMA_VERSION
     started_at: str = ""
     error: str = ""
@@ -246,6 +248,7 @@ class Usage:
     peak_rss_bytes: int = 0
     processes: int = 0
     by_pid: Mapping[int, float] = field(default_factory=dict)  # each process's CPU seconds
+    main_by_pid: Mapping[int, float] = field(default_factory=dict)  # of those, its main thread's
 
 
 def summarize(
@@ -337,7 +340,18 @@ def summarize(
         timeline=timeline(bound_times, origin=origin),
         started_at=started_at,
         cpu_s_per_1k_pods_by_process=_by_process(sched, process_names or {}, len(bound)),
+        main_thread_share_by_process=_main_share(sched, process_names or {}),
     )
+
+
+def _main_share(sched: Usage, names: Mapping[int, str]) -> dict[str, float]:
+    whole: dict[str, float] = {}
+    main: dict[str, float] = {}
+    for pid, cpu in sched.by_pid.items():
+        name = names.get(pid, "other")
+        whole[name] = whole.get(name, 0.0) + cpu
+        main[name] = main.get(name, 0.0) + sched.main_by_pid.get(pid, 0.0)
+    return {name: round(min(main[name] / cpu, 1.0), 3) for name, cpu in sorted(whole.items()) if cpu > 0}
 
 
 def _by_process(sched: Usage, names: Mapping[int, str], bound: int) -> dict[str, float]:

@@ -207,3 +207,25 @@ def test_a_negative_idle_is_refused_before_any_cluster_starts(capsys: pytest.Cap
     )
     assert code == 2
     assert "--idle must be 0 or more" in capsys.readouterr().err
+
+
+def test_the_table_says_how_much_of_each_process_ran_on_its_main_thread() -> None:
+    c = Contender("c2", "agent-coord-1", PROJECT_ROOT)
+    trials = [
+        Trial(
+            "c2",
+            r,
+            r + 1,
+            replace(
+                result(1.0, 100, 200, by_process={"coordinator": 0.3, "worker-1": 0.7}),
+                main_thread_share_by_process={"coordinator": share, "worker-1": 0.98},
+            ),
+        )
+        for r, share in enumerate((0.9, 0.96))
+    ]
+    trials.append(
+        Trial("c2", 2, 3, result(1.0, 100, 200, by_process={"coordinator": 0.3}))
+    )  # an older result
+    (summary,) = summarize([c], trials)
+    assert summary.main_share == pytest.approx({"coordinator": 0.93, "worker-1": 0.98})
+    assert "coordinator 0.300 (93 % main thread), worker-1 0.467 (98 % main thread)" in table([summary])

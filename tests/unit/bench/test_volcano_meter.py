@@ -58,6 +58,9 @@ async def test_meter_charges_cpu_to_the_group() -> None:
         pass
     usage = await meter.stop()
     assert usage["me"].cpu_s >= 0.15
+    # the busy loop ran on the main thread: all but a sliver of the process's CPU is the main thread's
+    main = usage["me"].main_by_pid[os.getpid()]
+    assert 0.15 <= main <= usage["me"].by_pid[os.getpid()] + 0.02
     assert usage["me"].peak_rss_bytes > 0 and usage["me"].processes == 1
     assert usage["nobody"].cpu_s == 0 and usage["nobody"].processes == 0
     assert meter.host_cpu_s >= 0.15
@@ -116,3 +119,18 @@ def test_a_plain_go_build_reads_as_unversioned(tmp_path: Path) -> None:
     binary.write_text("#!/bin/sh\necho 'API Version: v1alpha1'\necho 'Version: Not provided.'\n")
     binary.chmod(0o755)
     assert given(str(binary)).version == "unversioned build"
+
+
+async def test_cpu_of_other_threads_is_not_the_main_threads() -> None:
+    meter = ProcessMeter({"me": own_pid}, period=0.05)
+    meter.start()
+
+    def burn() -> None:
+        end = time.thread_time() + 0.3
+        while time.thread_time() < end:
+            pass
+
+    await asyncio.to_thread(burn)
+    usage = await meter.stop()
+    whole, main = usage["me"].by_pid[os.getpid()], usage["me"].main_by_pid[os.getpid()]
+    assert whole >= 0.25 and main < whole - 0.2
