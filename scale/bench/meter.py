@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 import psutil
 
 from scale.bench.results import Usage
-from scale.cluster.processes import start_ticks
+from scale.cluster.processes import start_ticks, stat_fields
 
 DEFAULT_PERIOD = 0.5
 
@@ -77,10 +77,8 @@ def _cpu(proc: psutil.Process) -> float:
 
 def _main_thread_cpu(pid: int) -> float:
     """CPU seconds (user + system) of the process's main thread, whose thread id is its PID."""
-    with open(f"/proc/{pid}/task/{pid}/stat", "rb") as f:
-        stat = f.read()
-    fields = stat[stat.rindex(b")") + 2 :].split()  # from field 3: utime and stime are fields 14 and 15
-    return (int(fields[11]) + int(fields[12])) / _TICKS
+    fields = stat_fields(f"/proc/{pid}/task/{pid}/stat")
+    return (int(fields[14 - 3]) + int(fields[15 - 3])) / _TICKS  # utime and stime
 
 
 _TICKS = os.sysconf("SC_CLK_TCK")

@@ -168,10 +168,19 @@ class Summary:
     # no trial measured it
     ended_watches: tuple[float, float, float] | None = None
     by_process: dict[str, float] = field(default_factory=dict)  # mean CPU-s per 1k pods of each process
-    main_share: dict[str, float] = field(
-        default_factory=dict
-    )  # mean part of each one's CPU on its main thread
+    # mean part of each process's CPU its main thread used, over the rounds whose results say
+    main_share: dict[str, float] = field(default_factory=dict)
     adjusted_cpu_s_per_1k: float = 0.0  # its level in the drift fit, at the mean position (``drift``)
+
+
+def _mean_share(results: Sequence[RunResult], processes: Sequence[str]) -> dict[str, float]:
+    """Each process's mean main-thread share over the results that have one (older results do not)."""
+    out = {}
+    for p in processes:
+        shares = [r.main_thread_share_by_process[p] for r in results if p in r.main_thread_share_by_process]
+        if shares:
+            out[p] = statistics.fmean(shares)
+    return out
 
 
 def _spread(values: list[float]) -> tuple[float, float, float]:
@@ -235,17 +244,7 @@ def summarize(contenders: Sequence[Contender], trials: Sequence[Trial]) -> list[
                     p: statistics.fmean(r.cpu_s_per_1k_pods_by_process.get(p, 0.0) for r in ok)
                     for p in processes
                 },
-                main_share={
-                    p: statistics.fmean(shares)
-                    for p in processes
-                    if (
-                        shares := [
-                            r.main_thread_share_by_process[p]
-                            for r in ok
-                            if p in r.main_thread_share_by_process
-                        ]
-                    )
-                },
+                main_share=_mean_share(ok, processes),
                 adjusted_cpu_s_per_1k=levels.get(c.label, 0.0),
             )
         )

@@ -344,21 +344,25 @@ def summarize(
     )
 
 
-def _main_share(sched: Usage, names: Mapping[int, str]) -> dict[str, float]:
-    whole: dict[str, float] = {}
-    main: dict[str, float] = {}
-    for pid, cpu in sched.by_pid.items():
+def _per_name(by_pid: Mapping[int, float], names: Mapping[int, str]) -> dict[str, float]:
+    """CPU seconds by PID summed per process name (PIDs without a name: "other"), in name order."""
+    out: dict[str, float] = {}
+    for pid, cpu in by_pid.items():
         name = names.get(pid, "other")
-        whole[name] = whole.get(name, 0.0) + cpu
-        main[name] = main.get(name, 0.0) + sched.main_by_pid.get(pid, 0.0)
-    return {name: round(min(main[name] / cpu, 1.0), 3) for name, cpu in sorted(whole.items()) if cpu > 0}
+        out[name] = out.get(name, 0.0) + cpu
+    return dict(sorted(out.items()))
+
+
+def _main_share(sched: Usage, names: Mapping[int, str]) -> dict[str, float]:
+    main = _per_name(sched.main_by_pid, names)
+    return {
+        name: round(min(main.get(name, 0.0) / cpu, 1.0), 3)
+        for name, cpu in _per_name(sched.by_pid, names).items()
+        if cpu > 0
+    }
 
 
 def _by_process(sched: Usage, names: Mapping[int, str], bound: int) -> dict[str, float]:
     if not bound or not sched.by_pid:
         return {}
-    out: dict[str, float] = {}
-    for pid, cpu in sched.by_pid.items():
-        name = names.get(pid, "other")
-        out[name] = out.get(name, 0.0) + cpu
-    return {name: round(cpu / bound * 1000, 3) for name, cpu in sorted(out.items())}
+    return {name: round(cpu / bound * 1000, 3) for name, cpu in _per_name(sched.by_pid, names).items()}

@@ -85,14 +85,20 @@ class ProcessRecord:
         )
 
 
+def stat_fields(path: str) -> list[bytes]:
+    """The fields of a ``/proc/PID/stat`` (or ``/proc/PID/task/TID/stat``) file from field 3 on: field N is at
+    index N - 3. Raises ``OSError`` when there is no such process or thread."""
+    with open(path, "rb") as f:
+        stat = f.read()
+    # The command (field 2) may hold spaces and parentheses: the fields after it start past its last ")".
+    return stat[stat.rindex(b")") + 2 :].split()
+
+
 def start_ticks(pid: int) -> int:
     """The start time of process ``pid`` in clock ticks since boot: fixed for the process's life and
     independent of the wall clock. Raises ``OSError`` (``FileNotFoundError``, ``ProcessLookupError``) when
     there is no such process."""
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        stat = f.read()
-    # Fields after the command (which may hold spaces and parentheses) start at field 3; starttime is field 22.
-    return int(stat[stat.rindex(b")") + 2 :].split()[19])
+    return int(stat_fields(f"/proc/{pid}/stat")[22 - 3])
 
 
 @functools.cache
