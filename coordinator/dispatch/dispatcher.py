@@ -88,6 +88,11 @@ IDLE_RESCAN = 0.5  # with nothing queued, waiting pods are considered again this
 YIELD_EVERY = 256  # dispatches between yields to the event loop during a burst
 
 
+def pending_selector(scheduler_name: str) -> str:
+    """The field selector of the leader's pod watch: the pending pods (no node yet) this scheduler places."""
+    return f"spec.schedulerName={scheduler_name},spec.nodeName="
+
+
 class UnschedulableReports(Protocol):
     """The part of ``common.reporting.Reporter`` the dispatcher uses."""
 
@@ -196,7 +201,7 @@ class Dispatcher:
             client,
             "/api/v1/pods",
             _PendingFeed(self),
-            params={"fieldSelector": f"spec.schedulerName={scheduler_name},spec.nodeName="},
+            params={"fieldSelector": pending_selector(scheduler_name)},
             name="pending-pods",
         )
         self.declared_unschedulable = 0

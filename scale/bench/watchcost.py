@@ -15,6 +15,11 @@ beside a scheduler placing a burst, so that a design of the sharded path can be 
   reading in batches, at a few ms of delay, makes the read cheaper;
 - ``cluster-protobuf``: the same watch in Kubernetes' protobuf encoding (``stream=watch``, length-prefixed
   frames), frames counted, not decoded: what the transport would cost in the encoding kube-scheduler uses;
+- ``pending``: the leader's watch (``spec.schedulerName=agent-scheduler,spec.nodeName=``: the pending pods of
+  ours), each line decoded as ``cluster-decoded`` does: what the coordinator's read costs apart from its
+  dispatch work;
+- ``bound``: the watch of every bound pod (``spec.nodeName!=``), decoded: what a worker would read if it no
+  longer saw pending pods (option O2 of ``docs/design/worker-pod-reads.md``);
 - ``per-node``: one watch per node (``fieldSelector=spec.nodeName=NODE``, as each kubelet watches its pods) on
   every ``--share``-th node (2: half of them, one of two workers' shards), lines counted: what a worker would
   read if it watched the bound pods of its own nodes only;
@@ -37,7 +42,11 @@ waits until the scheduler is ready and the readers have settled, runs a burst (`
 the events and bytes it read. The window is ``run_workload``'s: the burst and the deletion of its pods (each
 pod's ADDED, binding, Running, deletionTimestamp and DELETED), so CPU per event is the figure to carry over to
 another event mix. A reader whose stream ended before the burst did is reported as such and its
-trial not averaged. ``watchcost.json`` and ``summary.md`` go to ``--out``.
+trial not averaged, except the ``pending`` and ``bound`` readers: they resume an ended stream from the last
+resourceVersion they decoded, as the scheduler's reflector does (``common.watching``), and count it in
+``resumed``. The API server ends the leader's watch of pending pods under a burst: a field selector that
+requires ``spec.nodeName`` to equal a value (here "") gets a watcher buffer of 10 events (kube-apiserver's
+watch cache, ``suggestedWatchChannelSize``), and a watcher whose buffer stays full is closed. ``watchcost.json`` and ``summary.md`` go to ``--out``.
 
 ``--modes`` picks some of the readers (default: all; a sink runs only with its relay).
 
@@ -71,6 +80,8 @@ import psutil
 
 from common.kube import MAX_WATCH_EVENT, KubeClient, _event, _lines, load_credentials
 from common.protocol import MAC_SIZE, read_frame
+from common.wellknown import DEFAULT_SCHEDULER_NAME
+from coordinator.dispatch.dispatcher import pending_selector
 from scale.bench import stages
 from scale.bench.cluster import (
     BenchConfig,
@@ -93,12 +104,22 @@ MODES = (
     "cluster-paced",
     "cluster-paused",
     "cluster-protobuf",
+    "pending",
+    "bound",
     "per-node",
     "relay",
     "relay-sink",
 )
 PACED = ("cluster-paced", "cluster-paused")
-DECODED = ("cluster-decoded", *PACED)  # the JSON readers that decode each event (the others count lines)
+# the JSON readers that decode each event (the others count lines)
+DECODED = ("cluster-decoded", *PACED, "pending", "bound")
+# the readers that open an ended stream again from the last resourceVersion they decoded, as the reflector does
+RESUMING = ("pending", "bound")
+# the field selector of a reader of one cluster-wide watch
+SELECTORS = {
+    "pending": pending_selector(DEFAULT_SCHEDULER_NAME),
+    "bound": "spec.nodeName!=",
+}
 RELAY, SINK = "relay", "relay-sink"
 RELAY_KEY = (
     b"watchcost-relay"  # the frames' MAC key: a fixed key, since the cost, not the secrecy, is measured
@@ -119,6 +140,7 @@ class Reading:
     events: int = 0
     bytes: int = 0
     ended: int = 0  # streams that ended before the reader was stopped (their events stopped counting)
+    resumed: int = 0  # streams that ended and were opened again from the last resourceVersion (``RESUMING``)
     records: int = 0  # relay: the records sent to each sink
 
 
@@ -149,6 +171,13 @@ def every_nth(names: Sequence[str], share: int) -> list[str]:
     return sorted(names)[::share]
 
 
+def field_selectors(mode: str, nodes: Sequence[str], share: int) -> list[str]:
+    """The field selector of each watch a ``mode`` reader opens ("": every pod)."""
+    if mode == "per-node":
+        return [f"spec.nodeName={node}" for node in every_nth(nodes, share)]
+    return [SELECTORS.get(mode, "")]
+
+
 async def _watch(
     session: aiohttp.ClientSession,
     server: str,
@@ -159,7 +188,37 @@ async def _watch(
     field_selector: str = "",
     pace_s: float = 0.0,
 ) -> None:
-    query = {"watch": "1", "resourceVersion": resource_version, "timeoutSeconds": "3600"}
+    rv = resource_version
+    while True:
+        rv = await _stream(
+            session,
+            server,
+            reading,
+            resource_version=rv,
+            mode=mode,
+            field_selector=field_selector,
+            pace_s=pace_s,
+        )
+        if mode not in RESUMING:
+            reading.ended += 1
+            return
+        reading.resumed += 1
+
+
+async def _stream(
+    session: aiohttp.ClientSession,
+    server: str,
+    reading: Reading,
+    *,
+    resource_version: str,
+    mode: str,
+    field_selector: str,
+    pace_s: float,
+) -> str:
+    """Read one watch stream from ``resource_version`` until the API server ends it; the last
+    resourceVersion decoded (``resource_version`` if none)."""
+    rv = resource_version
+    query = {"watch": "1", "resourceVersion": rv, "timeoutSeconds": "3600"}
     if field_selector:
         query["fieldSelector"] = field_selector
     headers = {"Accept": PROTOBUF_WATCH} if mode == "cluster-protobuf" else None
@@ -167,7 +226,8 @@ async def _watch(
     async with session.get(server + "/api/v1/pods", params=query, headers=headers, timeout=timeout) as resp:
         if resp.status != 200:
             raise RuntimeError(f"watch answered {resp.status}: {(await resp.read())[:200]!r}")
-        reading.watches += 1
+        if not reading.resumed:
+            reading.watches += 1
         if mode == "cluster-protobuf":
             frames = FrameCounter()
             async for chunk in resp.content.iter_any():
@@ -186,8 +246,9 @@ async def _watch(
                 if line.strip():
                     reading.events += 1
                     if mode in DECODED:
-                        _event(line, "/api/v1/pods")
-    reading.ended += 1
+                        _, obj = _event(line, "/api/v1/pods")
+                        rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
+    return rv
 
 
 class _Paced:
@@ -385,7 +446,7 @@ async def read(mode: str, kubeconfig: str, share: int, port: int = 0, flush_s: f
     async with KubeClient(creds) as lister:
         rv = str((await lister.get("/api/v1/pods", {"limit": "1"}))["metadata"]["resourceVersion"])
         nodes = [str(n["metadata"]["name"]) for n in (await lister.get("/api/v1/nodes"))["items"]]
-    selectors = [f"spec.nodeName={node}" for node in every_nth(nodes, share)] if mode == "per-node" else [""]
+    selectors = field_selectors(mode, nodes, share)
     # One connection per watch (HTTP/1.1). The raw stream is read beneath ``KubeClient.watch`` (its session,
     # ``common.kube``'s line splitter and event decoder): what is measured is the transport and, by mode, the
     # decoding, with the client's TLS and authentication.
@@ -436,6 +497,7 @@ class ReaderResult:
     watches: int
     ended: int
     failed: list[str] = field(default_factory=list)
+    resumed: int = 0
 
     @property
     def cpu_us_per_event(self) -> float:
@@ -456,8 +518,8 @@ def summary(results: Sequence[ReaderResult], scheduler_cpu: Sequence[float], sha
         return f"{statistics.fmean(values):{fmt}} ({min(values):{fmt}}-{max(values):{fmt}})"
 
     lines = [
-        "| reader | trials | CPU-s/1k pods | µs CPU/event | events/pod | KB/pod | watches |",
-        "|---|---|---|---|---|---|---|",
+        "| reader | trials | CPU-s/1k pods | µs CPU/event | events/pod | KB/pod | watches | resumed |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for mode in MODES:
         mine = [r for r in results if r.mode == mode]
@@ -472,7 +534,8 @@ def summary(results: Sequence[ReaderResult], scheduler_cpu: Sequence[float], sha
             f"| {name} | {trials} | {spread([r.cpu_s_per_1k_pods for r in ok], '.3f')} "
             f"| {spread([r.cpu_us_per_event for r in ok], '.0f')} "
             f"| {spread([r.events_per_pod for r in ok], '.2f')} "
-            f"| {spread([r.bytes_per_pod / 1000 for r in ok], '.1f')} | {max((r.watches for r in ok), default=0)} |"
+            f"| {spread([r.bytes_per_pod / 1000 for r in ok], '.1f')} | {max((r.watches for r in ok), default=0)} "
+            f"| {spread([float(r.resumed) for r in ok], '.1f') if mode in RESUMING else '-'} |"
         )
     if scheduler_cpu:
         lines.append(f"\nThe scheduler itself: {spread(list(scheduler_cpu), '.3f')} CPU-s/1k pods.")
@@ -606,6 +669,7 @@ async def run(config: WatchCostConfig) -> tuple[list[ReaderResult], list[float]]
                             bytes_per_pod=int(data.get("bytes", 0)) / pods,
                             watches=int(data.get("watches", 0)),
                             ended=int(data.get("ended", 0)),
+                            resumed=int(data.get("resumed", 0)),
                             failed=list(data.get("failed", [])),
                         )
                     )

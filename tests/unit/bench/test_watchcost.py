@@ -10,13 +10,16 @@ import msgpack
 import pytest
 
 from common.protocol import MAC_SIZE
+from scale.bench import watchcost
 from scale.bench.watchcost import (
     FrameCounter,
     ReaderResult,
     Reading,
     Sealer,
     _Paced,
+    _watch,
     every_nth,
+    field_selectors,
     main,
     reader_labels,
     rule_record,
@@ -46,6 +49,42 @@ def test_per_node_reads_every_nth_sorted_node() -> None:
     assert every_nth(["n1", "n2"], 1) == ["n1", "n2"]
     with pytest.raises(ValueError, match="at least 1"):
         every_nth(["n1"], 0)
+
+
+def test_each_reader_watches_what_its_mode_says() -> None:
+    nodes = ["n2", "n1", "n3"]
+    assert field_selectors("cluster-decoded", nodes, 2) == [""]
+    # the leader's watch: the pending pods of ours
+    assert field_selectors("pending", nodes, 2) == ["spec.schedulerName=agent-scheduler,spec.nodeName="]
+    assert field_selectors("bound", nodes, 2) == ["spec.nodeName!="]
+    assert field_selectors("per-node", nodes, 2) == ["spec.nodeName=n1", "spec.nodeName=n3"]
+
+
+@pytest.mark.parametrize(
+    ("mode", "resumes"), [("pending", True), ("bound", True), ("cluster-decoded", False)]
+)
+async def test_the_leaders_and_the_bound_reader_resume_an_ended_stream_from_the_last_version(
+    mode: str, resumes: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    opened: list[str] = []
+
+    async def stream(*_: object, resource_version: str, **__: object) -> str:
+        opened.append(resource_version)
+        if len(opened) == 3:
+            raise RuntimeError("watch answered 500")  # how a reader's reading ends (or its cancellation)
+        return str(int(resource_version) + 10)  # the API server ended the stream after some events
+
+    monkeypatch.setattr(watchcost, "_stream", stream)
+    reading = Reading(mode)
+    if resumes:
+        with pytest.raises(RuntimeError):
+            await _watch(None, "", reading, resource_version="5", mode=mode)  # type: ignore[arg-type]
+        assert opened == ["5", "15", "25"]
+        assert (reading.resumed, reading.ended) == (2, 0)
+    else:
+        await _watch(None, "", reading, resource_version="5", mode=mode)  # type: ignore[arg-type]
+        assert opened == ["5"]
+        assert (reading.resumed, reading.ended) == (0, 1)
 
 
 def _result(mode: str, cpu: float, *, ended: int = 0, failed: list[str] | None = None) -> ReaderResult:
