@@ -1,6 +1,7 @@
 """The leader's pod dispatcher: every pending pod of our scheduler goes to one worker whose shard can fit it.
 
-Inputs: a watch of pending pods (``spec.schedulerName`` = ours, ``spec.nodeName`` empty), the set of live
+Inputs: a watch of pending pods (``spec.schedulerName`` = ours, phase Pending: ``pending_selector``; a pod
+that names a node has left the pending set), the set of live
 workers with their dispatch addresses (from etcd membership, through ``set_workers``) and the shard map's
 grants and nodes in transit (``granted``, ``in_transit``). Output: the claim set (CLAIMS), DISPATCH messages
 over each worker's link (``common.protocol``), and the unschedulable report for pods no shard can take. The
@@ -89,8 +90,16 @@ YIELD_EVERY = 256  # dispatches between yields to the event loop during a burst
 
 
 def pending_selector(scheduler_name: str) -> str:
-    """The field selector of the leader's pod watch: the pending pods (no node yet) this scheduler places."""
-    return f"spec.schedulerName={scheduler_name},spec.nodeName="
+    """The field selector of the leader's pod watch: the pods this scheduler places that are in phase Pending,
+    which holds every pod not bound yet, and bound pods until their kubelet reports them running.
+
+    Not ``spec.nodeName=`` (exactly the unbound pods, one event fewer per pod): a selector that requires
+    ``spec.nodeName`` to equal a value is served through the API server's per-node index and gets a buffer
+    of 10 events in its watch cache (the kubelets' per-node watches), where other watches get up to 1,000.
+    Under a burst the leader falls more than 10 events behind; the API server then holds back the delivery of
+    every pod event, to every watcher, for up to its dispatch budget (0.1 s), and closes the leader's watch if
+    it is still behind (``docs/results/watchcost-pending-2026-12-04/``)."""
+    return f"spec.schedulerName={scheduler_name},status.phase=Pending"
 
 
 class UnschedulableReports(Protocol):
@@ -118,9 +127,11 @@ class _PendingFeed:
             self.d.forget(key, listed_at)
 
     def event(self, kind: str, obj: dict[str, Any]) -> None:
-        if kind == "DELETED":
-            # Also a pod that was bound: it left the field selector's set (the object is its last pending
-            # state, at the binding's resourceVersion).
+        spec = obj.get("spec")
+        if kind == "DELETED" or (isinstance(spec, dict) and spec.get("nodeName")):
+            # Deleted, or bound: the first event that names a node is the binding's, at its resourceVersion.
+            # A bound pod's later events while it starts (phase still Pending), and its DELETED once it runs
+            # (it leaves the selector's set), find it forgotten already: ``forget`` again, with no parse.
             meta = obj.get("metadata") or {}
             key = PodKey(f"{meta.get('namespace')}/{meta.get('name')}")
             self.d.forget(key, _revision(meta.get("resourceVersion")))

@@ -15,9 +15,11 @@ beside a scheduler placing a burst, so that a design of the sharded path can be 
   reading in batches, at a few ms of delay, makes the read cheaper;
 - ``cluster-protobuf``: the same watch in Kubernetes' protobuf encoding (``stream=watch``, length-prefixed
   frames), frames counted, not decoded: what the transport would cost in the encoding kube-scheduler uses;
-- ``pending``: the leader's watch (``spec.schedulerName=agent-scheduler,spec.nodeName=``: the pending pods of
-  ours), each line decoded as ``cluster-decoded`` does: what the coordinator's read costs apart from its
-  dispatch work;
+- ``pending``: the leader's watch (``coordinator.dispatch.dispatcher.pending_selector``: the pods of ours in
+  phase Pending), each line decoded as ``cluster-decoded`` does: what the coordinator's read costs apart from
+  its dispatch work;
+- ``pending-unbound``: the same with the leader's former selector, exactly the unbound pods of ours
+  (``spec.nodeName=``): one event fewer per pod, and a 10-event buffer in the API server's watch cache (below);
 - ``bound``: the watch of every bound pod (``spec.nodeName!=``), decoded: what a worker would read if it no
   longer saw pending pods (option O2 of ``docs/design/worker-pod-reads.md``);
 - ``per-node``: one watch per node (``fieldSelector=spec.nodeName=NODE``, as each kubelet watches its pods) on
@@ -42,11 +44,11 @@ waits until the scheduler is ready and the readers have settled, runs a burst (`
 the events and bytes it read. The window is ``run_workload``'s: the burst and the deletion of its pods (each
 pod's ADDED, binding, Running, deletionTimestamp and DELETED), so CPU per event is the figure to carry over to
 another event mix. A reader whose stream ended before the burst did is reported as such and its
-trial not averaged, except the ``pending`` and ``bound`` readers: they resume an ended stream from the last
+trial not averaged, except the ``pending``, ``pending-unbound`` and ``bound`` readers: they resume an ended stream from the last
 resourceVersion they decoded, as the scheduler's reflector does (``common.watching``), and count it in
-``resumed``. The API server ends the leader's watch of pending pods under a burst: a field selector that
-requires ``spec.nodeName`` to equal a value (here "") gets a watcher buffer of 10 events (kube-apiserver's
-watch cache, ``suggestedWatchChannelSize``), and a watcher whose buffer stays full is closed. ``watchcost.json`` and ``summary.md`` go to ``--out``.
+``resumed``. The API server ends a ``pending-unbound`` watch under a burst: a field selector that requires
+``spec.nodeName`` to equal a value (here "") gets a watcher buffer of 10 events (kube-apiserver's watch cache,
+``suggestedWatchChannelSize``), and a watcher whose buffer stays full is closed. ``watchcost.json`` and ``summary.md`` go to ``--out``.
 
 ``--modes`` picks some of the readers (default: all; a sink runs only with its relay).
 
@@ -105,6 +107,7 @@ MODES = (
     "cluster-paused",
     "cluster-protobuf",
     "pending",
+    "pending-unbound",
     "bound",
     "per-node",
     "relay",
@@ -112,12 +115,13 @@ MODES = (
 )
 PACED = ("cluster-paced", "cluster-paused")
 # the JSON readers that decode each event (the others count lines)
-DECODED = ("cluster-decoded", *PACED, "pending", "bound")
+DECODED = ("cluster-decoded", *PACED, "pending", "pending-unbound", "bound")
 # the readers that open an ended stream again from the last resourceVersion they decoded, as the reflector does
-RESUMING = ("pending", "bound")
+RESUMING = ("pending", "pending-unbound", "bound")
 # the field selector of a reader of one cluster-wide watch
 SELECTORS = {
     "pending": pending_selector(DEFAULT_SCHEDULER_NAME),
+    "pending-unbound": f"spec.schedulerName={DEFAULT_SCHEDULER_NAME},spec.nodeName=",
     "bound": "spec.nodeName!=",
 }
 RELAY, SINK = "relay", "relay-sink"

@@ -54,8 +54,11 @@ def test_per_node_reads_every_nth_sorted_node() -> None:
 def test_each_reader_watches_what_its_mode_says() -> None:
     nodes = ["n2", "n1", "n3"]
     assert field_selectors("cluster-decoded", nodes, 2) == [""]
-    # the leader's watch: the pending pods of ours
-    assert field_selectors("pending", nodes, 2) == ["spec.schedulerName=agent-scheduler,spec.nodeName="]
+    # the leader's watch: the pods of ours in phase Pending; its former one, the unbound pods of ours
+    assert field_selectors("pending", nodes, 2) == ["spec.schedulerName=agent-scheduler,status.phase=Pending"]
+    assert field_selectors("pending-unbound", nodes, 2) == [
+        "spec.schedulerName=agent-scheduler,spec.nodeName="
+    ]
     assert field_selectors("bound", nodes, 2) == ["spec.nodeName!="]
     assert field_selectors("per-node", nodes, 2) == ["spec.nodeName=n1", "spec.nodeName=n3"]
 

@@ -737,6 +737,43 @@ async def test_pending_feed_relist_forgets_pods_no_longer_listed(rig: Rig) -> No
     assert set(rig.d.table) == {key("c")}
 
 
+def at(obj: dict[str, Any], rv: int, *, node: str = "", phase: str = "Pending") -> dict[str, Any]:
+    """``obj`` as the watch shows it at resourceVersion ``rv``: bound to ``node`` if given, in ``phase``."""
+    obj = copy.deepcopy(obj)
+    obj["metadata"]["resourceVersion"] = str(rv)
+    if node:
+        obj["spec"]["nodeName"] = node
+    obj.setdefault("status", {})["phase"] = phase
+    return obj
+
+
+async def test_pending_feed_a_pod_leaves_at_its_binding_and_its_later_events_while_it_starts_change_nothing(
+    rig: Rig,
+) -> None:
+    # The leader's watch holds the pods of ours in phase Pending (``pending_selector``): a bound pod stays in
+    # it until its kubelet reports it running, and then leaves it as DELETED.
+    (w1,) = rig.workers("w1")
+    w1.up().summary()
+    feed = rig.d.reflector.handler
+    feed.event("ADDED", at(pod("a"), 10))
+    rig.step()
+    [sent] = w1.dispatches()
+    feed.event("MODIFIED", at(pod("a"), 12, node="node-1"))  # the binding
+    assert key("a") not in rig.d.table
+    assert rig.d.lane.settled_rv == 12
+    assert rig.d.statistics()["workers"]["w1"]["in_flight"] == 0
+    starting = at(pod("a"), 15, node="node-1")
+    starting["status"]["conditions"] = [{"type": "PodScheduled", "status": "True"}]
+    feed.event("MODIFIED", starting)
+    feed.event("DELETED", at(pod("a"), 17, node="node-1", phase="Running"))
+    rig.rescan()
+    rig.step()
+    assert key("a") not in rig.d.table and w1.dispatches() == [sent]
+    # a relist lists the pods still starting: none of them is pending
+    feed.replace([starting, at(pod("b"), 20)])
+    assert set(rig.d.table) == {key("b")}
+
+
 async def test_an_answer_over_no_nodes_is_try_later(rig: Rig) -> None:
     """A worker fenced with pods in its queue decides them over no usable node: that is not a no."""
     w1, w2 = rig.workers("w1", "w2")
