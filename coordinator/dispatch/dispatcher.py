@@ -119,7 +119,7 @@ class _PendingFeed:
         listed_at = _revision(self.d.reflector.resource_version)
         seen = set()
         for obj in objects:
-            seen.add(self.d.observe(obj))
+            seen.add(self._bound(obj) or self.d.observe(obj))
         gone = {k for k in self.d.table if k not in seen} | {k for k in self.d.lane.unseen if k not in seen}
         gone |= {k for k in self.d.lane.flying if k not in seen}
         gone |= {k for k in self.d.lane.lost_dispatches if k not in seen}
@@ -127,16 +127,30 @@ class _PendingFeed:
             self.d.forget(key, listed_at)
 
     def event(self, kind: str, obj: dict[str, Any]) -> None:
-        spec = obj.get("spec")
-        if kind == "DELETED" or (isinstance(spec, dict) and spec.get("nodeName")):
-            # Deleted, or bound: the first event that names a node is the binding's, at its resourceVersion.
-            # A bound pod's later events while it starts (phase still Pending), and its DELETED once it runs
-            # (it leaves the selector's set), find it forgotten already: ``forget`` again, with no parse.
+        if self._bound(obj) is not None:
+            return
+        if kind == "DELETED":
             meta = obj.get("metadata") or {}
             key = PodKey(f"{meta.get('namespace')}/{meta.get('name')}")
-            self.d.forget(key, _revision(meta.get("resourceVersion")))
+            self.d.forget(key, _revision(meta.get("resourceVersion")), uid=str(meta.get("uid") or ""))
         else:
             self.d.observe(obj)
+
+    def _bound(self, obj: dict[str, Any]) -> PodKey | None:
+        """If ``obj`` names a node (bound), its key, forgotten at its resourceVersion if the pod is still
+        tracked; else None. The first event that names a node is the binding's. The watch (phase Pending)
+        also shows a bound pod's later updates while it starts, and its DELETED once it runs or is deleted:
+        by then nothing tracks the pod any more, and they are passed over unparsed, as the former selector
+        (``spec.nodeName=``) never showed them. ``forget`` gets the uid, so such an event of a deleted pod
+        does not drop a hand-back kept for its successor of the same name."""
+        spec = obj.get("spec")
+        if not isinstance(spec, dict) or not spec.get("nodeName"):
+            return None
+        meta = obj.get("metadata") or {}
+        key = PodKey(f"{meta.get('namespace')}/{meta.get('name')}")
+        if self.d.tracks(key):
+            self.d.forget(key, _revision(meta.get("resourceVersion")), uid=str(meta.get("uid") or ""))
+        return key
 
 
 def _for_dispatch(obj: dict[str, Any]) -> dict[str, Any]:
@@ -245,7 +259,7 @@ class Dispatcher:
         obj = _for_dispatch(obj)
         key = record.key
         if record.node_name or record.terminal or record.deleting:
-            self.forget(key, _revision(record.resource_version))
+            self.forget(key, _revision(record.resource_version), uid=record.uid)
             return key
         p = self.table.get(key)
         if p is not None and p.record.uid != record.uid:
@@ -306,9 +320,14 @@ class Dispatcher:
         p.claimant = None
         self._claimed.pop(p.record.key, None)
 
-    def forget(self, key: PodKey, rv: int = 0) -> None:
+    def tracks(self, key: PodKey) -> bool:
+        """Is anything kept about ``key``: pending, answered bound and not yet seen so, a lane pod in flight or
+        a lost dispatch, or a hand-back that came before its claim?"""
+        return key in self.table.pods or key in self._early or key in self.lane.unseen or self.lane.holds(key)
+
+    def forget(self, key: PodKey, rv: int = 0, *, uid: str = "") -> None:
         """``key`` left the pending set (bound, deleted, or replaced by a pod of the same name), as the watch
-        showed at resourceVersion ``rv``."""
+        showed at resourceVersion ``rv``; ``uid``, if known, is the uid of the pod that left."""
         p = self.table.pods.pop(key, None)
         if p is not None:
             self._release(p)
@@ -319,7 +338,8 @@ class Dispatcher:
                 self._unclaim(p)
         self.reporter.forget(key)
         early = self._early.get(key)
-        if early is not None and (p is None or not early[1].uid or early[1].uid == p.record.uid):
+        left = p.record.uid if p is not None else uid
+        if early is not None and (not left or not early[1].uid or early[1].uid == left):
             del self._early[key]  # a hand-back for the pod that left (one for its successor is kept)
         self._lane_waits.pop(key, None)
         held = self.lane.holds(key)

@@ -3,6 +3,7 @@ leaves to their claimant, and how a claim ends (placed, handed back, moved, take
 
 from __future__ import annotations
 
+import copy
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -258,3 +259,39 @@ async def test_a_hand_back_for_the_recreated_pod_of_the_same_name_is_kept_for_it
     assert p.record.uid == f"uid-{name}-new" and p.claimant is None
     [sent] = w2.dispatches()  # at once, to the other shard: no wait for the claim timeout
     assert sent.pod["metadata"]["uid"] == f"uid-{name}-new" and w1.dispatches() == []
+
+
+async def test_a_hand_back_for_the_successor_of_a_bound_pod_survives_the_old_pods_later_events(
+    rig: Rig,
+) -> None:
+    # The leader watches phase Pending, so a bound pod that is still starting stays in its watch: its
+    # deletion and DELETED come after its binding. A successor of the same name, handed back by a worker
+    # whose watch is ahead, must keep its hand-back through them.
+    w1, w2 = ready(rig, "w1", "w2")
+    (name,) = named(("w1", "w2"), "w1", uid_suffixes=("", "-new"))
+    feed = rig.d.reflector.handler
+    feed.event("ADDED", pod(name))  # claimed by w1
+    old = pod(name)
+    old["spec"]["nodeName"] = "node-1"
+    old["status"] = {"phase": "Pending"}
+    feed.event("MODIFIED", old)  # its binding: forgotten
+    assert key(name) not in rig.d.table
+    result = protocol.Result.unschedulable(
+        protocol.CLAIMED,
+        str(key(name)),
+        nodes=4,
+        reasons={"Insufficient cpu": 4},
+        message="no",
+        uid=f"uid-{name}-new",
+    )
+    w1.events.received(w1, result)  # the successor, handed back before the leader's watch shows it
+    deleting = copy.deepcopy(old)
+    deleting["metadata"]["deletionTimestamp"] = "2026-12-04T00:00:00Z"
+    feed.event("MODIFIED", deleting)
+    feed.event("DELETED", deleting)
+    feed.event("ADDED", PodBuilder(name).req(cpu="500m", memory="1Gi").uid(f"uid-{name}-new").obj)
+    rig.step()
+    p = rig.d.table.pods[key(name)]
+    assert p.record.uid == f"uid-{name}-new" and p.claimant is None
+    [sent] = w2.dispatches()  # at once, to the other shard: no wait for the claim timeout
+    assert sent.pod["metadata"]["uid"] == f"uid-{name}-new"
