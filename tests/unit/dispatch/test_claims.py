@@ -63,14 +63,15 @@ def named(
     return out
 
 
-def hand_back(link: FakeLink, name: str, *, nodes: int = 4) -> None:
+def hand_back(link: FakeLink, name: str, *, nodes: int = 4, uid: str = "") -> None:
+    """``link``'s worker hands back its claim of the pod ``name`` (uid ``uid-NAME`` unless given)."""
     result = protocol.Result.unschedulable(
         protocol.CLAIMED,
         str(key(name)),
         nodes=nodes,
         reasons={"Insufficient cpu": nodes} if nodes else {},
         message="no",
-        uid=f"uid-{name}",
+        uid=uid or f"uid-{name}",
     )
     link.events.received(link, result)
 
@@ -243,15 +244,7 @@ async def test_a_hand_back_for_the_recreated_pod_of_the_same_name_is_kept_for_it
     rig.d.observe(pod(name))  # claimed by w1
     # The worker's watch is ahead: it saw the pod deleted and created again, claimed the new one and could
     # not place it. The leader still holds the old one.
-    result = protocol.Result.unschedulable(
-        protocol.CLAIMED,
-        str(key(name)),
-        nodes=4,
-        reasons={"Insufficient cpu": 4},
-        message="no",
-        uid=f"uid-{name}-new",
-    )
-    w1.events.received(w1, result)
+    hand_back(w1, name, uid=f"uid-{name}-new")
     assert rig.d.table.pods[key(name)].claimant == "w1"  # the old pod's claim stands
     rig.d.observe(PodBuilder(name).req(cpu="500m", memory="1Gi").uid(f"uid-{name}-new").obj)
     rig.step()
@@ -276,15 +269,8 @@ async def test_a_hand_back_for_the_successor_of_a_bound_pod_survives_the_old_pod
     old["status"] = {"phase": "Pending"}
     feed.event("MODIFIED", old)  # its binding: forgotten
     assert key(name) not in rig.d.table
-    result = protocol.Result.unschedulable(
-        protocol.CLAIMED,
-        str(key(name)),
-        nodes=4,
-        reasons={"Insufficient cpu": 4},
-        message="no",
-        uid=f"uid-{name}-new",
-    )
-    w1.events.received(w1, result)  # the successor, handed back before the leader's watch shows it
+    # the successor, handed back before the leader's watch shows it
+    hand_back(w1, name, uid=f"uid-{name}-new")
     deleting = copy.deepcopy(old)
     deleting["metadata"]["deletionTimestamp"] = "2026-12-04T00:00:00Z"
     feed.event("MODIFIED", deleting)
