@@ -98,7 +98,11 @@ def pending_selector(scheduler_name: str) -> str:
     of 10 events in its watch cache (the kubelets' per-node watches), where other watches get up to 1,000.
     Under a burst the leader falls more than 10 events behind; the API server then holds back the delivery of
     every pod event, to every watcher, for up to its dispatch budget (0.1 s), and closes the leader's watch if
-    it is still behind (``docs/results/watchcost-pending-2026-12-04/``)."""
+    it is still behind (``docs/results/watchcost-pending-2026-12-04/``).
+
+    The price: the watch also shows a bound pod's status updates until it runs (one in a kwok burst; with a
+    real kubelet a few, and all of an image pull that keeps failing), and a relist lists the pods still
+    starting. The feed passes over them without a parse (``_PendingFeed._bound``)."""
     return f"spec.schedulerName={scheduler_name},status.phase=Pending"
 
 

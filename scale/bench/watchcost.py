@@ -43,12 +43,15 @@ waits until the scheduler is ready and the readers have settled, runs a burst (`
 ``run_workload``), and takes each reader's CPU (user + system, from psutil) over the burst per 1,000 pods, with
 the events and bytes it read. The window is ``run_workload``'s: the burst and the deletion of its pods (each
 pod's ADDED, binding, Running, deletionTimestamp and DELETED), so CPU per event is the figure to carry over to
-another event mix. A reader whose stream ended before the burst did is reported as such and its
-trial not averaged, except the ``pending``, ``pending-unbound`` and ``bound`` readers: they resume an ended stream from the last
-resourceVersion they decoded, as the scheduler's reflector does (``common.watching``), and count it in
-``resumed``. The API server ends a ``pending-unbound`` watch under a burst: a field selector that requires
-``spec.nodeName`` to equal a value (here "") gets a watcher buffer of 10 events (kube-apiserver's watch cache,
-``suggestedWatchChannelSize``), and a watcher whose buffer stays full is closed. ``watchcost.json`` and ``summary.md`` go to ``--out``.
+another event mix. A reader whose stream ended before the burst did is reported as such and its trial not
+averaged, except the ``pending``, ``pending-unbound`` and ``bound`` readers: they resume an ended stream from
+the last resourceVersion they decoded, as the scheduler's reflector does (``common.watching``; after
+``RESUME_DELAY_S`` if the stream delivered nothing), and count it in ``resumed``. The API server can end a
+``pending-unbound`` watch under a burst: a field selector that requires ``spec.nodeName`` to equal a value
+(here "") gets a watcher buffer of 10 events (kube-apiserver's watch cache, ``suggestedWatchChannelSize``), and
+a watcher whose buffer stays full is closed. The pod readers watch the pods of ``agent-scheduler``
+(``DEFAULT_SCHEDULER_NAME``), whatever ``--scheduler`` runs. ``watchcost.json`` and ``summary.md`` go to
+``--out``.
 
 ``--modes`` picks some of the readers (default: all; a sink runs only with its relay).
 
@@ -133,6 +136,7 @@ MODULE = "scale.bench.watchcost"  # what the readers run (``__name__`` is "__mai
 PROTOBUF_WATCH = "application/vnd.kubernetes.protobuf;stream=watch"
 SETTLE_S = 20.0  # after the readers start: 500 per-node watches take seconds to open on a 2-core host
 READER_STOP_S = 10.0
+RESUME_DELAY_S = 0.2  # before resuming a stream that delivered nothing (the reflector's first backoff step)
 
 
 @dataclass(slots=True)
@@ -193,7 +197,9 @@ async def _watch(
     pace_s: float = 0.0,
 ) -> None:
     rv = resource_version
+    first = True
     while True:
+        events = reading.events
         rv = await _stream(
             session,
             server,
@@ -202,11 +208,15 @@ async def _watch(
             mode=mode,
             field_selector=field_selector,
             pace_s=pace_s,
+            first=first,
         )
+        first = False
         if mode not in RESUMING:
             reading.ended += 1
             return
         reading.resumed += 1
+        if reading.events == events:
+            await asyncio.sleep(RESUME_DELAY_S)  # no spinning on a server that ends every stream at once
 
 
 async def _stream(
@@ -218,9 +228,11 @@ async def _stream(
     mode: str,
     field_selector: str,
     pace_s: float,
+    first: bool,
 ) -> str:
-    """Read one watch stream from ``resource_version`` until the API server ends it; the last
-    resourceVersion decoded (``resource_version`` if none)."""
+    """Read one watch stream from ``resource_version`` until the API server ends it (counted in ``watches``
+    if it is the ``first`` of its reader); the last resourceVersion decoded by a resuming reader
+    (``resource_version`` if none)."""
     rv = resource_version
     query = {"watch": "1", "resourceVersion": rv, "timeoutSeconds": "3600"}
     if field_selector:
@@ -230,7 +242,7 @@ async def _stream(
     async with session.get(server + "/api/v1/pods", params=query, headers=headers, timeout=timeout) as resp:
         if resp.status != 200:
             raise RuntimeError(f"watch answered {resp.status}: {(await resp.read())[:200]!r}")
-        if not reading.resumed:
+        if first:
             reading.watches += 1
         if mode == "cluster-protobuf":
             frames = FrameCounter()
@@ -251,7 +263,8 @@ async def _stream(
                     reading.events += 1
                     if mode in DECODED:
                         _, obj = _event(line, "/api/v1/pods")
-                        rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
+                        if mode in RESUMING:
+                            rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
     return rv
 
 

@@ -71,10 +71,16 @@ async def test_the_leaders_and_the_bound_reader_resume_an_ended_stream_from_the_
 ) -> None:
     opened: list[str] = []
 
-    async def stream(*_: object, resource_version: str, **__: object) -> str:
+    firsts: list[bool] = []
+
+    async def stream(
+        _session: object, _server: str, reading: Reading, *, resource_version: str, first: bool, **__: object
+    ) -> str:
         opened.append(resource_version)
+        firsts.append(first)
         if len(opened) == 3:
             raise RuntimeError("watch answered 500")  # how a reader's reading ends (or its cancellation)
+        reading.events += 10
         return str(int(resource_version) + 10)  # the API server ended the stream after some events
 
     monkeypatch.setattr(watchcost, "_stream", stream)
@@ -83,6 +89,7 @@ async def test_the_leaders_and_the_bound_reader_resume_an_ended_stream_from_the_
         with pytest.raises(RuntimeError):
             await _watch(None, "", reading, resource_version="5", mode=mode)  # type: ignore[arg-type]
         assert opened == ["5", "15", "25"]
+        assert firsts == [True, False, False]  # one watch, resumed twice
         assert (reading.resumed, reading.ended) == (2, 0)
     else:
         await _watch(None, "", reading, resource_version="5", mode=mode)  # type: ignore[arg-type]
