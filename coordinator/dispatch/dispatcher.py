@@ -134,9 +134,7 @@ class _PendingFeed:
         if self._bound(obj) is not None:
             return
         if kind == "DELETED":
-            meta = obj.get("metadata") or {}
-            key = PodKey(f"{meta.get('namespace')}/{meta.get('name')}")
-            self.d.forget(key, _revision(meta.get("resourceVersion")), uid=str(meta.get("uid") or ""))
+            self._left(pod_key(obj), obj)
         else:
             self.d.observe(obj)
 
@@ -150,11 +148,15 @@ class _PendingFeed:
         spec = obj.get("spec")
         if not isinstance(spec, dict) or not spec.get("nodeName"):
             return None
-        meta = obj.get("metadata") or {}
-        key = PodKey(f"{meta.get('namespace')}/{meta.get('name')}")
+        key = pod_key(obj)
         if self.d.tracks(key):
-            self.d.forget(key, _revision(meta.get("resourceVersion")), uid=str(meta.get("uid") or ""))
+            self._left(key, obj)
         return key
+
+    def _left(self, key: PodKey, obj: dict[str, Any]) -> None:
+        """``obj``, the last state the watch showed of pod ``key``, has left the pending set."""
+        meta = obj.get("metadata") or {}
+        self.d.forget(key, _revision(meta.get("resourceVersion")), uid=str(meta.get("uid") or ""))
 
 
 def _for_dispatch(obj: dict[str, Any]) -> dict[str, Any]:

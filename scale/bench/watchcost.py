@@ -45,8 +45,8 @@ the events and bytes it read. The window is ``run_workload``'s: the burst and th
 pod's ADDED, binding, Running, deletionTimestamp and DELETED), so CPU per event is the figure to carry over to
 another event mix. A reader whose stream ended before the burst did is reported as such and its trial not
 averaged, except the ``pending``, ``pending-unbound`` and ``bound`` readers: they resume an ended stream from
-the last resourceVersion they decoded, as the scheduler's reflector does (``common.watching``; after
-``RESUME_DELAY_S`` if the stream delivered nothing), and count it in ``resumed``. The API server can end a
+the last resourceVersion they decoded, as the scheduler's reflector does (``common.watching``; after its
+backoff, ``common.backoff.api_retry``, if the stream delivered nothing), and count it in ``resumed``. The API server can end a
 ``pending-unbound`` watch under a burst: a field selector that requires ``spec.nodeName`` to equal a value
 (here "") gets a watcher buffer of 10 events (kube-apiserver's watch cache, ``suggestedWatchChannelSize``), and
 a watcher whose buffer stays full is closed. The pod readers watch the pods of ``agent-scheduler``
@@ -83,6 +83,7 @@ import aiohttp
 import msgpack
 import psutil
 
+from common.backoff import api_retry
 from common.kube import MAX_WATCH_EVENT, KubeClient, _event, _lines, load_credentials
 from common.protocol import MAC_SIZE, read_frame
 from common.wellknown import DEFAULT_SCHEDULER_NAME
@@ -136,7 +137,6 @@ MODULE = "scale.bench.watchcost"  # what the readers run (``__name__`` is "__mai
 PROTOBUF_WATCH = "application/vnd.kubernetes.protobuf;stream=watch"
 SETTLE_S = 20.0  # after the readers start: 500 per-node watches take seconds to open on a 2-core host
 READER_STOP_S = 10.0
-RESUME_DELAY_S = 0.2  # before resuming a stream that delivered nothing (the reflector's first backoff step)
 
 
 @dataclass(slots=True)
@@ -198,6 +198,7 @@ async def _watch(
 ) -> None:
     rv = resource_version
     first = True
+    backoff = api_retry()
     while True:
         events = reading.events
         rv = await _stream(
@@ -216,7 +217,9 @@ async def _watch(
             return
         reading.resumed += 1
         if reading.events == events:
-            await asyncio.sleep(RESUME_DELAY_S)  # no spinning on a server that ends every stream at once
+            await backoff.sleep()  # no spinning on a server that ends every stream at once
+        else:
+            backoff.reset()
 
 
 async def _stream(

@@ -64,7 +64,8 @@ def test_each_reader_watches_what_its_mode_says() -> None:
 
 
 @pytest.mark.parametrize(
-    ("mode", "resumes"), [("pending", True), ("bound", True), ("cluster-decoded", False)]
+    ("mode", "resumes"),
+    [("pending", True), ("pending-unbound", True), ("bound", True), ("cluster-decoded", False)],
 )
 async def test_the_leaders_and_the_bound_reader_resume_an_ended_stream_from_the_last_version(
     mode: str, resumes: bool, monkeypatch: pytest.MonkeyPatch
