@@ -16,6 +16,8 @@ Invariants:
   said, so it relists (a list is read whole and has no such bound). A line that is not a JSON watch event is a
   broken stream (``ServerError``), like a dropped connection. Nothing else escapes: every failure of a request
   or a watch is one of the ``ApiError`` classes.
+- A watch of pods or nodes yields objects without ``metadata.managedFields`` (``without_managed_fields``: cut
+  from the bytes, before decoding, only where the cut is exact); nothing here or in its callers reads them.
 - Bearer tokens are never cached for the life of the process (``Authenticator``): a token file (projected
   service-account token, or a kubeconfig ``tokenFile``) is re-read every ``TOKEN_REREAD`` seconds, an exec
   credential plugin is re-run ``EXPIRY_SKEW`` before its ``expirationTimestamp``, and both on a 401 to the
@@ -219,6 +221,17 @@ class Credentials:
     verify: bool = True
     token_source: TokenSource | None = field(default=None, compare=False)  # None: ``token`` never changes
     token_expires_at: float | None = None  # of ``token``, when its source said
+
+
+def tls_context(creds: Credentials) -> ssl.SSLContext:
+    """The TLS settings ``creds`` give: the cluster's CA, the client certificate if any, verification."""
+    ctx = ssl.create_default_context(cafile=creds.ca_file)
+    if creds.cert_file and creds.key_file:
+        ctx.load_cert_chain(creds.cert_file, creds.key_file)
+    if not creds.verify:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    return ctx
 
 
 def load_credentials(kubeconfig: str | None) -> Credentials:
@@ -435,16 +448,7 @@ class KubeClient:
         self.creds = creds
         self._limiter = TokenBucket(qps, burst)
         self._timeout = request_timeout
-        ssl_ctx: ssl.SSLContext | bool
-        if creds.server.startswith("https"):
-            ssl_ctx = ssl.create_default_context(cafile=creds.ca_file)
-            if creds.cert_file and creds.key_file:
-                ssl_ctx.load_cert_chain(creds.cert_file, creds.key_file)
-            if not creds.verify:
-                ssl_ctx.check_hostname = False
-                ssl_ctx.verify_mode = ssl.CERT_NONE
-        else:
-            ssl_ctx = False
+        ssl_ctx: ssl.SSLContext | bool = tls_context(creds) if creds.server.startswith("https") else False
         headers = {"User-Agent": user_agent, "Accept": "application/json"}
         self.auth = Authenticator(creds)
         self._session = aiohttp.ClientSession(
@@ -635,9 +639,10 @@ class KubeClient:
             ) as resp:
                 if resp.status >= 300:
                     raise _error_for(resp.status, await resp.read())
+                cut = spec_follows_metadata(path)
                 async for line in _lines(resp.content, MAX_WATCH_EVENT, path):
                     if line.strip():
-                        yield _event(line, path)
+                        yield _event(without_managed_fields(line) if cut else line, path)
         except _TRANSPORT_ERRORS as e:
             raise ServerError(0, f"watch {path}: {type(e).__name__}: {e}") from e
 
@@ -665,6 +670,43 @@ async def _lines(content: aiohttp.StreamReader, limit: int, path: str) -> AsyncI
             raise EventTooLarge(0, f"watch {path}: an event of more than {limit} bytes")
     if buf:
         yield bytes(buf)
+
+
+# ``metadata.managedFields`` as the API server writes it, and what follows it in an object with a ``spec``
+_MANAGED_FIELDS = b',"managedFields":['
+_THEN_SPEC = b']},"spec":{'
+# the core resources whose objects have ``spec`` right after ``metadata`` (Go's declared order), where
+# ``without_managed_fields`` cuts exactly; not, e.g., a PodTemplate, whose ``template`` comes first and may hold
+# a ``metadata`` ending in a list, then a ``spec``
+_SPEC_AFTER_METADATA = ("pods", "nodes")
+
+
+def spec_follows_metadata(path: str) -> bool:
+    """Is ``path`` a core collection of pods or nodes (all, or one namespace's)?"""
+    parts = path.strip("/").split("/")
+    return parts[:2] == ["api", "v1"] and parts[-1] in _SPEC_AFTER_METADATA and len(parts) in (3, 5)
+
+
+def without_managed_fields(line: bytes) -> bytes:
+    """``line``, a watch event of a pod or a node as the API server wrote it, without its object's
+    ``metadata.managedFields`` (no scheduler reads it), cut from the bytes before decoding: they are about 40 %
+    of a kubelet-updated pod's bytes and most of its JSON values, and what a decode costs follows them
+    (``docs/results/managed-fields-2026-12-05/``).
+
+    The cut is exact for the objects ``spec_follows_metadata`` names. Go's encoder writes ``ObjectMeta``'s
+    fields in their declared order, ``managedFields`` last, and a Pod's or Node's ``spec`` right after
+    ``metadata``, with no blanks. Before ``managedFields`` come the type, the name and other metadata whose
+    strings hold no unescaped quote, so the first ``,"managedFields":[`` is the object's. Inside it every key is
+    an entry's field or a ``fieldsV1`` path (``f:``, ``k:``, ``v:``, ``i:``, ``.``) and a quote within a string
+    is escaped, so ``]},"spec":{`` first occurs where ``managedFields`` and ``metadata`` end. A line without
+    both (no ``managedFields``, another writer's spacing) is returned as it is, and decodes whole."""
+    start = line.find(_MANAGED_FIELDS)
+    if start < 0:
+        return line
+    end = line.find(_THEN_SPEC, start)
+    if end < 0:
+        return line
+    return line[:start] + line[end + 1 :]
 
 
 def _event(line: bytes, path: str) -> tuple[str, dict[str, Any]]:

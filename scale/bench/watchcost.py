@@ -6,8 +6,12 @@ beside a scheduler placing a burst, so that a design of the sharded path can be 
 
 - ``cluster``: the cluster-wide watch of ``/api/v1/pods`` as the workers open it (JSON), split into lines, not
   decoded: the transport (TLS, HTTP chunks, the event loop's wake-ups);
-- ``cluster-decoded``: the same, each line decoded as the workers' reflector decodes it
-  (``common.kube._event``: orjson);
+- ``cluster-decoded``: the same, each line decoded whole (``common.kube._event``: orjson), as the workers'
+  reflector did before it cut ``metadata.managedFields`` from the bytes;
+- ``cluster-stripped``: the same, each line decoded as the workers' reflector decodes it: without
+  ``metadata.managedFields`` (``common.kube.without_managed_fields``, then ``_event``);
+- ``cluster-thread``: ``cluster-decoded`` read by a blocking thread from its own TLS socket, with no event loop
+  and no aiohttp (``Dechunker`` takes the chunked coding apart): whether the asyncio stack is what a read costs;
 - ``cluster-paced`` and ``cluster-paused``: ``cluster-decoded`` read at most once per ``--pace-ms`` (after
   each read of what is buffered the reader sleeps, so the events that arrived meanwhile are taken in one
   wake-up of the reading task); ``cluster-paused`` also pauses the TLS transport's delivery while it sleeps
@@ -34,7 +38,12 @@ beside a scheduler placing a burst, so that a design of the sharded path can be 
   a msgpack body; ``common.protocol``). Each sink verifies and unpacks every frame and keeps the records by
   uid. For the relay, events and bytes are the watch's; for a sink, the records and frame bytes it received.
   Every sink gets every record: a real leader would send a node's full record to its owner only (a little
-  less to read than measured here).
+  less to read than measured here);
+- ``relay-raw`` and ``relay-raw-sink``: the same fan-out with the watch's own lines in place of records: the
+  relay decodes only the events of pending pods of ours (what a leader dispatching them reads), and sends every
+  line as the API server wrote it, batched as ``relay`` batches; each sink verifies every frame and decodes
+  every line as ``cluster-decoded`` does. Whether a worker's read gets cheaper when the bytes come from a
+  leader in batches instead of from its own watch.
 
 ``python -m scale.bench.watchcost [--nodes N] [--pods N] [--rounds N] [--scheduler NAME] [--share N] [--out DIR]``:
 one local cluster (as ``bench paired`` builds it); a warm-up trial, not counted, then ``rounds`` trials. Each
@@ -73,18 +82,29 @@ import socket
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
+from urllib.parse import urlsplit
 
 import aiohttp
 import msgpack
 import psutil
 
 from common.backoff import api_retry
-from common.kube import MAX_WATCH_EVENT, KubeClient, _event, _lines, load_credentials
+from common.kube import (
+    MAX_WATCH_EVENT,
+    Credentials,
+    KubeClient,
+    _event,
+    _lines,
+    load_credentials,
+    tls_context,
+    without_managed_fields,
+)
 from common.protocol import MAC_SIZE, read_frame
 from common.wellknown import DEFAULT_SCHEDULER_NAME
 from coordinator.dispatch.dispatcher import pending_selector
@@ -110,16 +130,20 @@ MODES = (
     "cluster-paced",
     "cluster-paused",
     "cluster-protobuf",
+    "cluster-thread",
+    "cluster-stripped",
     "pending",
     "pending-unbound",
     "bound",
     "per-node",
     "relay",
     "relay-sink",
+    "relay-raw",
+    "relay-raw-sink",
 )
 PACED = ("cluster-paced", "cluster-paused")
 # the JSON readers that decode each event (the others count lines)
-DECODED = ("cluster-decoded", *PACED, "pending", "pending-unbound", "bound")
+DECODED = ("cluster-decoded", "cluster-stripped", *PACED, "pending", "pending-unbound", "bound")
 # the readers that open an ended stream again from the last resourceVersion they decoded, as the reflector does
 RESUMING = ("pending", "pending-unbound", "bound")
 # the field selector of a reader of one cluster-wide watch
@@ -129,6 +153,14 @@ SELECTORS = {
     "bound": "spec.nodeName!=",
 }
 RELAY, SINK = "relay", "relay-sink"
+RAW_RELAY, RAW_SINK = "relay-raw", "relay-raw-sink"
+RELAY_OF = {SINK: RELAY, RAW_SINK: RAW_RELAY}  # each sink's relay
+# what the raw relay decodes (as the leader decodes the pending pods of ours): the events that contain both,
+# in the API server's JSON (Go's encoder writes no blanks; a name it would escape is not ours)
+OURS = f'"schedulerName":"{DEFAULT_SCHEDULER_NAME}"'.encode()
+PENDING = b'"phase":"Pending"'
+THREAD = "cluster-thread"
+THREAD_FAILURES: list[str] = []  # the cluster-thread reader's, if it failed
 RELAY_KEY = (
     b"watchcost-relay"  # the frames' MAC key: a fixed key, since the cost, not the secrecy, is measured
 )
@@ -265,10 +297,104 @@ async def _stream(
                 if line.strip():
                     reading.events += 1
                     if mode in DECODED:
-                        _, obj = _event(line, "/api/v1/pods")
+                        decoded = without_managed_fields(line) if mode == "cluster-stripped" else line
+                        _, obj = _event(decoded, "/api/v1/pods")
                         if mode in RESUMING:
                             rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
     return rv
+
+
+class Dechunker:
+    """HTTP/1.1 chunked transfer coding taken apart, and the body split into lines: ``feed`` takes the bytes
+    as they arrive, in pieces of any size, and returns the complete lines they finish; ``ended`` is set by the
+    last (zero-size) chunk."""
+
+    def __init__(self) -> None:
+        self._framing = bytearray()  # bytes not yet taken apart
+        self._body = bytearray()  # body bytes after the last newline
+        self._need = (
+            -1
+        )  # bytes left of the current chunk's data; -1: a size line next; -2: the data's CRLF next
+        self.ended = False
+
+    def feed(self, data: bytes | memoryview) -> list[bytes]:
+        framing = self._framing
+        framing += data
+        pos = 0
+        while not self.ended:
+            if self._need > 0:
+                take = min(self._need, len(framing) - pos)
+                self._body += framing[pos : pos + take]
+                pos += take
+                self._need -= take
+                if self._need:
+                    break
+                self._need = -2
+            if self._need == -2:
+                if len(framing) - pos < 2:
+                    break
+                pos += 2
+                self._need = -1
+            eol = framing.find(b"\r\n", pos)
+            if eol < 0:
+                break
+            size = int(bytes(framing[pos:eol]).split(b";")[0], 16)
+            pos = eol + 2
+            if size == 0:
+                self.ended = True
+            self._need = size
+        del framing[:pos]
+        if b"\n" not in self._body:
+            return []
+        *lines, tail = bytes(self._body).split(b"\n")
+        self._body = bytearray(tail)
+        return lines
+
+
+def _thread_watch(creds: Credentials, rv: str, reading: Reading, halt: threading.Event) -> None:
+    """The cluster-wide watch read by a blocking thread from its own TLS socket (no event loop, no aiohttp),
+    de-chunked and decoded here: each ``recv_into`` takes whatever the kernel buffered. A failure is kept in
+    ``THREAD_FAILURES``."""
+    try:
+        url = urlsplit(creds.server)
+        raw = socket.create_connection((url.hostname or "", url.port or 443))
+        sock = tls_context(creds).wrap_socket(raw, server_hostname=url.hostname)
+        sock.settimeout(0.5)  # to look at ``halt``
+        auth = f"Authorization: Bearer {creds.token}\r\n" if creds.token else ""
+        request = (
+            f"GET /api/v1/pods?watch=1&resourceVersion={rv}&timeoutSeconds=3600 HTTP/1.1\r\n"
+            f"Host: {url.netloc}\r\nAccept: application/json\r\n{auth}\r\n"
+        )
+        sock.sendall(request.encode())
+        head = bytearray()
+        while b"\r\n\r\n" not in head:
+            head += sock.recv(65536)
+        status, _, rest = bytes(head).partition(b"\r\n\r\n")
+        if not status.startswith(b"HTTP/1.1 200") or b"chunked" not in status.lower():
+            raise RuntimeError(f"watch answered {status[:200]!r}")
+        reading.watches += 1
+        stream = Dechunker()
+        into = bytearray(1 << 20)
+        view = memoryview(into)
+        data: bytes | memoryview = rest
+        while not stream.ended and not halt.is_set():
+            for line in stream.feed(data):
+                if line.strip():
+                    reading.events += 1
+                    reading.bytes += len(line) + 1
+                    _event(line, "/api/v1/pods")
+            try:
+                got = sock.recv_into(into)
+            except TimeoutError:
+                data = b""
+                continue
+            if not got:
+                break
+            data = view[:got]
+        if not halt.is_set():
+            reading.ended += 1
+    except Exception as e:  # the trial's failure, reported
+        THREAD_FAILURES.append(repr(e))
 
 
 class _Paced:
@@ -354,43 +480,88 @@ class Sealer:
         return h.digest()
 
 
+class Fanout:
+    """A relay's sinks, and what it has not sent them yet: ``add`` queues items, sent at once (``flush_s`` 0)
+    or within ``flush_s`` of the first one not sent yet, in one frame per sink (``pack`` makes its body),
+    sealed as the dispatch link seals its frames."""
+
+    def __init__(self, reading: Reading, pack: Callable[[list[Any]], bytes], flush_s: float) -> None:
+        self._reading = reading
+        self._pack = pack
+        self._flush_s = flush_s
+        self._sinks: list[tuple[asyncio.StreamWriter, Sealer]] = []
+        self._pending: list[Any] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._listener: asyncio.Server | None = None
+
+    async def listen(self, port: int) -> None:
+        async def accept(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            self._sinks.append((writer, Sealer()))
+
+        self._listener = await asyncio.start_server(accept, "127.0.0.1", port)
+
+    def add(self, items: list[Any]) -> None:
+        if not items:
+            return
+        self._pending += items
+        if self._flush_s <= 0:
+            self.flush()
+        elif self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self._flush_s, self.flush)
+
+    def flush(self) -> None:
+        self._timer = None
+        if not self._pending:
+            return
+        self._reading.records += len(self._pending)
+        body = self._pack(self._pending)
+        self._pending = []
+        for writer, sealer in self._sinks:
+            writer.write((MAC_SIZE + len(body)).to_bytes(4, "big") + sealer.mac(body) + body)
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._listener is not None:
+            self._listener.close()
+        for writer, _ in self._sinks:
+            writer.close()
+
+
+@contextlib.asynccontextmanager
+async def _pod_watch(
+    session: aiohttp.ClientSession, server: str, reading: Reading, rv: str
+) -> AsyncIterator[aiohttp.ClientResponse]:
+    """The cluster-wide pod watch from ``rv``, counted in ``reading.watches`` once it is answered."""
+    query = {"watch": "1", "resourceVersion": rv, "timeoutSeconds": "3600"}
+    timeout = aiohttp.ClientTimeout(total=None)
+    async with session.get(server + "/api/v1/pods", params=query, timeout=timeout) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"watch answered {resp.status}: {(await resp.read())[:200]!r}")
+        reading.watches += 1
+        yield resp
+
+
+def _packed(records: list[Any]) -> bytes:
+    return cast(bytes, msgpack.packb(records, use_bin_type=True))
+
+
 async def relay(
     session: aiohttp.ClientSession, server: str, reading: Reading, rv: str, port: int, *, flush_s: float = 0.0
 ) -> None:
     """Read the cluster-wide watch; send the changed rule records to every connected sink: each watch
     chunk's at once, or (``flush_s`` > 0) those of every chunk read within ``flush_s`` of the first one not
     sent yet, in one frame (fewer frames, each record later by up to ``flush_s``)."""
-    sinks: list[tuple[asyncio.StreamWriter, Sealer]] = []
-    pending: list[list[Any]] = []
-    timer: asyncio.TimerHandle | None = None
-
-    def flush() -> None:
-        nonlocal timer
-        timer = None
-        if not pending:
-            return
-        reading.records += len(pending)
-        body = msgpack.packb(pending, use_bin_type=True)
-        pending.clear()
-        for writer, sealer in sinks:
-            writer.write((MAC_SIZE + len(body)).to_bytes(4, "big") + sealer.mac(body) + body)
-
-    async def accept(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        sinks.append((writer, Sealer()))
-
-    listener = await asyncio.start_server(accept, "127.0.0.1", port)
+    fanout = Fanout(reading, _packed, flush_s)
+    await fanout.listen(port)
     last: dict[str, list[Any]] = {}
-    query = {"watch": "1", "resourceVersion": rv, "timeoutSeconds": "3600"}
-    timeout = aiohttp.ClientTimeout(total=None)
     try:
-        async with session.get(server + "/api/v1/pods", params=query, timeout=timeout) as resp:
-            if resp.status != 200:
-                raise RuntimeError(f"watch answered {resp.status}: {(await resp.read())[:200]!r}")
-            reading.watches += 1
+        async with _pod_watch(session, server, reading, rv) as resp:
             buf = b""
             async for chunk in resp.content.iter_any():
                 reading.bytes += len(chunk)
                 *lines, buf = (buf + chunk).split(b"\n")
+                changed = []
                 for line in lines:
                     if not line.strip():
                         continue
@@ -404,21 +575,38 @@ async def relay(
                         last.pop(uid, None)
                     else:
                         last[uid] = record
-                    pending.append(record)
-                if pending and flush_s <= 0:
-                    flush()
-                elif pending and timer is None:
-                    timer = asyncio.get_running_loop().call_later(flush_s, flush)
+                    changed.append(record)
+                fanout.add(changed)
         reading.ended += 1
     finally:
-        if timer is not None:
-            timer.cancel()
-        listener.close()
-        for writer, _ in sinks:
-            writer.close()
+        fanout.close()
 
 
-async def sink(reading: Reading, port: int) -> None:
+async def raw_relay(
+    session: aiohttp.ClientSession, server: str, reading: Reading, rv: str, port: int, *, flush_s: float = 0.0
+) -> None:
+    """Read the cluster-wide watch; decode only the events of pending pods of ours (``OURS`` and ``PENDING``
+    in the line: what a leader dispatching them reads of them); send every event's line as the API server
+    wrote it to every connected sink: each line at once, or (``flush_s`` > 0) those read within ``flush_s``
+    of the first one not sent yet, in one frame."""
+    fanout = Fanout(reading, b"\n".join, flush_s)
+    await fanout.listen(port)
+    try:
+        async with _pod_watch(session, server, reading, rv) as resp:
+            async for line in _lines(resp.content, MAX_WATCH_EVENT, "/api/v1/pods"):
+                reading.bytes += len(line) + 1
+                if not line.strip():
+                    continue
+                reading.events += 1
+                if OURS in line and PENDING in line:
+                    _event(line, "/api/v1/pods")
+                fanout.add([line])
+        reading.ended += 1
+    finally:
+        fanout.close()
+
+
+async def sink(reading: Reading, port: int, *, raw: bool = False) -> None:
     """Read the relay's frames: verify each, unpack it, keep its records by uid."""
     deadline = time.monotonic() + SINK_CONNECT_S
     while True:
@@ -432,6 +620,7 @@ async def sink(reading: Reading, port: int) -> None:
     reading.watches += 1
     opener = Sealer()
     pods: dict[str, list[Any]] = {}
+    objects: dict[str, dict[str, Any]] = {}
     try:
         while True:
             try:
@@ -441,6 +630,16 @@ async def sink(reading: Reading, port: int) -> None:
             if not hmac.compare_digest(mac, opener.mac(body)):
                 raise RuntimeError(f"frame {opener.seq - 1} not authenticated")
             reading.bytes += 4 + MAC_SIZE + len(body)
+            if raw:  # the watch's lines: decoded and kept as the workers' reflector keeps them
+                for line in body.split(b"\n"):
+                    reading.events += 1
+                    kind, obj = _event(line, "/api/v1/pods")
+                    uid = str((obj.get("metadata") or {}).get("uid", ""))
+                    if kind == "DELETED":
+                        objects.pop(uid, None)
+                    else:
+                        objects[uid] = obj
+                continue
             for record in msgpack.unpackb(body):
                 reading.events += 1
                 if record[0] == "D":
@@ -458,22 +657,31 @@ async def read(mode: str, kubeconfig: str, share: int, port: int = 0, flush_s: f
     reading = Reading(mode)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    if mode == SINK:
-        task = asyncio.create_task(sink(reading, port))
+    if mode in RELAY_OF:
+        task = asyncio.create_task(sink(reading, port, raw=mode == RAW_SINK))
         await stop.wait()
         return asdict(reading) | {"failed": await _stopped(task)}
     creds = load_credentials(kubeconfig)
     async with KubeClient(creds) as lister:
         rv = str((await lister.get("/api/v1/pods", {"limit": "1"}))["metadata"]["resourceVersion"])
         nodes = [str(n["metadata"]["name"]) for n in (await lister.get("/api/v1/nodes"))["items"]]
+    if mode == THREAD:
+        halt = threading.Event()
+        worker = threading.Thread(target=_thread_watch, args=(creds, rv, reading, halt), daemon=True)
+        worker.start()
+        await stop.wait()
+        halt.set()
+        await asyncio.to_thread(worker.join, READER_STOP_S)
+        return asdict(reading) | {"failed": list(THREAD_FAILURES)}
     selectors = field_selectors(mode, nodes, share)
     # One connection per watch (HTTP/1.1). The raw stream is read beneath ``KubeClient.watch`` (its session,
     # ``common.kube``'s line splitter and event decoder): what is measured is the transport and, by mode, the
     # decoding, with the client's TLS and authentication.
     async with KubeClient(creds, max_connections=len(selectors) + 4) as client:
-        if mode == RELAY:
+        if mode in (RELAY, RAW_RELAY):
+            relaying = relay if mode == RELAY else raw_relay
             task = asyncio.create_task(
-                relay(client._session, client.creds.server, reading, rv, port, flush_s=flush_s)
+                relaying(client._session, client.creds.server, reading, rv, port, flush_s=flush_s)
             )
             await stop.wait()
             return asdict(reading) | {"failed": await _stopped(task)}
@@ -546,9 +754,11 @@ def summary(results: Sequence[ReaderResult], scheduler_cpu: Sequence[float], sha
         ok = [r for r in mine if r.valid]
         if not mine:
             continue
-        name = {"per-node": f"per-node (1 of {share} shards)", SINK: f"relay-sink (each of {share})"}.get(
-            mode, mode
-        )
+        name = {
+            "per-node": f"per-node (1 of {share} shards)",
+            SINK: f"relay-sink (each of {share})",
+            RAW_SINK: f"relay-raw-sink (each of {share})",
+        }.get(mode, mode)
         trials = f"{len(ok)}" + (f" (+{len(mine) - len(ok)} invalid)" if len(ok) < len(mine) else "")
         lines.append(
             f"| {name} | {trials} | {spread([r.cpu_s_per_1k_pods for r in ok], '.3f')} "
@@ -610,10 +820,10 @@ def reader_labels(modes: Sequence[str], share: int) -> list[tuple[str, str]]:
     after their relay (a sink without its relay is not started)."""
     labels: list[tuple[str, str]] = []
     for mode in MODES:
-        if mode not in modes or (mode == SINK and RELAY not in modes):
+        if mode not in modes or (mode in RELAY_OF and RELAY_OF[mode] not in modes):
             continue
-        if mode == SINK:
-            labels += [(f"{SINK}-{i}", SINK) for i in range(1, share + 1)]
+        if mode in RELAY_OF:
+            labels += [(f"{mode}-{i}", mode) for i in range(1, share + 1)]
         else:
             labels.append((mode, mode))
     return labels
@@ -646,10 +856,11 @@ async def run(config: WatchCostConfig) -> tuple[list[ReaderResult], list[float]]
                     why = await until_ready(client, spec, running, nodes=config.nodes, fleet=fleet, notes=[])
                     if why:
                         raise RuntimeError(f"{config.scheduler} did not get ready: {why}")
-                    port = _free_port()
+                    ports = {RELAY: _free_port(), RAW_RELAY: _free_port()}
                     for label, mode in reader_labels(config.modes, config.share):
                         out = config.out / f"reader-{trial}-{label}.json"
                         argv = [sys.executable, "-m", MODULE, "read", mode, str(kubeconfig), str(out)]
+                        port = ports.get(RELAY_OF.get(mode, mode), 0)
                         argv += ["--share", str(config.share), "--port", str(port)]
                         flush_ms = config.pace_ms if mode in PACED else config.relay_flush_ms
                         argv += ["--flush-ms", str(flush_ms)]
@@ -672,8 +883,8 @@ async def run(config: WatchCostConfig) -> tuple[list[ReaderResult], list[float]]
                 finally:
                     running.stop()
                     # sinks first: a relay stopped before them would end their streams, which reads as a failure
-                    await _stop_readers([proc for mode, proc, _ in readers.values() if mode == SINK])
-                    await _stop_readers([proc for mode, proc, _ in readers.values() if mode != SINK])
+                    await _stop_readers([proc for mode, proc, _ in readers.values() if mode in RELAY_OF])
+                    await _stop_readers([proc for mode, proc, _ in readers.values() if mode not in RELAY_OF])
                 if trial == 0:
                     continue
                 scheduler_cpu.append(result.cpu_s_per_1k_pods)

@@ -1,9 +1,10 @@
 """The parts of ``scale.bench.watchcost`` that need no cluster: frame counting, the per-node share, the summary,
-the relay's records and its sinks' reading of them."""
+the relay's records and its sinks' reading of them, the thread reader's de-chunking."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import socket
 
 import msgpack
@@ -12,6 +13,7 @@ import pytest
 from common.protocol import MAC_SIZE
 from scale.bench import watchcost
 from scale.bench.watchcost import (
+    Dechunker,
     FrameCounter,
     ReaderResult,
     Reading,
@@ -198,6 +200,11 @@ def test_a_trial_starts_one_sink_per_share_and_only_with_its_relay() -> None:
         ("relay-sink-2", "relay-sink"),
     ]
     assert reader_labels(("relay-sink", "per-node"), 2) == [("per-node", "per-node")]
+    assert reader_labels(("relay-raw-sink", "relay-raw", "relay-sink"), 2) == [
+        ("relay-raw", "relay-raw"),
+        ("relay-raw-sink-1", "relay-raw-sink"),
+        ("relay-raw-sink-2", "relay-raw-sink"),
+    ]
 
 
 def _pod(*, node: str = "", nominated: str = "", **spec: object) -> dict[str, object]:
@@ -284,3 +291,45 @@ async def test_a_sink_keeps_the_records_of_authentic_frames_and_stops_at_a_forge
         with pytest.raises(RuntimeError, match="frame 1 not authenticated"):
             await sink(reading, port)
         assert reading.events == 1
+
+
+@pytest.mark.parametrize("piece", [1, 3, 7, 1000])
+def test_the_dechunker_gives_every_line_whatever_pieces_the_bytes_come_in(piece: int) -> None:
+    lines = [b'{"type":"ADDED","object":{"n":' + str(i).encode() + b"}}" for i in range(5)]
+    body = b"".join(line + b"\n" for line in lines)
+    # chunks that do not follow the lines: one splits a line, one holds two and a half
+    cuts = [0, 10, 40, 41, 130, len(body)]
+    chunked = b"".join(
+        f"{b - a:x}".encode() + (b";ext=1" if i == 1 else b"") + b"\r\n" + body[a:b] + b"\r\n"
+        for i, (a, b) in enumerate(itertools.pairwise(cuts))
+        if b > a
+    )
+    last = len(chunked)  # where the last chunk's size line begins
+    chunked += b"0\r\n\r\n"
+    stream = Dechunker()
+    got: list[bytes] = []
+    for i in range(0, len(chunked), piece):
+        assert stream.ended == (i >= last + 3)
+        got += stream.feed(chunked[i : i + piece])
+    assert got == lines
+    assert stream.ended
+
+
+async def test_a_raw_sink_decodes_every_line_of_authentic_frames() -> None:
+    sealer = Sealer()
+    lines = [b'{"type":"ADDED","object":{"metadata":{"uid":"u' + str(i).encode() + b'"}}}' for i in range(3)]
+    deleted = b'{"type":"DELETED","object":{"metadata":{"uid":"u1"}}}'
+    frames = [b"\n".join(lines), deleted]
+
+    async def send(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        for body in frames:
+            writer.write((MAC_SIZE + len(body)).to_bytes(4, "big") + sealer.mac(body) + body)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(send, "127.0.0.1", 0)
+    sock: socket.socket = server.sockets[0]
+    async with server:
+        reading = Reading("relay-raw-sink")
+        await sink(reading, int(sock.getsockname()[1]), raw=True)
+    assert (reading.watches, reading.events, reading.ended) == (1, 4, 1)

@@ -1,11 +1,13 @@
 """The watch stream as the API server writes it, over real HTTP from an in-process server: events far larger
 than aiohttp's own line limit are read, an event over ``MAX_WATCH_EVENT`` raises ``EventTooLarge`` without
-being buffered whole, and a line that is not a watch event is a broken stream (``ServerError``)."""
+being buffered whole, a line that is not a watch event is a broken stream (``ServerError``), and a pod or node
+watch yields its objects without ``metadata.managedFields``, cut exactly from the bytes (recorded events)."""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -164,3 +166,98 @@ async def test_a_reply_that_is_not_json_is_a_server_error() -> None:
     finally:
         await client.close()
         await server.close()
+
+
+def _recorded_pod_events() -> list[dict[str, Any]]:
+    """Every event of two pods' lives as a real API server wrote them (ADDED, binding, start, deletion,
+    DELETED), each with its managedFields."""
+    data = orjson.loads((Path(__file__).parents[1] / "worker" / "data" / "pod_events.json").read_bytes())
+    return [event for events in data.values() for event in events]
+
+
+def _without(event: dict[str, Any]) -> dict[str, Any]:
+    obj = event["object"]
+    meta = {k: v for k, v in obj["metadata"].items() if k != "managedFields"}
+    return {**event, "object": {**obj, "metadata": meta}}
+
+
+def test_managed_fields_are_cut_exactly_from_recorded_pod_events() -> None:
+    events = _recorded_pod_events()
+    assert events and all(e["object"]["metadata"].get("managedFields") for e in events)
+    for event in events:
+        line = orjson.dumps(event)  # compact, as Go's encoder writes it
+        cut = kube.without_managed_fields(line)
+        assert len(cut) < len(line)
+        assert orjson.loads(cut) == _without(event)
+
+
+def test_a_node_loses_its_managed_fields_and_nothing_else() -> None:
+    node = {
+        "kind": "Node",
+        "apiVersion": "v1",
+        "metadata": {
+            "name": "kwok-node-1",
+            "labels": {"type": "kwok"},
+            "finalizers": ["x"],
+            "managedFields": [
+                {
+                    "manager": "kwok",
+                    "operation": "Update",
+                    "fieldsType": "FieldsV1",
+                    "fieldsV1": {
+                        "f:spec": {"f:taints": {}},
+                        "f:status": {"f:conditions": {'k:{"type":"Ready"}': {}}},
+                    },
+                    "subresource": "status",
+                }
+            ],
+        },
+        "spec": {"taints": [{"key": "k", "effect": "NoSchedule"}]},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }
+    event = {"type": "MODIFIED", "object": node}
+    assert orjson.loads(kube.without_managed_fields(orjson.dumps(event))) == _without(event)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        # no managedFields
+        b'{"type":"ADDED","object":{"metadata":{"name":"p"},"spec":{}}}',
+        # another writer's spacing: the cut's markers are not there, so nothing is cut
+        b'{"type": "ADDED", "object": {"metadata": {"name": "p", "managedFields": []}, "spec": {}}}',
+        # managedFields, but no spec after metadata
+        b'{"type":"ADDED","object":{"metadata":{"name":"p","managedFields":[{"manager":"m"}]},"status":{}}}',
+        # the markers only inside strings (escaped quotes)
+        b'{"type":"ADDED","object":{"metadata":{"name":"p","annotations":{"a":",\\"managedFields\\":[ ]},\\"spec\\":{"}},"spec":{}}}',
+    ],
+)
+def test_a_line_without_both_markers_is_left_whole(line: bytes) -> None:
+    assert kube.without_managed_fields(line) is line
+
+
+@pytest.mark.parametrize(
+    ("path", "cut"),
+    [
+        ("/api/v1/pods", True),
+        ("/api/v1/nodes", True),
+        ("/api/v1/namespaces/team-a/pods", True),
+        ("/api/v1/podtemplates", False),  # its template's metadata may end in a list, then a spec
+        ("/api/v1/namespaces/team-a/pods/p", False),
+        ("/apis/apps/v1/deployments", False),
+        ("/api/v1/namespaces", False),
+    ],
+)
+def test_only_pods_and_nodes_are_cut(path: str, cut: bool) -> None:
+    assert kube.spec_follows_metadata(path) is cut
+
+
+async def test_a_pod_watch_yields_its_objects_without_managed_fields() -> None:
+    events = _recorded_pod_events()
+
+    async def write(resp: web.StreamResponse) -> None:
+        for event in events:
+            await resp.write(orjson.dumps(event) + b"\n")
+
+    got = await _events(write)
+    assert got == [(e["type"], _without(e)["object"]) for e in events]
