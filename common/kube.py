@@ -16,8 +16,10 @@ Invariants:
   said, so it relists (a list is read whole and has no such bound). A line that is not a JSON watch event is a
   broken stream (``ServerError``), like a dropped connection. Nothing else escapes: every failure of a request
   or a watch is one of the ``ApiError`` classes.
-- A watch of pods or nodes yields objects without ``metadata.managedFields`` (``without_managed_fields``: cut
-  from the bytes, before decoding, only where the cut is exact); nothing here or in its callers reads them.
+- A reply of ``PAUSE_GC_FROM`` bytes or more is decoded with the cyclic garbage collector paused (``_loads``).
+- A watch or a list of pods or nodes gives objects without ``metadata.managedFields``
+  (``without_managed_fields``: cut from the bytes, before decoding, only where the cut is exact); nothing in
+  this project reads them.
 - Bearer tokens are never cached for the life of the process (``Authenticator``): a token file (projected
   service-account token, or a kubeconfig ``tokenFile``) is re-read every ``TOKEN_REREAD`` seconds, an exec
   credential plugin is re-run ``EXPIRY_SKEW`` before its ``expirationTimestamp``, and both on a 401 to the
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import gc
 import logging
 import os
 import ssl
@@ -518,13 +521,15 @@ class KubeClient:
         body: Any = None,
         content_type: str = "application/json",
         timeout: float | None = None,
+        cut: bool = False,
     ) -> Any:
-        """One request; returns the decoded JSON reply (or None for an empty one)."""
+        """One request; returns the decoded JSON reply (or None for an empty one), decoded without the
+        objects' ``metadata.managedFields`` if ``cut`` (``without_managed_fields``: pods and nodes only)."""
         status, raw = await self._send(
             method, path, params=params, body=body, content_type=content_type, timeout=timeout
         )
         try:
-            return orjson.loads(raw) if raw else None
+            return _loads(without_managed_fields(raw) if cut else raw) if raw else None
         except orjson.JSONDecodeError as e:
             raise ServerError(status, f"{method} {path}: the reply is not JSON: {e}") from e
 
@@ -577,7 +582,9 @@ class KubeClient:
             retried = True
 
     async def get(self, path: str, params: dict[str, str] | None = None) -> Any:
-        return await self.request("GET", path, params=params)
+        """A GET's decoded reply; a list of pods or nodes without its objects' ``metadata.managedFields``
+        (``without_managed_fields``), as a watch of them gives them."""
+        return await self.request("GET", path, params=params, cut=spec_follows_metadata(path))
 
     async def post(self, path: str, body: Any, params: dict[str, str] | None = None) -> Any:
         return await self.request("POST", path, body=body, params=params)
@@ -687,26 +694,56 @@ def spec_follows_metadata(path: str) -> bool:
     return parts[:2] == ["api", "v1"] and parts[-1] in _SPEC_AFTER_METADATA and len(parts) in (3, 5)
 
 
-def without_managed_fields(line: bytes) -> bytes:
-    """``line``, a watch event of a pod or a node as the API server wrote it, without its object's
-    ``metadata.managedFields`` (no scheduler reads it), cut from the bytes before decoding: they are about 40 %
-    of a kubelet-updated pod's bytes and most of its JSON values, and what a decode costs follows them
+def without_managed_fields(data: bytes) -> bytes:
+    """``data``, a watch event or a list of pods or nodes as the API server wrote it, without each object's
+    ``metadata.managedFields`` (no scheduler reads them), cut from the bytes before decoding: they are about
+    40 % of a kubelet-updated pod's bytes and most of its JSON values, and what a decode costs follows them
     (``docs/results/managed-fields-2026-12-05/``).
 
     The cut is exact for the objects ``spec_follows_metadata`` names. Go's encoder writes ``ObjectMeta``'s
     fields in their declared order, ``managedFields`` last, and a Pod's or Node's ``spec`` right after
-    ``metadata``, with no blanks. Before ``managedFields`` come the type, the name and other metadata whose
-    strings hold no unescaped quote, so the first ``,"managedFields":[`` is the object's. Inside it every key is
-    an entry's field or a ``fieldsV1`` path (``f:``, ``k:``, ``v:``, ``i:``, ``.``) and a quote within a string
-    is escaped, so ``]},"spec":{`` first occurs where ``managedFields`` and ``metadata`` end. A line without
-    both (no ``managedFields``, another writer's spacing) is returned as it is, and decodes whole."""
-    start = line.find(_MANAGED_FIELDS)
+    ``metadata``, with no blanks. Before an object's ``managedFields`` come its type and metadata, or (in a list)
+    the objects before it, whose strings hold no unescaped quote and whose ``spec`` and ``status`` have no such
+    field, so the next ``,"managedFields":[`` is the object's. Inside it every key is an entry's field or a
+    ``fieldsV1`` path (``f:``, ``k:``, ``v:``, ``i:``, ``.``) and a quote within a string is escaped, so
+    ``]},"spec":{`` first occurs where ``managedFields`` and ``metadata`` end. Bytes without both (no
+    ``managedFields``, another writer's spacing) are returned as they are, and decode whole."""
+    start = data.find(_MANAGED_FIELDS)
     if start < 0:
-        return line
-    end = line.find(_THEN_SPEC, start)
-    if end < 0:
-        return line
-    return line[:start] + line[end + 1 :]
+        return data
+    kept: list[bytes] = []
+    pos = 0
+    while start >= 0:
+        end = data.find(_THEN_SPEC, start)
+        if end < 0:
+            break
+        kept.append(data[pos:start])
+        pos = end + 1
+        start = data.find(_MANAGED_FIELDS, pos)
+    if not kept:
+        return data
+    kept.append(data[pos:])
+    return b"".join(kept)
+
+
+# A reply at least this large is decoded with the cyclic garbage collector paused (``_loads``).
+PAUSE_GC_FROM = 1 << 20
+
+
+def _loads(raw: bytes) -> Any:
+    """``raw`` decoded; one of ``PAUSE_GC_FROM`` bytes or more (a list of thousands of pods or nodes) with the
+    cyclic garbage collector paused meanwhile. Such a decode makes hundreds of thousands of dicts and lists that
+    all stay alive, so each collection the allocations trigger on the way scans the growing tree again and
+    frees nothing: with the collector on, a 10,000-pod list took four times as long
+    (``docs/results/managed-fields-2026-12-05/``). A decoded reply is a tree, with no reference cycle, so the
+    pause leaves no garbage behind; the collector runs at the next allocation after it."""
+    if len(raw) < PAUSE_GC_FROM or not gc.isenabled():
+        return orjson.loads(raw)
+    gc.disable()
+    try:
+        return orjson.loads(raw)
+    finally:
+        gc.enable()
 
 
 def _event(line: bytes, path: str) -> tuple[str, dict[str, Any]]:

@@ -12,6 +12,10 @@ beside a scheduler placing a burst, so that a design of the sharded path can be 
   ``metadata.managedFields`` (``common.kube.without_managed_fields``, then ``_event``);
 - ``cluster-thread``: ``cluster-decoded`` read by a blocking thread from its own TLS socket, with no event loop
   and no aiohttp (``Dechunker`` takes the chunked coding apart): whether the asyncio stack is what a read costs;
+- ``cluster-thread-paced``: the same thread sleeping ``--pace-ms`` after each read, so the events that arrive
+  meanwhile wait in the kernel's socket buffer and are taken in one wake-up: whether waking less often makes a
+  read cheaper when the socket itself is not read meanwhile (``cluster-paused`` pauses only the TLS layer's
+  delivery);
 - ``cluster-paced`` and ``cluster-paused``: ``cluster-decoded`` read at most once per ``--pace-ms`` (after
   each read of what is buffered the reader sleeps, so the events that arrived meanwhile are taken in one
   wake-up of the reading task); ``cluster-paused`` also pauses the TLS transport's delivery while it sleeps
@@ -79,6 +83,7 @@ import json
 import logging
 import signal
 import socket
+import ssl
 import statistics
 import sys
 import tempfile
@@ -131,6 +136,7 @@ MODES = (
     "cluster-paused",
     "cluster-protobuf",
     "cluster-thread",
+    "cluster-thread-paced",
     "cluster-stripped",
     "pending",
     "pending-unbound",
@@ -141,7 +147,7 @@ MODES = (
     "relay-raw",
     "relay-raw-sink",
 )
-PACED = ("cluster-paced", "cluster-paused")
+PACED = ("cluster-paced", "cluster-paused", "cluster-thread-paced")
 # the JSON readers that decode each event (the others count lines)
 DECODED = ("cluster-decoded", "cluster-stripped", *PACED, "pending", "pending-unbound", "bound")
 # the readers that open an ended stream again from the last resourceVersion they decoded, as the reflector does
@@ -159,7 +165,7 @@ RELAY_OF = {SINK: RELAY, RAW_SINK: RAW_RELAY}  # each sink's relay
 # in the API server's JSON (Go's encoder writes no blanks; a name it would escape is not ours)
 OURS = f'"schedulerName":"{DEFAULT_SCHEDULER_NAME}"'.encode()
 PENDING = b'"phase":"Pending"'
-THREAD = "cluster-thread"
+THREADS = ("cluster-thread", "cluster-thread-paced")
 THREAD_FAILURES: list[str] = []  # the cluster-thread reader's, if it failed
 RELAY_KEY = (
     b"watchcost-relay"  # the frames' MAC key: a fixed key, since the cost, not the secrecy, is measured
@@ -351,7 +357,9 @@ class Dechunker:
         return lines
 
 
-def _thread_watch(creds: Credentials, rv: str, reading: Reading, halt: threading.Event) -> None:
+def _thread_watch(
+    creds: Credentials, rv: str, reading: Reading, halt: threading.Event, pace_s: float
+) -> None:
     """The cluster-wide watch read by a blocking thread from its own TLS socket (no event loop, no aiohttp),
     de-chunked and decoded here: each ``recv_into`` takes whatever the kernel buffered. A failure is kept in
     ``THREAD_FAILURES``."""
@@ -376,21 +384,36 @@ def _thread_watch(creds: Credentials, rv: str, reading: Reading, halt: threading
         stream = Dechunker()
         into = bytearray(1 << 20)
         view = memoryview(into)
-        data: bytes | memoryview = rest
-        while not stream.ended and not halt.is_set():
+
+        def take(data: bytes | memoryview) -> None:
             for line in stream.feed(data):
                 if line.strip():
                     reading.events += 1
                     reading.bytes += len(line) + 1
                     _event(line, "/api/v1/pods")
+
+        take(rest)
+        while not stream.ended and not halt.is_set():
             try:
                 got = sock.recv_into(into)
             except TimeoutError:
-                data = b""
                 continue
             if not got:
                 break
-            data = view[:got]
+            take(view[:got])
+            if pace_s <= 0:
+                continue
+            # take what else is buffered (each TLS record is a read of its own), then sleep: what arrives
+            # meanwhile waits in the kernel's socket buffer
+            sock.settimeout(0.0)
+            try:
+                while (got := sock.recv_into(into)) and not stream.ended:
+                    take(view[:got])
+            except (ssl.SSLWantReadError, BlockingIOError):
+                pass
+            finally:
+                sock.settimeout(0.5)
+            halt.wait(pace_s)
         if not halt.is_set():
             reading.ended += 1
     except Exception as e:  # the trial's failure, reported
@@ -665,9 +688,10 @@ async def read(mode: str, kubeconfig: str, share: int, port: int = 0, flush_s: f
     async with KubeClient(creds) as lister:
         rv = str((await lister.get("/api/v1/pods", {"limit": "1"}))["metadata"]["resourceVersion"])
         nodes = [str(n["metadata"]["name"]) for n in (await lister.get("/api/v1/nodes"))["items"]]
-    if mode == THREAD:
+    if mode in THREADS:
         halt = threading.Event()
-        worker = threading.Thread(target=_thread_watch, args=(creds, rv, reading, halt), daemon=True)
+        pace_s = flush_s if mode == "cluster-thread-paced" else 0.0
+        worker = threading.Thread(target=_thread_watch, args=(creds, rv, reading, halt, pace_s), daemon=True)
         worker.start()
         await stop.wait()
         halt.set()
@@ -940,7 +964,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--pace-ms",
         type=float,
         default=5.0,
-        help="cluster-paced and cluster-paused read the watch at most this often",
+        help="cluster-paced, cluster-paused and cluster-thread-paced read the watch at most this often",
     )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)

@@ -1,11 +1,13 @@
 """The watch stream as the API server writes it, over real HTTP from an in-process server: events far larger
 than aiohttp's own line limit are read, an event over ``MAX_WATCH_EVENT`` raises ``EventTooLarge`` without
-being buffered whole, a line that is not a watch event is a broken stream (``ServerError``), and a pod or node
-watch yields its objects without ``metadata.managedFields``, cut exactly from the bytes (recorded events)."""
+being buffered whole, a line that is not a watch event is a broken stream (``ServerError``), a pod or node
+watch or list gives its objects without ``metadata.managedFields``, cut exactly from the bytes (recorded
+events), and a large reply is decoded with the garbage collector paused."""
 
 from __future__ import annotations
 
 import contextlib
+import gc
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -261,3 +263,71 @@ async def test_a_pod_watch_yields_its_objects_without_managed_fields() -> None:
 
     got = await _events(write)
     assert got == [(e["type"], _without(e)["object"]) for e in events]
+
+
+def _listed(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """A PodList as the API server writes it: the list's own metadata, then the items."""
+    return {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "9"}, "items": events}
+
+
+def test_managed_fields_are_cut_from_every_object_of_a_list() -> None:
+    objects = [e["object"] for e in _recorded_pod_events()]
+    body = orjson.dumps(_listed(objects))
+    assert orjson.loads(kube.without_managed_fields(body)) == _listed(
+        [_without({"object": o})["object"] for o in objects]
+    )
+
+
+async def test_a_list_of_pods_is_decoded_without_managed_fields_and_other_replies_whole() -> None:
+    objects = [e["object"] for e in _recorded_pod_events()]
+    body = orjson.dumps(_listed(objects))
+
+    async def reply(request: web.Request) -> web.Response:
+        return web.Response(body=body, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_get("/api/v1/pods", reply)
+    app.router.add_get("/api/v1/podtemplates", reply)
+    server = TestServer(app)
+    await server.start_server()
+    client = KubeClient(Credentials(server=str(server.make_url("")).rstrip("/")))
+    try:
+        pods = await client.get("/api/v1/pods")
+        whole = await client.get("/api/v1/podtemplates")
+    finally:
+        await client.close()
+        await server.close()
+    assert pods == _listed([_without({"object": o})["object"] for o in objects])
+    assert whole == orjson.loads(body)
+
+
+def _collections_during(decode: Callable[[], object]) -> int:
+    started = 0
+
+    def count(phase: str, info: dict[str, int]) -> None:
+        nonlocal started
+        started += phase == "start"
+
+    gc.callbacks.append(count)
+    try:
+        decode()
+    finally:
+        gc.callbacks.remove(count)
+    return started
+
+
+def test_a_large_reply_is_decoded_with_the_collector_paused_and_restored() -> None:
+    objects = [e["object"] for e in _recorded_pod_events()]
+    body = orjson.dumps(_listed(objects * (kube.PAUSE_GC_FROM // 20_000 + 1)))
+    assert len(body) >= kube.PAUSE_GC_FROM
+    assert gc.isenabled()
+    assert _collections_during(lambda: orjson.loads(body)) > 0  # what the pause spares
+    assert _collections_during(lambda: kube._loads(body)) == 0
+    assert gc.isenabled()
+    assert kube._loads(body) == orjson.loads(body)
+    gc.disable()
+    try:
+        kube._loads(body)
+        assert not gc.isenabled()  # a caller's pause is its own
+    finally:
+        gc.enable()
