@@ -681,7 +681,8 @@ async def _lines(content: aiohttp.StreamReader, limit: int, path: str) -> AsyncI
 
 # ``metadata.managedFields`` as the API server writes it, and what follows it in an object with a ``spec``
 _MANAGED_FIELDS = b',"managedFields":['
-_THEN_SPEC = b']},"spec":{'
+_SPEC = b',"spec":{'
+_END = b"]}"  # of managedFields, then of metadata, right before the object's spec
 # the core resources whose objects have ``spec`` right after ``metadata`` (Go's declared order), where
 # ``without_managed_fields`` cuts exactly; not, e.g., a PodTemplate, whose ``template`` comes first and may hold
 # a ``metadata`` ending in a list, then a ``spec``
@@ -705,20 +706,23 @@ def without_managed_fields(data: bytes) -> bytes:
     ``metadata``, with no blanks. Before an object's ``managedFields`` come its type and metadata, or (in a list)
     the objects before it, whose strings hold no unescaped quote and whose ``spec`` and ``status`` have no such
     field, so the next ``,"managedFields":[`` is the object's. Inside it every key is an entry's field or a
-    ``fieldsV1`` path (``f:``, ``k:``, ``v:``, ``i:``, ``.``) and a quote within a string is escaped, so
-    ``]},"spec":{`` first occurs where ``managedFields`` and ``metadata`` end. Bytes without both (no
-    ``managedFields``, another writer's spacing) are returned as they are, and decode whole."""
+    ``fieldsV1`` path (``f:``, ``k:``, ``v:``, ``i:``, ``.``) and a quote within a string is escaped, so the
+    first ``,"spec":{`` after it is the object's own, right after ``]}`` (the ends of ``managedFields`` and
+    ``metadata``). Bytes without both (no ``managedFields``, another writer's spacing) are returned as they
+    are, and decode whole; so are, from the first such object on, bytes in which that first ``spec`` does not
+    follow ``]}`` (a writer that puts other fields after ``managedFields``: a cut to a later spec would take
+    them, and in a list the objects up to it)."""
     start = data.find(_MANAGED_FIELDS)
     if start < 0:
         return data
     kept: list[bytes] = []
     pos = 0
     while start >= 0:
-        end = data.find(_THEN_SPEC, start)
-        if end < 0:
-            break
+        spec = data.find(_SPEC, start)
+        if spec < 0 or data[spec - 2 : spec] != _END:
+            break  # not the API server's layout: this object and the rest decode whole
         kept.append(data[pos:start])
-        pos = end + 1
+        pos = spec - 1
         start = data.find(_MANAGED_FIELDS, pos)
     if not kept:
         return data

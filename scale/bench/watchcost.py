@@ -45,7 +45,8 @@ beside a scheduler placing a burst, so that a design of the sharded path can be 
   less to read than measured here);
 - ``relay-raw`` and ``relay-raw-sink``: the same fan-out with the watch's own lines in place of records: the
   relay decodes only the events of pending pods of ours (what a leader dispatching them reads), and sends every
-  line as the API server wrote it, batched as ``relay`` batches; each sink verifies every frame and decodes
+  line as the API server wrote it, within ``--relay-flush-ms`` in one frame as ``relay`` batches (each line in a
+  frame of its own when 0: ``relay`` sends a chunk's); each sink verifies every frame and decodes
   every line as ``cluster-decoded`` does. Whether a worker's read gets cheaper when the bytes come from a
   leader in batches instead of from its own watch.
 
@@ -376,7 +377,10 @@ def _thread_watch(
         sock.sendall(request.encode())
         head = bytearray()
         while b"\r\n\r\n" not in head:
-            head += sock.recv(65536)
+            part = sock.recv(65536)
+            if not part:
+                raise RuntimeError(f"watch closed before its headers ended: {bytes(head[:200])!r}")
+            head += part
         status, _, rest = bytes(head).partition(b"\r\n\r\n")
         if not status.startswith(b"HTTP/1.1 200") or b"chunked" not in status.lower():
             raise RuntimeError(f"watch answered {status[:200]!r}")

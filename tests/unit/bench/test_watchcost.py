@@ -1,19 +1,21 @@
 """The parts of ``scale.bench.watchcost`` that need no cluster: frame counting, the per-node share, the summary,
-the relay's records and its sinks' reading of them, the thread reader's de-chunking."""
+the relay's records, its fan-out and its sinks' reading of them, the thread reader's de-chunking."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import socket
 
 import msgpack
 import pytest
 
-from common.protocol import MAC_SIZE
+from common.protocol import MAC_SIZE, read_frame
 from scale.bench import watchcost
 from scale.bench.watchcost import (
     Dechunker,
+    Fanout,
     FrameCounter,
     ReaderResult,
     Reading,
@@ -333,3 +335,30 @@ async def test_a_raw_sink_decodes_every_line_of_authentic_frames() -> None:
         reading = Reading("relay-raw-sink")
         await sink(reading, int(sock.getsockname()[1]), raw=True)
     assert (reading.watches, reading.events, reading.ended) == (1, 4, 1)
+
+
+async def test_the_fanout_sends_at_once_or_batches_within_the_flush_interval() -> None:
+    async def frames_received(flush_s: float, batches: list[list[bytes]]) -> tuple[list[bytes], int]:
+        reading = Reading("relay-raw")
+        fanout = Fanout(reading, b"|".join, flush_s)
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = int(probe.getsockname()[1])
+        await fanout.listen(port)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        await asyncio.sleep(0.05)  # the sink is accepted
+        for items in batches:
+            fanout.add(items)
+        await asyncio.sleep(flush_s + 0.05)
+        fanout.close()
+        opener, bodies = Sealer(), []
+        with contextlib.suppress(asyncio.IncompleteReadError):
+            while True:
+                mac, body = await read_frame(reader)
+                assert mac == opener.mac(body)
+                bodies.append(body)
+        writer.close()
+        return bodies, reading.records
+
+    assert await frames_received(0.0, [[b"a", b"b"], [], [b"c"]]) == ([b"a|b", b"c"], 3)
+    assert await frames_received(0.05, [[b"a", b"b"], [b"c"]]) == ([b"a|b|c"], 3)

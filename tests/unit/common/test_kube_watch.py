@@ -331,3 +331,35 @@ def test_a_large_reply_is_decoded_with_the_collector_paused_and_restored() -> No
         assert not gc.isenabled()  # a caller's pause is its own
     finally:
         gc.enable()
+
+
+def _no_managed_fields(value: Any) -> Any:
+    """``value`` with every ``managedFields`` key dropped, at any depth."""
+    if isinstance(value, dict):
+        return {k: _no_managed_fields(v) for k, v in value.items() if k != "managedFields"}
+    if isinstance(value, list):
+        return [_no_managed_fields(v) for v in value]
+    return value
+
+
+def test_go_encoded_hostile_objects_lose_managed_fields_and_nothing_else() -> None:
+    """Pods, Nodes, events (ADDED, DELETED, BOOKMARK, ERROR) and lists as Go's encoder writes them, with the
+    cut's markers in labels, annotations, owner references, managers and ``fieldsV1`` keys, ``\\u003c``-style
+    escapes, a pod named by ``generateName``, lists mixing objects with and without managedFields
+    (``data/go_encoded_objects.go.txt`` made them)."""
+    lines = (Path(__file__).parent / "data" / "go_encoded_objects.jsonl").read_bytes().splitlines()
+    cut_any = 0
+    for line in lines:
+        cut = kube.without_managed_fields(line)
+        cut_any += len(cut) < len(line)
+        assert _no_managed_fields(orjson.loads(cut)) == _no_managed_fields(orjson.loads(line))
+    assert cut_any >= 4
+
+
+def test_bytes_not_laid_out_as_the_api_server_writes_them_are_not_cut() -> None:
+    # labels after managedFields: a cut to the next spec would take them, and the next pod's metadata with them
+    line = (
+        b'{"items":[{"metadata":{"name":"a","managedFields":[{"manager":"m"}],"labels":{"x":"y"}},'
+        b'"spec":{"nodeName":"n1"}},{"metadata":{"name":"b","finalizers":["f"]},"spec":{"nodeName":"n2"}}]}'
+    )
+    assert kube.without_managed_fields(line) is line
