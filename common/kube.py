@@ -529,7 +529,7 @@ class KubeClient:
             method, path, params=params, body=body, content_type=content_type, timeout=timeout
         )
         try:
-            return _loads(without_managed_fields(raw) if cut else raw) if raw else None
+            return _loads(without_managed_fields(raw, every=True) if cut else raw) if raw else None
         except orjson.JSONDecodeError as e:
             raise ServerError(status, f"{method} {path}: the reply is not JSON: {e}") from e
 
@@ -695,8 +695,9 @@ def spec_follows_metadata(path: str) -> bool:
     return parts[:2] == ["api", "v1"] and parts[-1] in _SPEC_AFTER_METADATA and len(parts) in (3, 5)
 
 
-def without_managed_fields(data: bytes) -> bytes:
-    """``data``, a watch event or a list of pods or nodes as the API server wrote it, without each object's
+def without_managed_fields(data: bytes, *, every: bool = False) -> bytes:
+    """``data``, a watch event (one object) or, with ``every``, a list of pods or nodes as the API server wrote
+    it, without each object's
     ``metadata.managedFields`` (no scheduler reads them), cut from the bytes before decoding: they are about
     40 % of a kubelet-updated pod's bytes and most of its JSON values, and what a decode costs follows them
     (``docs/results/managed-fields-2026-12-05/``).
@@ -723,7 +724,8 @@ def without_managed_fields(data: bytes) -> bytes:
             break  # not the API server's layout: this object and the rest decode whole
         kept.append(data[pos:start])
         pos = spec - 1
-        start = data.find(_MANAGED_FIELDS, pos)
+        # an event holds one object: no search of its spec and status for another
+        start = data.find(_MANAGED_FIELDS, pos) if every else -1
     if not kept:
         return data
     kept.append(data[pos:])

@@ -161,7 +161,9 @@ class _PendingFeed:
 
 def _for_dispatch(obj: dict[str, Any]) -> dict[str, Any]:
     """The pod as it is kept and sent in DISPATCH: without ``metadata.managedFields``, which no scheduler
-    reads and which is often the larger part of a pod object (every DISPATCH is packed, MACed and checked)."""
+    reads and which is often the larger part of a pod object (every DISPATCH is packed, MACed and checked).
+    The leader's watch already cuts them (``common.kube.without_managed_fields``); this is for an object it
+    left whole (not laid out as the API server writes it) and for callers of ``observe``: one lookup otherwise."""
     meta = obj.get("metadata")
     if not isinstance(meta, dict) or "managedFields" not in meta:
         return obj

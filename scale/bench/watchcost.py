@@ -319,9 +319,8 @@ class Dechunker:
     def __init__(self) -> None:
         self._framing = bytearray()  # bytes not yet taken apart
         self._body = bytearray()  # body bytes after the last newline
-        self._need = (
-            -1
-        )  # bytes left of the current chunk's data; -1: a size line next; -2: the data's CRLF next
+        # bytes left of the current chunk's data; -1: a size line next; -2: the data's CRLF next
+        self._need = -1
         self.ended = False
 
     def feed(self, data: bytes | memoryview) -> list[bytes]:
