@@ -18,7 +18,7 @@ import pytest
 
 from agent_scheduler import cli
 from common.kube import KubeClient, NotFound
-from scale.cluster import Cluster, DirectoryInUse, start_cluster
+from scale.cluster import Cluster, DirectoryInUse, make_node, start_cluster
 from scale.cluster.processes import ProcessRecord
 
 pytestmark = pytest.mark.integration
@@ -91,6 +91,34 @@ async def test_kube_scheduler_binds_every_pod_and_kwok_runs_them(
     assert placed <= fake, "every pod runs on a kwok node"
     assert not placed & tainted, "no pod lands on a tainted node it does not tolerate"
     assert all(p["status"].get("podIP") for p in running), "kwok assigns pod IPs"
+
+
+async def test_kwok_starts_a_pod_bound_to_a_node_before_the_node_exists(
+    cluster: Cluster, kube: KubeClient, namespace: str
+) -> None:
+    """kwok skips a pod whose node it does not manage yet; it must list the node's pods once it takes the node.
+
+    The pod is created first, so kwok always handles its ADDED event before the node's: the order a node and a
+    pod bound to it right after sometimes arrive in (``scale.cluster.stages.KWOK_CONFIGURATION``)."""
+    name = f"late-{namespace[-6:]}"
+    pod = _pod(name)
+    pod["spec"]["nodeName"] = name
+    await kube.post(f"/api/v1/namespaces/{namespace}/pods", pod)
+    await asyncio.sleep(1.0)  # kwok has seen the pod and skipped it: its node does not exist
+    node = make_node(SESSION_NODES + 90_000, prefix="late")
+    node["metadata"]["name"] = name
+    node["metadata"]["labels"]["kubernetes.io/hostname"] = name
+    await kube.post("/api/v1/nodes", node)
+    try:
+
+        async def started() -> bool:
+            obj = await kube.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
+            return bool(obj.get("status", {}).get("startTime"))
+
+        await _wait(f"kwok to start {name}", started, timeout=60.0)
+    finally:
+        with contextlib.suppress(NotFound):
+            await kube.delete(f"/api/v1/nodes/{name}")
 
 
 async def _wait(what: str, check: Callable[[], Awaitable[Any]], timeout: float = 120.0) -> Any:

@@ -53,6 +53,9 @@ def test_kwok_config_has_options_and_every_stage() -> None:
     docs = list(yaml.safe_load_all(kwok_config(pod_parallelism=8)))
     assert docs[0]["kind"] == "KwokConfiguration"
     assert docs[0]["options"]["podPlayStageParallelism"] == 8
+    # kwok's defaults, which a config file would otherwise zero (see KWOK_CONFIGURATION)
+    assert docs[0]["options"]["podsOnNodeSyncParallelism"] == 1
+    assert docs[0]["options"]["enablePodsOnNodeSyncListPager"] is True
     stages = {d["metadata"]["name"]: d for d in docs[1:]}
     assert set(stages) == {"node-initialize", "node-heartbeat", "pod-ready", "pod-complete", "pod-delete"}
     assert all(d["kind"] == "Stage" for d in stages.values())
