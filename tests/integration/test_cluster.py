@@ -1,8 +1,8 @@
 """The local cluster is real: kube-scheduler binds pods to kwok nodes, kwok runs them, kube-controller-manager
 runs workloads, binds volumes and collects garbage, and ``down`` leaves nothing.
 
-The first test uses the session cluster (``tests/conftest.py``); the others start clusters of their own beside
-it, which also shows that two clusters run side by side on free ports.
+The tests that take ``kube`` use the session cluster (``tests/conftest.py``); the last two start clusters of their
+own beside it, which also shows that two clusters run side by side on free ports.
 """
 
 from __future__ import annotations
