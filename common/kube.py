@@ -697,10 +697,9 @@ def spec_follows_metadata(path: str) -> bool:
 
 def without_managed_fields(data: bytes, *, every: bool = False) -> bytes:
     """``data``, a watch event (one object) or, with ``every``, a list of pods or nodes as the API server wrote
-    it, without each object's
-    ``metadata.managedFields`` (no scheduler reads them), cut from the bytes before decoding: they are about
-    40 % of a kubelet-updated pod's bytes and most of its JSON values, and what a decode costs follows them
-    (``docs/results/managed-fields-2026-12-05/``).
+    it, without each object's ``metadata.managedFields`` (no scheduler reads them), cut from the bytes before
+    decoding: they are about 40 % of a kubelet-updated pod's bytes and most of its JSON values, and what a
+    decode costs follows them (``docs/results/managed-fields-2026-12-05/``).
 
     The cut is exact for the objects ``spec_follows_metadata`` names. Go's encoder writes ``ObjectMeta``'s
     fields in their declared order, ``managedFields`` last, and a Pod's or Node's ``spec`` right after
