@@ -29,19 +29,29 @@ How a decision is made, and why it is fast:
    no pod nominated to it): only the nodes that changed are filtered again. Not for pods with inter-pod rules
    or claims, whose verdicts depend on more than their node.
 
-Batched decisions (kube-scheduler 1.35's opportunistic batching, done exactly): pods of one shape decided one
-after another (a burst from one template, as the queue hands them out) reuse what the previous decisions of
-their run found, on every node that has not changed since. A pod is batchable when no ``applies`` filter
-applies to it (no inter-pod rule, no claim), nothing is nominated anywhere and it has no nomination of its own;
-its shape is its signature, its requests, its session and each node-local score plugin's ``batch_key``
-(``worker.framework``). The run keeps, per node, the verdict of the static and dynamic filters and the node-local
-part of the score, each valid while the node's ``NodeInfo`` (its ``generation``) and static version are the same:
-assuming the previous pod changed one node, so only that node is filtered and scored again. The walk of the
-index, ``usable``, ``widen`` and the plugins without ``batch_key`` (window-normalized scores) run as for any
-pod. Scores are summed node-local plugins first, then the others, for every decision, so a kept part and a
-fresh one add up to the same float: a batched decision equals the one made from scratch
-(``tests/unit/worker/test_batching.py`` compares them). A run starts at the second pod of a shape and ends at
-the first pod of another.
+Batched decisions (kube-scheduler 1.35's opportunistic batching, done exactly, and across interleaved shapes):
+pods of one shape reuse what the earlier decisions of their shape found, on every node that has not changed
+since. A pod is batchable when no ``applies`` filter applies to it (no inter-pod rule, no claim), nothing is
+nominated anywhere and it has no nomination of its own; its shape is its signature, its requests and the
+``batch_key`` of each kept node-local score plugin (``worker.framework``). Each shape has a run: per node that
+passes the static filters, the verdict of the dynamic filters and the kept node-local part of the score, each
+valid while the node's ``NodeInfo`` (its ``generation``) and static version are the same. Assuming a pod
+changes one node, so the next pod of the shape filters and scores that node again and reuses the others.
+- Interleaved shapes: up to ``RUNS_KEPT`` runs are kept (the oldest made goes first), each of at most
+  ``RUN_NODES_KEPT`` nodes, so a burst that interleaves a few templates (a queue ordered by priority and
+  arrival hands them out so) keeps every template's run, where kube-scheduler's batch ends at the first pod of
+  another shape. When more shapes interleave than are kept, runs are dropped before they are used again:
+  after a window of ``RUN_WINDOW`` batchable decisions in which fewer than half reused a run, no new run is
+  made for ``RUN_PAUSE`` windows (those pods are decided from scratch, without recording), then making is
+  tried again (``_tally``).
+- Node-local plugins marked ``batch_fresh`` (SessionLocality: its key, the session, changes every few pods
+  and its score is one lookup) are left out of the shape and scored for every decision, so sessions do not
+  split a template into shapes.
+- The walk of the index, ``usable``, ``widen``, the ``batch_fresh`` plugins and the plugins without
+  ``batch_key`` (window-normalized scores) run as for any pod.
+- Scores are summed kept node-local plugins first, then the ``batch_fresh`` ones, then the others, for every
+  decision, so a kept part and a fresh one add up to the same float: a batched decision equals the one made
+  from scratch (``tests/unit/worker/test_batching.py`` compares them).
 
 Nominated pods (kube-scheduler's RunFilterPluginsWithNominatedPods): on a node to which pending pods of equal
 or higher priority are nominated (``Cache.nominated``), the dynamic filters run first with those pods counted
@@ -75,10 +85,15 @@ DEFAULT_FEASIBLE_NODES = 16
 SUCCEEDED_KEPT = 4096  # successful Decisions kept for reuse before the memo starts over
 EXTRA_NODES = 4  # feasible holders of a pod's image added to a window that has none (step 4 above)
 NODE_VERDICT_SHAPES = 16  # pod shapes whose per-node scan verdicts are kept (each holds one entry per node)
+RUNS_KEPT = 128  # batch runs kept, one per pod shape (the oldest made goes first)
+RUN_NODES_KEPT = 512  # nodes one run keeps; a run that grows past it starts over
+RUN_WINDOW = 512  # batchable decisions per window of ``Engine._tally``
+RUN_PAUSE = 32  # windows without new runs after one in which most shapes had none
 _SKIPPED = object()  # a node-local score plugin that does not apply to the pod, in a batch's shape
 
-# A batch's memory, per node name: [NodeInfo, its generation, its static version, fits the shape, the node-local
-# part of its score (None until the node is scored)]; an entry is used only while the first three are current.
+# A batch's memory, per node name: [NodeInfo, its generation, its static version, fits the shape, the kept
+# node-local part of its score (None until the node is scored)]; an entry is used only while the first three
+# are current.
 _Run = dict[str, list[Any]]
 
 
@@ -148,13 +163,18 @@ class Engine:
             if attach is not None:
                 attach(cache)
         self.scores = scores
-        # node-local score plugins (``batch_key``): their part of a node's score is kept within a batch
-        self._local = [(cast(NodeLocalScore, p), w) for p, w in scores if hasattr(p, "batch_key")]
+        # node-local score plugins (``batch_key``): their part of a node's score is kept within a batch, except
+        # for the ``batch_fresh`` ones, scored for every decision after the kept ones (the order of every sum)
+        local = [(cast(NodeLocalScore, p), w) for p, w in scores if hasattr(p, "batch_key")]
+        self._kept = [(p, w) for p, w in local if not getattr(p, "batch_fresh", False)]
+        self._fresh = [(p, w) for p, w in local if getattr(p, "batch_fresh", False)]
+        self._kept_plugins = [p for p, _ in self._kept]
         self._global = [(p, w) for p, w in scores if not hasattr(p, "batch_key")]
-        # batched decisions (see the module docstring): the pod decided last, the current run and its shape
-        self._previous: PodRecord | None = None
-        self._run: _Run | None = None
-        self._run_shape: tuple[Any, ...] = ()
+        # batched decisions (see the module docstring): shape -> (the shape's signature, its run), oldest first
+        self._runs: dict[tuple[Any, ...], tuple[tuple[Any, ...], _Run]] = {}
+        self._window_seen = 0  # batchable decisions in the current window (``_tally``)
+        self._window_reused = 0  # of them, those whose shape had a run
+        self._runs_paused = 0  # windows left without new runs
         self.batched = 0  # decisions that reused what earlier decisions of their run found
         self.batching = batching  # False: every decision from scratch (what a batch must equal)
         self._wideners = [p for p, weight in scores if weight > 0 and hasattr(p, "widen")]
@@ -240,8 +260,9 @@ class Engine:
             if self.batching and dynamic is self._always and not nominated and not mine
             else None
         )
-        self._previous = pod
         static_versions = self.cache.static_versions
+        # batched: the run's entry of each node of ``feasible`` made by the walk, in its order
+        entries: list[list[Any]] | None = [] if run is not None else None
         for info in candidates:
             name = info.node.name
             if leading:
@@ -253,24 +274,17 @@ class Engine:
                 # batched: this node's verdict for the shape, unless the node changed since it was made
                 known = run.get(name)
                 if (
-                    known is None
-                    or known[0] is not info
-                    or known[1] != info.generation
-                    or known[2] != static_versions.get(name, 0)
+                    known is not None
+                    and known[0] is info
+                    and known[1] == info.generation
+                    and known[2] == static_versions.get(name, 0)
                 ):
-                    known = run[name] = [
-                        info,
-                        info.generation,
-                        static_versions.get(name, 0),
-                        self._static_verdict(pod, info, memo) is None
-                        and all(f.filter(pod, info) is None for f in dynamic),
-                        None,
-                    ]
-                if known[3] and usable(name):
-                    feasible.append(info)
-                    if len(feasible) >= want:
-                        break
-                continue
+                    if known[3] and usable(name):
+                        feasible.append(info)
+                        entries.append(known)  # type: ignore[union-attr]
+                        if len(feasible) >= want:
+                            break
+                    continue
             # ``_static_verdict``, its memo hit inlined: this loop is the hot path
             entry = memo.get(name)
             if entry is not None and entry[0] == static_versions.get(name, 0):
@@ -278,6 +292,7 @@ class Engine:
                     continue
             elif self._static_verdict(pod, info, memo) is not None:
                 continue
+            # a run keeps the nodes that pass the static filters only: the others are the memo's already
             if nominated and name in nominated:
                 ok = self._dynamic_verdict(pod, info) is None
             else:
@@ -287,7 +302,14 @@ class Engine:
                         break
                 else:
                     ok = True
-            if ok and usable(name):
+            if run is not None:
+                known = run[name] = [info, info.generation, static_versions.get(name, 0), ok, None]
+                if ok and usable(name):
+                    feasible.append(info)
+                    entries.append(known)  # type: ignore[union-attr]
+                    if len(feasible) >= want:
+                        break
+            elif ok and usable(name):
                 feasible.append(info)
                 if len(feasible) >= want:
                     break
@@ -296,7 +318,7 @@ class Engine:
         if len(feasible) >= want and self._wideners and not pod.requests.scalar:
             # The walk stopped early, so there may be nodes beyond it that hold the pod's images.
             evaluated += self._widen(pod, feasible, memo, dynamic, after=seen is None)
-        best = feasible[0] if len(feasible) == 1 else self._best(pod, feasible, run)
+        best = feasible[0] if len(feasible) == 1 else self._best(pod, feasible, entries)
         # A Decision is immutable, and successes repeat (binpacking sends pod after pod to one node with the
         # same counts), so one object per (node, evaluated, feasible) serves them all: building one costs more
         # than the lookup.
@@ -386,70 +408,86 @@ class Engine:
         return None
 
     def _run_for(self, pod: PodRecord) -> _Run | None:
-        """The batch ``pod`` belongs to: the run of the previous decisions when they were of its shape, a new
-        one when the previous pod was (the second pod of a run starts recording), else None. Called only for
-        pods no ``applies`` filter applies to, with no nomination anywhere in the cache."""
-        previous = self._previous
-        if (
-            previous is None
-            or previous.signature != pod.signature
-            or previous.requests != pod.requests
-            or previous.labels.get(self.session_label) != pod.labels.get(self.session_label)
-        ):
-            self._run = None
-            return None
+        """The run of ``pod``'s shape: the one its earlier pods made, or a new one; None while new runs are
+        paused (see ``_tally``). Called only for pods no ``applies`` filter applies to, with no nomination
+        anywhere in the cache."""
         shape = self._shape(pod)
-        run = self._run
-        if run is None or self._run_shape != shape:
-            run = self._run = {}
-            self._run_shape = shape
-        else:
+        runs = self._runs
+        found = runs.get(shape)
+        if found is not None and len(found[1]) < RUN_NODES_KEPT:
             self.batched += 1
-        return run
+            self._tally(True)
+            return found[1]
+        paused = self._runs_paused  # as it was before this decision's count closes a window
+        self._tally(False)
+        if paused:
+            return None
+        if found is None and len(runs) >= RUNS_KEPT:
+            del runs[next(iter(runs))]  # the oldest made
+        found = runs[shape] = (pod.signature, {})
+        return found[1]
+
+    def _tally(self, reused: bool) -> None:
+        """Counts batchable decisions by whether their shape had a run, in windows of ``RUN_WINDOW``. A window
+        in which fewer than half did (more shapes interleaved than ``RUNS_KEPT``: runs made and dropped before
+        they are used again) pauses making runs for ``RUN_PAUSE`` windows, in which those pods are decided
+        without recording; then one window tries again."""
+        self._window_reused += reused
+        self._window_seen += 1
+        if self._window_seen < RUN_WINDOW:
+            return
+        if self._runs_paused:
+            self._runs_paused -= 1
+        elif 2 * self._window_reused < self._window_seen:
+            self._runs_paused = RUN_PAUSE
+        self._window_seen = self._window_reused = 0
 
     def _shape(self, pod: PodRecord) -> tuple[Any, ...]:
-        """What decides a batchable pod's verdicts and node-local scores on a node that has not changed: its
-        signature and requests (the filters'), and each node-local score plugin's ``batch_key`` (see the
-        module docstring)."""
+        """What decides a batchable pod's verdicts and kept node-local scores on a node that has not changed:
+        its signature and requests (the filters'), and each kept node-local score plugin's ``batch_key`` (see
+        the module docstring). The signature is in it by identity (pods of one template share one signature
+        object, ``common.records.shared``), so the key hashes in O(1): its run holds the signature, so no
+        other object has that identity while the run is kept, and an equal signature that is another object
+        only starts a run of its own."""
         r = pod.requests
         return (
-            pod.signature,
+            id(pod.signature),
             r.milli_cpu,
             r.memory,
             r.ephemeral_storage,
-            tuple(sorted(r.scalar.items())),
-            pod.labels.get(self.session_label) if self.session_label else None,
-            tuple(p.batch_key(pod) if p.applies(pod) else _SKIPPED for p, _ in self._local),
+            tuple(sorted(r.scalar.items())) if r.scalar else (),
+            tuple([p.batch_key(pod) if p.applies(pod) else _SKIPPED for p in self._kept_plugins]),
         )
 
-    def _best(self, pod: PodRecord, feasible: list[NodeInfo], run: _Run | None = None) -> NodeInfo:
-        # The weighted sum per node: the node-local plugins first, then the others, each group in profile
-        # order. The order is fixed so the float sums (and the ties) are the same whether a node's node-local
-        # part was computed now or kept from an earlier decision of the run; the first highest wins.
-        local = [(p, w) for p, w in self._local if p.applies(pod)]
+    def _best(
+        self, pod: PodRecord, feasible: list[NodeInfo], entries: list[list[Any]] | None = None
+    ) -> NodeInfo:
+        """The feasible node with the highest weighted score. ``entries``, batched: the run's entries of the
+        first nodes of ``feasible``, checked current by the walk (nodes added by ``_widen`` have none)."""
+        # The weighted sum per node: the kept node-local plugins first, then the ``batch_fresh`` ones, then the
+        # others, each group in profile order. The order is fixed so the float sums (and the ties) are the same
+        # whether a node's kept part was computed now or kept from an earlier decision of its shape; the first
+        # highest wins.
+        kept = [(p, w) for p, w in self._kept if p.applies(pod)]
         totals: list[float] | None = None
-        if run is None:
-            totals = self._local_totals(pod, feasible, local)
-        elif local:
-            totals = []
-            missing: list[int] = []
-            for j, info in enumerate(feasible):
-                known = run.get(info.node.name)
-                # every window node's entry was made or checked by this walk; extras from ``_widen`` may have none
-                if known is None or known[4] is None or known[0] is not info or known[1] != info.generation:
-                    missing.append(j)
-                    totals.append(0.0)
-                else:
-                    totals.append(known[4])
-            if missing:
-                fresh = self._local_totals(pod, [feasible[j] for j in missing], local)
-                assert fresh is not None
-                for j, total in zip(missing, fresh, strict=True):
-                    totals[j] = total
-                    known = run.get(feasible[j].node.name)
-                    if known is not None and known[0] is feasible[j] and known[1] == feasible[j].generation:
-                        known[4] = total
+        if entries is None:
+            totals = self._local_totals(pod, feasible, kept)
+        elif kept:
+            known: list[float | None] = [entry[4] for entry in entries]
+            known += [None] * (len(feasible) - len(entries))
+            if None in known:
+                missing = [j for j, total in enumerate(known) if total is None]
+                computed = self._local_totals(pod, [feasible[j] for j in missing], kept)
+                assert computed is not None
+                for j, total in zip(missing, computed, strict=True):
+                    known[j] = total
+                    if j < len(entries):
+                        entries[j][4] = total
+            totals = cast(list[float], known)
         summed: Iterable[float] | None = totals
+        for fresh, weight in self._fresh:
+            if fresh.applies(pod):
+                summed = _accumulate(summed, weight, fresh.scores(pod, feasible), len(feasible))
         for plugin, weight in self._global:
             if plugin.applies(pod):
                 summed = _accumulate(summed, weight, plugin.scores(pod, feasible), len(feasible))

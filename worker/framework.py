@@ -22,9 +22,13 @@ What a batch may keep (``worker.engine``'s batched decisions of pods of one shap
 ``applies`` reads only the pod's signature and requests and the node's ``NodeInfo``; a score plugin with a
 ``batch_key(pod)`` method is *node-local*: its score of a node is a function of that key and of the node's
 ``NodeInfo`` alone (whatever else it reads, such as cluster-wide image counts, is part of the key), never
-normalized over the nodes it is given. Any change of a ``NodeInfo`` bumps its ``generation``, so a verdict or
-node-local score kept for a shape stays exact while the node's generation does. A plugin that cannot promise
-that has no ``batch_key`` and is computed again for every decision.
+normalized over the nodes it is given. A shape always holds the pod's signature and requests, so a key need
+not repeat them. Any change of a ``NodeInfo`` bumps its ``generation``, so a verdict or node-local score kept
+for a shape stays exact while the node's generation does. A plugin that cannot promise that has no
+``batch_key`` and is computed again for every decision. A node-local plugin with ``batch_fresh = True`` is left
+out of the shape and scored for every decision (a key that changes every few pods, such as a session, would
+otherwise split a template's pods into many shapes); its scores are added after the kept ones, in every
+decision.
 
 Status codes, not exceptions, for expected outcomes (kube-scheduler's codes):
 - ``UNSCHEDULABLE``: the node cannot take the pod now; the pod waits in the unschedulable pool and moves back

@@ -10,9 +10,11 @@ third with required anti-affinity on the hostname against their pool, a third wi
 (ScheduleAnyway) and preferred hostname anti-affinity; so every pool's counts are read and updated per pod.
 
 ``pool``: the pods of one template, as a warm pool or a burst from one workload sends them (one size, no
-session, no rules), so consecutive pods have one shape and are decided as a batch (``worker.engine``). The
-``batched`` column counts the decisions that reused their run; ``--no-batching`` decides every pod from
-scratch, for the side-by-side comparison (the placements are the same).
+session, no rules), so every pod after the first reuses its shape's run (``worker.engine``'s batched
+decisions). Other mixes are batched too, each shape's run kept while other shapes are decided: the plain
+mix's 12 sizes in random order (a session is not part of a shape), the mix's 108 shapes. The ``batched``
+column counts the decisions that reused their run; ``--no-batching`` decides every pod from scratch, for the
+side-by-side comparison (the placements are the same).
 
 A fourth, ``preempt``: every node is first filled with lowest-priority placeholder pods (``BALLOON`` each, as
 many as its CPU holds), then high-priority agent pods of the same size arrive, so every one of them needs a victim. A decision

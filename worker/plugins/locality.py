@@ -34,9 +34,14 @@ class WarmNode:
 
 class SessionLocality:
     """100 on nodes already running a pod of the same session. The cache counts sessions per node with
-    the same label name (``NodeInfo.sessions``), so scoring is O(1)."""
+    the same label name (``NodeInfo.sessions``), so scoring is O(1).
+
+    ``batch_fresh``: a batch scores it for every decision rather than keep it. Its key, the session, changes
+    every few pods of a template, and a key in the shape would end the template's run at each new session;
+    one lookup per node is cheaper than the filters and scores the run keeps."""
 
     name = "SessionLocality"
+    batch_fresh = True
 
     def __init__(self, label: str) -> None:
         self.label = label

@@ -126,8 +126,8 @@ class MostAllocated:
 
     name = "MostAllocated"
 
-    def batch_key(self, pod: PodRecord) -> tuple[int, int]:
-        return pod.requests.milli_cpu, pod.requests.memory
+    def batch_key(self, pod: PodRecord) -> tuple[()]:
+        return ()  # the pod's requests, all these scores read of it, are in every shape
 
     def applies(self, pod: PodRecord) -> bool:
         return True
@@ -141,8 +141,8 @@ class LeastAllocated:
 
     name = "LeastAllocated"
 
-    def batch_key(self, pod: PodRecord) -> tuple[int, int]:
-        return pod.requests.milli_cpu, pod.requests.memory
+    def batch_key(self, pod: PodRecord) -> tuple[()]:
+        return ()  # the pod's requests, all these scores read of it, are in every shape
 
     def applies(self, pod: PodRecord) -> bool:
         return True
@@ -156,8 +156,8 @@ class BalancedAllocation:
 
     name = "BalancedAllocation"
 
-    def batch_key(self, pod: PodRecord) -> tuple[int, int]:
-        return pod.requests.milli_cpu, pod.requests.memory
+    def batch_key(self, pod: PodRecord) -> tuple[()]:
+        return ()  # the pod's requests, all these scores read of it, are in every shape
 
     def applies(self, pod: PodRecord) -> bool:
         return True

@@ -1,11 +1,13 @@
-"""Batched decisions (``worker.engine``): consecutive pods of one shape reuse the verdicts and node-local scores
-of the nodes that did not change, and must place exactly as deciding every pod from scratch does.
+"""Batched decisions (``worker.engine``): pods of one shape, interleaved with other shapes or not, reuse the
+verdicts and kept node-local scores of the nodes that did not change, and must place exactly as deciding every
+pod from scratch does.
 
 The randomized test replays one scenario twice, batching on and off: runs of pods from a few templates, with
 cluster events between decisions (pods deleted, nodes relabelled, cordoned, resized, their images changed, the
-shard changed, a pod nominated). Every decision, not only the node, must be equal. The same comparison is run
-with the batch broken on purpose (a node's change not seen, an image count change not seen, every pod taken
-for one shape) and must then find a difference, so the test can tell.
+shard changed, a pod nominated). Every decision, not only the node, must be equal; also with the engine's limits
+on runs made tiny, so that runs are dropped, started over and paused. The same comparison is run with the batch
+broken on purpose (a node's change not seen, an image count change not seen, every pod taken for one shape) and
+must then find a difference, so the test can tell.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import pytest
 from common.records import NodeName, NodeRecord, PodKey, PodRecord
 from tests.builders import make_node, make_pod
 from tests.unit.worker.helpers import FixedShard
+from worker import engine as engine_module
 from worker.cache import Cache
 from worker.engine import Decision, Engine
 from worker.nodeinfo import NodeInfo
@@ -161,6 +164,108 @@ def first_difference(seeds: range) -> str | None:
 
 def test_batched_decisions_equal_one_by_one() -> None:
     assert first_difference(range(30)) is None
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [
+        {"RUNS_KEPT": 1},  # every other template drops the run of the one before
+        {"RUNS_KEPT": 2, "RUN_WINDOW": 4, "RUN_PAUSE": 1},  # runs made, paused and made again
+        {"RUN_NODES_KEPT": 3},  # runs start over as they grow
+    ],
+)
+def test_batched_decisions_equal_one_by_one_at_the_runs_limits(
+    monkeypatch: pytest.MonkeyPatch, limits: dict[str, int]
+) -> None:
+    for name, value in limits.items():
+        monkeypatch.setattr(engine_module, name, value)
+    assert first_difference(range(15)) is None
+
+
+def _cluster(nodes: int = 12) -> tuple[Cache, Engine]:
+    rng = random.Random(7)
+    cache = Cache(session_label=SESSION)
+    for i in range(nodes):
+        spec = _node_spec(rng) | {"cpu": "4", "memory": "8Gi", "pods": 16, "dedicated": False}
+        cache.upsert_node(_node(f"n{i:02d}", spec))
+    return cache, build_engine(WorkerSettings(), cache)
+
+
+def _decide(cache: Cache, engine: Engine, pods: list[PodRecord]) -> list[Decision]:
+    decisions = []
+    for pod in pods:
+        d = engine.schedule(pod)
+        decisions.append(d)
+        if d.node is not None:
+            cache.assume(pod, d.node)
+    return decisions
+
+
+def _both_ways(pods: list[PodRecord]) -> tuple[int, list[Decision], list[Decision]]:
+    """How many decisions of ``pods`` reused a run; the decisions batched and one by one."""
+    cache, engine = _cluster()
+    batched = _decide(cache, engine, pods)
+    cache_alone, alone = _cluster()
+    alone.batching = False
+    return engine.batched, batched, _decide(cache_alone, alone, pods)
+
+
+def _template_pod(name: str, cpu: str, session: str | None = None) -> PodRecord:
+    return _pod(
+        name,
+        {
+            "cpu": cpu,
+            "memory": "128Mi",
+            "session": session,
+            "zone": None,
+            "tolerate": False,
+            "image": IMAGES[0],
+            "port": False,
+        },
+    )
+
+
+def test_interleaved_templates_keep_their_runs() -> None:
+    """Pods of two templates taken in turns, as a queue ordered by arrival hands out two bursts: each
+    template's pods reuse the run its own earlier pods made."""
+    pods = [_template_pod(f"p{i:03d}", ("100m", "250m")[i % 2]) for i in range(40)]
+    reused, batched, alone = _both_ways(pods)
+    assert reused == 38  # all but the first pod of each template
+    assert batched == alone
+
+
+def test_a_new_session_does_not_end_a_run() -> None:
+    """Pods of one template, a new session every two pods: the session is scored for every decision
+    (``batch_fresh``), not kept, so the run goes on, and the session's pods still go together."""
+    pods = [_template_pod(f"p{i:03d}", "250m", session=f"s{i // 2}") for i in range(20)]
+    reused, batched, alone = _both_ways(pods)
+    assert reused == 19
+    assert batched == alone
+    for i in range(0, 20, 2):
+        assert batched[i].node == batched[i + 1].node, f"session s{i // 2} split"
+
+
+def test_new_runs_pause_while_most_shapes_have_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    """More shapes taken in turns than runs are kept: runs would be made and dropped before any is used
+    again, so after a window with few reused, no run is made for ``RUN_PAUSE`` windows (the runs kept still
+    serve their shapes); then they are tried again."""
+    monkeypatch.setattr(engine_module, "RUNS_KEPT", 1)
+    monkeypatch.setattr(engine_module, "RUN_WINDOW", 8)
+    monkeypatch.setattr(engine_module, "RUN_PAUSE", 2)
+    cache, engine = _cluster()
+    sizes = ("100m", "150m", "200m", "300m")  # four shapes in turns, one run kept
+    pods = [_template_pod(f"p{i:03d}", sizes[i % 4]) for i in range(32)]
+    made = []
+    every_run: list[Any] = []  # held, so no new run can take a dropped one's id
+    for pod in pods:
+        _decide(cache, engine, [pod])
+        new = [run for run in engine._runs.values() if all(run is not r for r in every_run)]
+        every_run += new
+        made.append(bool(new))
+    assert made[:8] == [True] * 8  # every run dropped before its shape came back: none reused
+    assert made[8:24] == [False] * 16  # paused for two windows
+    assert engine.batched == 4  # meanwhile the one run kept (the last pod's shape) served that shape
+    assert made[24:32] == [True] * 8  # tried again
 
 
 def test_batches_are_used() -> None:
