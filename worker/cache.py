@@ -108,6 +108,8 @@ class Cache:
         self.assume_ttl = assume_ttl
         self.nodes: dict[NodeName, NodeInfo] = {}
         self.known: set[NodeName] = set()  # nodes backed by a real Node object
+        # per node, only ever growing, also across its removal and re-adding (the engine's memos of static
+        # verdicts key on it); a removed node's name keeps its entry
         self.static_versions: dict[NodeName, int] = {}
         self.pod_node: dict[PodKey, NodeName] = {}
         self.assumed: dict[PodKey, Assumed] = {}
@@ -142,7 +144,8 @@ class Cache:
         info = self.nodes.get(name)
         if info is None:
             info = self.nodes[name] = NodeInfo(_placeholder(name), session_label=self.session_label)
-            self.static_versions[name] = 0
+            # a new version, never one the node had before (see ``upsert_node``)
+            self.static_versions[name] = self.static_versions.get(name, 0) + 1
         return info
 
     def upsert_node(self, record: NodeRecord) -> bool:
@@ -152,7 +155,9 @@ class Cache:
         changed = True
         if info is None:
             info = self.nodes[name] = NodeInfo(record, session_label=self.session_label)
-            self.static_versions[name] = 1
+            # A node removed and added again gets a version it never had: the engine keeps static verdicts per
+            # (node name, version), and one from the node's earlier life (other taints, labels) must not match.
+            self.static_versions[name] = self.static_versions.get(name, 0) + 1
             self.topology.relabel(name, {}, record.labels)
             self.images.update(NO_IMAGES, record.images)
         else:

@@ -35,15 +35,19 @@ since. A pod is batchable when no ``applies`` filter applies to it (no inter-pod
 nominated anywhere and it has no nomination of its own; its shape is its signature, its requests and the
 ``batch_key`` of each kept node-local score plugin (``worker.framework``). Each shape has a run: per node that
 passes the static filters, the verdict of the dynamic filters and the kept node-local part of the score, each
-valid while the node's ``NodeInfo`` (its ``generation``) and static version are the same. Assuming a pod
-changes one node, so the next pod of the shape filters and scores that node again and reuses the others.
-- Interleaved shapes: up to ``RUNS_KEPT`` runs are kept (the oldest made goes first), each of at most
-  ``RUN_NODES_KEPT`` nodes, so a burst that interleaves a few templates (a queue ordered by priority and
-  arrival hands them out so) keeps every template's run, where kube-scheduler's batch ends at the first pod of
-  another shape. When more shapes interleave than are kept, runs are dropped before they are used again:
-  after a window of ``RUN_WINDOW`` batchable decisions in which fewer than half reused a run, no new run is
-  made for ``RUN_PAUSE`` windows (those pods are decided from scratch, without recording), then making is
-  tried again (``_tally``).
+valid while the node's ``NodeInfo`` (the same object, at the same ``generation``) and static version are the
+same. Assuming a pod (``Cache.assume``) changes one node, so the next pod of the shape filters and scores only
+that node again. (The object and the static version each tell a node deleted and added again from its earlier
+life; the cache never gives a node a static version it had before.)
+- Interleaved shapes: up to ``RUNS_KEPT`` runs are kept (the one made first goes first), each of at most
+  ``RUN_NODES_KEPT`` nodes (a full run that is to take another node starts over), so a burst that interleaves
+  a few templates (a queue ordered by priority and arrival hands them out so) keeps every template's run,
+  where kube-scheduler's batch ends at the first pod of another shape.
+- Batching pays only while entries are used more than they are made. When more shapes interleave than are
+  kept (runs dropped before they are used again), or placements change most window nodes between two pods of
+  a shape (a spreading strategy with many shapes), a window of ``RUN_WINDOW`` batchable decisions that made
+  more entries than it used pauses batching for ``RUN_PAUSE`` windows (every pod decided from scratch, with
+  nothing recorded); then one window tries again (``_tally``).
 - Node-local plugins marked ``batch_fresh`` (SessionLocality: its key, the session, changes every few pods
   and its score is one lookup) are left out of the shape and scored for every decision, so sessions do not
   split a template into shapes.
@@ -86,9 +90,10 @@ SUCCEEDED_KEPT = 4096  # successful Decisions kept for reuse before the memo sta
 EXTRA_NODES = 4  # feasible holders of a pod's image added to a window that has none (step 4 above)
 NODE_VERDICT_SHAPES = 16  # pod shapes whose per-node scan verdicts are kept (each holds one entry per node)
 RUNS_KEPT = 128  # batch runs kept, one per pod shape (the oldest made goes first)
-RUN_NODES_KEPT = 512  # nodes one run keeps; a run that grows past it starts over
-RUN_WINDOW = 512  # batchable decisions per window of ``Engine._tally``
-RUN_PAUSE = 32  # windows without new runs after one in which most shapes had none
+RUN_NODES_KEPT = 512  # nodes one run keeps: a full run that is to take another node starts over
+RUN_WINDOW = 2048  # batchable decisions per window of ``Engine._tally``
+RUN_REUSE = 3  # run entries a window must use per entry it makes for batching to go on (measured to pay)
+RUN_PAUSE = 32  # windows with batching paused after one that used fewer
 _SKIPPED = object()  # a node-local score plugin that does not apply to the pod, in a batch's shape
 
 # A batch's memory, per node name: [NodeInfo, its generation, its static version, fits the shape, the kept
@@ -173,8 +178,9 @@ class Engine:
         # batched decisions (see the module docstring): shape -> (the shape's signature, its run), oldest first
         self._runs: dict[tuple[Any, ...], tuple[tuple[Any, ...], _Run]] = {}
         self._window_seen = 0  # batchable decisions in the current window (``_tally``)
-        self._window_reused = 0  # of them, those whose shape had a run
-        self._runs_paused = 0  # windows left without new runs
+        self._window_hits = 0  # nodes of their walks whose run entry was current
+        self._window_made = 0  # run entries their walks made
+        self._runs_paused = 0  # windows left with batching paused
         self.batched = 0  # decisions that reused what earlier decisions of their run found
         self.batching = batching  # False: every decision from scratch (what a batch must equal)
         self._wideners = [p for p, weight in scores if weight > 0 and hasattr(p, "widen")]
@@ -263,6 +269,7 @@ class Engine:
         static_versions = self.cache.static_versions
         # batched: the run's entry of each node of ``feasible`` made by the walk, in its order
         entries: list[list[Any]] | None = [] if run is not None else None
+        hits = made = 0  # batched: nodes whose entry was current, and entries made
         for info in candidates:
             name = info.node.name
             if leading:
@@ -279,6 +286,7 @@ class Engine:
                     and known[1] == info.generation
                     and known[2] == static_versions.get(name, 0)
                 ):
+                    hits += 1
                     if known[3] and usable(name):
                         feasible.append(info)
                         entries.append(known)  # type: ignore[union-attr]
@@ -303,7 +311,10 @@ class Engine:
                 else:
                     ok = True
             if run is not None:
+                if len(run) >= RUN_NODES_KEPT and name not in run:
+                    run.clear()  # a full run starts over with the nodes walked now
                 known = run[name] = [info, info.generation, static_versions.get(name, 0), ok, None]
+                made += 1
                 if ok and usable(name):
                     feasible.append(info)
                     entries.append(known)  # type: ignore[union-attr]
@@ -313,6 +324,8 @@ class Engine:
                 feasible.append(info)
                 if len(feasible) >= want:
                     break
+        if run is not None:
+            self._tally(hits, made)
         if not feasible:
             return self._explain(pod, inter_pod=dynamic is not self._always)
         if len(feasible) >= want and self._wideners and not pod.requests.scalar:
@@ -408,39 +421,40 @@ class Engine:
         return None
 
     def _run_for(self, pod: PodRecord) -> _Run | None:
-        """The run of ``pod``'s shape: the one its earlier pods made, or a new one; None while new runs are
+        """The run of ``pod``'s shape: the one its earlier pods made, or a new one; None while batching is
         paused (see ``_tally``). Called only for pods no ``applies`` filter applies to, with no nomination
         anywhere in the cache."""
+        if self._runs_paused:
+            self._tally(0, 0)
+            return None
         shape = self._shape(pod)
         runs = self._runs
         found = runs.get(shape)
-        if found is not None and len(found[1]) < RUN_NODES_KEPT:
+        if found is not None:
             self.batched += 1
-            self._tally(True)
             return found[1]
-        paused = self._runs_paused  # as it was before this decision's count closes a window
-        self._tally(False)
-        if paused:
-            return None
-        if found is None and len(runs) >= RUNS_KEPT:
-            del runs[next(iter(runs))]  # the oldest made
+        if len(runs) >= RUNS_KEPT:
+            del runs[next(iter(runs))]  # the one made first
         found = runs[shape] = (pod.signature, {})
         return found[1]
 
-    def _tally(self, reused: bool) -> None:
-        """Counts batchable decisions by whether their shape had a run, in windows of ``RUN_WINDOW``. A window
-        in which fewer than half did (more shapes interleaved than ``RUNS_KEPT``: runs made and dropped before
-        they are used again) pauses making runs for ``RUN_PAUSE`` windows, in which those pods are decided
-        without recording; then one window tries again."""
-        self._window_reused += reused
+    def _tally(self, hits: int, made: int) -> None:
+        """Counts, over windows of ``RUN_WINDOW`` batchable decisions, the nodes whose run entry was current
+        (``hits``) against the entries made. A window that made more than it used (more shapes interleaved
+        than ``RUNS_KEPT``, so runs are dropped before they are used again; or placements that change most
+        window nodes between two pods of a shape, as spreading strategies do) pauses batching for
+        ``RUN_PAUSE`` windows, in which every pod is decided from scratch, without recording; then one window
+        tries again."""
         self._window_seen += 1
+        self._window_hits += hits
+        self._window_made += made
         if self._window_seen < RUN_WINDOW:
             return
         if self._runs_paused:
             self._runs_paused -= 1
-        elif 2 * self._window_reused < self._window_seen:
+        elif self._window_hits < RUN_REUSE * self._window_made:
             self._runs_paused = RUN_PAUSE
-        self._window_seen = self._window_reused = 0
+        self._window_seen = self._window_hits = self._window_made = 0
 
     def _shape(self, pod: PodRecord) -> tuple[Any, ...]:
         """What decides a batchable pod's verdicts and kept node-local scores on a node that has not changed:
@@ -462,12 +476,19 @@ class Engine:
     def _best(
         self, pod: PodRecord, feasible: list[NodeInfo], entries: list[list[Any]] | None = None
     ) -> NodeInfo:
-        """The feasible node with the highest weighted score. ``entries``, batched: the run's entries of the
-        first nodes of ``feasible``, checked current by the walk (nodes added by ``_widen`` have none)."""
+        """The feasible node with the highest weighted score (the first of them); see ``_totals``."""
+        totals = self._totals(pod, feasible, entries)
+        return feasible[0] if totals is None else feasible[totals.index(max(totals))]
+
+    def _totals(
+        self, pod: PodRecord, feasible: list[NodeInfo], entries: list[list[Any]] | None = None
+    ) -> list[float] | None:
+        """Each feasible node's weighted score (None: no score plugin applies). ``entries``, batched: the run's
+        entries of the first nodes of ``feasible``, checked current by the walk (nodes added by ``_widen`` have
+        none)."""
         # The weighted sum per node: the kept node-local plugins first, then the ``batch_fresh`` ones, then the
-        # others, each group in profile order. The order is fixed so the float sums (and the ties) are the same
-        # whether a node's kept part was computed now or kept from an earlier decision of its shape; the first
-        # highest wins.
+        # others, each group in profile order. The order is fixed so the float sums are the same, bit for bit,
+        # whether a node's kept part was computed now or kept from an earlier decision of its shape.
         kept = [(p, w) for p, w in self._kept if p.applies(pod)]
         totals: list[float] | None = None
         if entries is None:
@@ -491,10 +512,7 @@ class Engine:
         for plugin, weight in self._global:
             if plugin.applies(pod):
                 summed = _accumulate(summed, weight, plugin.scores(pod, feasible), len(feasible))
-        if summed is None:
-            return feasible[0]
-        totals = list(summed)
-        return feasible[totals.index(max(totals))]
+        return None if summed is None else list(summed)
 
     @staticmethod
     def _local_totals(

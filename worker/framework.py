@@ -27,8 +27,8 @@ not repeat them. Any change of a ``NodeInfo`` bumps its ``generation``, so a ver
 for a shape stays exact while the node's generation does. A plugin that cannot promise that has no
 ``batch_key`` and is computed again for every decision. A node-local plugin with ``batch_fresh = True`` is left
 out of the shape and scored for every decision (a key that changes every few pods, such as a session, would
-otherwise split a template's pods into many shapes); its scores are added after the kept ones, in every
-decision.
+otherwise split a template's pods into many shapes). Every decision, batched or not, sums the kept node-local
+scores first, then the ``batch_fresh`` ones, then those without ``batch_key``, each group in profile order.
 
 Status codes, not exceptions, for expected outcomes (kube-scheduler's codes):
 - ``UNSCHEDULABLE``: the node cannot take the pod now; the pod waits in the unschedulable pool and moves back

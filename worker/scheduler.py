@@ -74,7 +74,11 @@ def build_engine(settings: WorkerSettings, cache: Cache) -> Engine:
     if s.strategy not in ("MostAllocated", "LeastAllocated"):
         raise ValueError(f"unknown strategy {s.strategy!r}: MostAllocated or LeastAllocated")
     if s.strategy == "LeastAllocated":
-        profile.scores["LeastAllocated"] = profile.scores.pop("MostAllocated")
+        # in MostAllocated's place: the profile's order is the order of every score sum (``worker.engine``)
+        profile.scores = {
+            ("LeastAllocated" if name == "MostAllocated" else name): weight
+            for name, weight in profile.scores.items()
+        }
     for name, weight in s.score_weights.items():
         profile.scores[name] = weight
     warm_key, _, warm_value = s.warm_label.partition("=")

@@ -11,8 +11,9 @@ third with required anti-affinity on the hostname against their pool, a third wi
 
 ``pool``: the pods of one template, as a warm pool or a burst from one workload sends them (one size, no
 session, no rules), so every pod after the first reuses its shape's run (``worker.engine``'s batched
-decisions). Other mixes are batched too, each shape's run kept while other shapes are decided: the plain
-mix's 12 sizes in random order (a session is not part of a shape), the mix's 108 shapes. The ``batched``
+decisions). Other mixes are batched too where it pays, each shape's run kept while other shapes are
+decided: the plain mix's 12 sizes in random order (a session is not part of a shape), the mix's 108 shapes;
+the interpod mix's soft-rule pods only in the first window (then it pauses: ``worker.engine``). The ``batched``
 column counts the decisions that reused their run; ``--no-batching`` decides every pod from scratch, for the
 side-by-side comparison (the placements are the same).
 

@@ -27,6 +27,8 @@ from worker.cache import Cache
 from worker.engine import Decision, Engine
 from worker.nodeinfo import NodeInfo
 from worker.plugins.images import ImageLocality
+from worker.plugins.resources import NodeResourcesFit
+from worker.plugins.taints import TaintFilter
 from worker.scheduler import build_engine
 from worker.settings import WorkerSettings
 
@@ -34,6 +36,7 @@ SESSION = WorkerSettings().scheduling.session_label
 WARM = WorkerSettings().scheduling.warm_label.partition("=")[0]
 IMAGES = ("sandbox:1", "sandbox:2", "tools:1")
 MB = 1024 * 1024
+GPU = "nvidia.com/gpu"
 
 
 def _node(name: str, spec: dict[str, Any]) -> NodeRecord:
@@ -47,6 +50,9 @@ def _node(name: str, spec: dict[str, Any]) -> NodeRecord:
         b.taint("dedicated", "batch")
     if spec["cordoned"]:
         b.cordon()
+    b.extended("ephemeral-storage", spec["ephemeral"])
+    if spec["gpus"]:
+        b.extended(GPU, spec["gpus"])
     for image, size in sorted(spec["images"], key=lambda i: -i[1]):
         b.image(size, image)
     return b.record()
@@ -54,8 +60,11 @@ def _node(name: str, spec: dict[str, Any]) -> NodeRecord:
 
 def _node_spec(rng: random.Random) -> dict[str, Any]:
     return {
-        "cpu": rng.choice(["1", "2", "4"]),
-        "memory": rng.choice(["2Gi", "4Gi", "8Gi"]),
+        # uneven sizes too: allocation scores that are not short binary fractions, so a sum's order shows
+        "cpu": rng.choice(["1", "2", "4", "3870m", "1500m"]),
+        "memory": rng.choice(["2Gi", "4Gi", "8Gi", "7500Mi", "3000Mi"]),
+        "ephemeral": rng.choice(["100Gi", "2Gi"]),
+        "gpus": rng.choice([None, None, None, "1", "2"]),
         "pods": rng.randint(2, 8),
         "zone": rng.choice(["a", "b"]),
         "warm": rng.random() < 0.3,
@@ -69,7 +78,9 @@ def _node_spec(rng: random.Random) -> dict[str, Any]:
 def _template(rng: random.Random) -> dict[str, Any]:
     return {
         "cpu": rng.choice(["100m", "250m", "500m"]),
-        "memory": rng.choice(["128Mi", "512Mi"]),
+        "memory": rng.choice(["128Mi", "512Mi", "200Mi", "333Mi"]),
+        "ephemeral": rng.choice([None, None, "500Mi", "1Gi"]),
+        "gpu": rng.choice([None] * 6 + ["1", "2"]),
         "session": rng.choice([None, "s1", "s2"]),
         "zone": rng.choice([None, None, "a"]),
         "tolerate": rng.random() < 0.3,
@@ -80,6 +91,10 @@ def _template(rng: random.Random) -> dict[str, Any]:
 
 def _pod(name: str, t: dict[str, Any]) -> PodRecord:
     b = make_pod(name).req(cpu=t["cpu"], memory=t["memory"]).image(t["image"])
+    if t["ephemeral"]:
+        b.req(ephemeral_storage=t["ephemeral"])
+    if t["gpu"]:
+        b.req(nvidia_gpu=t["gpu"])
     if t["session"]:
         b.label(SESSION, t["session"])
     if t["zone"]:
@@ -91,8 +106,25 @@ def _pod(name: str, t: dict[str, Any]) -> PodRecord:
     return b.record()
 
 
-def replay(seed: int, *, batching: bool, steps: int = 300) -> tuple[list[Decision], int]:
-    """The scenario of ``seed``: every decision in order, and how many reused a batch."""
+def _record_totals(engine: Engine, into: list[list[float] | None]) -> None:
+    """Every window's weighted sums ``engine`` computes from now on, appended to ``into``."""
+    compute = engine._totals
+
+    def recording(
+        pod: PodRecord, feasible: list[NodeInfo], entries: list[list[Any]] | None = None
+    ) -> list[float] | None:
+        result = compute(pod, feasible, entries)
+        into.append(result)
+        return result
+
+    setattr(engine, "_totals", recording)  # noqa: B010 (an instance's method, replaced for this engine only)
+
+
+def replay(
+    seed: int, *, batching: bool, steps: int = 300, totals: list[list[float] | None] | None = None
+) -> tuple[list[Decision], int]:
+    """The scenario of ``seed``: every decision in order, and how many reused a batch. ``totals``: gets every
+    scored window's weighted sums, in order."""
     rng = random.Random(seed)
     specs = {f"n{i:02d}": _node_spec(rng) for i in range(rng.randint(8, 24))}
     shard = FixedShard(specs)
@@ -103,7 +135,13 @@ def replay(seed: int, *, batching: bool, steps: int = 300) -> tuple[list[Decisio
     settings.scheduling.feasible_nodes = rng.choice([2, 4, 16])
     engine: Engine = build_engine(settings, cache)
     engine.batching = batching
+    if totals is not None:
+        _record_totals(engine, totals)
     templates = [_template(rng) for _ in range(4)]
+    # templates that differ from another in one request only: their shapes must differ all the same
+    templates.append(templates[0] | {"memory": "1Gi"})
+    templates.append(templates[1] | {"ephemeral": "3Gi"})
+    templates.append(templates[2] | {"gpu": "1" if templates[2]["gpu"] == "2" else "2"})
     placed: list[PodRecord] = []
     decisions: list[Decision] = []
     template = templates[0]
@@ -131,19 +169,27 @@ def _event(
     specs: dict[str, dict[str, Any]],
     placed: list[PodRecord],
 ) -> None:
-    kind = rng.choice([0, 0, 1, 2, 3, 4, 4, 4, 5])  # image changes often: they move every holder's score
+    kind = rng.choice([0, 0, 1, 2, 3, 4, 4, 4, 5, 6])  # image changes often: they move every holder's score
     name = rng.choice(sorted(specs))
     spec = specs[name]
     if kind == 0 and placed:
         pod = placed.pop(rng.randrange(len(placed)))
         cache.remove_pod(PodKey(pod.key))
         return
+    if kind == 6 and name in cache.known:
+        # deleted, then (at this node's next event) added again, maybe with other taints: a new life
+        cache.remove_node(NodeName(name))
+        spec["dedicated"] = rng.random() < 0.5
+        return
+    if kind == 6:
+        cache.upsert_node(_node(name, spec))
+        return
     if kind == 1:
         spec["warm"] = not spec["warm"]
     elif kind == 2:
         spec["cordoned"] = not spec["cordoned"]
     elif kind == 3:
-        spec["cpu"] = rng.choice(["1", "2", "4"])
+        spec["cpu"] = rng.choice(["1", "2", "4", "3870m"])
     elif kind == 4:
         spec["images"] = [(i, rng.choice([30, 200, 600, 1500]) * MB) for i in IMAGES if rng.random() < 0.5]
     else:
@@ -153,12 +199,18 @@ def _event(
 
 
 def first_difference(seeds: range) -> str | None:
+    """The first decision, or the first window's score sums (bit for bit), that differ batched and not."""
     for seed in seeds:
-        batched, _ = replay(seed, batching=True)
-        alone, _ = replay(seed, batching=False)
+        batched_totals: list[list[float] | None] = []
+        alone_totals: list[list[float] | None] = []
+        batched, _ = replay(seed, batching=True, totals=batched_totals)
+        alone, _ = replay(seed, batching=False, totals=alone_totals)
         for i, (a, b) in enumerate(zip(batched, alone, strict=True)):
             if a != b:
                 return f"seed {seed}, decision {i}: batched {a} != one by one {b}"
+        for i, (x, y) in enumerate(zip(batched_totals, alone_totals, strict=True)):
+            if x != y:
+                return f"seed {seed}, scored window {i}: batched sums {x} != one by one {y}"
     return None
 
 
@@ -170,7 +222,7 @@ def test_batched_decisions_equal_one_by_one() -> None:
     "limits",
     [
         {"RUNS_KEPT": 1},  # every other template drops the run of the one before
-        {"RUNS_KEPT": 2, "RUN_WINDOW": 4, "RUN_PAUSE": 1},  # runs made, paused and made again
+        {"RUNS_KEPT": 2, "RUN_WINDOW": 4, "RUN_PAUSE": 1},  # batching paused and tried again
         {"RUN_NODES_KEPT": 3},  # runs start over as they grow
     ],
 )
@@ -216,6 +268,8 @@ def _template_pod(name: str, cpu: str, session: str | None = None) -> PodRecord:
         {
             "cpu": cpu,
             "memory": "128Mi",
+            "ephemeral": None,
+            "gpu": None,
             "session": session,
             "zone": None,
             "tolerate": False,
@@ -245,16 +299,16 @@ def test_a_new_session_does_not_end_a_run() -> None:
         assert batched[i].node == batched[i + 1].node, f"session s{i // 2} split"
 
 
-def test_new_runs_pause_while_most_shapes_have_none(monkeypatch: pytest.MonkeyPatch) -> None:
-    """More shapes taken in turns than runs are kept: runs would be made and dropped before any is used
-    again, so after a window with few reused, no run is made for ``RUN_PAUSE`` windows (the runs kept still
-    serve their shapes); then they are tried again."""
+def test_batching_pauses_while_runs_are_made_more_than_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """More shapes taken in turns than runs are kept: every run is dropped before its shape comes back, so
+    the walks make entries and use none. After such a window, batching pauses for ``RUN_PAUSE`` windows (no
+    run made or used), then one window tries again."""
     monkeypatch.setattr(engine_module, "RUNS_KEPT", 1)
     monkeypatch.setattr(engine_module, "RUN_WINDOW", 8)
     monkeypatch.setattr(engine_module, "RUN_PAUSE", 2)
     cache, engine = _cluster()
     sizes = ("100m", "150m", "200m", "300m")  # four shapes in turns, one run kept
-    pods = [_template_pod(f"p{i:03d}", sizes[i % 4]) for i in range(32)]
+    pods = [_template_pod(f"p{i:03d}", sizes[i % 4]) for i in range(40)]
     made = []
     every_run: list[Any] = []  # held, so no new run can take a dropped one's id
     for pod in pods:
@@ -262,10 +316,102 @@ def test_new_runs_pause_while_most_shapes_have_none(monkeypatch: pytest.MonkeyPa
         new = [run for run in engine._runs.values() if all(run is not r for r in every_run)]
         every_run += new
         made.append(bool(new))
-    assert made[:8] == [True] * 8  # every run dropped before its shape came back: none reused
+    assert made[:8] == [True] * 8  # a run made for every pod, none used
     assert made[8:24] == [False] * 16  # paused for two windows
-    assert engine.batched == 4  # meanwhile the one run kept (the last pod's shape) served that shape
-    assert made[24:32] == [True] * 8  # tried again
+    assert made[24:32] == [True] * 8  # tried again, and paused again
+    assert made[32:] == [False] * 8
+    assert engine.batched == 0
+
+
+def test_batching_goes_on_while_runs_are_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Shapes taken in turns that the runs kept can hold: every window uses ``RUN_REUSE`` times the entries it
+    makes (the first window's included, which makes every shape's entries), so batching never pauses."""
+    monkeypatch.setattr(engine_module, "RUN_WINDOW", 32)
+    cache, engine = _cluster()
+    sizes = ("100m", "150m", "200m", "300m")
+    pods = [_template_pod(f"p{i:03d}", sizes[i % 4]) for i in range(80)]
+    _decide(cache, engine, pods)
+    assert engine.batched == 76  # every pod but the first of each shape
+
+
+class _Kept:
+    """Node-local and kept: a score of the node alone, not a short binary fraction."""
+
+    name = "Kept"
+
+    def batch_key(self, pod: PodRecord) -> tuple[()]:
+        return ()
+
+    def applies(self, pod: PodRecord) -> bool:
+        return True
+
+    def scores(self, pod: PodRecord, nodes: list[NodeInfo]) -> list[float]:
+        return [0.1 + len(info.pods) / 3 for info in nodes]
+
+
+class _Fresh(_Kept):
+    """Node-local, scored for every decision."""
+
+    name = "Fresh"
+    batch_fresh = True
+
+    def scores(self, pod: PodRecord, nodes: list[NodeInfo]) -> list[float]:
+        return [0.3 * int(info.node.name[1:]) / 7 for info in nodes]
+
+
+class _Window:
+    """Not node-local: normalized over the window (by position)."""
+
+    name = "Window"
+
+    def applies(self, pod: PodRecord) -> bool:
+        return True
+
+    def scores(self, pod: PodRecord, nodes: list[NodeInfo]) -> list[float]:
+        return [0.7 / (1 + j) for j in range(len(nodes))]
+
+
+def test_score_sums_are_the_same_bit_for_bit_batched_or_not() -> None:
+    """Every window's sums, in the fixed order (kept node-local, then ``batch_fresh``, then the others), with
+    scores whose sums depend on their order: a batched sum that added them in another order would differ."""
+    every: list[list[list[float] | None]] = []
+    for batching in (True, False):
+        cache = Cache()
+        for i in range(12):
+            cache.upsert_node(make_node(f"n{i}", cpu="2", memory="4Gi").record())
+        engine = Engine(
+            cache,
+            [NodeResourcesFit(), TaintFilter()],
+            [(_Window(), 3), (_Fresh(), 2), (_Kept(), 1)],  # profile order: the engine's groups reorder them
+            feasible_nodes=6,
+            batching=batching,
+        )
+        totals: list[list[float] | None] = []
+        _record_totals(engine, totals)
+        _decide(cache, engine, [_template_pod(f"p{i:02d}", "100m") for i in range(30)])
+        assert engine.batched == (29 if batching else 0)
+        every.append(totals)
+    assert every[0] == every[1]
+
+
+def test_a_node_added_again_is_not_taken_for_its_earlier_life_in_a_run() -> None:
+    """A run's entry of a node deleted and added again (a new ``NodeInfo``, at the same generation as the
+    entry's, now with a taint the pods do not tolerate) is not used: the node is filtered again."""
+    cache = Cache()
+    cache.upsert_node(make_node("n1", cpu="4", memory="8Gi").record())
+    cache.upsert_node(make_node("n2", cpu="4", memory="8Gi").record())
+    engine = build_engine(WorkerSettings(), cache)
+    cache.assume(_template_pod("first", "1"), NodeName("n2"))  # n2 the fuller: binpacking takes it
+    pods = [_template_pod(f"p{i}", "1") for i in range(3)]
+    assert [d.node for d in _decide(cache, engine, pods[:2])] == ["n2", "n2"]  # n1's entry kept, fits
+    cache.remove_node(NodeName("n1"))
+    tainted = make_node("n1", cpu="4", memory="8Gi")
+    tainted.taint("dedicated", "batch")
+    cache.upsert_node(tainted.record())
+    cache.assume(_template_pod("filler", "1"), NodeName("n2"))  # n2 full: only n1 is left to try
+    d = engine.schedule(pods[2])
+    assert engine.batched == 2
+    assert d.node is None, "the tainted node was taken on the verdict of its earlier life"
 
 
 def test_batches_are_used() -> None:

@@ -5,6 +5,7 @@ import random
 from common.records import NodeName, PodRecord
 from tests.builders import make_node, make_pod
 from tests.unit.worker.helpers import FixedShard, engine_over, place
+from worker.cache import Cache
 from worker.framework import Status
 from worker.nodeinfo import NodeInfo
 from worker.scheduler import build_engine
@@ -209,3 +210,19 @@ def test_a_gpu_pod_among_equal_nodes_lands_on_the_same_node_whatever_the_hash_se
         )
         chosen.add(out.stdout.strip())
     assert len(chosen) == 1 and chosen.pop().startswith("gpu-")
+
+
+def test_a_node_added_again_with_a_taint_is_filtered_again() -> None:
+    """The static verdict kept for a node (per signature and static version) is not used for the node added
+    again under the same name: its version never goes back."""
+    cache = Cache()
+    cache.upsert_node(make_node("n1", cpu="4", memory="8Gi").record())
+    engine = build_engine(WorkerSettings(), cache)
+    assert engine.schedule(make_pod("p0").req(cpu="100m").record()).node == "n1"
+    cache.remove_node(NodeName("n1"))
+    tainted = make_node("n1", cpu="4", memory="8Gi")
+    tainted.taint("dedicated", "batch")
+    cache.upsert_node(tainted.record())
+    d = engine.schedule(make_pod("p1").req(cpu="100m").record())
+    assert d.node is None
+    assert "untolerated taint" in d.message
