@@ -1326,6 +1326,7 @@ def node_from_json(obj: dict[str, Any]) -> NodeRecord:
         ready=ready,
         allocatable=allocatable,
         allocatable_error=error,
-        static_key=(tuple(sorted(labels.items())), taints, unschedulable, ready),
+        # everything a static filter reads of the record (NodeReady reads the allocatable's error too)
+        static_key=(tuple(sorted(labels.items())), taints, unschedulable, ready, error),
         images=node_images(status.get("images")),
     )

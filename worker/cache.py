@@ -16,8 +16,10 @@ Invariants:
   bucket and free amounts for a node are updated after every change to that node's pods or record, so the
   capacity summary (``CapacityIndex.summary``) is always current without a scan.
 - Pods of every scheduler are accounted (they use capacity too); terminal pods are not.
-- ``static_version`` of a NodeInfo changes only when a filter-relevant part of the node record changes, so the
-  engine's per-signature static filter verdicts stay valid across capacity changes.
+- ``static_versions``, per node name, changes when what a static filter reads of the node record changes
+  (``NodeRecord.static_key``), and when the node is deleted, added (again) or first seen through its pods;
+  it never goes back, so the engine's per-signature static filter verdicts, kept per version, stay valid across
+  capacity changes and never outlive the record they were made for.
 - ``images`` (``worker.images``) holds the image counts of exactly the known nodes' current records: every
   record a node gets or loses passes through ``images.update``.
 - ``image_holders`` lists, per large image, exactly the indexed nodes holding it, in their index bucket:
@@ -342,6 +344,10 @@ class Cache:
                 and old.deleting == pod.deleting
             ):
                 info.pods[key] = pod  # confirmation: nothing changes in the accounting
+                if old.start_time != pod.start_time:
+                    # what preemption's dry run reads of the pod changed (the order it spares victims in):
+                    # its per-node memo keys on the node's generation
+                    info.generation += 1
                 # kube-scheduler wakes pods waiting for pod affinity when an assigned pod is added
                 return assumed is not None and self.topology.helps(pod)
         freed = self._unaccount(key) is not None

@@ -37,17 +37,18 @@ nominated anywhere and it has no nomination of its own; its shape is its signatu
 passes the static filters, the verdict of the dynamic filters and the kept node-local part of the score, each
 valid while the node's ``NodeInfo`` (the same object, at the same ``generation``) and static version are the
 same. Assuming a pod (``Cache.assume``) changes one node, so the next pod of the shape filters and scores only
-that node again. (The object and the static version each tell a node deleted and added again from its earlier
-life; the cache never gives a node a static version it had before.)
+that node again. (A node deleted and added again gets a static version it never had, and a new ``NodeInfo``
+unless pods kept its old one through the deletion, whose generation then moved.)
 - Interleaved shapes: up to ``RUNS_KEPT`` runs are kept (the one made first goes first), each of at most
   ``RUN_NODES_KEPT`` nodes (a full run that is to take another node starts over), so a burst that interleaves
   a few templates (a queue ordered by priority and arrival hands them out so) keeps every template's run,
   where kube-scheduler's batch ends at the first pod of another shape.
-- Batching pays only while entries are used more than they are made. When more shapes interleave than are
-  kept (runs dropped before they are used again), or placements change most window nodes between two pods of
-  a shape (a spreading strategy with many shapes), a window of ``RUN_WINDOW`` batchable decisions that made
-  more entries than it used pauses batching for ``RUN_PAUSE`` windows (every pod decided from scratch, with
-  nothing recorded); then one window tries again (``_tally``).
+- Batching pays only while run entries are used several times for each one made. When more shapes interleave
+  than are kept (runs dropped before they are used again), or placements change most window nodes between two
+  pods of a shape (a spreading strategy with many shapes, pods with soft inter-pod rules), a window of
+  ``RUN_WINDOW`` batchable decisions that used fewer than ``RUN_REUSE`` entries per entry it made pauses
+  batching for ``RUN_PAUSE`` windows (every pod decided from scratch, with nothing recorded); then one window
+  tries again (``_tally``).
 - Node-local plugins marked ``batch_fresh`` (SessionLocality: its key, the session, changes every few pods
   and its score is one lookup) are left out of the shape and scored for every decision, so sessions do not
   split a template into shapes.
@@ -440,11 +441,11 @@ class Engine:
 
     def _tally(self, hits: int, made: int) -> None:
         """Counts, over windows of ``RUN_WINDOW`` batchable decisions, the nodes whose run entry was current
-        (``hits``) against the entries made. A window that made more than it used (more shapes interleaved
-        than ``RUNS_KEPT``, so runs are dropped before they are used again; or placements that change most
-        window nodes between two pods of a shape, as spreading strategies do) pauses batching for
-        ``RUN_PAUSE`` windows, in which every pod is decided from scratch, without recording; then one window
-        tries again."""
+        (``hits``) against the entries made. A window that used fewer than ``RUN_REUSE`` per entry it made
+        (more shapes interleaved than ``RUNS_KEPT``, so runs are dropped before they are used again; or
+        placements that change most window nodes between two pods of a shape, as spreading strategies do)
+        pauses batching for ``RUN_PAUSE`` windows, in which every pod is decided from scratch, without
+        recording; then one window tries again."""
         self._window_seen += 1
         self._window_hits += hits
         self._window_made += made

@@ -74,7 +74,8 @@ def build_engine(settings: WorkerSettings, cache: Cache) -> Engine:
     if s.strategy not in ("MostAllocated", "LeastAllocated"):
         raise ValueError(f"unknown strategy {s.strategy!r}: MostAllocated or LeastAllocated")
     if s.strategy == "LeastAllocated":
-        # in MostAllocated's place: the profile's order is the order of every score sum (``worker.engine``)
+        # in MostAllocated's place: within each of the engine's groups of scores, the profile's order is the
+        # order in which they are summed (``worker.engine``)
         profile.scores = {
             ("LeastAllocated" if name == "MostAllocated" else name): weight
             for name, weight in profile.scores.items()

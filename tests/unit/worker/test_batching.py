@@ -394,20 +394,27 @@ def test_score_sums_are_the_same_bit_for_bit_batched_or_not() -> None:
     assert every[0] == every[1]
 
 
-def test_a_node_added_again_is_not_taken_for_its_earlier_life_in_a_run() -> None:
-    """A run's entry of a node deleted and added again (a new ``NodeInfo``, at the same generation as the
-    entry's, now with a taint the pods do not tolerate) is not used: the node is filtered again."""
+@pytest.mark.parametrize("resident", [False, True])
+def test_a_node_added_again_is_not_taken_for_its_earlier_life_in_a_run(resident: bool) -> None:
+    """A run's entry of a node deleted and added again, now with a taint the pods do not tolerate, is not
+    used: the node is filtered again. Without pods the node comes back as a new ``NodeInfo`` (at the generation
+    the entry was made at); with a pod the cache keeps its ``NodeInfo`` through the deletion, and its generation
+    and static version tell the new life from the old."""
     cache = Cache()
     cache.upsert_node(make_node("n1", cpu="4", memory="8Gi").record())
     cache.upsert_node(make_node("n2", cpu="4", memory="8Gi").record())
+    if resident:
+        cache.assume(_template_pod("resident", "100m"), NodeName("n1"))
     engine = build_engine(WorkerSettings(), cache)
     cache.assume(_template_pod("first", "1"), NodeName("n2"))  # n2 the fuller: binpacking takes it
     pods = [_template_pod(f"p{i}", "1") for i in range(3)]
     assert [d.node for d in _decide(cache, engine, pods[:2])] == ["n2", "n2"]  # n1's entry kept, fits
+    before = cache.nodes[NodeName("n1")]
     cache.remove_node(NodeName("n1"))
     tainted = make_node("n1", cpu="4", memory="8Gi")
     tainted.taint("dedicated", "batch")
     cache.upsert_node(tainted.record())
+    assert (cache.nodes[NodeName("n1")] is before) == resident
     cache.assume(_template_pod("filler", "1"), NodeName("n2"))  # n2 full: only n1 is left to try
     d = engine.schedule(pods[2])
     assert engine.batched == 2

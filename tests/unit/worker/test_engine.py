@@ -226,3 +226,20 @@ def test_a_node_added_again_with_a_taint_is_filtered_again() -> None:
     d = engine.schedule(make_pod("p1").req(cpu="100m").record())
     assert d.node is None
     assert "untolerated taint" in d.message
+
+
+def test_a_node_whose_allocatable_becomes_valid_is_filtered_again() -> None:
+    """NodeReady refuses a node whose allocatable cannot be read; the node's next record, valid, with the same
+    labels, taints and conditions, is filtered again rather than refused on the memoized verdict (and the other
+    way round)."""
+    broken = make_node("n1", cpu="thirty-two")
+    cache = Cache()
+    cache.upsert_node(broken.record())
+    engine = build_engine(WorkerSettings(), cache)
+    refused = engine.schedule(make_pod("p0").req(cpu="100m").record())
+    assert refused.node is None
+    cache.upsert_node(make_node("n1", cpu="4").record())
+    assert engine.schedule(make_pod("p1").req(cpu="100m").record()).node == "n1"
+    cache.upsert_node(broken.record())
+    d = engine.schedule(make_pod("p2").req(cpu="100m").record())
+    assert d.node is None and d.message == refused.message

@@ -227,6 +227,27 @@ def test_a_filter_that_does_not_declare_node_pods_is_refused() -> None:
     assert isinstance(registry, Registry)
 
 
+def test_memo_follows_a_start_time_that_arrives() -> None:
+    """A placed pod's start time arriving (the kubelet's status update, its record otherwise the same) changes
+    the order in which victims are spared: the memo of the node's dry run is not used after it."""
+    engine = engine_over([make_node("n0", cpu="2").record()])
+    engine.cache.upsert_pod(
+        make_pod("a").req(cpu="1").priority(1).on("n0").started("2030-01-01T00:00:00Z").record()
+    )
+    engine.cache.upsert_pod(make_pod("b").req(cpu="1").priority(1).on("n0").record())  # not started yet
+    ev = Evaluator(engine.cache, engine, Budgets(), wall=lambda: NOW)
+    pod = make_pod("hi").req(cpu="1").priority(10).record()
+    info = engine.cache.nodes[NodeName("n0")]
+    first = ev.select_victims(pod, info, NOW)
+    assert isinstance(first, Candidate) and [v.name for v in first.victims] == ["b"]  # counts as started now
+    engine.cache.upsert_pod(
+        make_pod("b").req(cpu="1").priority(1).on("n0").started("2020-01-01T00:00:00Z").record()
+    )
+    again = ev.select_victims(pod, info, NOW)
+    assert isinstance(again, Candidate) and [v.name for v in again.victims] == ["a"]  # now "b" is the older
+    assert ev.memo_hits == 0
+
+
 def test_memo_follows_the_clock_for_pods_without_a_start_time() -> None:
     engine = engine_over([make_node("n0", cpu="2").record()])
     engine.cache.upsert_pod(
