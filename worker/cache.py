@@ -16,10 +16,11 @@ Invariants:
   bucket and free amounts for a node are updated after every change to that node's pods or record, so the
   capacity summary (``CapacityIndex.summary``) is always current without a scan.
 - Pods of every scheduler are accounted (they use capacity too); terminal pods are not.
-- ``static_versions``, per node name, changes when what a static filter reads of the node record changes
-  (``NodeRecord.static_key``), and when the node is deleted, added (again) or first seen through its pods;
-  it never goes back, so the engine's per-signature static filter verdicts, kept per version, stay valid across
-  capacity changes and never outlive the record they were made for.
+- ``static_versions`` holds a version for each node in ``nodes``, changed when what a static filter reads of
+  the node record changes (``NodeRecord.static_key``), and when the node is deleted, added (again) or first
+  seen through its pods; versions come from one cache-wide clock and are never given twice, so the engine's
+  per-signature static filter verdicts, kept per version, stay valid across capacity changes and never outlive
+  the record they were made for. A node's entry goes with its ``NodeInfo``.
 - ``images`` (``worker.images``) holds the image counts of exactly the known nodes' current records: every
   record a node gets or loses passes through ``images.update``.
 - ``image_holders`` lists, per large image, exactly the indexed nodes holding it, in their index bucket:
@@ -52,6 +53,7 @@ The cache does no I/O and knows nothing of the API; ``worker.feeds`` feeds it fr
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -110,9 +112,10 @@ class Cache:
         self.assume_ttl = assume_ttl
         self.nodes: dict[NodeName, NodeInfo] = {}
         self.known: set[NodeName] = set()  # nodes backed by a real Node object
-        # per node, only ever growing, also across its removal and re-adding (the engine's memos of static
-        # verdicts key on it); a removed node's name keeps its entry
+        # per node in ``nodes``: a version from one cache-wide clock, so no version is ever given twice, also to
+        # a node deleted and added again (the engine's memos of static verdicts key on it)
         self.static_versions: dict[NodeName, int] = {}
+        self._static_clock = itertools.count(1)
         self.pod_node: dict[PodKey, NodeName] = {}
         self.assumed: dict[PodKey, Assumed] = {}
         # session label value -> {node: pods of that session there}, for session-locality candidates
@@ -146,8 +149,8 @@ class Cache:
         info = self.nodes.get(name)
         if info is None:
             info = self.nodes[name] = NodeInfo(_placeholder(name), session_label=self.session_label)
-            # a new version, never one the node had before (see ``upsert_node``)
-            self.static_versions[name] = self.static_versions.get(name, 0) + 1
+            # a new version, never one the node had before (``_static_clock``)
+            self.static_versions[name] = next(self._static_clock)
         return info
 
     def upsert_node(self, record: NodeRecord) -> bool:
@@ -157,9 +160,9 @@ class Cache:
         changed = True
         if info is None:
             info = self.nodes[name] = NodeInfo(record, session_label=self.session_label)
-            # A node removed and added again gets a version it never had: the engine keeps static verdicts per
-            # (node name, version), and one from the node's earlier life (other taints, labels) must not match.
-            self.static_versions[name] = self.static_versions.get(name, 0) + 1
+            # A node removed and added again gets a version it never had (``_static_clock``): the engine keeps
+            # static verdicts per (node name, version), and one from the node's earlier life must not match.
+            self.static_versions[name] = next(self._static_clock)
             self.topology.relabel(name, {}, record.labels)
             self.images.update(NO_IMAGES, record.images)
         else:
@@ -170,7 +173,7 @@ class Cache:
             old_labels = info.node.labels
             info.set_node(record)
             if changed:
-                self.static_versions[name] = self.static_versions.get(name, 0) + 1
+                self.static_versions[name] = next(self._static_clock)
                 self.topology.relabel(name, old_labels, record.labels)
             changed = changed or capacity_changed
         self.known.add(name)
@@ -188,13 +191,14 @@ class Cache:
         self.index.remove(name)
         self.image_holders.place(info, None)
         self._index_scalars(name, None)
-        self.static_versions[name] = self.static_versions.get(name, 0) + 1
+        self.static_versions[name] = next(self._static_clock)
         old_labels = info.node.labels
         self.images.update(info.node.images, NO_IMAGES)
         if info.pods:
             info.set_node(_placeholder(name))  # keep accounting until its pods are gone too
         else:
             del self.nodes[name]
+            del self.static_versions[name]
         self.topology.relabel(name, old_labels, {})
         self.generation += 1
 
@@ -313,6 +317,7 @@ class Cache:
                     self.sessions.pop(session, None)
         if not info.pods and node not in self.known:
             del self.nodes[node]
+            del self.static_versions[node]
         else:
             self._reindex(info)
         return pod

@@ -72,7 +72,7 @@ feasible counts (at most ``SUCCEEDED_KEPT`` kept).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from itertools import chain, repeat
 from operator import add, mul
@@ -95,12 +95,22 @@ RUN_NODES_KEPT = 512  # nodes one run keeps: a full run that is to take another 
 RUN_WINDOW = 2048  # batchable decisions per window of ``Engine._tally``
 RUN_REUSE = 3  # run entries a window must use per entry it makes for batching to go on (measured to pay)
 RUN_PAUSE = 32  # windows with batching paused after one that used fewer
+STATIC_SIGNATURES_KEPT = 4096  # pod signatures whose static verdicts are kept before the memo starts over
+MEMO_SLACK = 64  # entries of deleted nodes a per-node memo may hold beyond twice the cache's nodes
 _SKIPPED = object()  # a node-local score plugin that does not apply to the pod, in a batch's shape
 
 # A batch's memory, per node name: [NodeInfo, its generation, its static version, fits the shape, the kept
 # node-local part of its score (None until the node is scored)]; an entry is used only while the first three
 # are current.
 _Run = dict[str, list[Any]]
+
+
+def _drop_gone(memo: dict[str, Any], nodes: Mapping[NodeName, NodeInfo]) -> None:
+    """Drop from a per-node memo the nodes the cache no longer has. Called when the memo holds more than
+    twice the cache's nodes (plus ``MEMO_SLACK``), so a cluster whose node names change (autoscaling) does not
+    grow it without bound, at O(1) amortized per entry."""
+    for name in [name for name in memo if name not in nodes]:
+        del memo[name]
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +211,16 @@ class Engine:
         # instead of scanning again when nothing changed in between (``scan_of``)
         self.last_scan: tuple[PodRecord, int, int, list[tuple[NodeInfo, Status]]] | None = None
 
+    def _static_memo(self, signature: tuple[Any, ...]) -> dict[str, tuple[int, Status | None]]:
+        """The static verdicts kept for pods of ``signature`` (the memo of all signatures starts over at
+        ``STATIC_SIGNATURES_KEPT``)."""
+        memo = self._static.get(signature)
+        if memo is None:
+            if len(self._static) >= STATIC_SIGNATURES_KEPT:
+                self._static.clear()
+            memo = self._static[signature] = {}
+        return memo
+
     def _static_verdict(
         self, pod: PodRecord, info: NodeInfo, memo: dict[str, tuple[int, Status | None]]
     ) -> Status | None:
@@ -209,6 +229,8 @@ class Engine:
         entry = memo.get(name)
         if entry is not None and entry[0] == version:
             return entry[1]
+        if entry is None and len(memo) > 2 * len(self.cache.nodes) + MEMO_SLACK:
+            _drop_gone(memo, self.cache.nodes)
         verdict: Status | None = None
         for f in self.static_filters:
             verdict = f.filter(pod, info)
@@ -232,9 +254,7 @@ class Engine:
                         return self._refused(pod, refused)
                 dynamic = [*dynamic, f]
                 checks.append(f.filter)
-        memo = self._static.get(pod.signature)
-        if memo is None:
-            memo = self._static[pod.signature] = {}
+        memo = self._static_memo(pod.signature)
         usable = self.cache.usable
         want = self.feasible_nodes
         feasible: list[NodeInfo] = []
@@ -551,17 +571,13 @@ class Engine:
 
     def static_verdict(self, pod: PodRecord, info: NodeInfo) -> Status | None:
         """The static filters alone for ``pod`` on ``info`` (memoized per signature), as ``verdict`` runs them."""
-        memo = self._static.get(pod.signature)
-        if memo is None:
-            memo = self._static[pod.signature] = {}
+        memo = self._static_memo(pod.signature)
         return self._static_verdict(pod, info, memo)
 
     def verdict(self, pod: PodRecord, info: NodeInfo) -> Status | None:
         """Every filter for ``pod`` on ``info`` as the decision runs them: static (memoized per signature),
         then dynamic with the node's nominated pods (see the module docstring). None when it fits."""
-        memo = self._static.get(pod.signature)
-        if memo is None:
-            memo = self._static[pod.signature] = {}
+        memo = self._static_memo(pod.signature)
         st = self._static_verdict(pod, info, memo)
         return st if st is not None else self._dynamic_verdict(pod, info)
 
@@ -635,6 +651,8 @@ class Engine:
             if node_shape not in self._node_verdicts and len(self._node_verdicts) >= NODE_VERDICT_SHAPES:
                 self._node_verdicts.clear()
             kept = self._node_verdicts.setdefault(node_shape, kept)
+            if len(kept) > 2 * len(self.cache.nodes) + MEMO_SLACK:
+                _drop_gone(kept, self.cache.nodes)
         static_versions = self.cache.static_versions
         nominated = self.cache.nominated
         for info in owned:

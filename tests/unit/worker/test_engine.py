@@ -6,6 +6,7 @@ from common.records import NodeName, PodRecord
 from tests.builders import make_node, make_pod
 from tests.unit.worker.helpers import FixedShard, engine_over, place
 from worker.cache import Cache
+from worker.engine import MEMO_SLACK
 from worker.framework import Status
 from worker.nodeinfo import NodeInfo
 from worker.scheduler import build_engine
@@ -243,3 +244,26 @@ def test_a_node_whose_allocatable_becomes_valid_is_filtered_again() -> None:
     cache.upsert_node(broken.record())
     d = engine.schedule(make_pod("p2").req(cpu="100m").record())
     assert d.node is None and d.message == refused.message
+
+
+def test_memos_of_nodes_stay_bounded_while_node_names_change() -> None:
+    """Nodes come and go under new names (an autoscaler's): the cache keeps versions of its nodes only, and
+    the engine's per-node memos (static verdicts per signature, scan verdicts per shape) are pruned of the
+    nodes gone, so neither grows with every node the cluster ever had."""
+    cache = Cache()
+    engine = build_engine(WorkerSettings(), cache)
+    for life in range(60):
+        names = [f"n{life}-{i}" for i in range(20)]
+        for name in names:
+            cache.upsert_node(make_node(name, cpu="1").record())
+        for j in range(3):
+            engine.schedule(make_pod(f"p{life}-{j}").req(cpu="100m").toleration("k", str(j)).record())
+        engine.schedule(make_pod(f"big{life}").req(cpu="2").record())  # fits nowhere: a scan of every node
+        for name in names:
+            cache.remove_node(NodeName(name))
+    assert len(cache.static_versions) == len(cache.nodes) == 0
+    live = 20
+    assert engine._static and all(len(m) <= 2 * live + MEMO_SLACK + 1 for m in engine._static.values())
+    assert engine._node_verdicts and all(
+        len(m) <= 2 * live + MEMO_SLACK + 20 for m in engine._node_verdicts.values()
+    )
