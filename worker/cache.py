@@ -191,11 +191,11 @@ class Cache:
         self.index.remove(name)
         self.image_holders.place(info, None)
         self._index_scalars(name, None)
-        self.static_versions[name] = next(self._static_clock)
         old_labels = info.node.labels
         self.images.update(info.node.images, NO_IMAGES)
         if info.pods:
             info.set_node(_placeholder(name))  # keep accounting until its pods are gone too
+            self.static_versions[name] = next(self._static_clock)
         else:
             del self.nodes[name]
             del self.static_versions[name]

@@ -96,7 +96,7 @@ RUN_WINDOW = 2048  # batchable decisions per window of ``Engine._tally``
 RUN_REUSE = 3  # run entries a window must use per entry it makes for batching to go on (measured to pay)
 RUN_PAUSE = 32  # windows with batching paused after one that used fewer
 STATIC_SIGNATURES_KEPT = 4096  # pod signatures whose static verdicts are kept before the memo starts over
-MEMO_SLACK = 64  # entries of deleted nodes a per-node memo may hold beyond twice the cache's nodes
+MEMO_SLACK = 64  # a per-node memo drops the nodes gone once it holds more than 2 x the cache's nodes + this
 _SKIPPED = object()  # a node-local score plugin that does not apply to the pod, in a batch's shape
 
 # A batch's memory, per node name: [NodeInfo, its generation, its static version, fits the shape, the kept
@@ -236,7 +236,8 @@ class Engine:
             verdict = f.filter(pod, info)
             if verdict is not None:
                 break
-        memo[name] = (version, verdict)
+        if version:  # a node the cache has (a gone one's records would all share version 0)
+            memo[name] = (version, verdict)
         return verdict
 
     def schedule(self, pod: PodRecord) -> Decision:

@@ -2,9 +2,12 @@
 
 import random
 
+import pytest
+
 from common.records import NodeName, PodRecord
 from tests.builders import make_node, make_pod
 from tests.unit.worker.helpers import FixedShard, engine_over, place
+from worker import engine as engine_module
 from worker.cache import Cache
 from worker.engine import MEMO_SLACK
 from worker.framework import Status
@@ -246,24 +249,31 @@ def test_a_node_whose_allocatable_becomes_valid_is_filtered_again() -> None:
     assert d.node is None and d.message == refused.message
 
 
-def test_memos_of_nodes_stay_bounded_while_node_names_change() -> None:
-    """Nodes come and go under new names (an autoscaler's): the cache keeps versions of its nodes only, and
-    the engine's per-node memos (static verdicts per signature, scan verdicts per shape) are pruned of the
-    nodes gone, so neither grows with every node the cluster ever had."""
+def test_memos_of_nodes_stay_bounded_while_node_names_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nodes come and go under new names (an autoscaler's), one of them deleted while a pod still runs there:
+    the cache keeps versions of its nodes only, and the engine's per-node memos (static verdicts per signature,
+    scan verdicts per shape) are pruned of the nodes gone, so neither grows with every node the cluster ever
+    had; the signatures kept are bounded too. Every decision is the one a fresh engine makes."""
+    monkeypatch.setattr(engine_module, "STATIC_SIGNATURES_KEPT", 2)  # four signatures below: it starts over
     cache = Cache()
     engine = build_engine(WorkerSettings(), cache)
     for life in range(60):
         names = [f"n{life}-{i}" for i in range(20)]
         for name in names:
             cache.upsert_node(make_node(name, cpu="1").record())
-        for j in range(3):
-            engine.schedule(make_pod(f"p{life}-{j}").req(cpu="100m").toleration("k", str(j)).record())
-        engine.schedule(make_pod(f"big{life}").req(cpu="2").record())  # fits nowhere: a scan of every node
+        resident = make_pod(f"r{life}").req(cpu="100m").on(names[0]).record()
+        cache.upsert_pod(resident)
+        pods = [make_pod(f"p{life}-{j}").req(cpu="100m").toleration("k", str(j)).record() for j in range(3)]
+        pods.append(make_pod(f"big{life}").req(cpu="2").record())  # fits nowhere: a scan of every node
+        for pod in pods:
+            assert engine.schedule(pod) == build_engine(WorkerSettings(), cache).schedule(pod)
         for name in names:
             cache.remove_node(NodeName(name))
+        assert set(cache.static_versions) == {names[0]}  # kept while its pod is
+        cache.remove_pod(resident.key)
     assert len(cache.static_versions) == len(cache.nodes) == 0
     live = 20
-    assert engine._static and all(len(m) <= 2 * live + MEMO_SLACK + 1 for m in engine._static.values())
-    assert engine._node_verdicts and all(
-        len(m) <= 2 * live + MEMO_SLACK + 20 for m in engine._node_verdicts.values()
-    )
+    assert len(engine._static) <= 2
+    assert all(len(m) <= 2 * live + MEMO_SLACK + 1 for m in engine._static.values())
+    assert engine._node_verdicts
+    assert all(len(m) <= 2 * live + MEMO_SLACK + live for m in engine._node_verdicts.values())
