@@ -149,9 +149,13 @@ class Cache:
         info = self.nodes.get(name)
         if info is None:
             info = self.nodes[name] = NodeInfo(_placeholder(name), session_label=self.session_label)
-            # a new version, never one the node had before (``_static_clock``)
-            self.static_versions[name] = next(self._static_clock)
+            self._new_static_version(name)
         return info
+
+    def _new_static_version(self, name: NodeName) -> None:
+        """A version ``name`` never had: the engine keeps static verdicts per (node name, version), and one
+        made for an earlier record of the node (or its earlier life, deleted and added again) must not match."""
+        self.static_versions[name] = next(self._static_clock)
 
     def upsert_node(self, record: NodeRecord) -> bool:
         """Add or update a node; True when something a filter looks at changed (or the node is new)."""
@@ -160,9 +164,7 @@ class Cache:
         changed = True
         if info is None:
             info = self.nodes[name] = NodeInfo(record, session_label=self.session_label)
-            # A node removed and added again gets a version it never had (``_static_clock``): the engine keeps
-            # static verdicts per (node name, version), and one from the node's earlier life must not match.
-            self.static_versions[name] = next(self._static_clock)
+            self._new_static_version(name)  # also for a node added again: not its earlier life's version
             self.topology.relabel(name, {}, record.labels)
             self.images.update(NO_IMAGES, record.images)
         else:
@@ -173,7 +175,7 @@ class Cache:
             old_labels = info.node.labels
             info.set_node(record)
             if changed:
-                self.static_versions[name] = next(self._static_clock)
+                self._new_static_version(name)
                 self.topology.relabel(name, old_labels, record.labels)
             changed = changed or capacity_changed
         self.known.add(name)
@@ -195,7 +197,7 @@ class Cache:
         self.images.update(info.node.images, NO_IMAGES)
         if info.pods:
             info.set_node(_placeholder(name))  # keep accounting until its pods are gone too
-            self.static_versions[name] = next(self._static_clock)
+            self._new_static_version(name)
         else:
             del self.nodes[name]
             del self.static_versions[name]

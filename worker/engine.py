@@ -289,8 +289,8 @@ class Engine:
             else None
         )
         static_versions = self.cache.static_versions
-        # batched: the run's entry of each node of ``feasible`` made by the walk, in its order
-        entries: list[list[Any]] | None = [] if run is not None else None
+        # batched: the run's entry of each node of ``feasible`` made or checked by the walk, in its order
+        entries: list[list[Any]] = []
         hits = made = 0  # batched: nodes whose entry was current, and entries made
         for info in candidates:
             name = info.node.name
@@ -311,7 +311,7 @@ class Engine:
                     hits += 1
                     if known[3] and usable(name):
                         feasible.append(info)
-                        entries.append(known)  # type: ignore[union-attr]
+                        entries.append(known)
                         if len(feasible) >= want:
                             break
                     continue
@@ -335,15 +335,12 @@ class Engine:
             if run is not None:
                 if len(run) >= RUN_NODES_KEPT and name not in run:
                     run.clear()  # a full run starts over with the nodes walked now
-                known = run[name] = [info, info.generation, static_versions.get(name, 0), ok, None]
+                record = run[name] = [info, info.generation, static_versions.get(name, 0), ok, None]
                 made += 1
-                if ok and usable(name):
-                    feasible.append(info)
-                    entries.append(known)  # type: ignore[union-attr]
-                    if len(feasible) >= want:
-                        break
-            elif ok and usable(name):
+            if ok and usable(name):
                 feasible.append(info)
+                if run is not None:
+                    entries.append(record)
                 if len(feasible) >= want:
                     break
         if run is not None:
@@ -353,7 +350,11 @@ class Engine:
         if len(feasible) >= want and self._wideners and not pod.requests.scalar:
             # The walk stopped early, so there may be nodes beyond it that hold the pod's images.
             evaluated += self._widen(pod, feasible, memo, dynamic, after=seen is None)
-        best = feasible[0] if len(feasible) == 1 else self._best(pod, feasible, entries)
+        best = (
+            feasible[0]
+            if len(feasible) == 1
+            else self._best(pod, feasible, entries if run is not None else None)
+        )
         # A Decision is immutable, and successes repeat (binpacking sends pod after pod to one node with the
         # same counts), so one object per (node, evaluated, feasible) serves them all: building one costs more
         # than the lookup.
