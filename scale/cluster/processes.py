@@ -16,6 +16,8 @@ Invariants:
 - Signals go to single PIDs we started: never to a process group, never by name.
 - Processes start in their own session (``start_new_session``), so a Ctrl-C in the terminal that ran
   ``cluster up`` does not take the cluster down with it, and their output goes to one log file each.
+- A command that starts processes and stops them when it ends (a benchmark, the demo) calls ``stop_on_sigterm``
+  first, so that a SIGTERM, like a Ctrl-C, runs its cleanup instead of leaving them running.
 - Children started by this interpreter are kept in ``_children``, so that ``Popen`` objects are never
   collected while their process runs (no ResourceWarning), exited children are reaped (no zombies) and
   their exit status stays readable after they were reaped.
@@ -117,6 +119,17 @@ def _same_process(record: ProcessRecord, proc: psutil.Process) -> bool:
         except (OSError, ValueError, IndexError):
             return False
     return abs(proc.create_time() - record.create_time) <= _CREATE_TIME_TOLERANCE
+
+
+def stop_on_sigterm() -> None:
+    """From now on, SIGTERM ends this interpreter as a Ctrl-C does: ``KeyboardInterrupt`` in the main thread.
+
+    So a command that stops what it started in ``finally`` blocks (``asyncio.run`` also cancels its tasks and
+    waits for their cleanup) does so when it is stopped with ``kill PID`` too. Python's default for SIGTERM
+    ends the interpreter at once, and every process started in its own session (``spawn``) went on running:
+    a cluster and schedulers left behind, competing for the cores with the next measurement. Call it from the
+    main thread, before starting anything."""
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
 
 
 def spawn(

@@ -161,3 +161,44 @@ def test_stop_with_another_first_signal(tmp_path: Path) -> None:
     [outcome] = processes.stop([record], grace=5, sig=signal.SIGKILL)
     assert outcome.code == -signal.SIGKILL and not outcome.killed
     assert not processes.send(record, signal.SIGTERM), "an exited process is not signalled"
+
+
+# A command that started something and stops it in a ``finally`` block, as a benchmark stops its cluster: the
+# cleanup awaits (``asyncio.to_thread``), as ``run_paired``'s does.
+STOPS_IN_FINALLY = """
+import asyncio, pathlib, sys
+from scale.cluster.processes import stop_on_sigterm
+if sys.argv[2] == "handled":
+    stop_on_sigterm()
+marker = pathlib.Path(sys.argv[1])
+
+async def main():
+    try:
+        print("started", flush=True)
+        await asyncio.sleep(60)
+    finally:
+        await asyncio.to_thread(marker.write_text, "stopped what it started")
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("handled", [True, False])
+def test_sigterm_runs_the_cleanup_only_after_stop_on_sigterm(tmp_path: Path, handled: bool) -> None:
+    marker = tmp_path / "cleaned"
+    log = tmp_path / "command.log"
+    argv = [sys.executable, "-c", STOPS_IN_FINALLY, str(marker), "handled" if handled else "default"]
+    record = spawn("command", argv, log, cwd=Path(__file__).resolve().parents[3])
+    try:
+        _wait_for_line(log, "started")
+        assert "started" in tail(log)
+        processes.send(record, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while is_running(record) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not is_running(record)
+        # handled: the cleanup ran (KeyboardInterrupt, as Ctrl-C); default: the interpreter ended at once
+        assert marker.exists() == handled
+        assert (exit_code(record) == -signal.SIGTERM) == (not handled)
+    finally:
+        terminate([record])
