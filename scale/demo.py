@@ -27,7 +27,7 @@ from scale.audit import audit_capacity
 from scale.bench.loadgen import create_one
 from scale.bench.results import latency_stats
 from scale.cluster import Cluster, start_cluster
-from scale.cluster.processes import ProcessRecord, spawn, stop, stop_on_sigterm
+from scale.cluster.processes import ProcessRecord, spawn, stop
 from scale.tracking import BindWatch, PodTimes, wait_bound
 from scale.workload import agent_pod
 
@@ -164,7 +164,6 @@ def _worker_shares(run_dir: Path) -> dict[str, int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    stop_on_sigterm()  # a demo stopped with kill still stops its cluster and schedulers (unless --keep)
     root = Path(args.dir).resolve()
     print(f"starting a local cluster with {args.nodes} kwok nodes in {root} ...", flush=True)
     t0 = time.monotonic()

@@ -335,12 +335,12 @@ class Engine:
             if run is not None:
                 if len(run) >= RUN_NODES_KEPT and name not in run:
                     run.clear()  # a full run starts over with the nodes walked now
-                record = run[name] = [info, info.generation, static_versions.get(name, 0), ok, None]
+                made_entry = run[name] = [info, info.generation, static_versions.get(name, 0), ok, None]
                 made += 1
             if ok and usable(name):
                 feasible.append(info)
                 if run is not None:
-                    entries.append(record)
+                    entries.append(made_entry)
                 if len(feasible) >= want:
                     break
         if run is not None:

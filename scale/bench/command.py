@@ -305,9 +305,6 @@ def run(args: argparse.Namespace) -> int:
     if args.bench not in ON_A_CLUSTER or rebuild_only:
         return _run(args)
     from scale.bench.lock import BUSY, BenchRunning, exclusive
-    from scale.cluster.processes import stop_on_sigterm
-
-    stop_on_sigterm()  # a bench stopped with kill still stops its cluster and schedulers
 
     try:
         with exclusive(f"bench {args.bench}"):

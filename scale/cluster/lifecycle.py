@@ -13,6 +13,10 @@ Invariants:
   started again on fresh ports (``ClusterOptions.port_retries`` times).
 - Stopping goes in reverse: kube-scheduler, kube-controller-manager, kwok and kube-apiserver first, etcd once
   they are gone.
+- An interpreter that starts a cluster from its main thread answers SIGTERM from then on as it answers Ctrl-C
+  (``processes.stop_on_sigterm``): a start stopped midway stops what it started, and the caller's cleanup (a
+  benchmark's, the demo's, the test session's) runs. ``start_cluster_async`` stops the cluster its thread
+  finishes after the caller was cancelled. ``cluster up`` still leaves a started cluster running.
 
 With kube-controller-manager, Deployments, ReplicaSets and Jobs make pods, the garbage collector deletes what
 lost its owner, deleted namespaces are emptied and removed, and PersistentVolumes bind to claims (see
@@ -26,6 +30,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+import functools
 import logging
 import shutil
 import time
@@ -69,6 +75,7 @@ from scale.cluster.processes import (
     is_running,
     rss_bytes,
     spawn,
+    stop_on_sigterm,
     tail,
     terminate,
 )
@@ -267,7 +274,12 @@ def start_cluster(
     Blocks until everything is ready. Raises ``DirectoryInUse`` when the directory holds a cluster (pass
     ``force`` to stop and wipe it), ``ComponentFailed`` with the log tail when a component dies or is not ready in
     time, ``ToolMissing`` when a binary is not built. Safe to call from inside an event loop (it blocks it).
+
+    From the main thread, it first makes SIGTERM end this interpreter as Ctrl-C does (``stop_on_sigterm``), so
+    that ``kill PID`` of the command runs the same cleanup as Ctrl-C: this function's own (a start interrupted
+    stops what it started) and its caller's (a benchmark, the demo and the test session stop their cluster).
     """
+    stop_on_sigterm()
     opts = options or ClusterOptions()
     layout = Layout(Path(directory).resolve())
     started = time.monotonic()
@@ -305,16 +317,33 @@ async def start_cluster_async(
     force: bool = False,
     options: ClusterOptions | None = None,
 ) -> Cluster:
-    """``start_cluster`` without blocking the running event loop (it runs in a worker thread)."""
-    return await asyncio.to_thread(
-        start_cluster,
-        directory,
-        nodes=nodes,
-        with_kube_scheduler=with_kube_scheduler,
-        with_controller_manager=with_controller_manager,
-        force=force,
-        options=options,
+    """``start_cluster`` without blocking the running event loop (it runs in a worker thread).
+
+    A thread cannot be interrupted: when the caller is cancelled meanwhile (Ctrl-C, SIGTERM: ``asyncio.run``
+    cancels every task), this waits for the start to end and stops the cluster it made, which nobody else
+    would, and then lets the cancellation go on."""
+    stop_on_sigterm()  # here, in the loop's thread: start_cluster runs in another one
+    # A future, not a task (``asyncio.to_thread`` is one): ``asyncio.run`` cancels every task when interrupted,
+    # and a cancelled task would no longer give the cluster its thread goes on making.
+    start = asyncio.get_running_loop().run_in_executor(
+        None,
+        functools.partial(
+            start_cluster,
+            directory,
+            nodes=nodes,
+            with_kube_scheduler=with_kube_scheduler,
+            with_controller_manager=with_controller_manager,
+            force=force,
+            options=options,
+        ),
     )
+    try:
+        return await asyncio.shield(start)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):  # a failed start has stopped what it started
+            cluster = await start
+            await asyncio.to_thread(cluster.stop)
+        raise
 
 
 def stop_cluster(directory: str | Path = DEFAULT_DIR, *, grace: float | None = None) -> list[str]:

@@ -16,8 +16,9 @@ Invariants:
 - Signals go to single PIDs we started: never to a process group, never by name.
 - Processes start in their own session (``start_new_session``), so a Ctrl-C in the terminal that ran
   ``cluster up`` does not take the cluster down with it, and their output goes to one log file each.
-- A command that starts processes and stops them when it ends (a benchmark, the demo) calls ``stop_on_sigterm``
-  first, so that a SIGTERM, like a Ctrl-C, runs its cleanup instead of leaving them running.
+- An interpreter that starts a cluster (``start_cluster``: a benchmark, the demo, the test session) answers
+  SIGTERM as it answers Ctrl-C (``stop_on_sigterm``), so that its cleanup runs instead of leaving the cluster
+  and its schedulers running.
 - Children started by this interpreter are kept in ``_children``, so that ``Popen`` objects are never
   collected while their process runs (no ResourceWarning), exited children are reaped (no zombies) and
   their exit status stays readable after they were reaped.
@@ -30,6 +31,7 @@ import logging
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -127,8 +129,15 @@ def stop_on_sigterm() -> None:
     So a command that stops what it started in ``finally`` blocks (``asyncio.run`` also cancels its tasks and
     waits for their cleanup) does so when it is stopped with ``kill PID`` too. Python's default for SIGTERM
     ends the interpreter at once, and every process started in its own session (``spawn``) went on running:
-    a cluster and schedulers left behind, competing for the cores with the next measurement. Call it from the
-    main thread, before starting anything."""
+    a cluster and schedulers left behind, competing for the cores with the next measurement.
+
+    ``start_cluster`` calls it, so every command that starts a cluster gets it before it starts anything. It
+    does nothing off the main thread (only the main thread may set a handler; the main thread's caller gets
+    it there) or when this interpreter already handles SIGTERM its own way."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
     signal.signal(signal.SIGTERM, signal.default_int_handler)
 
 

@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -202,3 +203,82 @@ def test_sigterm_runs_the_cleanup_only_after_stop_on_sigterm(tmp_path: Path, han
         assert (exit_code(record) == -signal.SIGTERM) == (not handled)
     finally:
         terminate([record])
+
+
+# A benchmark stopped with kill while its cluster is still starting: ``start_cluster_async`` alone must give it
+# the Ctrl-C answer (the script calls no ``stop_on_sigterm``) and stop the cluster its thread goes on making.
+# ``start_cluster`` is replaced by a slow start whose cluster writes the marker when stopped.
+KILLED_WHILE_STARTING = """
+import asyncio, pathlib, sys, time
+from scale.cluster import lifecycle
+marker = pathlib.Path(sys.argv[1])
+
+class Started:
+    def stop(self):
+        marker.write_text("stopped the cluster started meanwhile")
+
+def slow_start(*args, **kwargs):
+    print("starting", flush=True)
+    time.sleep(1.5)
+    return Started()
+
+lifecycle.start_cluster = slow_start
+
+async def main():
+    await lifecycle.start_cluster_async("unused", nodes=1)
+    await asyncio.sleep(60)
+
+asyncio.run(main())
+"""
+
+
+def test_a_command_killed_while_its_cluster_starts_stops_that_cluster(tmp_path: Path) -> None:
+    marker = tmp_path / "cleaned"
+    log = tmp_path / "command.log"
+    argv = [sys.executable, "-c", KILLED_WHILE_STARTING, str(marker)]
+    record = spawn("command", argv, log, cwd=Path(__file__).resolve().parents[3])
+    try:
+        _wait_for_line(log, "starting")
+        processes.send(record, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while is_running(record) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not is_running(record)
+        assert marker.exists(), tail(log)
+        assert exit_code(record) != -signal.SIGTERM
+    finally:
+        terminate([record])
+
+
+def test_stop_on_sigterm_keeps_a_handler_of_the_interpreters_own() -> None:
+    def own(signum: int, frame: object) -> None:
+        pass
+
+    previous = signal.signal(signal.SIGTERM, own)
+    try:
+        processes.stop_on_sigterm()
+        assert signal.getsignal(signal.SIGTERM) is own
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_stop_on_sigterm_does_nothing_off_the_main_thread() -> None:
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        errors: list[BaseException] = []
+
+        def call() -> None:
+            try:
+                processes.stop_on_sigterm()
+            except BaseException as e:  # signal.signal off the main thread raises ValueError
+                errors.append(e)
+
+        thread = threading.Thread(target=call)
+        thread.start()
+        thread.join()
+        assert not errors
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        processes.stop_on_sigterm()  # the main thread: it takes
+        assert signal.getsignal(signal.SIGTERM) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGTERM, previous)
