@@ -305,6 +305,11 @@ def run(args: argparse.Namespace) -> int:
     if args.bench not in ON_A_CLUSTER or rebuild_only:
         return _run(args)
     from scale.bench.lock import BUSY, BenchRunning, exclusive
+    from scale.cluster.processes import stop_on_sigterm
+
+    # first: starting the cluster does it too, but ``bench cluster`` may build Volcano's agent scheduler
+    # before, and a kill during that build must run the bench's cleanup as well
+    stop_on_sigterm()
 
     try:
         with exclusive(f"bench {args.bench}"):

@@ -13,10 +13,11 @@ Invariants:
   started again on fresh ports (``ClusterOptions.port_retries`` times).
 - Stopping goes in reverse: kube-scheduler, kube-controller-manager, kwok and kube-apiserver first, etcd once
   they are gone.
-- An interpreter that starts a cluster from its main thread answers SIGTERM from then on as it answers Ctrl-C
-  (``processes.stop_on_sigterm``): a start stopped midway stops what it started, and the caller's cleanup (a
-  benchmark's, the demo's, the test session's) runs. ``start_cluster_async`` stops the cluster its thread
-  finishes after the caller was cancelled. ``cluster up`` still leaves a started cluster running.
+- An interpreter that starts a cluster answers SIGTERM from then on as it answers Ctrl-C, unless it handles
+  SIGTERM its own way (``processes.stop_on_sigterm``, from the main thread): a start interrupted in the main
+  thread stops what it started, and the caller's cleanup (a benchmark's, the demo's, the test session's)
+  runs. A cluster ``start_cluster_async`` was starting when its caller was interrupted is stopped by the
+  starting thread once its start ends. ``cluster up`` still leaves a started cluster running.
 
 With kube-controller-manager, Deployments, ReplicaSets and Jobs make pods, the garbage collector deletes what
 lost its owner, deleted namespaces are emptied and removed, and PersistentVolumes bind to claims (see
@@ -30,10 +31,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import functools
 import logging
 import shutil
+import threading
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
@@ -275,9 +276,10 @@ def start_cluster(
     ``force`` to stop and wipe it), ``ComponentFailed`` with the log tail when a component dies or is not ready in
     time, ``ToolMissing`` when a binary is not built. Safe to call from inside an event loop (it blocks it).
 
-    From the main thread, it first makes SIGTERM end this interpreter as Ctrl-C does (``stop_on_sigterm``), so
-    that ``kill PID`` of the command runs the same cleanup as Ctrl-C: this function's own (a start interrupted
-    stops what it started) and its caller's (a benchmark, the demo and the test session stop their cluster).
+    From the main thread, it first makes SIGTERM end this interpreter as Ctrl-C does (``stop_on_sigterm``, unless
+    SIGTERM has a handler already), so that ``kill PID`` of the command runs the same cleanup as Ctrl-C: this
+    function's own (a start interrupted in this thread stops what it started) and its caller's (the demo and
+    the test session stop their cluster; the benchmarks call ``start_cluster_async``).
     """
     stop_on_sigterm()
     opts = options or ClusterOptions()
@@ -319,16 +321,18 @@ async def start_cluster_async(
 ) -> Cluster:
     """``start_cluster`` without blocking the running event loop (it runs in a worker thread).
 
-    A thread cannot be interrupted: when the caller is cancelled meanwhile (Ctrl-C, SIGTERM: ``asyncio.run``
-    cancels every task), this waits for the start to end and stops the cluster it made, which nobody else
-    would, and then lets the cancellation go on."""
+    A thread cannot be interrupted: when the caller is cancelled or interrupted meanwhile (Ctrl-C, SIGTERM:
+    ``asyncio.run`` cancels every task), the start goes on, and the cluster it makes is stopped by that thread
+    as soon as the start ends, however many more interrupts come (an executor's threads are waited for when
+    the interpreter exits). A cluster already started when the caller was interrupted is stopped by a thread
+    of its own, waited for in the same way."""
     stop_on_sigterm()  # here, in the loop's thread: start_cluster runs in another one
-    # A future, not a task (``asyncio.to_thread`` is one): ``asyncio.run`` cancels every task when interrupted,
-    # and a cancelled task would no longer give the cluster its thread goes on making.
+    handoff = _Handoff()
     start = asyncio.get_running_loop().run_in_executor(
         None,
         functools.partial(
-            start_cluster,
+            _start_for,
+            handoff,
             directory,
             nodes=nodes,
             with_kube_scheduler=with_kube_scheduler,
@@ -339,11 +343,53 @@ async def start_cluster_async(
     )
     try:
         return await asyncio.shield(start)
-    except asyncio.CancelledError:
-        with contextlib.suppress(Exception):  # a failed start has stopped what it started
-            cluster = await start
-            await asyncio.to_thread(cluster.stop)
+    except BaseException:
+        started = handoff.abandon()
+        if started is not None:
+            threading.Thread(target=_stop_abandoned, args=(started,), name="cluster-stop").start()
+        elif not start.done():
+            log.warning("interrupted while the cluster starts: it is stopped once its start ends")
         raise
+
+
+class _Handoff:
+    """Who stops a cluster started for ``start_cluster_async``: its caller, if the start ended while the caller
+    still waited, or else the starting thread. The lock makes the two sides agree."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._abandoned = False
+        self._handed: Cluster | None = None
+
+    def started(self, cluster: Cluster) -> bool:
+        """The starting thread's side: True if the caller takes ``cluster``, False if it has gone."""
+        with self._lock:
+            if self._abandoned:
+                return False
+            self._handed = cluster
+            return True
+
+    def abandon(self) -> Cluster | None:
+        """The caller's side, when it is interrupted: the cluster it would have taken, if the start has ended."""
+        with self._lock:
+            self._abandoned = True
+            handed, self._handed = self._handed, None
+            return handed
+
+
+def _start_for(handoff: _Handoff, directory: str | Path, **kwargs: Any) -> Cluster:
+    cluster = start_cluster(directory, **kwargs)
+    if not handoff.started(cluster):
+        _stop_abandoned(cluster)
+    return cluster
+
+
+def _stop_abandoned(cluster: Cluster) -> None:
+    log.info("stopping the cluster in %s: its start was interrupted", cluster.dir)
+    try:
+        cluster.stop()
+    except Exception:
+        log.exception("stopping the cluster in %s failed", cluster.dir)
 
 
 def stop_cluster(directory: str | Path = DEFAULT_DIR, *, grace: float | None = None) -> list[str]:

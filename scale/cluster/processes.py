@@ -131,9 +131,10 @@ def stop_on_sigterm() -> None:
     ends the interpreter at once, and every process started in its own session (``spawn``) went on running:
     a cluster and schedulers left behind, competing for the cores with the next measurement.
 
-    ``start_cluster`` calls it, so every command that starts a cluster gets it before it starts anything. It
-    does nothing off the main thread (only the main thread may set a handler; the main thread's caller gets
-    it there) or when this interpreter already handles SIGTERM its own way."""
+    ``start_cluster`` and ``start_cluster_async`` call it, so every command that starts a cluster gets it
+    before the cluster's first process; a command that starts something else first (the cluster benchmarks
+    build tools) calls it itself, first. It does nothing off the main thread (only the main thread may set a
+    handler) or when this interpreter already handles SIGTERM its own way."""
     if threading.current_thread() is not threading.main_thread():
         return
     if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:

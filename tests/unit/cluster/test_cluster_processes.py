@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -206,20 +207,25 @@ def test_sigterm_runs_the_cleanup_only_after_stop_on_sigterm(tmp_path: Path, han
 
 
 # A benchmark stopped with kill while its cluster is still starting: ``start_cluster_async`` alone must give it
-# the Ctrl-C answer (the script calls no ``stop_on_sigterm``) and stop the cluster its thread goes on making.
-# ``start_cluster`` is replaced by a slow start whose cluster writes the marker when stopped.
+# the Ctrl-C answer (the script calls no ``stop_on_sigterm``) and stop the cluster its thread goes on making,
+# however many signals come. ``start_cluster`` is replaced by a start that lasts until the test lets it end
+# (file ``go``), whose cluster writes the marker when stopped.
 KILLED_WHILE_STARTING = """
 import asyncio, pathlib, sys, time
 from scale.cluster import lifecycle
-marker = pathlib.Path(sys.argv[1])
+marker, go = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
 
 class Started:
+    dir = "nowhere"
+
     def stop(self):
         marker.write_text("stopped the cluster started meanwhile")
 
 def slow_start(*args, **kwargs):
     print("starting", flush=True)
-    time.sleep(1.5)
+    deadline = time.monotonic() + 30
+    while not go.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
     return Started()
 
 lifecycle.start_cluster = slow_start
@@ -232,14 +238,20 @@ asyncio.run(main())
 """
 
 
-def test_a_command_killed_while_its_cluster_starts_stops_that_cluster(tmp_path: Path) -> None:
-    marker = tmp_path / "cleaned"
+@pytest.mark.parametrize("signals", [1, 2])
+def test_a_command_killed_while_its_cluster_starts_stops_that_cluster(tmp_path: Path, signals: int) -> None:
+    marker, go = tmp_path / "cleaned", tmp_path / "go"
     log = tmp_path / "command.log"
-    argv = [sys.executable, "-c", KILLED_WHILE_STARTING, str(marker)]
+    argv = [sys.executable, "-c", KILLED_WHILE_STARTING, str(marker), str(go)]
     record = spawn("command", argv, log, cwd=Path(__file__).resolve().parents[3])
     try:
         _wait_for_line(log, "starting")
-        processes.send(record, signal.SIGTERM)
+        assert "starting" in tail(log)
+        for _ in range(signals):  # a second one while the first one's cleanup waits for the start
+            processes.send(record, signal.SIGTERM)
+            time.sleep(0.3)
+        assert is_running(record), "the start has not ended: the interpreter waits for its thread"
+        go.touch()
         deadline = time.monotonic() + 10
         while is_running(record) and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -248,6 +260,32 @@ def test_a_command_killed_while_its_cluster_starts_stops_that_cluster(tmp_path: 
         assert exit_code(record) != -signal.SIGTERM
     finally:
         terminate([record])
+
+
+def test_starting_a_cluster_makes_sigterm_a_keyboard_interrupt_even_when_the_start_fails(
+    tmp_path: Path,
+) -> None:
+    # in a fresh interpreter: the handler is process-wide
+    probe = (
+        "import signal, sys\n"
+        "from pathlib import Path\n"
+        "from scale.cluster import ClusterOptions, start_cluster\n"
+        "from scale.cluster.errors import ClusterError\n"
+        "assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL\n"
+        "try:\n"
+        "    start_cluster(sys.argv[1], options=ClusterOptions(bin_dir=Path(sys.argv[2])))\n"
+        "except ClusterError:\n"
+        "    pass\n"
+        "print(signal.getsignal(signal.SIGTERM) is signal.default_int_handler)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe, str(tmp_path / "c"), str(tmp_path / "nowhere")],
+        cwd=Path(__file__).resolve().parents[3],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.strip() == "True", out.stderr
 
 
 def test_stop_on_sigterm_keeps_a_handler_of_the_interpreters_own() -> None:
