@@ -79,9 +79,9 @@ def add_event_loop_argument(p: argparse.ArgumentParser) -> None:
 def run(main: Coroutine[Any, Any, T], event_loop: str) -> T:
     """Run ``main`` to completion on a new event loop of the kind named, as ``asyncio.run`` does.
 
-    uvloop is the default because a scheduler process spends more of its CPU on the loop's own per-event
-    machinery (watch reads, TLS, stream reads and writes) than on its code's work per pod; uvloop does that
-    machinery in C (``docs/architecture.md``, "Event loop", has the measurements)."""
+    uvloop is the default: it does the loop's own per-event machinery (watch reads, TLS, stream reads and
+    writes, timers) in C, and the processes spent less CPU per pod on it than on the standard library's loop
+    (``docs/architecture.md``, "Event loop", has the measurements)."""
     if event_loop == "uvloop":
         return uvloop.run(main)
     return asyncio.run(main)

@@ -23,7 +23,7 @@ import signal
 import socket
 import time
 
-from common import aiotools, metrics
+from common import aiotools, heap, metrics
 from common.etcd.flags import add_security_arguments, endpoints_from, security_from
 from common.etcd.keys import KeyLayout
 from common.etcd.kv import EtcdConfigError, connect, wait_ready
@@ -201,6 +201,7 @@ async def _main(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    heap.freeze_imports()
     try:
         return aiotools.run(_main(args), args.event_loop)
     except EtcdConfigError as e:

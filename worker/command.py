@@ -20,7 +20,7 @@ import signal
 import socket
 import sys
 
-from common import aiotools, metrics
+from common import aiotools, heap, metrics
 from common.etcd.flags import add_security_arguments, endpoints_from, security_from
 from common.etcd.kv import EtcdConfigError
 from common.kube import KubeClient, load_credentials
@@ -154,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     settings = settings_from(args)
     if args.standalone:
+        heap.freeze_imports()
         return aiotools.run(run_standalone(settings), args.event_loop)
     from worker.coordinated import CoordinatedOptions, run_coordinated
 
@@ -171,6 +172,7 @@ def run(args: argparse.Namespace) -> int:
         insecure_dispatch=args.insecure_dispatch,
         etcd_security=security_from(args),
     )
+    heap.freeze_imports()  # after the coordinated path's imports: they are frozen too
     try:
         return aiotools.run(run_coordinated(settings, options), args.event_loop)
     except EtcdConfigError as e:
