@@ -18,7 +18,10 @@ as its outcome receiver.
 nodes become usable after the cache caught up with them) and the binder's ``drain`` as its release hook
 (the acknowledgement waits for the bindings in flight to the released nodes).
 
-Load reports (pending pods, free capacity, binds/s, process CPU) go to etcd for the leader's balancing.
+Load reports (pending pods, free capacity, binds/s, process CPU) go to etcd for the leader's balancing: read
+every ``LOAD_REPORT_PERIOD``, written when they changed (``load_changed``: process CPU only when it moved by
+``LOAD_CPU_STEP`` or more) and at least every ``LOAD_REFRESH``. Every write wakes the leader's shard map,
+which plans a round on it; a worker at rest writes one report per ``LOAD_REFRESH``, not one per period.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import logging
 import signal
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import psutil
 from etcd3aio import Etcd3Client
@@ -54,6 +57,12 @@ from worker.shard import Shard
 log = logging.getLogger(__name__)
 
 LOAD_REPORT_PERIOD = 2.0
+LOAD_REFRESH = (
+    30.0  # a report unchanged is written again this often: ``agent-scheduler status`` shows its age
+)
+# Process CPU, in cores, moves by this much before it alone makes a report worth writing: at rest it jitters
+# by a few hundredths, and the leader's load factor is bounded and hysteretic (coordinator.workershards.assignment).
+LOAD_CPU_STEP = 0.05
 DRAIN_TIMEOUT = 60.0
 
 
@@ -237,6 +246,8 @@ class CoordinatedWorker:
     async def _report_load(self) -> None:
         proc = psutil.Process()
         proc.cpu_percent(None)
+        written: LoadReport | None = None
+        written_at = float("-inf")
         while True:
             await asyncio.sleep(LOAD_REPORT_PERIOD)
             cap = self.intake.capacity()
@@ -249,7 +260,19 @@ class CoordinatedWorker:
                 reported_at=time.time(),
                 usable_nodes=cap.nodes,
             )
-            await self.shard.report_load(report)
+            now = time.monotonic()
+            if now - written_at < LOAD_REFRESH and not load_changed(report, written):
+                continue
+            if await self.shard.report_load(report):
+                written, written_at = report, now
+
+
+def load_changed(report: LoadReport, written: LoadReport | None) -> bool:
+    """Does ``report`` say something ``written`` (the latest report etcd took) did not? Its time aside, and
+    its process CPU unless that moved by ``LOAD_CPU_STEP`` or more."""
+    if written is None or abs(report.process_cpu - written.process_cpu) >= LOAD_CPU_STEP:
+        return True
+    return replace(report, process_cpu=written.process_cpu, reported_at=written.reported_at) != written
 
 
 async def run_coordinated(settings: WorkerSettings, options: CoordinatedOptions) -> int:

@@ -16,7 +16,8 @@ Invariants:
   current free memory. So an entry is pushed only when a node enters or its free memory grows (a shrink,
   the common case after an assume, leaves the old entry as an upper bound); ``summary`` fixes stale entries
   as they reach the top, and the heap is rebuilt when it holds too many stale ones. The summary costs O(1)
-  amortised plus one bucket, instead of a walk over every node.
+  amortised plus one bucket, instead of a walk over every node, and nothing when no node changed since the
+  last one (it is kept until the next ``update`` or ``remove``).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class CapacityIndex:
         self._free_cpu = 0
         self._free_memory = 0
         self._memory_heap: list[tuple[int, str]] = []  # (-free bytes, name), lazily deleted
+        self._summary: CapacitySummary | None = None  # ``summary()`` since the last change; None: stale
 
     def __len__(self) -> int:
         return len(self._bucket_of)
@@ -72,6 +74,7 @@ class CapacityIndex:
         return self._bucket_of.get(name)
 
     def update(self, info: NodeInfo) -> None:
+        self._summary = None
         node = info.node
         name = node.name
         alloc = node.allocatable
@@ -108,6 +111,7 @@ class CapacityIndex:
         members[name] = info
 
     def remove(self, name: str) -> None:
+        self._summary = None
         old = self._bucket_of.pop(name, None)
         if old is not None:
             self._drop(name, old)
@@ -124,7 +128,11 @@ class CapacityIndex:
             heapq.heapify(self._memory_heap)
 
     def summary(self) -> CapacitySummary:
-        """Free capacity over the indexed nodes (see the module docstring for the cost)."""
+        """Free capacity over the indexed nodes (see the module docstring for the cost); kept until the next
+        ``update`` or ``remove``, so a worker at rest, summarising every ``CAPACITY_INTERVAL``, walks no
+        bucket."""
+        if self._summary is not None:
+            return self._summary
         heap = self._memory_heap
         while heap:
             memory, name = -heap[0][0], heap[0][1]
@@ -139,9 +147,10 @@ class CapacityIndex:
         max_cpu = 0
         if self._keys:
             max_cpu = max(self._free[name][0] for name in self._buckets[self._keys[-1]])
-        return CapacitySummary(
+        self._summary = CapacitySummary(
             len(self._free), self._free_cpu, self._free_memory, max(0, max_cpu), max(0, max_memory)
         )
+        return self._summary
 
     def _drop(self, name: str, bucket: int) -> None:
         members = self._buckets[bucket]

@@ -180,7 +180,7 @@ class ShardingController:
         self._next_eval = 0.0
         self._last_eval = float("-inf")
         self._node_event = False
-        self._record = b""
+        self._record: PolicyRecord | None = None  # the record etcd took last (this term)
         self._waiting = 0
 
     # ---- triggers ----
@@ -400,9 +400,11 @@ class ShardingController:
             nodeshards=self.shards.available,
             rebalance=self._assignment_policy.config.describe(),
         )
-        raw = record.encode()
-        if raw == self._record or not self._term.active:
+        # Compared before it is encoded: a pass runs every RECONCILE_INTERVAL, and the encoding (a deep copy
+        # of the record through ``dataclasses.asdict``) was most of a pass at rest.
+        if record == self._record or not self._term.active:
             return
+        raw = record.encode()
         try:
             resp = await kv_service(self._etcd).txn(
                 [self._term.guard()],
@@ -414,4 +416,4 @@ class ShardingController:
             log.warning("could not publish the policy record: %s", describe(e))
             return
         if resp.succeeded:
-            self._record = raw
+            self._record = record

@@ -2,7 +2,10 @@
 and writes assignments through guarded transactions.
 
 One round: mirror snapshot -> ask etcd about suspicious leases -> ``handoff.settle`` -> policy plan ->
-``handoff.apply_targets`` -> one transaction with the changed assignments and the bumped epoch.
+``handoff.apply_targets`` -> one transaction with the changed assignments and the bumped epoch. A round runs on
+every change of the mirror or the pool and at least every ``interval``; it is skipped when nothing it reads
+changed since a round that found nothing to write and asked etcd about no lease (``_inputs``), so a leader at
+rest does not walk the whole pool every second.
 
 Invariants:
 - Every write is a transaction guarded by (a) this term's election key still having its create revision
@@ -151,7 +154,11 @@ class ShardMapLeader:
         self._planned: frozenset[NodeName] = frozenset()  # the pool the latest round planned with
         self._epoch = 0
         self._in_transit = 0
-        self.rounds = 0
+        # What the latest round read, when that round found nothing to write and asked etcd about no lease:
+        # a round that would read the same again is skipped (``_inputs``).
+        self._quiet: tuple[object, ...] | None = None
+        self.rounds = 0  # loop passes, skipped ones too: the term's progress check counts them
+        self.skipped = 0
         self.writes = 0
         self.conflicts = 0
 
@@ -237,9 +244,32 @@ class ShardMapLeader:
 
     # ---- one round ----
 
+    def _inputs(self, pool: Mapping[NodeName, float]) -> tuple[object, ...]:
+        """Everything a round reads: the mirrored keys (members, loads, acks, assignments, the meta key) by
+        their revision; the pool by its contents (the caller keeps a copy: a ``PoolSource`` may change its
+        mapping in place); the policy's configuration and its one piece of state; the dead leases, and which
+        of them are past the grant delay (the only way the clock enters a round: their ``call_later`` poke
+        wakes the loop when one passes it). The plan is a pure function of these (``AssignmentPolicy``: no
+        clock), so a round that reads the same again plans the same targets and finds nothing to write."""
+        now = self._clock()
+        return (
+            self._mirror.revision,
+            pool,
+            self._policy.config,
+            self._policy.rebalancing,
+            tuple(sorted(self._dead_leases.items())),
+            frozenset(lease for lease, t in self._dead_leases.items() if now - t >= self._grant_delay),
+        )
+
     async def _round(self) -> bool:
         """Plan and write once. False when we turned out to be deposed."""
         self.rounds += 1
+        if self._quiet is not None and self._quiet == self._inputs(self._pool()):
+            # Nothing a round reads changed since one found nothing to do: at rest this is every round
+            # (one per ``interval``), which otherwise walks the whole pool to conclude the same again.
+            self.skipped += 1
+            return True
+        self._quiet = None
         snap = self._snapshot()
         # Epochs must never go backwards, or an old ack could satisfy a new revocation: take the highest
         # epoch anywhere, in case the meta key was lost or is unreadable.
@@ -251,7 +281,8 @@ class ShardMapLeader:
         members = {w: lease for w, (_, lease) in snap.members.items() if lease not in self._dead_leases}
         acks = {**self._acks_seen, **snap.acks}
         observed = handoff.Observed(snap.assignments, members, acks, self._dead_leases)
-        for lease in sorted(handoff.suspect_leases(observed)):
+        suspects = handoff.suspect_leases(observed)
+        for lease in sorted(suspects):
             if await lease_remaining(self._client, lease) < 0:
                 log.info(
                     "lease %x confirmed gone; its holder's nodes are free in %.1f s", lease, self._grant_delay
@@ -289,6 +320,8 @@ class ShardMapLeader:
 
         diff = handoff.changes(snap.assignments, wanted)
         if not diff:
+            if not suspects:  # a lease etcd said is alive is asked about again next round
+                self._quiet = self._inputs(dict(pool))
             return True
         return await self._write(diff, snap)
 

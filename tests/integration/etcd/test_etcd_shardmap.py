@@ -13,7 +13,7 @@ import time
 import pytest
 
 from common.etcd.kv import get_key, lease_service
-from common.etcd.schema import ShardAssignment, ShardMapMeta
+from common.etcd.schema import LoadReport, ShardAssignment, ShardMapMeta
 from common.records import NodeName
 from coordinator.leadership.election import LeaderTerm
 from coordinator.workershards.shardmap import ShardMapLeader
@@ -174,8 +174,6 @@ async def test_lost_lease_means_reregistration_and_resumed_ownership(shard_clust
 
 async def test_load_reports_reach_etcd_under_the_worker_lease(shard_cluster: ShardCluster) -> None:
     cluster = shard_cluster
-    from common.etcd.schema import LoadReport
-
     await cluster.start_leader("coordinator-0")
     w1 = await cluster.start_worker("w1")
     report = LoadReport(pending_pods=5, binds_per_second=12.5, process_cpu=0.4, reported_at=time.time())
@@ -229,3 +227,33 @@ async def test_restarted_worker_waits_for_its_previous_incarnation_to_expire(
     kv, _ = await get_key(await cluster.client(), cluster.keys.assignment(new.worker_id))
     assert kv is not None
     assert ShardAssignment.decode(kv.value).lease_id == new.lease_id
+
+
+async def test_a_leader_at_rest_skips_its_rounds_and_still_sees_every_change(
+    shard_cluster: ShardCluster,
+) -> None:
+    """A round that found nothing to do is not planned again while nothing it reads changed; a pool change
+    nobody announced (no poke, the mapping changed in place), a load report and a member all still move it."""
+    cluster = shard_cluster
+    cluster.pool.set(node_names(4))
+    leader = await cluster.start_leader("coordinator-0")
+    w1 = await cluster.start_worker("w1")
+    await eventually(cluster.fully_assigned, SETTLE, "w1 owns the pool")
+    shardmap = leader.maps[-1]
+    await eventually(lambda: shardmap.skipped >= 2, SETTLE, "rounds skipped at rest")
+    planned, writes = shardmap.rounds - shardmap.skipped, shardmap.writes
+    await asyncio.sleep(1.5)  # three intervals of the harness's leader
+    assert shardmap.rounds - shardmap.skipped == planned
+    assert shardmap.writes == writes
+
+    # In place, and no poke: only the periodic round can notice, and it must not skip.
+    cluster.pool()[NodeName("node-99")] = 1.0  # type: ignore[index]
+    await eventually(lambda: NodeName("node-99") in w1.owned(), SETTLE, "an unannounced pool change granted")
+
+    await eventually(lambda: shardmap.skipped > 0 and shardmap._quiet is not None, SETTLE, "at rest again")
+    planned = shardmap.rounds - shardmap.skipped
+    assert await w1.report_load(LoadReport(pending_pods=3, reported_at=time.time()))
+    await eventually(lambda: shardmap.rounds - shardmap.skipped > planned, SETTLE, "a load report planned")
+
+    w2 = await cluster.start_worker("w2")
+    await eventually(lambda: cluster.fully_assigned() and len(w2.owned()) > 0, SETTLE, "w2 gets its share")

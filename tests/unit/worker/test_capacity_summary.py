@@ -78,3 +78,12 @@ def test_summary_matches_brute_force_after_random_changes() -> None:
             cache.remove_pod(key)
         assert cache.index.summary() == brute_force(cache), f"step {step}"
     assert len(cache.index) > 0  # the walk did exercise a populated index
+
+
+def test_a_summary_is_kept_until_a_node_changes() -> None:
+    cache = Cache()
+    cache.upsert_node(make_node("a", cpu="4", memory="8Gi").record())
+    first = cache.index.summary()
+    assert cache.index.summary() is first  # a worker at rest summarises every 100 ms: no walk each time
+    cache.assume(make_pod("p").req(cpu="1").record(), NodeName("a"))
+    assert cache.index.summary() == CapacitySummary(1, 3000, 8 * 2**30, 3000, 8 * 2**30)
