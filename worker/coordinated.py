@@ -246,7 +246,6 @@ class CoordinatedWorker:
     async def _report_load(self) -> None:
         proc = psutil.Process()
         proc.cpu_percent(None)
-        written: LoadReport | None = None
         written_at = float("-inf")
         while True:
             await asyncio.sleep(LOAD_REPORT_PERIOD)
@@ -261,10 +260,12 @@ class CoordinatedWorker:
                 usable_nodes=cap.nodes,
             )
             now = time.monotonic()
-            if now - written_at < LOAD_REFRESH and not load_changed(report, written):
+            # Against what etcd holds under the current lease: after a new registration that is nothing, or
+            # what the registration republished, whatever this loop wrote before.
+            if now - written_at < LOAD_REFRESH and not load_changed(report, self.shard.written_load()):
                 continue
             if await self.shard.report_load(report):
-                written, written_at = report, now
+                written_at = now
 
 
 def load_changed(report: LoadReport, written: LoadReport | None) -> bool:

@@ -392,6 +392,7 @@ class Shard:
         self._keeper.add_listener(lambda _healthy: self._state.publish())
         self._tasks: list[asyncio.Task[None]] = []
         self._load: LoadReport | None = None
+        self._load_written: tuple[int, LoadReport] | None = None  # (lease, report) etcd took last
         self.acks = 0
         self.registrations = 0
         # The scheduling hot path calls these directly: no extra frame per candidate node.
@@ -494,7 +495,15 @@ class Shard:
         except ETCD_FAILURES as e:
             log.debug("worker %s: load report not written: %s", self.worker_id, describe(e))
             return False
+        self._load_written = (lease, report)
         return True
+
+    def written_load(self) -> LoadReport | None:
+        """The load report etcd holds for us: the latest it took under the current lease (None: none under
+        it, e.g. after a registration whose republishing failed; a new lease starts with no report)."""
+        if self._load_written is None or self._load_written[0] != self._keeper.lease_id:
+            return None
+        return self._load_written[1]
 
     # ---- registration ----
 

@@ -166,7 +166,8 @@ class WorkerRecord:
 
 @dataclass(frozen=True, slots=True)
 class LoadReport:
-    """A worker's recent load, refreshed every few seconds, for load-aware balancing."""
+    """A worker's recent load, for load-aware balancing: written when it changed and at least every 30 s
+    (``worker.coordinated``)."""
 
     pending_pods: int = 0
     free_milli_cpu: int = 0  # summed over the worker's nodes

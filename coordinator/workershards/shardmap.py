@@ -4,8 +4,8 @@ and writes assignments through guarded transactions.
 One round: mirror snapshot -> ask etcd about suspicious leases -> ``handoff.settle`` -> policy plan ->
 ``handoff.apply_targets`` -> one transaction with the changed assignments and the bumped epoch. A round runs on
 every change of the mirror or the pool and at least every ``interval``; it is skipped when nothing it reads
-changed since a round that found nothing to write and asked etcd about no lease (``_inputs``), so a leader at
-rest does not walk the whole pool every second.
+changed since a round that found nothing to write, asked etcd about no lease and left its own carried state
+as it found it (``_inputs``, ``_carried``), so a leader at rest does not walk the whole pool every second.
 
 Invariants:
 - Every write is a transaction guarded by (a) this term's election key still having its create revision
@@ -154,8 +154,8 @@ class ShardMapLeader:
         self._planned: frozenset[NodeName] = frozenset()  # the pool the latest round planned with
         self._epoch = 0
         self._in_transit = 0
-        # What the latest round read, when that round found nothing to write and asked etcd about no lease:
-        # a round that would read the same again is skipped (``_inputs``).
+        # What the latest round read, when that round found nothing to write, asked etcd about no lease and
+        # changed nothing it carries: a round that would read the same again is skipped (``_inputs``).
         self._quiet: tuple[object, ...] | None = None
         self.rounds = 0  # loop passes, skipped ones too: the term's progress check counts them
         self.skipped = 0
@@ -244,31 +244,45 @@ class ShardMapLeader:
 
     # ---- one round ----
 
-    def _inputs(self, pool: Mapping[NodeName, float]) -> tuple[object, ...]:
-        """Everything a round reads: the mirrored keys (members, loads, acks, assignments, the meta key) by
-        their revision; the pool by its contents (the caller keeps a copy: a ``PoolSource`` may change its
-        mapping in place); the policy's configuration and its one piece of state; the dead leases, and which
-        of them are past the grant delay (the only way the clock enters a round: their ``call_later`` poke
-        wakes the loop when one passes it). The plan is a pure function of these (``AssignmentPolicy``: no
-        clock), so a round that reads the same again plans the same targets and finds nothing to write."""
-        now = self._clock()
+    def _inputs(self, pool: Mapping[NodeName, float], now: float) -> tuple[object, ...]:
+        """What a round reads from outside: the mirrored keys (members, loads, acks, assignments, the meta
+        key) by the mirror's revision and its relist count (a relist after a lost event may change them at
+        the same revision); the pool by its contents (the caller keeps a copy: a ``PoolSource`` may change its
+        mapping in place); the policy's configuration; the dead leases, and which of them are past the grant
+        delay at ``now`` (the only way the clock enters a round: their ``call_later`` poke wakes the loop
+        when one passes it). What a round carries to the next is ``_carried``."""
         return (
             self._mirror.revision,
+            self._mirror.relists,
             pool,
             self._policy.config,
-            self._policy.rebalancing,
             tuple(sorted(self._dead_leases.items())),
             frozenset(lease for lease, t in self._dead_leases.items() if now - t >= self._grant_delay),
+        )
+
+    def _carried(self) -> tuple[object, ...]:
+        """The state a round leaves for the next one: where revoking nodes go, the policy's rebalancing
+        episode, the acknowledgements kept after their keys vanished, the dead leases. A round whose result
+        is to be reused must leave these as it found them: then the next round on the same inputs starts
+        where it did and, the plan being deterministic (``AssignmentPolicy``: no clock, no randomness), ends
+        where it did."""
+        return (
+            dict(self._destinations),
+            self._policy.rebalancing,
+            dict(self._acks_seen),
+            dict(self._dead_leases),
         )
 
     async def _round(self) -> bool:
         """Plan and write once. False when we turned out to be deposed."""
         self.rounds += 1
-        if self._quiet is not None and self._quiet == self._inputs(self._pool()):
-            # Nothing a round reads changed since one found nothing to do: at rest this is every round
-            # (one per ``interval``), which otherwise walks the whole pool to conclude the same again.
+        if self._quiet is not None and self._quiet == self._inputs(self._pool(), self._clock()):
+            # Nothing a round reads changed since one found nothing to do and changed none of its own state:
+            # at rest this is every round (one per ``interval``), which otherwise walks the whole pool to
+            # conclude the same again.
             self.skipped += 1
             return True
+        carried = self._carried()
         self._quiet = None
         snap = self._snapshot()
         # Epochs must never go backwards, or an old ack could satisfy a new revocation: take the highest
@@ -289,7 +303,8 @@ class ShardMapLeader:
                 )
                 self._dead_leases[lease] = self._clock()
                 asyncio.get_running_loop().call_later(self._grant_delay, self.poke)
-        observed = replace(observed, now=self._clock(), grant_delay=self._grant_delay)
+        now = self._clock()  # one reading: the grant delay settle applies is the one ``_inputs`` records
+        observed = replace(observed, now=now, grant_delay=self._grant_delay)
         settled = handoff.settle(observed)
 
         current = {
@@ -320,8 +335,11 @@ class ShardMapLeader:
 
         diff = handoff.changes(snap.assignments, wanted)
         if not diff:
-            if not suspects:  # a lease etcd said is alive is asked about again next round
-                self._quiet = self._inputs(dict(pool))
+            # Not when a lease etcd said is alive must be asked about again, nor when this round changed what
+            # it carries (a new leader's first round learns where revoking nodes go; the next one may plan
+            # differently on the same inputs).
+            if not suspects and self._carried() == carried:
+                self._quiet = self._inputs(dict(pool), now)
             return True
         return await self._write(diff, snap)
 

@@ -161,6 +161,9 @@ async def test_lost_lease_means_reregistration_and_resumed_ownership(shard_clust
     w1 = await cluster.start_worker("w1")
     await eventually(cluster.fully_assigned, SETTLE, "w1 owns the pool")
     old_lease = w1.lease_id
+    report = LoadReport(pending_pods=4, reported_at=time.time())
+    assert await w1.report_load(report)
+    assert w1.written_load() == report
 
     # As if the lease had expired while the worker was cut off.
     await lease_service(await cluster.client()).revoke(old_lease, timeout=5)
@@ -170,6 +173,11 @@ async def test_lost_lease_means_reregistration_and_resumed_ownership(shard_clust
     assert kv is not None
     assert ShardAssignment.decode(kv.value).lease_id == w1.lease_id
     assert w1.statistics().registrations == 2
+    # The registration republished the report under the new lease, and says so (a coordinated worker compares
+    # its next report with what etcd holds under its current lease).
+    kv, _ = await get_key(await cluster.client(), cluster.keys.load(w1.worker_id))
+    assert kv is not None and kv.lease == w1.lease_id and LoadReport.decode(kv.value) == report
+    assert w1.written_load() == report
 
 
 async def test_load_reports_reach_etcd_under_the_worker_lease(shard_cluster: ShardCluster) -> None:

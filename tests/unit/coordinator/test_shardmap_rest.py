@@ -1,0 +1,136 @@
+"""The shard map at rest (``ShardMapLeader._round``): a round is skipped only when it would repeat one that
+found nothing to do. Driven on the leader's own in-memory mirror, with no etcd: none of these rounds asks etcd
+about a lease, and ``_write`` is replaced by a recorder (the etcd side is in
+``tests/integration/etcd/test_etcd_shardmap.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from typing import Any, cast
+
+from common.etcd.keys import KeyLayout, WorkerId
+from common.etcd.kv import KeyValue
+from common.etcd.schema import ShardAssignment, WorkerCapacity, WorkerRecord
+from common.records import NodeName
+from coordinator.leadership.election import LeaderTerm
+from coordinator.workershards.shardmap import ShardMapLeader
+
+KEYS = KeyLayout()
+W0, W1 = WorkerId("w0"), WorkerId("w1")
+
+
+def _leader(
+    pool: Mapping[NodeName, float],
+    members: Mapping[WorkerId, tuple[float, int]],
+    assignments: list[ShardAssignment],
+    *,
+    clock: Callable[[], float] = lambda: 0.0,
+    grant_delay: float = 5.0,
+) -> tuple[ShardMapLeader, list[dict[WorkerId, ShardAssignment | None]]]:
+    """A leader whose mirror holds ``members`` (worker -> capacity weight, lease) and ``assignments``."""
+    leader = ShardMapLeader(
+        cast(Any, None), cast(LeaderTerm, None), lambda: pool, keys=KEYS, clock=clock, grant_delay=grant_delay
+    )
+    items: dict[str, KeyValue] = {}
+    revision = 0
+    for worker, (weight, lease) in members.items():
+        revision += 1
+        record = WorkerRecord(worker, "127.0.0.1:9000", WorkerCapacity(weight))
+        items[KEYS.member(worker)] = KeyValue(KEYS.member(worker), record.encode(), revision, revision, lease)
+    for a in assignments:
+        revision += 1
+        items[KEYS.assignment(a.worker_id)] = KeyValue(
+            KEYS.assignment(a.worker_id), a.encode(), revision, revision, 0
+        )
+    mirror = leader._mirror
+    mirror._items.update(items)
+    mirror.revision = revision
+    written: list[dict[WorkerId, ShardAssignment | None]] = []
+
+    async def write(diff: Mapping[WorkerId, ShardAssignment | None], snap: object) -> bool:
+        written.append(dict(diff))
+        return True
+
+    leader._write = write  # type: ignore[method-assign]
+    return leader, written
+
+
+def _nodes(*names: str) -> frozenset[NodeName]:
+    return frozenset(NodeName(n) for n in names)
+
+
+def test_rounds_at_rest_are_skipped_until_an_input_changes() -> None:
+    pool = {NodeName("a"): 1.0, NodeName("b"): 1.0}
+    leader, written = _leader(
+        pool,
+        {W0: (1.0, 10), W1: (1.0, 11)},
+        [ShardAssignment(W0, 10, 1, _nodes("a")), ShardAssignment(W1, 11, 1, _nodes("b"))],
+    )
+    for _ in range(3):
+        assert asyncio.run(leader._round())
+    assert (leader.rounds, leader.skipped, written) == (3, 2, [])
+
+    pool[NodeName("c")] = 1.0  # in place: the pool is compared by its contents
+    assert asyncio.run(leader._round())
+    assert leader.skipped == 2
+    assert [
+        sorted(n for a in diff.values() if a for n in a.granted - _nodes("a", "b")) for diff in written
+    ] == [["c"]]
+
+    for worker, a in written[0].items():  # the write, as the mirror shows it
+        assert a is not None
+        key = KEYS.assignment(worker)
+        leader._mirror._items[key] = KeyValue(key, a.encode(), 9, 9, 0)
+    leader._mirror.revision = 9
+    assert asyncio.run(leader._round()) and asyncio.run(leader._round())
+    assert (leader.skipped, len(written)) == (3, 1)
+    leader._mirror.relists += 1  # a relist may change the keys at the same revision (a lost event)
+    assert asyncio.run(leader._round())
+    assert leader.skipped == 3
+
+
+def test_a_round_that_changed_what_it_carries_is_not_reused() -> None:
+    """A new leader's first round finds node n1 revoking with no known destination and nothing to write; it
+    learns where n1 goes (``_destinations``), and on the same inputs the next round plans differently (it
+    revokes n0 from w0). That round must run."""
+    pool = {NodeName("n0"): 1.0, NodeName("n1"): 8.0, NodeName("n2"): 4.0}
+    leader, written = _leader(
+        pool,
+        {W0: (2.0, 1), W1: (3.0, 2)},
+        [
+            ShardAssignment(W0, 1, 1, _nodes("n0"), _nodes("n1")),
+            ShardAssignment(W1, 2, 1, _nodes("n2")),
+        ],
+    )
+    assert asyncio.run(leader._round())
+    assert written == []
+    assert asyncio.run(leader._round())
+    assert leader.skipped == 0
+    assert len(written) == 1
+    w0 = written[0][W0]
+    assert w0 is not None and NodeName("n0") in w0.revoking
+
+
+def test_a_dead_lease_passing_its_grant_delay_during_a_round_is_seen_by_the_next() -> None:
+    """The grant delay a round applies and the one it records for the skip are one clock reading: a lease that
+    passes its delay just after the round read the clock frees its nodes in the next round."""
+    ticks = iter([1.0] + [4.8 + 0.3 * i for i in range(20)])
+    pool = {NodeName("a"): 1.0, NodeName("b"): 1.0}
+    leader, written = _leader(
+        pool,
+        {W1: (1.0, 11)},
+        [ShardAssignment(W0, 7, 1, revoking=_nodes("a")), ShardAssignment(W1, 11, 1, _nodes("b"))],
+        clock=lambda: next(ticks),
+        grant_delay=5.0,
+    )
+    # w0 crashed: etcd confirmed its lease gone at 0.0, so its node is free from 5.0
+    leader._dead_leases[7] = 0.0
+    assert asyncio.run(leader._round())  # 1.0: learns where a goes
+    assert asyncio.run(leader._round())  # 4.8: not yet, and nothing else to do: the next may be skipped
+    assert written == [] and leader._quiet is not None
+    assert asyncio.run(leader._round())  # 5.1 and later: w0's assignment goes, a goes to w1
+    assert leader.skipped == 0
+    assert len(written) == 1 and W0 in written[0] and written[0][W0] is None
+    w1 = written[0][W1]
+    assert w1 is not None and w1.granted == _nodes("a", "b")
