@@ -393,6 +393,9 @@ class Shard:
         self._tasks: list[asyncio.Task[None]] = []
         self._load: LoadReport | None = None
         self._load_written: tuple[int, LoadReport] | None = None  # (lease, report) etcd took last
+        # One write at a time: a registration's republishing and the worker's own report may otherwise both be
+        # in flight, and the reply that came last need not be the write etcd applied last.
+        self._load_lock = asyncio.Lock()
         self.acks = 0
         self.registrations = 0
         # The scheduling hot path calls these directly: no extra frame per candidate node.
@@ -485,18 +488,19 @@ class Shard:
         """Publish the load report under our lease; False if etcd could not take it (it is kept and
         republished after the next registration)."""
         self._load = report
-        lease = self._keeper.lease_id
-        if self._keeper.state is not LeaseState.ALIVE:
-            return False
-        try:
-            await kv_service(self._client).put(
-                self._keys.load(self.worker_id), report.encode(), lease=lease, timeout=DEFAULT_TIMEOUT
-            )
-        except ETCD_FAILURES as e:
-            log.debug("worker %s: load report not written: %s", self.worker_id, describe(e))
-            return False
-        self._load_written = (lease, report)
-        return True
+        async with self._load_lock:
+            lease = self._keeper.lease_id
+            if self._keeper.state is not LeaseState.ALIVE:
+                return False
+            try:
+                await kv_service(self._client).put(
+                    self._keys.load(self.worker_id), report.encode(), lease=lease, timeout=DEFAULT_TIMEOUT
+                )
+            except ETCD_FAILURES as e:
+                log.debug("worker %s: load report not written: %s", self.worker_id, describe(e))
+                return False
+            self._load_written = (lease, report)
+            return True
 
     def written_load(self) -> LoadReport | None:
         """The load report etcd holds for us: the latest it took under the current lease (None: none under

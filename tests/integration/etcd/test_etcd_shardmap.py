@@ -175,9 +175,9 @@ async def test_lost_lease_means_reregistration_and_resumed_ownership(shard_clust
     assert w1.statistics().registrations == 2
     # The registration republished the report under the new lease, and says so (a coordinated worker compares
     # its next report with what etcd holds under its current lease).
+    await eventually(lambda: w1.written_load() == report, SETTLE, "the report republished")
     kv, _ = await get_key(await cluster.client(), cluster.keys.load(w1.worker_id))
     assert kv is not None and kv.lease == w1.lease_id and LoadReport.decode(kv.value) == report
-    assert w1.written_load() == report
 
 
 async def test_load_reports_reach_etcd_under_the_worker_lease(shard_cluster: ShardCluster) -> None:
