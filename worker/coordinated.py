@@ -57,11 +57,10 @@ from worker.shard import Shard
 log = logging.getLogger(__name__)
 
 LOAD_REPORT_PERIOD = 2.0
-LOAD_REFRESH = (
-    30.0  # a report unchanged is written again this often: ``agent-scheduler status`` shows its age
-)
-# Process CPU, in cores, moves by this much before it alone makes a report worth writing: at rest it jitters
-# by a few hundredths, and the leader's load factor is bounded and hysteretic (coordinator.workershards.assignment).
+# A report unchanged is written again this often (``agent-scheduler status`` shows a report's age).
+LOAD_REFRESH = 30.0
+# Process CPU, in cores, moves by this much before it alone makes a report worth writing: at rest it jitters by
+# a few hundredths, and the leader's load factor is bounded and hysteretic (coordinator.workershards.assignment).
 LOAD_CPU_STEP = 0.05
 DRAIN_TIMEOUT = 60.0
 
