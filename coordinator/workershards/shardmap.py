@@ -248,15 +248,15 @@ class ShardMapLeader:
         """What a round reads from outside: the mirrored keys (members, loads, acks, assignments, the meta
         key) by the mirror's revision and its relist count (a relist after a lost event may change them at
         the same revision); the pool by its contents (the caller keeps a copy: a ``PoolSource`` may change its
-        mapping in place); the policy's configuration; the dead leases, and which of them are past the grant
-        delay at ``now`` (the only way the clock enters a round: their ``call_later`` poke wakes the loop
-        when one passes it). What a round carries to the next is ``_carried``."""
+        mapping in place); the policy's configuration; which dead leases are past the grant delay at ``now``
+        (the only way the clock enters a round: their ``call_later`` poke wakes the loop when one passes it).
+        What a round carries to the next, the dead leases themselves included, is ``_carried``: only a round
+        changes it, and a reused round left it unchanged."""
         return (
             self._mirror.revision,
             self._mirror.relists,
             pool,
             self._policy.config,
-            tuple(sorted(self._dead_leases.items())),
             frozenset(lease for lease, t in self._dead_leases.items() if now - t >= self._grant_delay),
         )
 
