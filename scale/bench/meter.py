@@ -5,7 +5,12 @@ scheduler's processes, the API server, etcd, kwok, this process). ``start()`` ta
 task samples every ``period`` seconds (new PIDs and children appear, exited ones keep their last reading), and
 ``stop()`` returns each group's CPU seconds (user + system, also of reaped children) and its peak summed RSS, and
 each process's own CPU seconds (by PID), so a report can say which process of a group the CPU went to, and those
-of its main thread (the event loop of an asyncio process; the rest went to other threads, such as gRPC's).
+of its main thread (the event loop of an asyncio process; the rest went to other threads, such as gRPC's), and
+how many times that main thread blocked (its voluntary context switches: the event loop going to sleep in
+``epoll_wait`` with nothing to do, or waiting for the interpreter lock another thread holds). Each one is a
+wake-up to come: a pass of the loop, its system calls and its callbacks' set-up, paid again per frame, per
+timer and per watch chunk whatever the work they bring; divided by the pods a run placed, it says how finely a
+process's work is cut.
 
 It also reads the whole host's busy CPU time, so the report can say how much of the machine's CPU went to
 processes outside the measured groups (other work on a shared machine makes numbers noisy; this says how noisy).
@@ -55,14 +60,16 @@ def host_busy_seconds() -> float:
 
 
 class _Tracked:
-    __slots__ = ("first", "last", "main_first", "main_last", "proc")
+    __slots__ = ("first", "last", "main_first", "main_last", "proc", "sleeps_first", "sleeps_last")
 
-    def __init__(self, proc: psutil.Process, cpu: float, main: float) -> None:
+    def __init__(self, proc: psutil.Process, cpu: float, main: float, sleeps: int) -> None:
         self.proc = proc
         self.first = cpu
         self.last = cpu
         self.main_first = main
         self.main_last = main
+        self.sleeps_first = sleeps
+        self.sleeps_last = sleeps
 
 
 def _identity(pid: int) -> tuple[int, int]:
@@ -79,6 +86,15 @@ def _main_thread_cpu(pid: int) -> float:
     """CPU seconds (user + system) of the process's main thread, whose thread id is its PID."""
     fields = stat_fields(f"/proc/{pid}/task/{pid}/stat")
     return (int(fields[14 - 3]) + int(fields[15 - 3])) / _TICKS  # utime and stime
+
+
+def _main_thread_sleeps(pid: int) -> int:
+    """How many times the process's main thread has blocked (voluntary context switches) since it started."""
+    with open(f"/proc/{pid}/task/{pid}/status", "rb") as f:
+        for line in f:
+            if line.startswith(b"voluntary_ctxt_switches:"):
+                return int(line.split()[1])
+    raise ValueError(f"no voluntary_ctxt_switches in /proc/{pid}/task/{pid}/status")
 
 
 _TICKS = os.sysconf("SC_CLK_TCK")
@@ -109,12 +125,16 @@ class ProcessMeter:
                         # A process born inside the window counts from zero, one alive before from the baseline.
                         born = self._started
                         entry = tracked[key] = _Tracked(
-                            proc, 0.0 if born else _cpu(proc), 0.0 if born else _main_thread_cpu(pid)
+                            proc,
+                            0.0 if born else _cpu(proc),
+                            0.0 if born else _main_thread_cpu(pid),
+                            0 if born else _main_thread_sleeps(pid),
                         )
                     with entry.proc.oneshot():
                         entry.last = _cpu(entry.proc)
                         rss += int(entry.proc.memory_info().rss)
                     entry.main_last = _main_thread_cpu(pid)
+                    entry.sleeps_last = _main_thread_sleeps(pid)
                 except (OSError, ValueError, IndexError, psutil.Error):
                     continue  # gone (or going) since the source listed it: its last reading stands
             self._peak[group] = max(self._peak[group], rss)
@@ -143,9 +163,11 @@ class ProcessMeter:
         for group, tracked in self._tracked.items():
             by_pid: dict[int, float] = {}
             main_by_pid: dict[int, float] = {}
+            sleeps_by_pid: dict[int, int] = {}
             for (pid, _), e in tracked.items():
                 by_pid[pid] = by_pid.get(pid, 0.0) + max(0.0, e.last - e.first)
                 main_by_pid[pid] = main_by_pid.get(pid, 0.0) + max(0.0, e.main_last - e.main_first)
+                sleeps_by_pid[pid] = sleeps_by_pid.get(pid, 0) + max(0, e.sleeps_last - e.sleeps_first)
             cpu = sum(by_pid.values())
             out[group] = Usage(
                 round(cpu, 3),
@@ -153,6 +175,7 @@ class ProcessMeter:
                 len(tracked),
                 {p: round(c, 3) for p, c in by_pid.items()},
                 {p: round(c, 3) for p, c in main_by_pid.items()},
+                sleeps_by_pid,
             )
         return out
 

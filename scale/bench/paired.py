@@ -42,7 +42,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -170,16 +170,20 @@ class Summary:
     by_process: dict[str, float] = field(default_factory=dict)  # mean CPU-s per 1k pods of each process
     # mean part of each process's CPU its main thread used, over the rounds whose results say
     main_share: dict[str, float] = field(default_factory=dict)
+    # mean times per bound pod each process's main thread blocked, over the rounds whose results say
+    sleeps_per_pod: dict[str, float] = field(default_factory=dict)
     adjusted_cpu_s_per_1k: float = 0.0  # its level in the drift fit, at the mean position (``drift``)
 
 
-def _mean_share(results: Sequence[RunResult], processes: Sequence[str]) -> dict[str, float]:
-    """Each process's mean main-thread share over the results that have one (older results do not)."""
+def _mean_of(
+    results: Sequence[RunResult], processes: Sequence[str], read: Callable[[RunResult], Mapping[str, float]]
+) -> dict[str, float]:
+    """Each process's mean of a per-process figure over the results that have one (older results do not)."""
     out = {}
     for p in processes:
-        shares = [r.main_thread_share_by_process[p] for r in results if p in r.main_thread_share_by_process]
-        if shares:
-            out[p] = statistics.fmean(shares)
+        values = [read(r)[p] for r in results if p in read(r)]
+        if values:
+            out[p] = statistics.fmean(values)
     return out
 
 
@@ -244,11 +248,21 @@ def summarize(contenders: Sequence[Contender], trials: Sequence[Trial]) -> list[
                     p: statistics.fmean(r.cpu_s_per_1k_pods_by_process.get(p, 0.0) for r in ok)
                     for p in processes
                 },
-                main_share=_mean_share(ok, processes),
+                main_share=_mean_of(ok, processes, lambda r: r.main_thread_share_by_process),
+                sleeps_per_pod=_mean_of(ok, processes, lambda r: r.main_sleeps_per_pod_by_process),
                 adjusted_cpu_s_per_1k=levels.get(c.label, 0.0),
             )
         )
     return out
+
+
+def _thread_notes(s: Summary, process: str) -> str:
+    notes = []
+    if process in s.main_share:
+        notes.append(f"{s.main_share[process] * 100:.0f} % main thread")
+    if process in s.sleeps_per_pod:
+        notes.append(f"{s.sleeps_per_pod[process]:.2f} sleeps/pod")
+    return f" ({', '.join(notes)})" if notes else ""
 
 
 def table(summaries: Sequence[Summary], slope: float = 0.0) -> str:
@@ -268,14 +282,7 @@ def table(summaries: Sequence[Summary], slope: float = 0.0) -> str:
     for s in summaries:
         c = s.contender
         versus = f"{(s.adjusted_cpu_s_per_1k / base - 1) * 100:+.1f} %" if base and s.rounds else "-"
-        by_process = (
-            ", ".join(
-                f"{p} {v:.3f}"
-                + (f" ({s.main_share[p] * 100:.0f} % main thread)" if p in s.main_share else "")
-                for p, v in s.by_process.items()
-            )
-            or "-"
-        )
+        by_process = ", ".join(f"{p} {v:.3f}{_thread_notes(s, p)}" for p, v in s.by_process.items()) or "-"
         rounds = f"{s.rounds}" + (f" ({s.disturbed} disturbed)" if s.disturbed else "")
         rounds += f" (+{s.failed} failed)" if s.failed else ""
         visible = cell(s.visible_p99_ms, ".0f") if s.visible_p99_ms[1] > 0 else "-"  # 0: not measured

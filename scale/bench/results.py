@@ -193,6 +193,9 @@ class RunResult:
     cpu_s_per_1k_pods_by_process: dict[str, float] = field(default_factory=dict)
     # the part of each one's CPU its main thread (the event loop) used, 0-1: the rest went to other threads
     main_thread_share_by_process: dict[str, float] = field(default_factory=dict)
+    # per bound pod, how many times each one's main thread blocked (went to sleep, to be woken again: an
+    # event loop's pass per frame, timer or watch chunk; ``scale.bench.meter``)
+    main_sleeps_per_pod_by_process: dict[str, float] = field(default_factory=dict)
     schema: int = SCHEMA_VERSION
     started_at: str = ""
     error: str = ""
@@ -249,6 +252,8 @@ class Usage:
     processes: int = 0
     by_pid: Mapping[int, float] = field(default_factory=dict)  # each process's CPU seconds
     main_by_pid: Mapping[int, float] = field(default_factory=dict)  # of those, its main thread's
+    # how many times each one's main thread blocked (voluntary context switches; ``scale.bench.meter``)
+    main_sleeps_by_pid: Mapping[int, int] = field(default_factory=dict)
 
 
 def summarize(
@@ -341,6 +346,7 @@ def summarize(
         started_at=started_at,
         cpu_s_per_1k_pods_by_process=_by_process(sched, process_names or {}, len(bound)),
         main_thread_share_by_process=_main_share(sched, process_names or {}),
+        main_sleeps_per_pod_by_process=_sleeps_per_pod(sched, process_names or {}, len(bound)),
     )
 
 
@@ -360,6 +366,12 @@ def _main_share(sched: Usage, names: Mapping[int, str]) -> dict[str, float]:
         for name, cpu in _per_name(sched.by_pid, names).items()
         if cpu > 0
     }
+
+
+def _sleeps_per_pod(sched: Usage, names: Mapping[int, str], bound: int) -> dict[str, float]:
+    if not bound or not sched.main_sleeps_by_pid:
+        return {}
+    return {name: round(n / bound, 3) for name, n in _per_name(sched.main_sleeps_by_pid, names).items()}
 
 
 def _by_process(sched: Usage, names: Mapping[int, str], bound: int) -> dict[str, float]:

@@ -358,6 +358,9 @@ def launch(
     # around what it measures) only those windows are profiled; otherwise the whole run.
     profile_dir = os.environ.get("AGENT_BENCH_PROFILE_DIR", "")
     window = profile_windows and profile_to is None and bool(profile_dir)
+    if profile_dir and profile_to is None:
+        # cProfile writes its stats into an existing directory only: without it every process's are lost
+        Path(profile_dir).mkdir(parents=True, exist_ok=True)
 
     def profiled(process: str) -> Path | None:
         if profile_to is not None:

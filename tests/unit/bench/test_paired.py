@@ -229,3 +229,25 @@ def test_the_table_says_how_much_of_each_process_ran_on_its_main_thread() -> Non
     (summary,) = summarize([c], trials)
     assert summary.main_share == pytest.approx({"coordinator": 0.93, "worker-1": 0.98})
     assert "coordinator 0.300 (93 % main thread), worker-1 0.467 (98 % main thread)" in table([summary])
+
+
+def test_the_table_says_how_often_each_process_main_thread_slept_per_pod() -> None:
+    c = Contender("c2", "agent-coord-1", PROJECT_ROOT)
+    trials = [
+        Trial(
+            "c2",
+            r,
+            r + 1,
+            replace(
+                result(1.0, 100, 200, by_process={"coordinator": 0.3, "worker-1": 0.7}),
+                main_thread_share_by_process={"coordinator": 0.9},
+                main_sleeps_per_pod_by_process={"coordinator": sleeps, "worker-1": 4.0},
+            ),
+        )
+        for r, sleeps in enumerate((1.0, 2.0))
+    ]
+    (summary,) = summarize([c], trials)
+    assert summary.sleeps_per_pod == pytest.approx({"coordinator": 1.5, "worker-1": 4.0})
+    assert "coordinator 0.300 (90 % main thread, 1.50 sleeps/pod), worker-1 0.700 (4.00 sleeps/pod)" in (
+        table([summary])
+    )

@@ -182,6 +182,30 @@ class TestSummarize:
             result.cpu_s_per_1k_pods_by_process
         )
 
+    def test_counts_each_process_main_thread_sleeps_per_bound_pod(self) -> None:
+        result = summarize(
+            scheduler="agent-coord-2",
+            scheduler_kind="agent",
+            workload="burst",
+            nodes=10,
+            agent=[_times("agent", i * 0.01, i * 0.01 + 0.05) for i in range(200)],
+            origin=0.0,
+            end=2.0,
+            usage={
+                "scheduler": Usage(0.9, 0, 3, {10: 0.2, 11: 0.3, 12: 0.3}, {}, {10: 100, 11: 700, 12: 50})
+            },
+            host_cpu_s=3.0,
+            process_names={10: "coordinator", 11: "worker-1", 12: "worker-2"},
+        )
+        assert result.main_sleeps_per_pod_by_process == {
+            "coordinator": 0.5,
+            "worker-1": 3.5,
+            "worker-2": 0.25,
+        }
+        assert RunResult.from_json(result.to_json()).main_sleeps_per_pod_by_process == (
+            result.main_sleeps_per_pod_by_process
+        )
+
     def test_a_bind_seen_before_the_send_returned_counts_as_zero_latency(self) -> None:
         result = summarize(
             scheduler="s",

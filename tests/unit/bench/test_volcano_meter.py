@@ -134,3 +134,12 @@ async def test_cpu_of_other_threads_is_not_the_main_threads() -> None:
     usage = await meter.stop()
     whole, main = usage["me"].by_pid[os.getpid()], usage["me"].main_by_pid[os.getpid()]
     assert whole >= 0.25 and main < whole - 0.2
+
+
+async def test_meter_counts_each_time_the_main_thread_blocked() -> None:
+    meter = ProcessMeter({"me": own_pid}, period=10.0)  # one reading at the start and one at the end
+    meter.start()
+    for _ in range(50):
+        await asyncio.sleep(0.001)  # the event loop waits in epoll: the main thread blocks each time
+    usage = await meter.stop()
+    assert 50 <= usage["me"].main_sleeps_by_pid[os.getpid()] < 200
