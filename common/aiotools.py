@@ -4,6 +4,14 @@ worker or coordinator process runs on (``--event-loop``).
 Invariants: nothing started here outlives the call that started it; every helper cancels and awaits the
 tasks it created, so no "Task was destroyed but it is pending" warnings escape into tests. A process's loop
 is chosen once, before anything is created on it: ``run`` makes a new loop and closes it, as ``asyncio.run``.
+
+The paced loop (``paced``: the standard library's selector loop on a ``PacedSelector``) polls for I/O at most
+once per ``PACE`` while it has nothing else to do: a loop about to block first sleeps until ``PACE`` after its
+previous poll returned, so what arrived meanwhile (watch chunks, binding answers, dispatch frames) is handled
+in one pass instead of one wake-up each. Its timers keep their times (the wait is cut to the next timer's
+due time), a loop with ready callbacks polls at once, and a loop that was idle for ``PACE`` or longer handles
+the first arrival at once: only I/O that arrives while the process is busy, or within ``PACE`` of its last
+poll, waits, at most ``PACE``.
 """
 
 from __future__ import annotations
@@ -11,7 +19,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-from collections.abc import Awaitable, Coroutine
+import selectors
+import time
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 import uvloop
@@ -55,7 +65,45 @@ async def wait_first(*waits: Awaitable[Any]) -> int:
 # ----- the event loop a process runs on -----------------------------------------------------------------
 
 EVENT_LOOP_ENV = "AGENT_SCHEDULER_EVENT_LOOP"
-EVENT_LOOPS = ("uvloop", "asyncio")
+EVENT_LOOPS = ("uvloop", "asyncio", "paced")
+# The paced loop's shortest time between two polls for I/O. Every deadline of the scheduler's protocols is
+# seconds long; a pod's path crosses a handful of polls, so an added few ms are within its latency's noise.
+PACE = 0.005
+
+
+class PacedSelector(selectors.DefaultSelector):
+    """The selector of the paced loop (module docstring): a poll that would block comes no sooner than
+    ``pace`` after the previous one returned. ``clock`` and ``sleep`` are injectable for tests."""
+
+    def __init__(
+        self,
+        pace: float = PACE,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        super().__init__()
+        self.pace = pace
+        self._clock = clock
+        self._sleep = sleep
+        self._next = 0.0  # no poll before this, unless something is ready to run or a timer is due
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        # timeout 0: the loop has callbacks ready to run, it only collects what I/O is there without waiting
+        if timeout is None or timeout > 0:
+            wait = self._next - self._clock()
+            if wait > 0:
+                if timeout is not None:
+                    wait = min(wait, timeout)  # a timer due sooner keeps its time
+                    timeout -= wait
+                self._sleep(wait)
+        events = super().select(timeout)
+        self._next = self._clock() + self.pace
+        return events
+
+
+def _paced_loop() -> asyncio.AbstractEventLoop:
+    return asyncio.SelectorEventLoop(PacedSelector())
 
 
 def _event_loop(value: str) -> str:
@@ -72,7 +120,8 @@ def add_event_loop_argument(p: argparse.ArgumentParser) -> None:
         type=_event_loop,  # also checks the environment's value: argparse converts a string default
         metavar="{" + ",".join(EVENT_LOOPS) + "}",
         default=os.environ.get(EVENT_LOOP_ENV) or "uvloop",
-        help="uvloop (default) or asyncio, the standard library's loop (to rule the loop out when debugging)",
+        help="uvloop (default); asyncio, the standard library's loop (to rule the loop out when debugging); paced, "
+        f"the standard library's loop polling for I/O at most every {PACE * 1000:g} ms while busy",
     )
 
 
@@ -84,4 +133,7 @@ def run(main: Coroutine[Any, Any, T], event_loop: str) -> T:
     (``docs/architecture.md``, "Event loop", has the measurements)."""
     if event_loop == "uvloop":
         return uvloop.run(main)
+    if event_loop == "paced":
+        with asyncio.Runner(loop_factory=_paced_loop) as runner:
+            return runner.run(main)
     return asyncio.run(main)
