@@ -5,13 +5,14 @@ Invariants: nothing started here outlives the call that started it; every helper
 tasks it created, so no "Task was destroyed but it is pending" warnings escape into tests. A process's loop
 is chosen once, before anything is created on it: ``run`` makes a new loop and closes it, as ``asyncio.run``.
 
-The paced loop (``paced``: the standard library's selector loop on a ``PacedSelector``) polls for I/O at most
-once per ``PACE`` while it has nothing else to do: a loop about to block first sleeps until ``PACE`` after its
-previous poll returned, so what arrived meanwhile (watch chunks, binding answers, dispatch frames) is handled
-in one pass instead of one wake-up each. Its timers keep their times (the wait is cut to the next timer's
-due time), a loop with ready callbacks polls at once, and a loop that was idle for ``PACE`` or longer handles
-the first arrival at once: only I/O that arrives while the process is busy, or within ``PACE`` of its last
-poll, waits, at most ``PACE``.
+The paced loop (``paced``: the standard library's selector loop on a ``PacedSelector``) does not poll for I/O
+in a way that would block sooner than ``PACE`` after its previous poll returned: a loop with nothing ready to
+run first sleeps until then, so what arrived meanwhile (watch chunks, binding answers, dispatch frames) is
+handled in one pass instead of one wake-up each. A loop with callbacks ready polls without waiting, as the
+standard loop does; a timer due sooner cuts the sleep short (it fires about as late as on the standard loop:
+the poll's timeout is taken from the clock after the sleep); a loop that was idle for ``PACE`` or longer
+handles the first arrival at once. So only I/O that arrives within ``PACE`` of the last poll waits, at most
+``PACE``, and so do wake-ups from other threads (``call_soon_threadsafe``) and signals.
 """
 
 from __future__ import annotations
@@ -66,8 +67,10 @@ async def wait_first(*waits: Awaitable[Any]) -> int:
 
 EVENT_LOOP_ENV = "AGENT_SCHEDULER_EVENT_LOOP"
 EVENT_LOOPS = ("uvloop", "asyncio", "paced")
-# The paced loop's shortest time between two polls for I/O. Every deadline of the scheduler's protocols is
-# seconds long; a pod's path crosses a handful of polls, so an added few ms are within its latency's noise.
+# The paced loop's shortest time between a poll and the next one that may block. Every deadline of the
+# scheduler's protocols is seconds long, so none is at risk; a pod's path crosses several polls, and in a
+# steady stream each may now wait: its p50 rose by 7-8 ms (docs/results/wakeups-2026-12-05/), which is why
+# this loop is a choice and not the default.
 PACE = 0.005
 
 
@@ -89,14 +92,17 @@ class PacedSelector(selectors.DefaultSelector):
         self._next = 0.0  # no poll before this, unless something is ready to run or a timer is due
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
-        # timeout 0: the loop has callbacks ready to run, it only collects what I/O is there without waiting
+        # timeout 0 (or less): the loop has callbacks ready to run, it only collects what I/O is there
         if timeout is None or timeout > 0:
-            wait = self._next - self._clock()
+            now = self._clock()
+            wait = self._next - now
             if wait > 0:
-                if timeout is not None:
-                    wait = min(wait, timeout)  # a timer due sooner keeps its time
-                    timeout -= wait
-                self._sleep(wait)
+                if timeout is None:
+                    self._sleep(wait)
+                else:
+                    due = now + timeout  # the next timer's time, which the sleep must not push back
+                    self._sleep(min(wait, timeout))
+                    timeout = max(0.0, due - self._clock())
         events = super().select(timeout)
         self._next = self._clock() + self.pace
         return events
@@ -121,7 +127,8 @@ def add_event_loop_argument(p: argparse.ArgumentParser) -> None:
         metavar="{" + ",".join(EVENT_LOOPS) + "}",
         default=os.environ.get(EVENT_LOOP_ENV) or "uvloop",
         help="uvloop (default); asyncio, the standard library's loop (to rule the loop out when debugging); paced, "
-        f"the standard library's loop polling for I/O at most every {PACE * 1000:g} ms while busy",
+        f"the standard library's loop waiting for I/O no sooner than {PACE * 1000:g} ms after its last poll "
+        "(less CPU in bursts, more latency in a steady stream)",
     )
 
 

@@ -6,11 +6,11 @@ task samples every ``period`` seconds (new PIDs and children appear, exited ones
 ``stop()`` returns each group's CPU seconds (user + system, also of reaped children) and its peak summed RSS, and
 each process's own CPU seconds (by PID), so a report can say which process of a group the CPU went to, and those
 of its main thread (the event loop of an asyncio process; the rest went to other threads, such as gRPC's), and
-how many times that main thread blocked (its voluntary context switches: the event loop going to sleep in
-``epoll_wait`` with nothing to do, or waiting for the interpreter lock another thread holds). Each one is a
-wake-up to come: a pass of the loop, its system calls and its callbacks' set-up, paid again per frame, per
-timer and per watch chunk whatever the work they bring; divided by the pods a run placed, it says how finely a
-process's work is cut.
+how many times that main thread blocked (its voluntary context switches). For an asyncio process that is
+mostly its event loop going to sleep with nothing to do, to be woken by the next frame, timer or watch chunk
+and make a pass of the loop whatever work it brings; it also counts waits for the interpreter lock another
+thread holds, and the paced loop's sleeps before a poll (``common.aiotools``: a paced pass may count twice).
+Divided by the pods a run placed, it says roughly how finely a process's work is cut into wake-ups.
 
 It also reads the whole host's busy CPU time, so the report can say how much of the machine's CPU went to
 processes outside the measured groups (other work on a shared machine makes numbers noisy; this says how noisy).
@@ -62,7 +62,7 @@ def host_busy_seconds() -> float:
 class _Tracked:
     __slots__ = ("first", "last", "main_first", "main_last", "proc", "sleeps_first", "sleeps_last")
 
-    def __init__(self, proc: psutil.Process, cpu: float, main: float, sleeps: int) -> None:
+    def __init__(self, proc: psutil.Process, cpu: float, main: float, sleeps: int | None) -> None:
         self.proc = proc
         self.first = cpu
         self.last = cpu
@@ -88,13 +88,17 @@ def _main_thread_cpu(pid: int) -> float:
     return (int(fields[14 - 3]) + int(fields[15 - 3])) / _TICKS  # utime and stime
 
 
-def _main_thread_sleeps(pid: int) -> int:
-    """How many times the process's main thread has blocked (voluntary context switches) since it started."""
-    with open(f"/proc/{pid}/task/{pid}/status", "rb") as f:
-        for line in f:
-            if line.startswith(b"voluntary_ctxt_switches:"):
-                return int(line.split()[1])
-    raise ValueError(f"no voluntary_ctxt_switches in /proc/{pid}/task/{pid}/status")
+def _main_thread_sleeps(pid: int) -> int | None:
+    """How many times the process's main thread has blocked (voluntary context switches) since it started;
+    None when that cannot be read (the CPU figures do not depend on it)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"voluntary_ctxt_switches:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 _TICKS = os.sysconf("SC_CLK_TCK")
@@ -134,7 +138,8 @@ class ProcessMeter:
                         entry.last = _cpu(entry.proc)
                         rss += int(entry.proc.memory_info().rss)
                     entry.main_last = _main_thread_cpu(pid)
-                    entry.sleeps_last = _main_thread_sleeps(pid)
+                    if (sleeps := _main_thread_sleeps(pid)) is not None:
+                        entry.sleeps_last = sleeps
                 except (OSError, ValueError, IndexError, psutil.Error):
                     continue  # gone (or going) since the source listed it: its last reading stands
             self._peak[group] = max(self._peak[group], rss)
@@ -167,7 +172,8 @@ class ProcessMeter:
             for (pid, _), e in tracked.items():
                 by_pid[pid] = by_pid.get(pid, 0.0) + max(0.0, e.last - e.first)
                 main_by_pid[pid] = main_by_pid.get(pid, 0.0) + max(0.0, e.main_last - e.main_first)
-                sleeps_by_pid[pid] = sleeps_by_pid.get(pid, 0) + max(0, e.sleeps_last - e.sleeps_first)
+                if e.sleeps_first is not None and e.sleeps_last is not None:  # else its count is unknown
+                    sleeps_by_pid[pid] = sleeps_by_pid.get(pid, 0) + max(0, e.sleeps_last - e.sleeps_first)
             cpu = sum(by_pid.values())
             out[group] = Usage(
                 round(cpu, 3),

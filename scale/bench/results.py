@@ -193,8 +193,8 @@ class RunResult:
     cpu_s_per_1k_pods_by_process: dict[str, float] = field(default_factory=dict)
     # the part of each one's CPU its main thread (the event loop) used, 0-1: the rest went to other threads
     main_thread_share_by_process: dict[str, float] = field(default_factory=dict)
-    # per bound pod, how many times each one's main thread blocked (went to sleep, to be woken again: an
-    # event loop's pass per frame, timer or watch chunk; ``scale.bench.meter``)
+    # per bound pod, how many times each one's main thread blocked (mostly its event loop going to sleep, to
+    # be woken by the next frame, timer or watch chunk; ``scale.bench.meter`` says what else it counts)
     main_sleeps_per_pod_by_process: dict[str, float] = field(default_factory=dict)
     schema: int = SCHEMA_VERSION
     started_at: str = ""

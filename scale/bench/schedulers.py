@@ -356,7 +356,8 @@ def launch(
     # its stats written there when it stops (to find where the CPU of a coordinator and its workers goes; the
     # processes run slower meanwhile). With ``profile_windows`` (a caller that opens ``Running.profile_window``
     # around what it measures) only those windows are profiled; otherwise the whole run.
-    profile_dir = os.environ.get("AGENT_BENCH_PROFILE_DIR", "")
+    # absolute: our processes run in their checkout's directory, which may not be the bench's
+    profile_dir = str(Path(d).resolve()) if (d := os.environ.get("AGENT_BENCH_PROFILE_DIR", "")) else ""
     window = profile_windows and profile_to is None and bool(profile_dir)
     if profile_dir and profile_to is None:
         # cProfile writes its stats into an existing directory only: without it every process's are lost

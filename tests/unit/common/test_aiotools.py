@@ -84,3 +84,27 @@ def test_ready_callbacks_and_timers_keep_their_times() -> None:
         sel.select(0.002)  # a timer due in 2 ms: the wait stops there, and the poll does not block
         assert clock.slept == [0.002]
         assert clock.now == pytest.approx(10.003)
+        sel.select(-0.001)  # a timer overdue: no wait
+        assert clock.slept == [0.002]
+
+
+def test_a_timer_due_after_the_pace_waits_only_what_is_left_of_it() -> None:
+    polled: list[float | None] = []
+
+    class Polls(selectors.DefaultSelector):
+        """Below the paced selector: records the timeout of each poll, and polls without waiting."""
+
+        def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+            polled.append(timeout)
+            return super().select(0)
+
+    class Recorded(aiotools.PacedSelector, Polls):
+        pass
+
+    clock = _Clock()
+    with Recorded(0.005, clock=clock, sleep=clock.sleep) as sel:
+        sel.select(0)
+        clock.now += 0.001
+        sel.select(0.010)  # 4 ms of the pace left, the timer due in 10 ms
+    assert clock.slept == [0.004]
+    assert polled == [0, pytest.approx(0.006)]  # the timer's time, not 4 ms later
