@@ -134,6 +134,9 @@ class BenchConfig:
     pull_delay_s: float = DEFAULT_PULL_DELAY_S
     #: share of fleet nodes besides the warm ones that list the agent images
     prepulled: float = PREPULLED_FRACTION
+    #: after the last bind, keep counting the scheduler's CPU until it is idle, for at most this long (0: the
+    #: window ends with the last bind; see ``_until_idle``)
+    until_idle_s: float = 0.0
 
 
 def _component_pids(cluster: Cluster, name: str) -> Callable[[], list[int]]:
@@ -153,6 +156,30 @@ def _groups(cluster: Cluster, running: Running) -> dict[str, PidSource]:
         "kwok": _component_pids(cluster, KWOK),
         "loadgen": own_pid,
     }
+
+
+IDLE_CORES = 0.05  # the scheduler's processes together, below which it has finished a run's work
+IDLE_WINDOW_S = 1.0
+
+
+async def _until_idle(meter: ProcessMeter, max_wait: float) -> float:
+    """Keep ``meter`` running until the scheduler's processes together use at most ``IDLE_CORES`` over
+    ``IDLE_WINDOW_S``, or for ``max_wait`` seconds; returns how long it waited.
+
+    Why: the window that ends with the last bind leaves out work a scheduler does for those pods after it, above
+    all the Scheduled events its workers post behind the bindings (a standalone worker in a burst of 2,000 had
+    posted 263 of them by then; `docs/results/wakeups-2026-12-05/`). One process with all the pods leaves more
+    of that work out than two with half each, so the ratio between them is off unless the tail is counted. The
+    idle CPU of the last window is counted too (at most ``IDLE_CORES`` x ``IDLE_WINDOW_S``)."""
+    began = time.monotonic()
+    while time.monotonic() - began < max_wait:
+        meter.sample()
+        before = meter.cpu_so_far("scheduler")
+        await asyncio.sleep(IDLE_WINDOW_S)
+        meter.sample()
+        if meter.cpu_so_far("scheduler") - before <= IDLE_CORES * IDLE_WINDOW_S:
+            break
+    return time.monotonic() - began
 
 
 async def wait_quiet(cluster: Cluster, running: Running, *, cores: float, max_wait: float) -> str:
@@ -439,6 +466,7 @@ async def run_workload(
     plan = arrivals(workload, namespace=namespace, scheduler_name=spec.pod_scheduler_name, placer=placer)
     filled = await _fill(client, fleet, workload) if workload.preempt else 0
     meter = ProcessMeter(_groups(cluster, running))
+    tail_s = 0.0
     started_at = rfc3339()
     log.info("%s × %s × %d nodes: %d pods", spec.name, workload.name, nodes, len(plan))
     stages_before, _ = await stagemetrics.scrape(running.metrics_addresses)
@@ -460,6 +488,8 @@ async def run_workload(
                 pull_delay_s=workload.pull_delay_s,
                 first_bind_s=workload.first_bind_s,
             )
+            if config.until_idle_s > 0:
+                tail_s = await _until_idle(meter, config.until_idle_s)
         finally:
             if workload.paused:
                 running.resume()  # also when the run failed: never leave a scheduler stopped
@@ -468,6 +498,11 @@ async def run_workload(
         # also when the run or the meter failed: the profile holds the window only
         running.profile_window(False)
     run_notes = list(notes)
+    if config.until_idle_s > 0:
+        run_notes.append(
+            f"CPU counted until the scheduler was idle: {tail_s:.1f}s after the last bind"
+            + (" (not idle by then)" if tail_s >= config.until_idle_s else "")
+        )
     if not observed.complete:
         run_notes.append(
             f"stopped waiting {observed.end - observed.origin:.0f}s after the start: no bind for {config.stall_s:.0f}s "

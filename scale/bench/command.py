@@ -289,6 +289,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="seconds each contender idles once ready, before its workload (a burst after a quiet spell)",
     )
     pa.add_argument(
+        "--until-idle",
+        type=float,
+        default=0.0,
+        help="after the last bind, count the scheduler's CPU until it is idle, for at most this many seconds "
+        "(0: the window ends with the last bind; its Scheduled events are mostly posted after it)",
+    )
+    pa.add_argument(
         "--out", type=Path, default=None, help="results directory (default results/bench-paired-TIMESTAMP)"
     )
 
@@ -385,6 +392,7 @@ def _run(args: argparse.Namespace) -> int:
             pull_delay_s=args.pull_delay,
             quiet_wait_s=args.quiet_wait,
             idle_s=args.idle,
+            until_idle_s=args.until_idle,
         )
     if args.bench == "report":
         from scale.bench import report

@@ -144,6 +144,10 @@ class ProcessMeter:
                     continue  # gone (or going) since the source listed it: its last reading stands
             self._peak[group] = max(self._peak[group], rss)
 
+    def cpu_so_far(self, group: str) -> float:
+        """CPU seconds ``group`` has used since ``start``, as of the latest sample."""
+        return sum(max(0.0, e.last - e.first) for e in self._tracked[group].values())
+
     def start(self) -> None:
         """Take the baseline and begin sampling in the background (call inside a running event loop)."""
         self._host_start = host_busy_seconds()

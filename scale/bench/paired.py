@@ -18,8 +18,10 @@ the sharded path typically moves it by 2-10 %. Here:
 3. each trial starts the contender's processes afresh (a coordinated one under an etcd prefix of its own),
    waits until it is ready (shard map settled, probe pods bound) and the host is quiet, then ``idle_s`` more
    with nothing to schedule (``--idle``: a user's first burst after a quiet spell), runs the workload
-   (``scale.bench.cluster``'s ``run_workload``: the same load generator, meter and clean-up), then stops the
-   processes by PID;
+   (``scale.bench.cluster``'s ``run_workload``: the same load generator, meter and clean-up; with
+   ``--until-idle`` the CPU window runs on after the last bind until the scheduler is idle, so work it does
+   for the pods after binding them, such as their Scheduled events, is counted), then stops the processes by
+   PID;
 4. a contender may run from another checkout of this project (``LABEL=SCHEDULER@DIR``, e.g. a ``git worktree``
    of the baseline), with this interpreter and its packages: before and after are paired in one run.
 
@@ -313,6 +315,7 @@ class PairedConfig:
     pull_delay_s: float = 0.0
     quiet_wait_s: float = 30.0
     idle_s: float = 0.0  # after ready and quiet, before the workload
+    until_idle_s: float = 0.0  # after the last bind, CPU counted until the scheduler is idle (at most this)
     stall_s: float = 30.0
     timeout_s: float = 300.0
 
@@ -338,6 +341,7 @@ async def run_paired(config: PairedConfig) -> list[Trial]:
         timeout_s=config.timeout_s,
         quiet_wait_s=config.quiet_wait_s,
         pull_delay_s=config.pull_delay_s,
+        until_idle_s=config.until_idle_s,
     )
     trials: list[Trial] = []
     cluster = await fresh_cluster(
@@ -411,6 +415,7 @@ def main(
     pull_delay_s: float,
     quiet_wait_s: float,
     idle_s: float = 0.0,
+    until_idle_s: float = 0.0,
 ) -> int:
     try:
         contenders = parse_contenders(runs)
@@ -423,8 +428,10 @@ def main(
             file=sys.stderr,
         )
         return 2
-    if idle_s < 0:
-        print("agent-scheduler bench paired: error: --idle must be 0 or more", file=sys.stderr)
+    if idle_s < 0 or until_idle_s < 0:
+        print(
+            "agent-scheduler bench paired: error: --idle and --until-idle must be 0 or more", file=sys.stderr
+        )
         return 2
     config = PairedConfig(
         contenders=contenders,
@@ -437,6 +444,7 @@ def main(
         pull_delay_s=pull_delay_s,
         quiet_wait_s=quiet_wait_s,
         idle_s=idle_s,
+        until_idle_s=until_idle_s,
     )
     began = time.monotonic()
     try:
@@ -449,6 +457,11 @@ def main(
     (config.out / "summary.md").write_text(
         f"{config.workload} of {config.pods} pods on {config.nodes} nodes"
         + (f", each after {config.idle_s:g} s idle" if config.idle_s else "")
+        + (
+            f", CPU counted until the scheduler was idle (up to {config.until_idle_s:g} s after the last bind)"
+            if config.until_idle_s
+            else ""
+        )
         + f", a warm-up trial then {config.rounds} rounds (order reversed on odd rounds); mean (min-max) over "
         f"the rounds\n\n{text}\n"
     )

@@ -190,7 +190,10 @@ def test_another_checkout_runs_first_on_the_python_path(
     assert checkout_env(tmp_path) == {**os.environ, "PYTHONPATH": str(tmp_path)}
 
 
-def test_a_negative_idle_is_refused_before_any_cluster_starts(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("idle_s, until_idle_s", [(-1.0, 0.0), (0.0, -1.0)])
+def test_a_negative_idle_is_refused_before_any_cluster_starts(
+    capsys: pytest.CaptureFixture[str], idle_s: float, until_idle_s: float
+) -> None:
     from scale.bench import paired
 
     code = paired.main(
@@ -203,10 +206,11 @@ def test_a_negative_idle_is_refused_before_any_cluster_starts(capsys: pytest.Cap
         out=None,
         pull_delay_s=0.0,
         quiet_wait_s=0.0,
-        idle_s=-1.0,
+        idle_s=idle_s,
+        until_idle_s=until_idle_s,
     )
     assert code == 2
-    assert "--idle must be 0 or more" in capsys.readouterr().err
+    assert "--idle and --until-idle must be 0 or more" in capsys.readouterr().err
 
 
 def test_the_table_says_how_much_of_each_process_ran_on_its_main_thread() -> None:

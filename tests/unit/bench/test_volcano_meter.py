@@ -160,3 +160,31 @@ async def test_a_sleep_count_that_cannot_be_read_leaves_the_cpu_figures_alone(
     assert usage["me"].by_pid[os.getpid()] >= 0.08  # counted from the baseline, not from the process's birth
     assert usage["me"].by_pid[os.getpid()] < time.process_time()
     assert usage["me"].main_sleeps_by_pid == {}
+
+
+async def test_the_window_runs_on_while_the_scheduler_works_and_ends_once_it_is_idle(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from scale.bench import cluster
+
+    monkeypatch.setattr(cluster, "IDLE_WINDOW_S", 0.2)
+    meter = ProcessMeter({"scheduler": own_pid}, period=10.0)
+    meter.start()
+
+    def burn(seconds: float) -> None:
+        end = time.thread_time() + seconds
+        while time.thread_time() < end:
+            pass
+
+    busy = asyncio.create_task(asyncio.to_thread(burn, 0.6))  # the scheduler's work after the last bind
+    waited = await cluster._until_idle(meter, 10.0)
+    await busy
+    assert 0.5 <= waited < 5.0  # not before the work ended, and soon after it
+    assert (await meter.stop())["scheduler"].cpu_s >= 0.5  # counted in the window
+
+    meter = ProcessMeter({"scheduler": own_pid}, period=10.0)
+    meter.start()
+    busy = asyncio.create_task(asyncio.to_thread(burn, 2.0))
+    assert await cluster._until_idle(meter, 0.5) < 1.5  # never past its limit (plus one window)
+    await busy
+    await meter.stop()
