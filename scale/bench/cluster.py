@@ -134,8 +134,8 @@ class BenchConfig:
     pull_delay_s: float = DEFAULT_PULL_DELAY_S
     #: share of fleet nodes besides the warm ones that list the agent images
     prepulled: float = PREPULLED_FRACTION
-    #: after the last bind, keep counting the scheduler's CPU until it is idle, for at most this long (0: the
-    #: window ends with the last bind; see ``_until_idle``)
+    #: once every pod is seen bound, keep counting the scheduler's CPU until it is idle, for at most this
+    #: long (0: the window ends there; see ``_until_idle``)
     until_idle_s: float = 0.0
 
 
@@ -158,28 +158,42 @@ def _groups(cluster: Cluster, running: Running) -> dict[str, PidSource]:
     }
 
 
-IDLE_CORES = 0.05  # the scheduler's processes together, below which it has finished a run's work
+# The scheduler has finished a run's work when its processes together use at most this many cores above what
+# they used at rest just before the run (a coordinated configuration's timers alone take 0.02-0.05 cores).
+IDLE_CORES = 0.05
 IDLE_WINDOW_S = 1.0
 
 
-async def _until_idle(meter: ProcessMeter, max_wait: float) -> float:
-    """Keep ``meter`` running until the scheduler's processes together use at most ``IDLE_CORES`` over
-    ``IDLE_WINDOW_S``, or for ``max_wait`` seconds; returns how long it waited.
+async def _scheduler_rate(running: Running, seconds: float) -> float:
+    """The cores the scheduler's processes use together now, over ``seconds``."""
+    meter = ProcessMeter({"scheduler": lambda: with_children(running.pids())}, period=seconds * 2)
+    meter.start()
+    await asyncio.sleep(seconds)
+    return (await meter.stop())["scheduler"].cpu_s / seconds
 
-    Why: the window that ends with the last bind leaves out work a scheduler does for those pods after it, above
-    all the Scheduled events its workers post behind the bindings (a standalone worker in a burst of 2,000 had
-    posted 263 of them by then; `docs/results/wakeups-2026-12-05/`). One process with all the pods leaves more
-    of that work out than two with half each, so the ratio between them is off unless the tail is counted. The
-    idle CPU of the last window is counted too (at most ``IDLE_CORES`` x ``IDLE_WINDOW_S``)."""
+
+async def _until_idle(meter: ProcessMeter, max_wait: float, rest: float) -> tuple[float, bool]:
+    """Keep ``meter`` running until the scheduler's processes together use at most ``rest`` + ``IDLE_CORES``
+    cores over ``IDLE_WINDOW_S``, or until a window ends ``max_wait`` seconds or more after the start; returns
+    how long it waited and whether the scheduler was idle by then.
+
+    Why: the window that ends when the load generator has seen every pod bound leaves out work a scheduler does
+    for those pods after it, above all the Scheduled events its workers post behind the bindings (a standalone
+    worker in a burst of 2,000 had posted 263 of them by then, in a profiled run;
+    `docs/results/wakeups-2026-12-05/`). One process with all the pods leaves more of that work out than two
+    with half each, so the ratio between them is off unless the tail is counted. The last window, idle, is
+    counted too. Nothing here knows that the events are all sent: a second in which every sender waits on the
+    API server may look idle."""
     began = time.monotonic()
-    while time.monotonic() - began < max_wait:
+    while True:
         meter.sample()
         before = meter.cpu_so_far("scheduler")
         await asyncio.sleep(IDLE_WINDOW_S)
         meter.sample()
-        if meter.cpu_so_far("scheduler") - before <= IDLE_CORES * IDLE_WINDOW_S:
-            break
-    return time.monotonic() - began
+        if meter.cpu_so_far("scheduler") - before <= (rest + IDLE_CORES) * IDLE_WINDOW_S:
+            return time.monotonic() - began, True
+        if time.monotonic() - began >= max_wait:
+            return time.monotonic() - began, False
 
 
 async def wait_quiet(cluster: Cluster, running: Running, *, cores: float, max_wait: float) -> str:
@@ -466,7 +480,8 @@ async def run_workload(
     plan = arrivals(workload, namespace=namespace, scheduler_name=spec.pod_scheduler_name, placer=placer)
     filled = await _fill(client, fleet, workload) if workload.preempt else 0
     meter = ProcessMeter(_groups(cluster, running))
-    tail_s = 0.0
+    tail_s, idle = 0.0, True
+    rest = await _scheduler_rate(running, IDLE_WINDOW_S) if config.until_idle_s > 0 else 0.0
     started_at = rfc3339()
     log.info("%s × %s × %d nodes: %d pods", spec.name, workload.name, nodes, len(plan))
     stages_before, _ = await stagemetrics.scrape(running.metrics_addresses)
@@ -489,7 +504,7 @@ async def run_workload(
                 first_bind_s=workload.first_bind_s,
             )
             if config.until_idle_s > 0:
-                tail_s = await _until_idle(meter, config.until_idle_s)
+                tail_s, idle = await _until_idle(meter, config.until_idle_s, rest)
         finally:
             if workload.paused:
                 running.resume()  # also when the run failed: never leave a scheduler stopped
@@ -500,8 +515,8 @@ async def run_workload(
     run_notes = list(notes)
     if config.until_idle_s > 0:
         run_notes.append(
-            f"CPU counted until the scheduler was idle: {tail_s:.1f}s after the last bind"
-            + (" (not idle by then)" if tail_s >= config.until_idle_s else "")
+            f"CPU counted until the scheduler was idle: {tail_s:.1f}s after every pod was seen bound"
+            f" (at rest before the run: {rest:.3f} cores)" + ("" if idle else " (not idle by then)")
         )
     if not observed.complete:
         run_notes.append(
@@ -532,6 +547,8 @@ async def run_workload(
         pulls=observed.pulls,
         process_names=running.process_names(),
     )
+    if config.until_idle_s > 0:
+        result.params["cpu_tail_s"] = round(tail_s, 1)  # CPU counted this long after every pod was bound
     if workload.preempt:
         result.params["overcommitted_nodes"] = _overcommitted(
             fleet, await _list_pods(client, FILL_NAMESPACE) + await _list_pods(client, namespace)

@@ -292,8 +292,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--until-idle",
         type=float,
         default=0.0,
-        help="after the last bind, count the scheduler's CPU until it is idle, for at most this many seconds "
-        "(0: the window ends with the last bind; its Scheduled events are mostly posted after it)",
+        help="once every pod is seen bound, count the scheduler's CPU until it is idle, for at most this many "
+        "seconds (0: the window ends there; its Scheduled events are mostly posted after it)",
     )
     pa.add_argument(
         "--out", type=Path, default=None, help="results directory (default results/bench-paired-TIMESTAMP)"
