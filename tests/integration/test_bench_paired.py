@@ -3,9 +3,9 @@ checkout of the project against a standalone worker from this one, a warm-up tri
 alternating order.
 
 Runs the real command as a subprocess and checks what it wrote: every trial in ``trials.json`` in run order,
-all pods bound, CPU per process for the coordinated trials, the summary table, and (through a line the other
-checkout's worker package prints at import) that the "before" processes really ran that checkout's code. No
-wall-clock assertion.
+all pods bound, CPU per process for the coordinated trials, the CPU window run on after the last bind
+(``--until-idle``), the summary table, and (through a line the other checkout's worker package prints at
+import) that the "before" processes really ran that checkout's code. No wall-clock assertion.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 NODES = 30
 PODS = 100
 GUARD_TIMEOUT = 900  # against a hang, not a speed requirement
+UNTIL_IDLE = 20.0
 MARKER = "worker package imported from the paired checkout"
 
 
@@ -50,6 +51,7 @@ def test_paired_runs_alternate_on_one_cluster_and_use_each_checkout(tmp_path: Pa
         f"--pods={PODS}",
         "--rounds=2",
         "--quiet-wait=0",
+        f"--until-idle={UNTIL_IDLE}",
         timeout=GUARD_TIMEOUT,
     )
     trials = json.loads((out / "trials.json").read_text())
@@ -64,11 +66,15 @@ def test_paired_runs_alternate_on_one_cluster_and_use_each_checkout(tmp_path: Pa
         r = RunResult.from_json(t["result"])
         assert r.error == "" and r.nodes == NODES and r.pods == PODS and r.unbound == 0, r.notes
         assert r.cpu_s_per_1k_pods > 0 and 0 < r.p50_ms <= r.p99_ms
+        # counted on after the last bind: at least one window of a second, at most one past the limit
+        assert 1.0 <= r.params["cpu_tail_s"] <= UNTIL_IDLE + 2.0, r.params
+        assert any(n.startswith("CPU counted until the scheduler was idle") for n in r.notes), r.notes
         expected = {"coordinator", "worker-1"} if t["label"] != "after" else {"worker"}
         assert set(r.cpu_s_per_1k_pods_by_process) == expected, r.cpu_s_per_1k_pods_by_process
     summary = (out / "summary.md").read_text()
     assert f"| before | agent-coord-1 | {baseline} | 2 |" in summary
     assert "| after | agent-standalone | this | 2 |" in summary
+    assert "CPU counted until the scheduler was idle" in summary
     # each trial's processes logged under logs/; only the other checkout's printed the marker
     logs = {p.name: p.read_text() for p in (out / "logs").glob("*.log")}
     before = [text for name, text in logs.items() if "-before-" in name]
