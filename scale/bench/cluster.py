@@ -164,9 +164,9 @@ IDLE_CORES = 0.05
 IDLE_WINDOW_S = 1.0
 
 
-async def _scheduler_rate(running: Running, seconds: float) -> float:
+async def _scheduler_rate(cluster: Cluster, running: Running, seconds: float) -> float:
     """The cores the scheduler's processes use together now, over ``seconds``."""
-    meter = ProcessMeter({"scheduler": lambda: with_children(running.pids())}, period=seconds * 2)
+    meter = ProcessMeter({"scheduler": _groups(cluster, running)["scheduler"]}, period=seconds * 2)
     meter.start()
     await asyncio.sleep(seconds)
     return (await meter.stop())["scheduler"].cpu_s / seconds
@@ -185,15 +185,17 @@ async def _until_idle(meter: ProcessMeter, max_wait: float, rest: float) -> tupl
     counted too. Nothing here knows that the events are all sent: a second in which every sender waits on the
     API server may look idle."""
     began = time.monotonic()
+    meter.sample()
+    before = meter.cpu_so_far("scheduler")
     while True:
-        meter.sample()
-        before = meter.cpu_so_far("scheduler")
         await asyncio.sleep(IDLE_WINDOW_S)
         meter.sample()
-        if meter.cpu_so_far("scheduler") - before <= (rest + IDLE_CORES) * IDLE_WINDOW_S:
+        now = meter.cpu_so_far("scheduler")
+        if now - before <= (rest + IDLE_CORES) * IDLE_WINDOW_S:
             return time.monotonic() - began, True
         if time.monotonic() - began >= max_wait:
             return time.monotonic() - began, False
+        before = now
 
 
 async def wait_quiet(cluster: Cluster, running: Running, *, cores: float, max_wait: float) -> str:
@@ -481,7 +483,7 @@ async def run_workload(
     filled = await _fill(client, fleet, workload) if workload.preempt else 0
     meter = ProcessMeter(_groups(cluster, running))
     tail_s, idle = 0.0, True
-    rest = await _scheduler_rate(running, IDLE_WINDOW_S) if config.until_idle_s > 0 else 0.0
+    rest = await _scheduler_rate(cluster, running, IDLE_WINDOW_S) if config.until_idle_s > 0 else 0.0
     started_at = rfc3339()
     log.info("%s × %s × %d nodes: %d pods", spec.name, workload.name, nodes, len(plan))
     stages_before, _ = await stagemetrics.scrape(running.metrics_addresses)

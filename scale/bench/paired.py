@@ -315,9 +315,8 @@ class PairedConfig:
     pull_delay_s: float = 0.0
     quiet_wait_s: float = 30.0
     idle_s: float = 0.0  # after ready and quiet, before the workload
-    until_idle_s: float = (
-        0.0  # once every pod is seen bound, CPU counted until the scheduler is idle (at most this)
-    )
+    # once every pod is seen bound, CPU counted until the scheduler is idle (at most this long)
+    until_idle_s: float = 0.0
     stall_s: float = 30.0
     timeout_s: float = 300.0
 

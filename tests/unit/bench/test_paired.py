@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -213,20 +214,25 @@ def test_a_negative_idle_is_refused_before_any_cluster_starts(
     assert "--idle and --until-idle must be 0 or more" in capsys.readouterr().err
 
 
-def test_the_table_says_how_much_of_each_process_ran_on_its_main_thread() -> None:
-    c = Contender("c2", "agent-coord-1", PROJECT_ROOT)
-    trials = [
+def _coordinated_rounds(*threads: dict[str, Any]) -> list[Trial]:
+    """One trial of contender "c2" (a coordinator 0.3 and a worker 0.7 CPU-s per 1k pods) per round, each
+    result with the per-process thread figures given for its round."""
+    return [
         Trial(
             "c2",
             r,
             r + 1,
-            replace(
-                result(1.0, 100, 200, by_process={"coordinator": 0.3, "worker-1": 0.7}),
-                main_thread_share_by_process={"coordinator": share, "worker-1": 0.98},
-            ),
+            replace(result(1.0, 100, 200, by_process={"coordinator": 0.3, "worker-1": 0.7}), **t),
         )
-        for r, share in enumerate((0.9, 0.96))
+        for r, t in enumerate(threads)
     ]
+
+
+def test_the_table_says_how_much_of_each_process_ran_on_its_main_thread() -> None:
+    c = Contender("c2", "agent-coord-1", PROJECT_ROOT)
+    trials = _coordinated_rounds(
+        *({"main_thread_share_by_process": {"coordinator": share, "worker-1": 0.98}} for share in (0.9, 0.96))
+    )
     trials.append(
         Trial("c2", 2, 3, result(1.0, 100, 200, by_process={"coordinator": 0.3}))
     )  # an older result
@@ -237,19 +243,15 @@ def test_the_table_says_how_much_of_each_process_ran_on_its_main_thread() -> Non
 
 def test_the_table_says_how_often_each_process_main_thread_slept_per_pod() -> None:
     c = Contender("c2", "agent-coord-1", PROJECT_ROOT)
-    trials = [
-        Trial(
-            "c2",
-            r,
-            r + 1,
-            replace(
-                result(1.0, 100, 200, by_process={"coordinator": 0.3, "worker-1": 0.7}),
-                main_thread_share_by_process={"coordinator": 0.9},
-                main_sleeps_per_pod_by_process={"coordinator": sleeps, "worker-1": 4.0},
-            ),
+    trials = _coordinated_rounds(
+        *(
+            {
+                "main_thread_share_by_process": {"coordinator": 0.9},
+                "main_sleeps_per_pod_by_process": {"coordinator": sleeps, "worker-1": 4.0},
+            }
+            for sleeps in (1.0, 2.0)
         )
-        for r, sleeps in enumerate((1.0, 2.0))
-    ]
+    )
     (summary,) = summarize([c], trials)
     assert summary.sleeps_per_pod == pytest.approx({"coordinator": 1.5, "worker-1": 4.0})
     assert "coordinator 0.300 (90 % main thread, 1.50 sleeps/pod), worker-1 0.700 (4.00 sleeps/pod)" in (

@@ -160,8 +160,10 @@ class TestSummarize:
         assert RunResult.from_json(result.to_json()).visible_mean_ms == result.visible_mean_ms
         assert len(result.cdf_ms) == CDF_POINTS
 
-    def test_splits_the_scheduler_cpu_by_named_process(self) -> None:
-        result = summarize(
+    @staticmethod
+    def _coordinated_burst(scheduler: Usage) -> RunResult:
+        """200 pods bound by a coordinator (PID 10) and two workers (11, 12) using ``scheduler``."""
+        return summarize(
             scheduler="agent-coord-2",
             scheduler_kind="agent",
             workload="burst",
@@ -169,10 +171,13 @@ class TestSummarize:
             agent=[_times("agent", i * 0.01, i * 0.01 + 0.05) for i in range(200)],
             origin=0.0,
             end=2.0,
-            usage={"scheduler": Usage(0.9, 0, 4, {10: 0.2, 11: 0.3, 12: 0.3, 13: 0.1})},
+            usage={"scheduler": scheduler},
             host_cpu_s=3.0,
             process_names={10: "coordinator", 11: "worker-1", 12: "worker-2"},
         )
+
+    def test_splits_the_scheduler_cpu_by_named_process(self) -> None:
+        result = self._coordinated_burst(Usage(0.9, 0, 4, {10: 0.2, 11: 0.3, 12: 0.3, 13: 0.1}))
         # per 1k of the 200 bound pods; a PID without a name (a child process) is summed as "other"
         assert result.cpu_s_per_1k_pods_by_process == pytest.approx(
             {"coordinator": 1.0, "other": 0.5, "worker-1": 1.5, "worker-2": 1.5}
@@ -183,19 +188,8 @@ class TestSummarize:
         )
 
     def test_counts_each_process_main_thread_sleeps_per_bound_pod(self) -> None:
-        result = summarize(
-            scheduler="agent-coord-2",
-            scheduler_kind="agent",
-            workload="burst",
-            nodes=10,
-            agent=[_times("agent", i * 0.01, i * 0.01 + 0.05) for i in range(200)],
-            origin=0.0,
-            end=2.0,
-            usage={
-                "scheduler": Usage(0.9, 0, 3, {10: 0.2, 11: 0.3, 12: 0.3}, {}, {10: 100, 11: 700, 12: 50})
-            },
-            host_cpu_s=3.0,
-            process_names={10: "coordinator", 11: "worker-1", 12: "worker-2"},
+        result = self._coordinated_burst(
+            Usage(0.9, 0, 3, {10: 0.2, 11: 0.3, 12: 0.3}, {}, {10: 100, 11: 700, 12: 50})
         )
         assert result.main_sleeps_per_pod_by_process == {
             "coordinator": 0.5,
