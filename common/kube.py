@@ -1,12 +1,15 @@
 """The one adapter between this project and the Kubernetes API server.
 
-Everything that talks to the API server goes through ``KubeClient``: raw JSON in and out over one kept-alive
-aiohttp connection pool, so the scheduling path never builds typed client models. The ``kubernetes`` package is
+Everything that talks to the API server goes through ``KubeClient``: raw JSON in and out over kept-alive
+connections, so the scheduling path never builds typed client models. Writes (every request but a GET: the
+bindings and events a worker sends per pod) take ``common.apiconn``'s pool, which costs a third of aiohttp's
+CPU per request; reads and watches take aiohttp's. The ``kubernetes`` package is
 used only here, and only to load kubeconfig / in-cluster credentials the way every Kubernetes tool does.
 
 Invariants:
-- The pool's connections are kept alive ``KEEPALIVE`` seconds idle; a process that binds in bursts holds as
-  many open as it binds at once (``keep_warm``), so a burst after a quiet spell does not open them first.
+- Both pools' connections are kept alive ``KEEPALIVE`` seconds idle; a process that binds in bursts holds as
+  many write connections open as it binds at once (``keep_warm``), so a burst after a quiet spell does not
+  open them first.
 - HTTP failures are mapped once, here, to the exception classes below; callers never inspect status codes.
 - A client-side token bucket (``qps``/``burst``) bounds request rate, like client-go's rate limiter.
 - Watches yield ``(event_type, object)`` pairs; a 410 Gone (initial or mid-stream) raises ``Gone`` so that the
@@ -45,6 +48,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import urlencode
 
 import aiohttp
 import orjson
@@ -57,6 +61,7 @@ from kubernetes.config.incluster_config import SERVICE_TOKEN_FILENAME
 from kubernetes.config.kube_config import ConfigNode
 
 from common import restmetrics
+from common.apiconn import ApiConnections, ProtocolError
 
 log = logging.getLogger(__name__)
 
@@ -461,6 +466,14 @@ class KubeClient:
             json_serialize=lambda o: orjson.dumps(o).decode(),
             trace_configs=[self._auth_trace(), restmetrics.trace()],
         )
+        self._writes = ApiConnections(
+            creds.server,
+            ssl_ctx if isinstance(ssl_ctx, ssl.SSLContext) else None,
+            limit=max_connections,
+            keepalive=keepalive,
+            headers=headers,
+            on_open=restmetrics.opened,
+        )
         self.warm_every = min(WARM_EVERY, keepalive / 2)
 
     def _auth_trace(self) -> aiohttp.TraceConfig:
@@ -483,13 +496,15 @@ class KubeClient:
         return trace
 
     async def close(self) -> None:
-        await self._session.close()
+        self._writes.close()
+        await self._session.close()  # also the loop's turn that closes the write pool's sockets
 
     async def keep_warm(self, connections: int) -> None:
-        """Hold ``connections`` kept-alive connections to the API server open, for as long as this runs.
+        """Hold ``connections`` kept-alive write connections to the API server open, for as long as this runs.
 
         Every ``warm_every`` seconds, ``connections`` concurrent ``GET /version`` requests (public, cheap, no
-        object read) each take a connection of the pool, idle ones before new ones, so none of them reaches
+        object read) each take a connection of the write pool (the one bindings take), idle ones before new
+        ones, so none of them reaches
         the keep-alive limit unused. Without this a quiet spell of a minute empties the pool, and the next
         burst of bindings pays a TCP and TLS handshake per connection, on both sides, exactly when a user is
         waiting; a process just started has no connection at all. Failures are ignored: the next round tries
@@ -502,7 +517,7 @@ class KubeClient:
 
     async def _touch(self) -> None:
         try:
-            await self.get("/version")
+            await self.request("GET", "/version", pooled=True)
         except Exception as e:  # best effort: nothing here may stop the process that holds the pool
             log.debug("keeping a connection warm: %s: %s", type(e).__name__, e)
 
@@ -522,11 +537,19 @@ class KubeClient:
         content_type: str = "application/json",
         timeout: float | None = None,
         cut: bool = False,
+        pooled: bool | None = None,
     ) -> Any:
         """One request; returns the decoded JSON reply (or None for an empty one), decoded without the
-        objects' ``metadata.managedFields`` if ``cut`` (``without_managed_fields``: pods and nodes only)."""
+        objects' ``metadata.managedFields`` if ``cut`` (``without_managed_fields``: pods and nodes only).
+        ``pooled``: through the write pool (``common.apiconn``); by default every method but GET is."""
         status, raw = await self._send(
-            method, path, params=params, body=body, content_type=content_type, timeout=timeout
+            method,
+            path,
+            params=params,
+            body=body,
+            content_type=content_type,
+            timeout=timeout,
+            pooled=method != "GET" if pooled is None else pooled,
         )
         try:
             return _loads(without_managed_fields(raw, every=True) if cut else raw) if raw else None
@@ -537,7 +560,7 @@ class KubeClient:
         """A GET whose reply is text, not JSON (the API server's ``/metrics``), with everything else as
         ``request``: the rate limit, the current token, the errors."""
         _, raw = await self._send(
-            "GET", path, params=params, body=None, content_type="application/json", timeout=None
+            "GET", path, params=params, body=None, content_type="application/json", timeout=None, pooled=False
         )
         return raw.decode("utf-8", errors="replace")
 
@@ -550,6 +573,7 @@ class KubeClient:
         body: Any,
         content_type: str,
         timeout: float | None,
+        pooled: bool,
     ) -> tuple[int, bytes]:
         """The status and raw reply of a request that succeeded; an ``ApiError`` otherwise. A 401 is sent
         again once when the token it carried is no longer the current one (another request's 401 replaced
@@ -559,19 +583,14 @@ class KubeClient:
         retried = False
         while True:
             await self._limiter.take()
-            try:
-                async with self._session.request(
-                    method,
-                    self.creds.server + path,
-                    params=params,
-                    data=data,
-                    headers=headers,
-                    timeout=aiohttp.ClientTimeout(total=timeout or self._timeout),
-                ) as resp:
-                    status, raw = resp.status, await resp.read()
-                    sent = _sent_token(resp.request_info.headers) if status == 401 else ""
-            except _TRANSPORT_ERRORS as e:
-                raise ServerError(0, f"{method} {path}: {type(e).__name__}: {e}") from e
+            if pooled:
+                status, raw, sent = await self._exchange(
+                    method, path, params=params, data=data, headers=headers, timeout=timeout
+                )
+            else:
+                status, raw, sent = await self._aiohttp_send(
+                    method, path, params=params, data=data, headers=headers, timeout=timeout
+                )
             if status < 300:
                 return status, raw
             if status != 401 or retried:
@@ -580,6 +599,61 @@ class KubeClient:
             if not self.auth.token or sent == self.auth.token:
                 raise _error_for(status, raw)
             retried = True
+
+    async def _exchange(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, str] | None,
+        data: bytes | None,
+        headers: dict[str, str] | None,
+        timeout: float | None,
+    ) -> tuple[int, bytes, str]:
+        """A request through the write pool: (status, raw reply, the token it carried). Authentication and
+        metrics as the aiohttp session's traces do them for its requests."""
+        await self.auth.refresh_if_due()
+        token = self.auth.token or ""
+        sending = dict(headers or ())
+        if token:
+            sending["Authorization"] = f"Bearer {token}"
+        target = f"{path}?{urlencode(params)}" if params else path
+        host = self._writes.authority
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(timeout or self._timeout):
+                status, raw = await self._writes.request(method, target, sending, data)
+        except (OSError, ProtocolError) as e:  # TimeoutError and ConnectionError are OSErrors
+            restmetrics.failed(method, host)
+            raise ServerError(0, f"{method} {path}: {type(e).__name__}: {e}") from e
+        restmetrics.observed(status, method, host, time.monotonic() - started)
+        self.auth.observe(status, token if status == 401 else None)
+        return status, raw, token
+
+    async def _aiohttp_send(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, str] | None,
+        data: bytes | None,
+        headers: dict[str, str] | None,
+        timeout: float | None,
+    ) -> tuple[int, bytes, str]:
+        """A request through the aiohttp session: (status, raw reply, the token it carried if it got a 401)."""
+        try:
+            async with self._session.request(
+                method,
+                self.creds.server + path,
+                params=params,
+                data=data,
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=timeout or self._timeout),
+            ) as resp:
+                status, raw = resp.status, await resp.read()
+                return status, raw, _sent_token(resp.request_info.headers) if status == 401 else ""
+        except _TRANSPORT_ERRORS as e:
+            raise ServerError(0, f"{method} {path}: {type(e).__name__}: {e}") from e
 
     async def get(self, path: str, params: dict[str, str] | None = None) -> Any:
         """A GET's decoded reply; a list of pods or nodes without its objects' ``metadata.managedFields``

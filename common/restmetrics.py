@@ -6,8 +6,10 @@ request to the response headers (for a watch, until the stream opened). Not clie
 ``agent_scheduler_api_connections_opened_total``, the connections (TCP and TLS handshakes) opened to the API
 server; it rises during a burst when the pool was not held warm (``KubeClient.keep_warm``).
 
-Observed by an aiohttp trace (``trace()``), so nothing on the request path calls into this module.
-Cardinality: one host per process, a handful of methods and codes.
+Requests through aiohttp (reads and watches) are observed by its trace (``trace()``); those through
+``common.apiconn`` (writes) by ``KubeClient`` calling ``observed``, ``failed`` and ``opened``, with the
+duration running to the whole reply (a write's reply is one small object). Cardinality: one host per
+process, a handful of methods and codes.
 """
 
 from __future__ import annotations
@@ -43,39 +45,60 @@ def _host(url: object) -> str:
     return str(authority or "")
 
 
+# Label children resolved once per label set (``labels()`` costs a locked lookup on every request; a worker
+# sends two requests per pod it places). Few keys: one host, a handful of methods and codes.
+_counters: dict[tuple[str, str, str], Any] = {}
+_durations: dict[tuple[str, str], Any] = {}
+
+
+def observed(status: int, method: str, host: str, seconds: float | None) -> None:
+    """A request answered with ``status`` after ``seconds`` (None: not known)."""
+    key = (str(status), method, host)
+    counter = _counters.get(key)
+    if counter is None:
+        counter = _counters[key] = requests.labels(*key)
+    counter.inc()
+    if seconds is not None:
+        duration = _durations.get((method, host))
+        if duration is None:
+            duration = _durations[(method, host)] = request_duration.labels(method, host)
+        duration.observe(seconds)
+
+
+def failed(method: str, host: str) -> None:
+    """A request that got no response."""
+    key = ("<error>", method, host)
+    counter = _counters.get(key)
+    if counter is None:
+        counter = _counters[key] = requests.labels(*key)
+    counter.inc()
+
+
+def opened() -> None:
+    """A connection (a TCP and a TLS handshake) opened to the API server."""
+    connections_opened.inc()
+
+
 def trace() -> aiohttp.TraceConfig:
-    """The trace that observes each request of a session."""
-    # Label children resolved once per label set (``labels()`` costs a locked lookup on every request; a
-    # worker sends two requests per pod it places). Few keys: one host, a handful of methods and codes.
-    counters: dict[tuple[int, str, str], Any] = {}
-    durations: dict[tuple[str, str], Any] = {}
+    """The trace that observes each request of an aiohttp session."""
 
     async def start(_: object, ctx: object, params: aiohttp.TraceRequestStartParams) -> None:
         ctx.started = time.monotonic()  # type: ignore[attr-defined]
 
     async def end(_: object, ctx: object, params: aiohttp.TraceRequestEndParams) -> None:
-        host = _host(params.url)
-        status, method = params.response.status, params.method
-        counter = counters.get((status, method, host))
-        if counter is None:
-            counter = counters[(status, method, host)] = requests.labels(str(status), method, host)
-        counter.inc()
         started = getattr(ctx, "started", None)
-        if started is not None:
-            duration = durations.get((method, host))
-            if duration is None:
-                duration = durations[(method, host)] = request_duration.labels(method, host)
-            duration.observe(time.monotonic() - started)
+        elapsed = None if started is None else time.monotonic() - started
+        observed(params.response.status, params.method, _host(params.url), elapsed)
 
-    async def failed(_: object, ctx: object, params: aiohttp.TraceRequestExceptionParams) -> None:
-        requests.labels("<error>", params.method, _host(params.url)).inc()
+    async def exception(_: object, ctx: object, params: aiohttp.TraceRequestExceptionParams) -> None:
+        failed(params.method, _host(params.url))
 
-    async def opened(_: object, __: object, ___: aiohttp.TraceConnectionCreateEndParams) -> None:
-        connections_opened.inc()
+    async def connection(_: object, __: object, ___: aiohttp.TraceConnectionCreateEndParams) -> None:
+        opened()
 
     config = aiohttp.TraceConfig()
-    config.on_connection_create_end.append(opened)
+    config.on_connection_create_end.append(connection)
     config.on_request_start.append(start)
     config.on_request_end.append(end)
-    config.on_request_exception.append(failed)
+    config.on_request_exception.append(exception)
     return config

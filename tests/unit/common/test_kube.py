@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import orjson
 import pytest
@@ -124,22 +125,22 @@ current-context: local
 async def test_keeping_the_pool_warm_survives_an_unreachable_server(monkeypatch: pytest.MonkeyPatch) -> None:
     """``keep_warm`` runs beside the scheduling loop in one task group: no failure of a round may end it."""
     client = kube.KubeClient(kube.Credentials(server="http://127.0.0.1:9"), keepalive=0.1)  # discard: refused
-    touched: list[str] = []
-    real_get = client.get
+    touched: list[tuple[str, str, object]] = []
+    real_request = client.request
 
-    async def get(path: str, params: dict[str, str] | None = None) -> object:
-        touched.append(path)
+    async def request(method: str, path: str, **kw: Any) -> object:
+        touched.append((method, path, kw.get("pooled")))
         if len(touched) == 3:
             raise RuntimeError("not an API error")
-        return await real_get(path, params)
+        return await real_request(method, path, **kw)
 
-    monkeypatch.setattr(client, "get", get)
+    monkeypatch.setattr(client, "request", request)
     try:
         task = asyncio.create_task(client.keep_warm(2))
         while len(touched) < 6:  # three rounds: refused, a stray exception, refused
             assert not task.done(), task
             await asyncio.sleep(0.01)
-        assert set(touched) == {"/version"}
+        assert set(touched) == {("GET", "/version", True)}  # through the pool bindings take
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
