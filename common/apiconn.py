@@ -1,12 +1,12 @@
 """Kept-alive HTTP/1.1 connections for the API server requests a scheduler sends per pod: its writes.
 
-``KubeClient`` sends every request that is not a GET (bindings, Scheduled events, status patches, the
+``KubeClient`` sends its writes (POST, PUT, PATCH, DELETE: bindings, Scheduled events, status patches, the
 coordinator's NodeShard writes) through an ``ApiConnections`` pool, and its reads and watches through aiohttp.
-The split is by cost: a worker sends two small writes for every pod it places, and aiohttp's request
-machinery (its URL, header, cookie, timeout, tracing and response objects) cost about 0.2 ms of CPU per
-request above what this module's exchange costs on the same event loop and TLS (0.30-0.34 against 0.10-0.14
-ms per Event POST, ``docs/results/writes-2026-12-06/``). Reads stay on aiohttp: lists are large, few, and
-worth the compression it negotiates; watches are streams.
+The split is by cost: a worker sends two small writes for every pod it places, and through ``KubeClient``
+with its rate limit, authentication and metrics a write costs about half the CPU here that it cost through
+aiohttp's request machinery (its URL, header, cookie, timeout, tracing and response objects) on the same
+event loop and TLS: 0.15-0.18 against 0.28-0.40 ms per Event POST (``docs/results/writes-2026-12-06/``).
+Reads stay on aiohttp: lists are large, few, and worth the compression it negotiates; watches are streams.
 
 What it implements of HTTP/1.1 is what a reply from the API server (or a proxy in front of it) may use: a
 status line, headers, a body framed by ``Content-Length``, by ``Transfer-Encoding: chunked`` (with trailers)
@@ -23,15 +23,19 @@ Invariants:
 - An idle connection is reused, newest first, only within ``keepalive`` seconds of its last reply; an older
   one is closed instead. kube-apiserver closes HTTP/1.1 connections idle for 90 s, and a request written as it
   does so gets no reply; a write (a binding) cannot safely be sent again, so the pool does not risk it.
+- A request is sent a second time only when nothing of it can have been carried out: its connection was
+  found closed before it was written, or, for an idempotent method, died before any byte of a reply
+  (``ApiConnections.request``).
 - Failures are ``OSError`` (``ConnectionError`` for a connection the server closed), ``TimeoutError`` or
   ``ProtocolError`` (a reply that is not HTTP/1.1 as above); ``KubeClient`` maps them to its ``ServerError``.
-- A request line or header value with a control character is refused before anything is sent
-  (``ProtocolError``): nothing a tenant names can add a header or a request.
+- A header with a control character is refused before anything is sent (``BadRequest``), and a request
+  target's are percent-encoded: nothing a tenant names can add a header or a request.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import ssl
 import time
 from collections.abc import Callable
@@ -42,22 +46,38 @@ MAX_HEAD = 64 * 1024  # bytes of a reply's status line and headers; kube-apiserv
 MAX_CHUNK_LINE = 1024  # bytes of a chunk-size line (hex size and extensions)
 
 # What a request target keeps as it is: a path's and a query's delimiters, and escapes already made
-_URL_SAFE = "/?&=%:@!$()*+,;~-._"
+_PATH_SAFE = "/:@!$&'()*+,;=~-._%"
+_QUERY_SAFE = _PATH_SAFE + "?"
+_STRAY_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
+# Methods a request of which may be sent again when a kept-alive connection died under it before any reply,
+# as aiohttp and Go's client do: sending one twice has the effect of sending it once
+_IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
+
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 # Parser states
 _HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _TRAILER, _TO_EOF, _DONE = range(7)
 
 
 class ProtocolError(Exception):
-    """A reply that is not the HTTP/1.1 this module reads, or a request it will not write."""
+    """A reply that is not the HTTP/1.1 this module reads."""
+
+
+class BadRequest(ValueError):
+    """A request this module will not write (a control character in a header): it never could be sent."""
+
+
+class NotSent(ConnectionError):
+    """The connection was found closed before the request was written: nothing was sent."""
 
 
 class Reply:
     """One HTTP reply, fed the connection's bytes as they arrive (``feed``) until ``done``."""
 
-    __slots__ = ("_buf", "_need", "_parts", "_state", "body", "reusable", "status")
+    __slots__ = ("_bodiless", "_buf", "_need", "_parts", "_state", "body", "reusable", "status")
 
-    def __init__(self) -> None:
+    def __init__(self, *, bodiless: bool = False) -> None:
+        self._bodiless = bodiless  # the reply to a HEAD: headers only, whatever they say of a body
         self.status = 0
         self.body = b""
         self.reusable = True  # the connection may carry another request after this reply
@@ -144,13 +164,13 @@ class Reply:
     def _head(self, head: bytes) -> None:
         lines = head.split(b"\r\n")
         version, _, rest = lines[0].partition(b" ")
-        code = rest[:3]
+        code, _, _ = rest.partition(b" ")
         if version not in (b"HTTP/1.1", b"HTTP/1.0") or len(code) != 3 or not code.isdigit():
             raise ProtocolError(f"not an HTTP/1.1 status line: {lines[0][:80]!r}")
         status = int(code)
         length: int | None = None
         chunked = False
-        close = version == b"HTTP/1.0"
+        close = keep_alive = False
         for line in lines[1:]:
             name, sep, value = line.partition(b":")
             if not sep or not name or name != name.strip():
@@ -171,23 +191,21 @@ class Reply:
                     raise ProtocolError(f"a compressed reply that was not asked for: {value[:40]!r}")
             elif name == b"connection":
                 tokens = {t.strip().lower() for t in value.split(b",")}
-                if b"close" in tokens:
-                    close = True
-                elif b"keep-alive" in tokens and version == b"HTTP/1.0":
-                    close = False
+                close = close or b"close" in tokens
+                keep_alive = keep_alive or b"keep-alive" in tokens
         if 100 <= status < 200:
             if status == 101:
                 raise ProtocolError("the server switched protocols")
             return  # an interim reply: the real one follows
         self.status = status
-        if close:
+        if close or (version == b"HTTP/1.0" and not keep_alive):
             self.reusable = False
-        if chunked:
-            if length is not None:
-                raise ProtocolError("a reply with both Content-Length and chunked coding")
+        if chunked and length is not None:
+            raise ProtocolError("a reply with both Content-Length and chunked coding")
+        if self._bodiless or status in (204, 304):
+            self._state = _DONE  # no body, whatever the headers say (RFC 9112, 6.3)
+        elif chunked:
             self._state = _CHUNK_SIZE
-        elif status in (204, 304):
-            self._state = _DONE
         elif length is not None:
             self._need = length
             self._state = _LENGTH
@@ -203,6 +221,7 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.idle_since = 0.0
+        self.received = False  # has any byte of the reply to the request out arrived?
         self._reply: Reply | None = None
         self._waiter: asyncio.Future[Reply] | None = None
 
@@ -215,6 +234,7 @@ class _Connection(asyncio.Protocol):
             # bytes while no request is out: a reply to nothing (or the server's goodbye); never read later
             self.close()
             return
+        self.received = True
         try:
             done = reply.feed(data)
         except ProtocolError as e:
@@ -224,6 +244,7 @@ class _Connection(asyncio.Protocol):
             self._finish(reply)
 
     def eof_received(self) -> bool:
+        self.closed = True  # from now on no request may be written here (the transport closes next turn)
         reply = self._reply
         if reply is not None and reply.end_of_stream():
             self._finish(reply)
@@ -252,17 +273,27 @@ class _Connection(asyncio.Protocol):
 
     def close(self) -> None:
         """Close at once, without TLS's goodbye: a connection closed here is broken, stale or no longer
-        wanted, and a graceful TLS close would hold its socket open until the peer answers."""
+        wanted, and a graceful TLS close would hold its socket open until the peer answers. A request still
+        out fails (its reply, however much of it came, is not one)."""
         self.closed = True
+        self._reply = None
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(ConnectionAbortedError("the connection was closed by this client"))
         if self.transport is not None:
             self.transport.abort()
 
-    async def exchange(self, request: bytes) -> Reply:
+    @property
+    def usable(self) -> bool:
+        return not self.closed and self.transport is not None and not self.transport.is_closing()
+
+    async def exchange(self, request: bytes, *, bodiless: bool = False) -> Reply:
         """Write ``request`` and wait for its whole reply."""
-        if self.closed or self.transport is None or self.transport.is_closing():
-            raise ConnectionResetError("the connection closed before the request")
+        if not self.usable or self.transport is None:
+            raise NotSent("the connection closed before the request was written")
         loop = asyncio.get_running_loop()
-        self._reply = Reply()
+        self.received = False
+        self._reply = Reply(bodiless=bodiless)
         waiter: asyncio.Future[Reply] = loop.create_future()
         self._waiter = waiter
         self.transport.write(request)
@@ -270,21 +301,30 @@ class _Connection(asyncio.Protocol):
 
 
 def _checked(value: str, what: str) -> bytes:
-    """``value`` as header or request-line bytes; a control character (a CR or LF that would start a header
-    or a request of its own) or a non-Latin-1 one is refused."""
+    """``value`` as header bytes; a control character (a CR or LF that would start a header or a request of
+    its own) or a non-Latin-1 one is refused. The value is not quoted in the error: it may be a credential."""
     if any(ord(c) < 0x20 or c == "\x7f" for c in value):
-        raise ProtocolError(f"{what} with a control character: {value[:80]!r}")
+        raise BadRequest(f"{what} with a control character")
     try:
         return value.encode("latin-1")
     except UnicodeEncodeError as e:
-        raise ProtocolError(f"{what} that is not Latin-1: {value[:80]!r}") from e
+        raise BadRequest(f"{what} that is not Latin-1") from e
 
 
 def _header_lines(headers: dict[str, str]) -> bytes:
     return b"".join(
-        _checked(name, "a header name") + b": " + _checked(value, "a header value") + b"\r\n"
+        _checked(name, "a header name") + b": " + _checked(value, f"the {name} header") + b"\r\n"
         for name, value in headers.items()
     )
+
+
+def _target(path: str, query: str) -> bytes:
+    """The request target: ``path`` and ``query`` with every character outside a URL's percent-encoded (a
+    ``%`` too, unless it starts an escape already made), as yarl writes them for aiohttp."""
+    target = _STRAY_PERCENT.sub("%25", quote(path, safe=_PATH_SAFE))
+    if query:
+        target += "?" + _STRAY_PERCENT.sub("%25", quote(query, safe=_QUERY_SAFE))
+    return target.encode("ascii")
 
 
 class ApiConnections:
@@ -304,6 +344,8 @@ class ApiConnections:
         url = urlsplit(server)
         if url.scheme not in ("http", "https") or not url.hostname:
             raise ValueError(f"not an http(s) server address: {server!r}")
+        if limit <= 0:
+            raise ValueError(f"a pool of {limit} connections")
         self.host = url.hostname
         self.port = url.port or (443 if url.scheme == "https" else 80)
         self._ssl = ssl_context if url.scheme == "https" else None
@@ -319,41 +361,71 @@ class ApiConnections:
         self._idle: list[_Connection] = []  # newest last
         self._open: set[_Connection] = set()
         self._slots = asyncio.Semaphore(limit)
+        self._closed = False
         self.opened = 0
 
     async def request(
-        self, method: str, target: str, headers: dict[str, str], body: bytes | None
+        self, method: str, path: str, query: str, headers: dict[str, str], body: bytes | None
     ) -> tuple[int, bytes]:
-        """Send one request and read its reply: (status, body). ``target`` is the path (below the server's
-        prefix) and query; characters outside a URL's are percent-encoded. No timeout of its own: the caller
-        bounds it (a cancelled request closes its connection)."""
-        line = f"{method} {quote(self._prefix + target, safe=_URL_SAFE)} HTTP/1.1"
+        """Send one request and read its reply: (status, body). ``path`` is below the server's prefix;
+        characters outside a URL's are percent-encoded in it and in ``query``. No timeout of its own: the
+        caller bounds it (a cancelled request closes its connection).
+
+        A request is sent again, once and on a new connection, when its kept-alive connection turned out to
+        be closed before it was written, and, for an idempotent method, when the connection died after it
+        was written but before any byte of a reply (the server closed an idle connection as it went out);
+        aiohttp and Go's client do the same. A POST or PATCH in that case fails: it may have been carried out."""
+        if method not in _METHODS:
+            raise BadRequest(f"a method this client does not send: {method[:16]!r}")
         if body is not None:
             headers = {**headers, "Content-Length": str(len(body))}
-        request = _checked(line, "a request line") + b"\r\n" + self._fixed + _header_lines(headers) + b"\r\n"
+        request = (
+            method.encode()
+            + b" "
+            + _target(self._prefix + path, query)
+            + b" HTTP/1.1\r\n"
+            + self._fixed
+            + _header_lines(headers)
+            + b"\r\n"
+        )
         if body:
             request += body
         async with self._slots:
-            conn = self._take() or await self._connect()
-            reusable = False
-            try:
-                reply = await conn.exchange(request)
-                reusable = reply.reusable
-            finally:
-                if reusable and not conn.closed:
-                    conn.idle_since = self._clock()
-                    self._idle.append(conn)
-                else:
-                    conn.close()
-                    self._open.discard(conn)
-            return reply.status, reply.body
+            if self._closed:
+                raise ConnectionAbortedError("the pool was closed")
+            for attempt in (1, 2):
+                conn = self._take()
+                fresh = conn is None
+                if conn is None:
+                    conn = await self._connect()
+                reusable = False
+                try:
+                    reply = await conn.exchange(request, bodiless=method == "HEAD")
+                    reusable = reply.reusable
+                except NotSent:
+                    if attempt == 2:
+                        raise
+                    continue
+                except ConnectionError:
+                    if attempt == 2 or fresh or conn.received or method not in _IDEMPOTENT:
+                        raise
+                    continue
+                finally:
+                    if reusable and not conn.closed and not self._closed:
+                        conn.idle_since = self._clock()
+                        self._idle.append(conn)
+                    else:
+                        conn.close()
+                        self._open.discard(conn)
+                return reply.status, reply.body
+            raise AssertionError("unreachable: the second attempt returns or raises")
 
     def _take(self) -> _Connection | None:
         """The newest idle connection still fit to use; the stale ones are closed on the way."""
         now = self._clock()
         while self._idle:
             conn = self._idle.pop()
-            if not conn.closed and now - conn.idle_since < self._keepalive:
+            if conn.usable and now - conn.idle_since < self._keepalive:
                 return conn
             conn.close()
             self._open.discard(conn)
@@ -364,6 +436,9 @@ class ApiConnections:
         _, conn = await loop.create_connection(
             _Connection, self.host, self.port, ssl=self._ssl, server_hostname=self.host if self._ssl else None
         )
+        if self._closed:
+            conn.close()
+            raise ConnectionAbortedError("the pool was closed")
         self._open.add(conn)
         self.opened += 1
         if self._on_open is not None:
@@ -376,7 +451,9 @@ class ApiConnections:
         return len(self._idle)
 
     def close(self) -> None:
-        """Close every connection, idle or in use (a request in flight fails with ``ConnectionError``)."""
+        """Close every connection, idle or in use (a request in flight fails with ``ConnectionError``), and
+        any a request is opening; the pool sends nothing more."""
+        self._closed = True
         for conn in list(self._open):
             conn.close()
         self._open.clear()

@@ -1,9 +1,9 @@
 """The one adapter between this project and the Kubernetes API server.
 
 Everything that talks to the API server goes through ``KubeClient``: raw JSON in and out over kept-alive
-connections, so the scheduling path never builds typed client models. Writes (every request but a GET: the
-bindings and events a worker sends per pod) take ``common.apiconn``'s pool, which costs a third of aiohttp's
-CPU per request; reads and watches take aiohttp's. The ``kubernetes`` package is
+connections, so the scheduling path never builds typed client models. Writes (POST, PUT, PATCH, DELETE: the
+bindings and events a worker sends per pod) take ``common.apiconn``'s pool, where a write costs about half
+the CPU it costs through aiohttp; reads and watches take aiohttp's. The ``kubernetes`` package is
 used only here, and only to load kubeconfig / in-cluster credentials the way every Kubernetes tool does.
 
 Invariants:
@@ -61,7 +61,7 @@ from kubernetes.config.incluster_config import SERVICE_TOKEN_FILENAME
 from kubernetes.config.kube_config import ConfigNode
 
 from common import restmetrics
-from common.apiconn import ApiConnections, ProtocolError
+from common.apiconn import ApiConnections, BadRequest, ProtocolError
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +113,9 @@ class EventTooLarge(ApiError):
 # Failures of the transport below HTTP status codes: aiohttp raises ``HttpProcessingError`` (e.g. a header
 # line too long) outside its ``ClientError`` hierarchy.
 _TRANSPORT_ERRORS = (aiohttp.ClientError, HttpProcessingError, TimeoutError)
+
+# The methods ``KubeClient`` sends through its write pool unless told otherwise
+_WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
 def _error_for(status: int, body: bytes) -> ApiError:
@@ -541,7 +544,7 @@ class KubeClient:
     ) -> Any:
         """One request; returns the decoded JSON reply (or None for an empty one), decoded without the
         objects' ``metadata.managedFields`` if ``cut`` (``without_managed_fields``: pods and nodes only).
-        ``pooled``: through the write pool (``common.apiconn``); by default every method but GET is."""
+        ``pooled``: through the write pool (``common.apiconn``); by default the writes are."""
         status, raw = await self._send(
             method,
             path,
@@ -549,7 +552,7 @@ class KubeClient:
             body=body,
             content_type=content_type,
             timeout=timeout,
-            pooled=method != "GET" if pooled is None else pooled,
+            pooled=method in _WRITES if pooled is None else pooled,
         )
         try:
             return _loads(without_managed_fields(raw, every=True) if cut else raw) if raw else None
@@ -612,20 +615,27 @@ class KubeClient:
     ) -> tuple[int, bytes, str]:
         """A request through the write pool: (status, raw reply, the token it carried). Authentication and
         metrics as the aiohttp session's traces do them for its requests."""
-        await self.auth.refresh_if_due()
-        token = self.auth.token or ""
-        sending = dict(headers or ())
-        if token:
-            sending["Authorization"] = f"Bearer {token}"
-        target = f"{path}?{urlencode(params)}" if params else path
         host = self._writes.authority
+        token = ""
         started = time.monotonic()
         try:
             async with asyncio.timeout(timeout or self._timeout):
-                status, raw = await self._writes.request(method, target, sending, data)
+                await self.auth.refresh_if_due()  # within the request's time, as aiohttp's trace runs it
+                token = self.auth.token or ""
+                sending = dict(headers or ())
+                if token:
+                    sending["Authorization"] = f"Bearer {token}"
+                query = urlencode(params) if params else ""
+                status, raw = await self._writes.request(method, path, query, sending, data)
         except (OSError, ProtocolError) as e:  # TimeoutError and ConnectionError are OSErrors
             restmetrics.failed(method, host)
             raise ServerError(0, f"{method} {path}: {type(e).__name__}: {e}") from e
+        except BadRequest as e:  # never sent, and never could be: not worth a retry
+            restmetrics.failed(method, host)
+            raise Invalid(0, f"{method} {path}: {e}") from e
+        except asyncio.CancelledError:  # the caller's own deadline, as a binding's: a request with no reply
+            restmetrics.failed(method, host)
+            raise
         restmetrics.observed(status, method, host, time.monotonic() - started)
         self.auth.observe(status, token if status == 401 else None)
         return status, raw, token

@@ -7,9 +7,11 @@ request to the response headers (for a watch, until the stream opened). Not clie
 server; it rises during a burst when the pool was not held warm (``KubeClient.keep_warm``).
 
 Requests through aiohttp (reads and watches) are observed by its trace (``trace()``); those through
-``common.apiconn`` (writes) by ``KubeClient`` calling ``observed``, ``failed`` and ``opened``, with the
-duration running to the whole reply (a write's reply is one small object). Cardinality: one host per
-process, a handful of methods and codes.
+``common.apiconn`` (the writes, and ``keep_warm``'s ``GET /version``) by ``KubeClient`` calling ``observed``,
+``failed`` and ``opened``, with the duration running to the whole reply (each such reply is one small
+object, so the two measures differ by its transfer) and a request its caller gave up on (cancelled) counted
+as ``<error>``, as aiohttp's trace counts it. Cardinality: one host per process, a handful of methods and
+codes.
 """
 
 from __future__ import annotations

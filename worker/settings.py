@@ -19,7 +19,8 @@ class ApiSettings:
     burst: int = 2000
     """Client-side burst (client-go's Burst)."""
     max_connections: int = 128
-    """Kept-alive connections to the API server."""
+    """Kept-alive connections to the API server, per pool: the writes' (``common.apiconn``) and the reads' and
+    watches' (aiohttp) each hold up to this many."""
     warm_connections: int | None = None
     """Connections held open while idle (``common.kube.KubeClient.keep_warm``), so a burst after a quiet spell
     binds without opening them first; None: as many as bindings in flight at once (``binding.concurrency``);

@@ -11,8 +11,10 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 
 import pytest
+from prometheus_client import REGISTRY
 
-from common.apiconn import MAX_HEAD, ApiConnections, ProtocolError, Reply
+from common.apiconn import MAX_HEAD, ApiConnections, BadRequest, ProtocolError, Reply
+from common.kube import Credentials, Invalid, KubeClient, ServerError
 
 OK = b'HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{"a": true}'
 CHUNKED = (
@@ -48,11 +50,28 @@ def test_interim_replies_are_skipped_and_a_204_has_no_body() -> None:
 
 
 @pytest.mark.parametrize(
+    ("data", "bodiless"),
+    [
+        (b"HTTP/1.1 204 No Content\r\nTransfer-Encoding: chunked\r\n\r\n", False),
+        (b"HTTP/1.1 304 Not Modified\r\nContent-Length: 10\r\n\r\n", False),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n", True),  # the reply to a HEAD
+    ],
+)
+def test_a_reply_that_has_no_body_whatever_its_headers_say_ends_with_them(
+    data: bytes, bodiless: bool
+) -> None:
+    reply = Reply(bodiless=bodiless)
+    assert reply.feed(data)
+    assert (reply.body, reply.reusable) == (b"", True)
+
+
+@pytest.mark.parametrize(
     "head",
     [
         b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\n",
         b"HTTP/1.1 200 OK\r\nConnection: keep-alive, Close\r\nContent-Length: 2\r\n\r\n",
         b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\n",
+        b"HTTP/1.0 200 OK\r\nConnection: close\r\nConnection: keep-alive\r\nContent-Length: 2\r\n\r\n",
     ],
 )
 def test_a_reply_that_closes_its_connection_is_not_reused(head: bytes) -> None:
@@ -80,6 +99,8 @@ def test_bytes_after_a_whole_reply_make_its_connection_unusable() -> None:
     [
         (b"SPDY/3 200 OK\r\n\r\n", "status line"),
         (b"HTTP/1.1 2x0 OK\r\n\r\n", "status line"),
+        (b"HTTP/1.1 2000 OK\r\n\r\n", "status line"),
+        (b"HTTP/1.1 200x\r\n\r\n", "status line"),
         (b"HTTP/1.1 200 OK\r\nno colon\r\n\r\n", "header line"),
         (b"HTTP/1.1 200 OK\r\n Folded: x\r\n\r\n", "header line"),
         (b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n", "Content-Length"),
@@ -106,8 +127,10 @@ class Peer:
     """A local HTTP/1.1 peer: answers each request it reads whole with the next of ``answers`` (bytes, or a
     ``(seconds, bytes)``: those bytes after a pause; ``None``: say nothing; ``b""``: close the connection)."""
 
-    def __init__(self, answers: list[Answer]) -> None:
+    def __init__(self, answers: list[Answer], *, close_after_reply: bool = False) -> None:
         self.answers = answers
+        self.close_after_reply = close_after_reply
+        self.arrived = asyncio.Event()  # set at the first request read
         self.requests: list[bytes] = []
         self.connections = 0
         self.server: asyncio.Server | None = None
@@ -123,6 +146,7 @@ class Peer:
                         length = int(line.split(b":", 1)[1])
                 request = head + await reader.readexactly(length)
                 self.requests.append(request)
+                self.arrived.set()
                 answer = self.answers.pop(0)
                 if isinstance(answer, tuple):
                     await asyncio.sleep(answer[0])
@@ -133,6 +157,8 @@ class Peer:
                     break
                 writer.write(answer)
                 await writer.drain()
+                if self.close_after_reply:
+                    break
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
@@ -144,15 +170,15 @@ class Peer:
         return f"http://127.0.0.1:{port}/prefix"
 
 
-PeerFactory = Callable[[list[Answer]], Peer]
+PeerFactory = Callable[..., Peer]
 
 
 @pytest.fixture
 async def peer_factory() -> AsyncIterator[PeerFactory]:
     peers: list[Peer] = []
 
-    def make(answers: list[Answer]) -> Peer:
-        peer = Peer(answers)
+    def make(answers: list[Answer], **kw: bool) -> Peer:
+        peer = Peer(answers, **kw)
         peers.append(peer)
         return peer
 
@@ -174,11 +200,11 @@ async def test_a_connection_is_kept_alive_and_requests_are_written_as_http_1_1(
     peer = peer_factory([OK, OK])
     pool = _pool(await peer.start())
     try:
-        assert await pool.request("POST", "/api/v1/x?a=b", {"Authorization": "Bearer t"}, b"{}") == (
+        assert await pool.request("POST", "/api/v1/x", "a=b", {"Authorization": "Bearer t"}, b"{}") == (
             201,
             b'{"a": true}',
         )
-        assert await pool.request("DELETE", "/api/v1/y", {}, None) == (201, b'{"a": true}')
+        assert await pool.request("DELETE", "/api/v1/y", "", {}, None) == (201, b'{"a": true}')
     finally:
         pool.close()
     assert peer.connections == 1
@@ -196,28 +222,52 @@ async def test_a_connection_idle_past_the_keepalive_or_closed_is_not_used_again(
     peer = peer_factory([OK, OK, b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n\r\n", OK])
     pool = _pool(await peer.start(), keepalive=10.0, clock=lambda: now[0])
     try:
-        await pool.request("GET", "/a", {}, None)
+        await pool.request("GET", "/a", "", {}, None)
         now[0] = 10.5  # past the keepalive: a new connection, the stale one closed
-        await pool.request("GET", "/b", {}, None)
+        await pool.request("GET", "/b", "", {}, None)
         assert pool.opened == 2
-        await pool.request("GET", "/c", {}, None)  # its reply closes the connection
-        await pool.request("GET", "/d", {}, None)
+        await pool.request("GET", "/c", "", {}, None)  # its reply closes the connection
+        await pool.request("GET", "/d", "", {}, None)
         assert pool.opened == 3
     finally:
         pool.close()
 
 
-async def test_a_connection_the_server_closed_while_idle_is_replaced(peer_factory: PeerFactory) -> None:
-    peer = peer_factory([OK, b"", OK])
+async def test_a_connection_the_server_closed_while_idle_is_replaced_without_an_error(
+    peer_factory: PeerFactory,
+) -> None:
+    peer = peer_factory([OK, OK, OK], close_after_reply=True)
     pool = _pool(await peer.start())
     try:
-        await pool.request("GET", "/a", {}, None)
-        with pytest.raises(ConnectionError):
-            await pool.request("POST", "/b", {}, b"x")  # the server closed instead of answering
-        assert await pool.request("GET", "/c", {}, None) == (201, b'{"a": true}')
-        assert pool.opened == 2
+        await pool.request("POST", "/a", "", {}, b"x")
+        await asyncio.sleep(0.05)  # the server's close arrives while the connection is idle
+        assert await pool.request("POST", "/b", "", {}, b"x") == (201, b'{"a": true}')
+        # its end seen but not yet its closing: found unusable before anything is written, sent on a new one
+        pool._idle[-1].eof_received()
+        assert await pool.request("POST", "/c", "", {}, b"x") == (201, b'{"a": true}')
     finally:
         pool.close()
+    assert pool.opened == peer.connections == 3
+
+
+@pytest.mark.parametrize(
+    ("method", "again"), [("DELETE", True), ("PUT", True), ("POST", False), ("PATCH", False)]
+)
+async def test_a_request_the_server_dropped_unanswered_is_sent_again_only_if_idempotent(
+    peer_factory: PeerFactory, method: str, again: bool
+) -> None:
+    peer = peer_factory([OK, b"", OK])  # the second request read, then the connection closed: no reply
+    pool = _pool(await peer.start())
+    try:
+        await pool.request("GET", "/a", "", {}, None)
+        if again:
+            assert await pool.request(method, "/b", "", {}, b"x") == (201, b'{"a": true}')
+        else:
+            with pytest.raises(ConnectionError):  # it may have been carried out: not sent twice
+                await pool.request(method, "/b", "", {}, b"x")
+    finally:
+        pool.close()
+    assert len(peer.requests) == (3 if again else 2)
 
 
 async def test_a_request_given_up_on_closes_its_connection_so_its_late_reply_is_never_read(
@@ -229,20 +279,36 @@ async def test_a_request_given_up_on_closes_its_connection_so_its_late_reply_is_
     try:
         with pytest.raises(TimeoutError):
             async with asyncio.timeout(0.2):
-                await pool.request("POST", "/slow", {}, b"x")
+                await pool.request("POST", "/slow", "", {}, b"x")
         assert pool.idle == 0
         # on a connection of its own: written on the first, it would read the reply that comes late there
-        assert await pool.request("GET", "/next", {}, None) == (201, b'{"a": true}')
+        assert await pool.request("GET", "/next", "", {}, None) == (201, b'{"a": true}')
         assert pool.opened == 2
     finally:
         pool.close()
+
+
+async def test_a_closed_pool_fails_its_requests_in_flight_and_sends_no_more(
+    peer_factory: PeerFactory,
+) -> None:
+    peer = peer_factory([None])
+    pool = _pool(await peer.start())
+    out = asyncio.create_task(pool.request("POST", "/a", "", {}, b"x"))
+    await peer.arrived.wait()
+    pool.close()
+    with pytest.raises(ConnectionAbortedError):
+        await out
+    with pytest.raises(ConnectionAbortedError):
+        await pool.request("GET", "/b", "", {}, None)
+    with pytest.raises(ValueError, match="0 connections"):
+        ApiConnections("http://h", None, limit=0, keepalive=1.0, headers={})
 
 
 async def test_no_more_connections_than_the_limit(peer_factory: PeerFactory) -> None:
     peer = peer_factory([OK] * 10)
     pool = _pool(await peer.start(), limit=2)
     try:
-        replies = await asyncio.gather(*(pool.request("GET", f"/{i}", {}, None) for i in range(10)))
+        replies = await asyncio.gather(*(pool.request("GET", f"/{i}", "", {}, None) for i in range(10)))
     finally:
         pool.close()
     assert {status for status, _ in replies} == {201}
@@ -253,17 +319,60 @@ async def test_nothing_a_caller_names_can_add_a_header_or_a_request(peer_factory
     peer = peer_factory([OK])
     pool = _pool(await peer.start())
     try:
-        with pytest.raises(ProtocolError, match="control character"):
-            await pool.request("GET", "/a", {"X": "v\r\nInjected: 1"}, None)
-        with pytest.raises(ProtocolError, match="not Latin-1"):
-            await pool.request("GET", "/a", {"X": "\u2603"}, None)
+        with pytest.raises(BadRequest, match="control character") as refused:
+            await pool.request("GET", "/a", "", {"Authorization": "Bearer s3cret\r\nInjected: 1"}, None)
+        assert "s3cret" not in str(refused.value)  # a credential is never echoed into a log
+        with pytest.raises(BadRequest, match="not Latin-1"):
+            await pool.request("GET", "/a", "", {"X": "\u2603"}, None)
+        with pytest.raises(BadRequest, match="method"):
+            await pool.request("GET /x HTTP/1.1\r\n", "/a", "", {}, None)
         assert peer.requests == []  # nothing was sent
-        # a target's CR, LF and spaces are escaped, not written
-        await pool.request("GET", "/a b\r\nInjected: 1", {}, None)
+        # a target's CR, LF, spaces and stray percent signs are escaped, not written; escapes made stay
+        await pool.request("GET", "/a b\r\nInjected: 1%zz%2F", "q=1 2\r\n", {}, None)
     finally:
         pool.close()
-    assert peer.requests[0].startswith(b"GET /prefix/a%20b%0D%0AInjected:%201 HTTP/1.1\r\n")
-    with pytest.raises(ProtocolError):
+    assert peer.requests[0].startswith(
+        b"GET /prefix/a%20b%0D%0AInjected:%201%25zz%2F?q=1%202%0D%0A HTTP/1.1\r\n"
+    )
+    with pytest.raises(BadRequest):
         ApiConnections("http://h", None, limit=1, keepalive=1.0, headers={"Bad": "a\nb"})
     with pytest.raises(ValueError, match="not an http"):
         ApiConnections("ftp://h", None, limit=1, keepalive=1.0, headers={})
+
+
+def _sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+async def test_the_client_counts_maps_and_times_its_writes_as_it_does_its_reads(
+    peer_factory: PeerFactory,
+) -> None:
+    """``KubeClient``'s writes through the pool: rest-client metrics as aiohttp's trace keeps them, a reply
+    that is not HTTP a ``ServerError``, a header that cannot be written an ``Invalid`` (nothing to retry)."""
+    peer = peer_factory([OK, None, b"SPDY/3 200 OK\r\n\r\n"])
+    server = await peer.start()
+    host = server.split("//")[1].split("/")[0]
+    before = {
+        code: _sample("rest_client_requests_total", code=code, method="POST", host=host)
+        for code in ("201", "<error>")
+    }
+    opened = _sample("agent_scheduler_api_connections_opened_total")
+    async with KubeClient(Credentials(server=server, token="t0")) as client:
+        assert await client.post("/api/v1/x", {}) == {"a": True}
+        with pytest.raises(TimeoutError):  # the caller's own deadline, as the binder sets one
+            async with asyncio.timeout(0.2):
+                await client.post("/api/v1/slow", {})
+        with pytest.raises(ServerError, match="ProtocolError"):
+            await client.post("/api/v1/y", {})
+        client.auth.token = "t0\nX-Injected: 1"
+        with pytest.raises(Invalid):
+            await client.post("/api/v1/z", {})
+    assert _sample("rest_client_requests_total", code="201", method="POST", host=host) == before["201"] + 1
+    # the given-up request, the malformed reply and the refused header: no response for any
+    assert (
+        _sample("rest_client_requests_total", code="<error>", method="POST", host=host)
+        == before["<error>"] + 3
+    )
+    assert _sample("agent_scheduler_api_connections_opened_total") == opened + 2  # the timeout closed one
+    assert peer.requests[0].startswith(b"POST /prefix/api/v1/x HTTP/1.1\r\n")
+    assert b"\r\nContent-Type: application/json\r\nAuthorization: Bearer t0\r\n" in peer.requests[0]

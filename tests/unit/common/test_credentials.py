@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -225,9 +226,9 @@ class Api:
 
 @contextlib.asynccontextmanager
 async def serving(handle: Callable[[web.Request], Awaitable[web.Response]]) -> AsyncIterator[str]:
-    """``handle`` answering every GET on a free local port; the server's URL."""
+    """``handle`` answering every request on a free local port; the server's URL."""
     app = web.Application()
-    app.router.add_get("/{tail:.*}", handle)
+    app.router.add_route("*", "/{tail:.*}", handle)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -246,28 +247,38 @@ async def api() -> AsyncIterator[tuple[Api, str]]:
         yield fake, server
 
 
+# A read goes through aiohttp's session, a write through the write pool (``common.apiconn``): both authenticate
+TRANSPORTS = pytest.mark.parametrize("method", ["GET", "PATCH"], ids=["aiohttp", "write-pool"])
+
+
+async def _call(client: KubeClient, method: str, path: str) -> Any:
+    return await client.request(method, path, body={} if method != "GET" else None)
+
+
+@TRANSPORTS
 async def test_a_rotated_token_file_is_picked_up_on_the_first_401(
-    api: tuple[Api, str], tmp_path: Path
+    api: tuple[Api, str], tmp_path: Path, method: str
 ) -> None:
     fake, server = api
     token = tmp_path / "token"
     token.write_text("t0")
     creds = Credentials(server=server, token="t0", token_source=FileToken(str(token)))
     async with KubeClient(creds) as client:
-        assert await client.get("/api/v1/namespaces/a") == {"kind": "Namespace"}
+        assert await _call(client, method, "/api/v1/namespaces/a") == {"kind": "Namespace"}
         token.write_text("t1")  # the kubelet rotated the projected token; the server now wants the new one
         fake.valid = "t1"
-        assert await client.get("/api/v1/namespaces/a") == {"kind": "Namespace"}
+        assert await _call(client, method, "/api/v1/namespaces/a") == {"kind": "Namespace"}
         assert fake.seen == ["Bearer t0", "Bearer t0", "Bearer t1"]
         assert client.auth.refreshes == 1 and client.auth.healthy() is True
 
 
-async def test_a_revoked_token_stays_refused_and_is_reported(api: tuple[Api, str]) -> None:
+@TRANSPORTS
+async def test_a_revoked_token_stays_refused_and_is_reported(api: tuple[Api, str], method: str) -> None:
     fake, server = api
     fake.valid = "other"
     async with KubeClient(Credentials(server=server, token="t0")) as client:
         with pytest.raises(ApiError) as refused:
-            await client.get("/api/v1/namespaces/a")
+            await _call(client, method, "/api/v1/namespaces/a")
         assert refused.value.status == 401
         assert client.auth.denied_for() >= 0 and client.auth._denied_since is not None
         client.auth._denied_since = time.monotonic() - 31  # as if refused for 31 s
@@ -305,15 +316,20 @@ class RotatingApi:
         return web.json_response({"kind": "Namespace"})
 
 
+@TRANSPORTS
 @pytest.mark.parametrize("staggered", [False, True], ids=["refused-together", "refused-after-the-refresh"])
-async def test_requests_in_flight_at_a_rotation_fetch_once_and_all_succeed(staggered: bool) -> None:
+async def test_requests_in_flight_at_a_rotation_fetch_once_and_all_succeed(
+    staggered: bool, method: str
+) -> None:
     held = 8
     fake, source = RotatingApi(held, staggered=staggered), Source(Token("t1"))
     async with (
         serving(fake.handle) as server,
         KubeClient(Credentials(server=server, token="t0", token_source=source)) as client,
     ):
-        replies = await asyncio.gather(*(client.get(f"/api/v1/namespaces/n{i}") for i in range(held)))
+        replies = await asyncio.gather(
+            *(_call(client, method, f"/api/v1/namespaces/n{i}") for i in range(held))
+        )
         assert replies == [{"kind": "Namespace"}] * held  # none failed with the 401 of the old token
         # one fetch for the rotation, not one per refused request (an exec plugin runs once)
         assert source.fetches == 1 and client.auth.refreshes == 1
