@@ -23,9 +23,9 @@ Invariants:
 - An idle connection is reused, newest first, only within ``keepalive`` seconds of its last reply; an older
   one is closed instead. kube-apiserver closes HTTP/1.1 connections idle for 90 s, and a request written as it
   does so gets no reply; a write (a binding) cannot safely be sent again, so the pool does not risk it.
-- A request is sent a second time only when nothing of it can have been carried out: its connection was
-  found closed before it was written, or, for an idempotent method, died before any byte of a reply
-  (``ApiConnections.request``).
+- A request is sent a second time, on a new connection, only when that cannot change what it did: its
+  connection was found closed before it was written, or, for a read (GET, HEAD, OPTIONS), died before any
+  byte of a reply (``ApiConnections.request``). Never for a closed pool.
 - Failures are ``OSError`` (``ConnectionError`` for a connection the server closed), ``TimeoutError`` or
   ``ProtocolError`` (a reply that is not HTTP/1.1 as above); ``KubeClient`` maps them to its ``ServerError``.
 - A header with a control character is refused before anything is sent (``BadRequest``), and a request
@@ -49,9 +49,11 @@ MAX_CHUNK_LINE = 1024  # bytes of a chunk-size line (hex size and extensions)
 _PATH_SAFE = "/:@!$&'()*+,;=~-._%"
 _QUERY_SAFE = _PATH_SAFE + "?"
 _STRAY_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
-# Methods a request of which may be sent again when a kept-alive connection died under it before any reply,
-# as aiohttp and Go's client do: sending one twice has the effect of sending it once
-_IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
+# Methods a request of which may be sent again when a kept-alive connection died under it after it was written
+# but before any reply: Go's client replays these (``isReplayable``), and they change nothing on the server.
+# Not PUT or DELETE, though idempotent: the first may have been carried out, and the second's answer would then
+# be a 409 or a 404 (a preemption's victim deleted, reported as not deleted)
+_REPLAYABLE = frozenset({"GET", "HEAD", "OPTIONS"})
 
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
@@ -372,11 +374,13 @@ class ApiConnections:
         caller bounds it (a cancelled request closes its connection).
 
         A request is sent again, once and on a new connection, when its kept-alive connection turned out to
-        be closed before it was written, and, for an idempotent method, when the connection died after it
-        was written but before any byte of a reply (the server closed an idle connection as it went out);
-        aiohttp and Go's client do the same. A POST or PATCH in that case fails: it may have been carried out."""
+        be closed before it was written, and, for a GET, HEAD or OPTIONS, when the connection died after it
+        was written but before any byte of a reply (the server closed an idle connection as it went out), as
+        Go's client does. A write in that case fails: it may have been carried out."""
         if method not in _METHODS:
             raise BadRequest(f"a method this client does not send: {method[:16]!r}")
+        if "?" in path:
+            raise BadRequest("a path with a query in it: the query is its own argument")
         if body is not None:
             headers = {**headers, "Content-Length": str(len(body))}
         request = (
@@ -394,7 +398,7 @@ class ApiConnections:
             if self._closed:
                 raise ConnectionAbortedError("the pool was closed")
             for attempt in (1, 2):
-                conn = self._take()
+                conn = self._take() if attempt == 1 else None
                 fresh = conn is None
                 if conn is None:
                     conn = await self._connect()
@@ -403,11 +407,11 @@ class ApiConnections:
                     reply = await conn.exchange(request, bodiless=method == "HEAD")
                     reusable = reply.reusable
                 except NotSent:
-                    if attempt == 2:
+                    if attempt == 2 or self._closed:
                         raise
                     continue
                 except ConnectionError:
-                    if attempt == 2 or fresh or conn.received or method not in _IDEMPOTENT:
+                    if attempt == 2 or self._closed or fresh or conn.received or method not in _REPLAYABLE:
                         raise
                     continue
                 finally:

@@ -86,8 +86,8 @@ ACTIVITIES: tuple[Activity, ...] = (
     Activity("lists: the API read and decode", (Entry("common/watching.py", "list_all"),)),
     Activity("lists: applied by every feed (replace)", (Entry("", "replace"),), within=_REFLECTOR),
     Activity(
-        "socket receive (aiohttp: watch streams and API replies)",
-        (Entry("aiohttp/client_proto.py", "data_received"),),
+        "socket receive (watch streams and reads through aiohttp, replies to writes through the write pool)",
+        (Entry("aiohttp/client_proto.py", "data_received"), Entry("common/apiconn.py", "data_received")),
     ),
     Activity(PARSE, _FEED_PARSE, within=_FEED),
     Activity(APPLY, _FEED_APPLY, within=_FEED),

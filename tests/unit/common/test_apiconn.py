@@ -120,6 +120,10 @@ def test_a_malformed_reply_is_refused(data: bytes, says: str) -> None:
         Reply().feed(data)
 
 
+class Cut(bytes):
+    """An answer the peer writes, then ends its connection."""
+
+
 Answer = bytes | None | tuple[float, bytes]
 
 
@@ -130,7 +134,7 @@ class Peer:
     def __init__(self, answers: list[Answer], *, close_after_reply: bool = False) -> None:
         self.answers = answers
         self.close_after_reply = close_after_reply
-        self.arrived = asyncio.Event()  # set at the first request read
+        self.arrived = asyncio.Event()  # set at every request read
         self.requests: list[bytes] = []
         self.connections = 0
         self.server: asyncio.Server | None = None
@@ -157,6 +161,8 @@ class Peer:
                     break
                 writer.write(answer)
                 await writer.drain()
+                if isinstance(answer, Cut):
+                    break
                 if self.close_after_reply:
                     break
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -251,23 +257,38 @@ async def test_a_connection_the_server_closed_while_idle_is_replaced_without_an_
 
 
 @pytest.mark.parametrize(
-    ("method", "again"), [("DELETE", True), ("PUT", True), ("POST", False), ("PATCH", False)]
+    ("method", "again"),
+    [("GET", True), ("HEAD", True), ("DELETE", False), ("PUT", False), ("POST", False), ("PATCH", False)],
 )
-async def test_a_request_the_server_dropped_unanswered_is_sent_again_only_if_idempotent(
+async def test_a_request_the_server_dropped_unanswered_is_sent_again_only_if_it_reads(
     peer_factory: PeerFactory, method: str, again: bool
 ) -> None:
     peer = peer_factory([OK, b"", OK])  # the second request read, then the connection closed: no reply
     pool = _pool(await peer.start())
+    body = None if method in ("GET", "HEAD") else b"x"
     try:
         await pool.request("GET", "/a", "", {}, None)
         if again:
-            assert await pool.request(method, "/b", "", {}, b"x") == (201, b'{"a": true}')
+            status, _ = await pool.request(method, "/b", "", {}, body)
+            assert status == 201
         else:
             with pytest.raises(ConnectionError):  # it may have been carried out: not sent twice
-                await pool.request(method, "/b", "", {}, b"x")
+                await pool.request(method, "/b", "", {}, body)
     finally:
         pool.close()
     assert len(peer.requests) == (3 if again else 2)
+
+
+async def test_a_read_whose_reply_was_cut_short_is_not_sent_again(peer_factory: PeerFactory) -> None:
+    peer = peer_factory([OK, Cut(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial"), OK])
+    pool = _pool(await peer.start())
+    try:
+        await pool.request("GET", "/a", "", {}, None)
+        with pytest.raises(ConnectionError):  # some of a reply came: the server acted on the request
+            await pool.request("GET", "/b", "", {}, None)
+    finally:
+        pool.close()
+    assert len(peer.requests) == 2
 
 
 async def test_a_request_given_up_on_closes_its_connection_so_its_late_reply_is_never_read(
@@ -304,6 +325,20 @@ async def test_a_closed_pool_fails_its_requests_in_flight_and_sends_no_more(
         ApiConnections("http://h", None, limit=0, keepalive=1.0, headers={})
 
 
+async def test_a_read_in_flight_when_the_pool_closes_is_not_sent_again(peer_factory: PeerFactory) -> None:
+    peer = peer_factory([OK, None, OK])
+    pool = _pool(await peer.start())
+    await pool.request("GET", "/a", "", {}, None)
+    peer.arrived.clear()
+    out = asyncio.create_task(pool.request("GET", "/b", "", {}, None))  # a read, on a kept-alive connection
+    await peer.arrived.wait()
+    pool.close()
+    with pytest.raises(ConnectionAbortedError):
+        await out
+    await asyncio.sleep(0.05)
+    assert peer.connections == 1 and len(peer.requests) == 2
+
+
 async def test_no_more_connections_than_the_limit(peer_factory: PeerFactory) -> None:
     peer = peer_factory([OK] * 10)
     pool = _pool(await peer.start(), limit=2)
@@ -326,6 +361,8 @@ async def test_nothing_a_caller_names_can_add_a_header_or_a_request(peer_factory
             await pool.request("GET", "/a", "", {"X": "\u2603"}, None)
         with pytest.raises(BadRequest, match="method"):
             await pool.request("GET /x HTTP/1.1\r\n", "/a", "", {}, None)
+        with pytest.raises(BadRequest, match="query"):
+            await pool.request("GET", "/a?b=c", "", {}, None)
         assert peer.requests == []  # nothing was sent
         # a target's CR, LF, spaces and stray percent signs are escaped, not written; escapes made stay
         await pool.request("GET", "/a b\r\nInjected: 1%zz%2F", "q=1 2\r\n", {}, None)
