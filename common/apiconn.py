@@ -20,8 +20,8 @@ Invariants:
   only if the reply did not close it (``Connection: close``, HTTP/1.0, framed by the connection's end).
   Anything else (a timeout, a cancelled caller, a malformed reply, the connection lost) closes it, so a late
   or partial reply is never read as the answer to a later request.
-- An idle connection is reused, newest first, only within ``keepalive`` seconds of its last reply; an older
-  one is closed instead. kube-apiserver closes HTTP/1.1 connections idle for 90 s, and a request written as it
+- An idle connection is reused, newest first, only within ``keepalive`` seconds of its last reply; older ones
+  are closed when the next request looks for a connection (or by the server). kube-apiserver closes HTTP/1.1 connections idle for 90 s, and a request written as it
   does so gets no reply; a write (a binding) cannot safely be sent again, so the pool does not risk it.
 - A request is sent a second time, on a new connection, only when that cannot change what it did: its
   connection was found closed before it was written, or, for a read (GET, HEAD, OPTIONS), died before any
@@ -49,6 +49,7 @@ MAX_CHUNK_LINE = 1024  # bytes of a chunk-size line (hex size and extensions)
 _PATH_SAFE = "/:@!$&'()*+,;=~-._%"
 _QUERY_SAFE = _PATH_SAFE + "?"
 _STRAY_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # Methods a request of which may be sent again when a kept-alive connection died under it after it was written
 # but before any reply: Go's client replays these (``isReplayable``), and they change nothing on the server.
 # Not PUT or DELETE, though idempotent: the first may have been carried out, and the second's answer would then
@@ -305,7 +306,7 @@ class _Connection(asyncio.Protocol):
 def _checked(value: str, what: str) -> bytes:
     """``value`` as header bytes; a control character (a CR or LF that would start a header or a request of
     its own) or a non-Latin-1 one is refused. The value is not quoted in the error: it may be a credential."""
-    if any(ord(c) < 0x20 or c == "\x7f" for c in value):
+    if _CONTROL.search(value):  # a regular expression: a service-account token is about a kilobyte
         raise BadRequest(f"{what} with a control character")
     try:
         return value.encode("latin-1")
@@ -425,8 +426,14 @@ class ApiConnections:
             raise AssertionError("unreachable: the second attempt returns or raises")
 
     def _take(self) -> _Connection | None:
-        """The newest idle connection still fit to use; the stale ones are closed on the way."""
+        """The newest idle connection still fit to use. Stale ones are closed on the way, and from the oldest
+        end too: newest first, the oldest would otherwise stay open until the server closes them."""
         now = self._clock()
+        idle = self._idle
+        while idle and (not idle[0].usable or now - idle[0].idle_since >= self._keepalive):
+            stale = idle.pop(0)
+            stale.close()
+            self._open.discard(stale)
         while self._idle:
             conn = self._idle.pop()
             if conn.usable and now - conn.idle_since < self._keepalive:

@@ -617,10 +617,11 @@ class KubeClient:
         metrics as the aiohttp session's traces do them for its requests."""
         host = self._writes.authority
         token = ""
-        started = time.monotonic()
+        started = 0.0
         try:
             async with asyncio.timeout(timeout or self._timeout):
                 await self.auth.refresh_if_due()  # within the request's time, as aiohttp's trace runs it
+                started = time.monotonic()  # the duration starts after it, as the trace's does
                 token = self.auth.token or ""
                 sending = dict(headers or ())
                 if token:

@@ -53,13 +53,17 @@ _counters: dict[tuple[str, str, str], Any] = {}
 _durations: dict[tuple[str, str], Any] = {}
 
 
-def observed(status: int, method: str, host: str, seconds: float | None) -> None:
-    """A request answered with ``status`` after ``seconds`` (None: not known)."""
-    key = (str(status), method, host)
+def _counter(code: str, method: str, host: str) -> Any:
+    key = (code, method, host)
     counter = _counters.get(key)
     if counter is None:
         counter = _counters[key] = requests.labels(*key)
-    counter.inc()
+    return counter
+
+
+def observed(status: int, method: str, host: str, seconds: float | None) -> None:
+    """A request answered with ``status`` after ``seconds`` (None: not known)."""
+    _counter(str(status), method, host).inc()
     if seconds is not None:
         duration = _durations.get((method, host))
         if duration is None:
@@ -69,11 +73,7 @@ def observed(status: int, method: str, host: str, seconds: float | None) -> None
 
 def failed(method: str, host: str) -> None:
     """A request that got no response."""
-    key = ("<error>", method, host)
-    counter = _counters.get(key)
-    if counter is None:
-        counter = _counters[key] = requests.labels(*key)
-    counter.inc()
+    _counter("<error>", method, host).inc()
 
 
 def opened() -> None:

@@ -239,6 +239,25 @@ async def test_a_connection_idle_past_the_keepalive_or_closed_is_not_used_again(
         pool.close()
 
 
+async def test_stale_connections_are_closed_from_the_oldest_end_too(peer_factory: PeerFactory) -> None:
+    now = [0.0]
+    peer = peer_factory([OK])
+    pool = _pool(await peer.start(), keepalive=10.0, clock=lambda: now[0])
+    try:
+        # two connections, idle since 0 and 5; at 12 the older is stale, the newer not
+        for at in (0.0, 5.0):
+            now[0] = at
+            conn = await pool._connect()
+            conn.idle_since = at
+            pool._idle.append(conn)
+        oldest = pool._idle[0]
+        now[0] = 12.0
+        await pool.request("GET", "/a", "", {}, None)
+        assert oldest.closed and pool.idle == 1 and pool.opened == 2
+    finally:
+        pool.close()
+
+
 async def test_a_connection_the_server_closed_while_idle_is_replaced_without_an_error(
     peer_factory: PeerFactory,
 ) -> None:
@@ -394,6 +413,7 @@ async def test_the_client_counts_maps_and_times_its_writes_as_it_does_its_reads(
         for code in ("201", "<error>")
     }
     opened = _sample("agent_scheduler_api_connections_opened_total")
+    timed = _sample("rest_client_request_duration_seconds_count", verb="POST", host=host)
     async with KubeClient(Credentials(server=server, token="t0")) as client:
         assert await client.post("/api/v1/x", {}) == {"a": True}
         with pytest.raises(TimeoutError):  # the caller's own deadline, as the binder sets one
@@ -411,5 +431,8 @@ async def test_the_client_counts_maps_and_times_its_writes_as_it_does_its_reads(
         == before["<error>"] + 3
     )
     assert _sample("agent_scheduler_api_connections_opened_total") == opened + 2  # the timeout closed one
+    assert (
+        _sample("rest_client_request_duration_seconds_count", verb="POST", host=host) == timed + 1
+    )  # answered
     assert peer.requests[0].startswith(b"POST /prefix/api/v1/x HTTP/1.1\r\n")
     assert b"\r\nContent-Type: application/json\r\nAuthorization: Bearer t0\r\n" in peer.requests[0]
