@@ -382,8 +382,6 @@ class ApiConnections:
             raise BadRequest(f"a method this client does not send: {method[:16]!r}")
         if "?" in path:
             raise BadRequest("a path with a query in it: the query is its own argument")
-        if body is not None:
-            headers = {**headers, "Content-Length": str(len(body))}
         request = (
             method.encode()
             + b" "
@@ -391,10 +389,11 @@ class ApiConnections:
             + b" HTTP/1.1\r\n"
             + self._fixed
             + _header_lines(headers)
-            + b"\r\n"
         )
-        if body:
-            request += body
+        if body is not None:  # no copy of the caller's headers for it
+            request += b"Content-Length: %d\r\n\r\n%b" % (len(body), body)
+        else:
+            request += b"\r\n"
         async with self._slots:
             if self._closed:
                 raise ConnectionAbortedError("the pool was closed")

@@ -586,14 +586,10 @@ class KubeClient:
         retried = False
         while True:
             await self._limiter.take()
-            if pooled:
-                status, raw, sent = await self._exchange(
-                    method, path, params=params, data=data, headers=headers, timeout=timeout
-                )
-            else:
-                status, raw, sent = await self._aiohttp_send(
-                    method, path, params=params, data=data, headers=headers, timeout=timeout
-                )
+            send = self._exchange if pooled else self._aiohttp_send  # one signature, two transports
+            status, raw, sent = await send(
+                method, path, params=params, data=data, headers=headers, timeout=timeout
+            )
             if status < 300:
                 return status, raw
             if status != 401 or retried:
