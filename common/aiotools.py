@@ -5,27 +5,33 @@ Invariants: nothing started here outlives the call that started it; every helper
 tasks it created, so no "Task was destroyed but it is pending" warnings escape into tests. A process's loop
 is chosen once, before anything is created on it: ``run`` makes a new loop and closes it, as ``asyncio.run``.
 
-The paced loop (``paced``: the standard library's selector loop on a ``PacedSelector``) does not poll for I/O
-in a way that would block sooner than ``PACE`` after its previous poll returned: a loop with nothing ready to
-run first sleeps until then, so what arrived meanwhile (watch chunks, binding answers, dispatch frames) is
-handled in one pass instead of one wake-up each. A loop with callbacks ready polls without waiting, as the
-standard loop does; a timer due sooner cuts the sleep short (it fires about as late as on the standard loop:
-the poll's timeout is taken from the clock after the sleep); a loop that was idle for ``PACE`` or longer
-handles the first arrival at once. So only I/O that arrives within ``PACE`` of the last poll waits, at most
-``PACE``, and so do wake-ups from other threads (``call_soon_threadsafe``) and signals.
+Pacing (``Pacer``, one per process: ``PACER``): while the process has at least ``min_backlog`` pieces of
+work queued behind something slower than itself (bindings and Scheduled events waiting for the API server, pods
+waiting for a worker's answer), a pass of the loop that finds nothing to do sleeps, until ``pace`` after the
+previous such sleep ended, instead of blocking until the next arrival: what arrives meanwhile (watch chunks,
+binding answers, dispatch frames) is handled in one pass instead of one wake-up each. Below that backlog the
+loop runs exactly as it would without a pacer: a pod that arrives to an idle scheduler is never held back.
+
+Invariants: a sleep lasts at most ``pace``; a pass that did work never sleeps, nor does an idle one when
+``pace`` has passed since the previous sleep (a process short of CPU is not slowed further); while paced, a
+timer or a signal may be handled up to ``pace`` late (the shortest deadline it could delay, the binder's fencing
+margin, is 0.1 s; ``MAX_PACE`` is half of it); nothing sleeps unless the backlog sources registered with
+``backlog_of`` reach ``min_backlog``, and a source counts only while its ``with`` block lasts.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
-import selectors
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 import uvloop
+
+from common import metrics
 
 T = TypeVar("T")
 
@@ -66,50 +72,7 @@ async def wait_first(*waits: Awaitable[Any]) -> int:
 # ----- the event loop a process runs on -----------------------------------------------------------------
 
 EVENT_LOOP_ENV = "AGENT_SCHEDULER_EVENT_LOOP"
-EVENT_LOOPS = ("uvloop", "asyncio", "paced")
-# The paced loop's shortest time between a poll and the next one that may block. Every deadline of the
-# scheduler's protocols is seconds long, so none is at risk; a pod's path crosses several polls, and in a
-# steady stream each may now wait: its p50 rose by 7-8 ms (docs/results/wakeups-2026-12-05/), which is why
-# this loop is a choice and not the default.
-PACE = 0.005
-
-
-class PacedSelector(selectors.DefaultSelector):
-    """The selector of the paced loop (module docstring): a poll that would block comes no sooner than
-    ``pace`` after the previous one returned. ``clock`` and ``sleep`` are injectable for tests."""
-
-    def __init__(
-        self,
-        pace: float = PACE,
-        *,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
-    ) -> None:
-        super().__init__()
-        self.pace = pace
-        self._clock = clock
-        self._sleep = sleep
-        self._next = 0.0  # no poll before this, unless something is ready to run or a timer is due
-
-    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
-        # timeout 0 (or less): the loop has callbacks ready to run, it only collects what I/O is there
-        if timeout is None or timeout > 0:
-            now = self._clock()
-            wait = self._next - now
-            if wait > 0:
-                if timeout is None:
-                    self._sleep(wait)
-                else:
-                    due = now + timeout  # the next timer's time, which the sleep must not push back
-                    self._sleep(min(wait, timeout))
-                    timeout = max(0.0, due - self._clock())
-        events = super().select(timeout)
-        self._next = self._clock() + self.pace
-        return events
-
-
-def _paced_loop() -> asyncio.AbstractEventLoop:
-    return asyncio.SelectorEventLoop(PacedSelector())
+EVENT_LOOPS = ("uvloop", "asyncio")
 
 
 def _event_loop(value: str) -> str:
@@ -126,21 +89,149 @@ def add_event_loop_argument(p: argparse.ArgumentParser) -> None:
         type=_event_loop,  # also checks the environment's value: argparse converts a string default
         metavar="{" + ",".join(EVENT_LOOPS) + "}",
         default=os.environ.get(EVENT_LOOP_ENV) or "uvloop",
-        help="uvloop (default); asyncio, the standard library's loop (to rule the loop out when debugging); paced, "
-        f"the standard library's loop waiting for I/O no sooner than {PACE * 1000:g} ms after its last poll "
-        "(less CPU in bursts, more latency in a steady stream)",
+        help="uvloop (default); asyncio, the standard library's loop (to rule the loop out when debugging)",
     )
 
 
-def run(main: Coroutine[Any, Any, T], event_loop: str) -> T:
-    """Run ``main`` to completion on a new event loop of the kind named, as ``asyncio.run`` does.
+def add_pace_argument(p: argparse.ArgumentParser) -> None:
+    """``--pace`` in milliseconds (``Pacer``), 0 to 50, default ``PACE``; a bad value is a usage error."""
+    p.add_argument(
+        "--pace",
+        type=_pace_ms,
+        metavar="MS",
+        default=PACE * 1000,
+        help=f"while at least {PACE_BACKLOG} bindings, events or dispatches are queued behind the API server or "
+        "the workers, handle I/O at most once per this many milliseconds, in one pass (less CPU per pod in "
+        f"bursts; a pod arriving to an idle scheduler is not held back); 0: never (default {PACE * 1000:g})",
+    )
+
+
+def _pace_ms(value: str) -> float:
+    try:
+        ms = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of milliseconds") from None
+    if not 0 <= ms <= MAX_PACE * 1000:
+        raise argparse.ArgumentTypeError(f"{value} ms: the pace is 0 (off) to {MAX_PACE * 1000:g} ms")
+    return ms
+
+
+def run(main: Coroutine[Any, Any, T], event_loop: str, *, pace_ms: float = 0.0) -> T:
+    """Run ``main`` to completion on a new event loop of the kind named, as ``asyncio.run`` does, paced by
+    ``PACER`` at ``pace_ms`` (0: not paced).
 
     uvloop is the default: it does the loop's own per-event machinery (watch reads, TLS, stream reads and
     writes, timers) in C, and the processes spent less CPU per pod on it than on the standard library's loop
     (``docs/architecture.md``, "Event loop", has the measurements)."""
+    paced = _paced(main, pace_ms / 1000)
     if event_loop == "uvloop":
-        return uvloop.run(main)
-    if event_loop == "paced":
-        with asyncio.Runner(loop_factory=_paced_loop) as runner:
-            return runner.run(main)
-    return asyncio.run(main)
+        return uvloop.run(paced)
+    return asyncio.run(paced)
+
+
+async def _paced(main: Coroutine[Any, Any, T], pace: float) -> T:
+    PACER.attach(asyncio.get_running_loop(), pace)
+    try:
+        return await main
+    finally:
+        PACER.detach()
+
+
+# ----- pacing ----------------------------------------------------------------------------------------------
+
+# The default pace. In bursts of 2,000 pods it took 8.5-16 % off the CPU per pod of the standalone worker and
+# of coordinator + 2, two paired runs each; in a steady stream of 100 pods/s the backlog threshold kept it off
+# (docs/results/pace-2026-12-06/). Paced whatever the backlog, an earlier paced loop raised that stream's p50
+# by 7-8 ms (docs/results/wakeups-2026-12-05/).
+PACE = 0.005
+MAX_PACE = 0.05  # well inside the binder's fencing margin (0.1 s): a timer may fire this late while paced
+# Work queued behind a slower party from which a process paces. A steady stream of 100 pods/s keeps a few
+# bindings and dispatches under way; a burst keeps hundreds queued, each waiting far longer than a pace.
+PACE_BACKLOG = 32
+# A pass of the loop that ran nothing but the pacer: about 1-2 µs on uvloop and the standard loop here; a pass
+# that ran any of the scheduler's callbacks (a watch chunk, an answer, a task's step) takes tens of µs.
+IDLE_PASS = 20e-6
+
+
+class Pacer:
+    """The process's pacing (module docstring). ``clock`` and ``sleep`` are injectable for tests.
+
+    How a pass ends in a sleep without access to the loop's poll (uvloop has no hook there): while paced, a
+    pacer callback is always in the loop's ready queue, putting itself back each time it runs, so the loop polls
+    without blocking. When that callback finds that nothing ran since its previous run (less than
+    ``idle_pass``: no I/O arrived, no other callback ran), the loop has nothing to do and would block now: it
+    sleeps instead, until ``pace`` after its previous sleep ended, and the next poll collects what arrived
+    meanwhile. A pass that did work never sleeps, so work split over many passes (a burst's decisions, yielding
+    every few dozen) is not slowed. ``poke`` starts the callback when work is queued and the backlog has
+    reached ``min_backlog``; it stops once the backlog is below it, and the loop blocks as usual."""
+
+    def __init__(
+        self,
+        *,
+        min_backlog: int = PACE_BACKLOG,
+        idle_pass: float = IDLE_PASS,
+        clock: Callable[[], float] = time.perf_counter,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.min_backlog = min_backlog
+        self.idle_pass = idle_pass
+        self._clock = clock
+        self._sleep = sleep
+        self.pace = 0.0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._sources: list[Callable[[], int]] = []
+        self._armed = False
+        self._ran = float("-inf")  # when the pacer callback last returned
+        self._last = float("-inf")  # when its latest sleep ended (or an idle pass found none due)
+        self.sleeps = 0  # passes that slept, and for how long in all (also ``agent_scheduler_paced_*``)
+        self.slept = 0.0
+
+    def attach(self, loop: asyncio.AbstractEventLoop, pace: float) -> None:
+        if not 0 <= pace <= MAX_PACE:
+            raise ValueError(f"pace {pace} s: 0 (off) to {MAX_PACE} s")
+        self._loop, self.pace, self._armed = (loop if pace > 0 else None), pace, False
+
+    def detach(self) -> None:
+        self._loop, self._armed = None, False
+
+    @contextlib.contextmanager
+    def backlog_of(self, source: Callable[[], int]) -> Iterator[None]:
+        """Count ``source()`` in the backlog while the block lasts (a component's queue, for its lifetime)."""
+        self._sources.append(source)
+        try:
+            yield
+        finally:
+            self._sources.remove(source)
+
+    def backlog(self) -> int:
+        return sum(source() for source in self._sources)
+
+    def poke(self) -> None:
+        """Work was queued: start pacing if the backlog has reached the threshold. Runs per pod, so it is one
+        attribute test when already paced or unattached."""
+        if self._armed or self._loop is None or self.backlog() < self.min_backlog:
+            return
+        self._armed = True
+        self._loop.call_soon(self._tick)
+
+    def _tick(self) -> None:
+        loop = self._loop
+        if loop is None or self.backlog() < self.min_backlog:
+            self._armed = False
+            return
+        now = self._clock()
+        if now - self._ran < self.idle_pass:
+            wait = self._last + self.pace - now
+            if wait > 0:
+                self._sleep(wait)
+                self.sleeps += 1
+                self.slept += wait
+                metrics.paced_sleeps.inc()
+                metrics.paced_seconds.inc(wait)
+                now = self._clock()
+            self._last = now
+        loop.call_soon(self._tick)
+        self._ran = self._clock()
+
+
+PACER = Pacer()

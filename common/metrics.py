@@ -97,6 +97,14 @@ pods_claimed = Counter(
     "agent_scheduler_pods_claimed",
     "Pending pods this worker claimed from its own pod watch (common.claims), without a DISPATCH.",
 )
+paced_sleeps = Counter(
+    "agent_scheduler_paced_sleeps",
+    "Idle passes of the event loop that slept instead of blocking, while work was queued (--pace).",
+)
+paced_seconds = Counter(
+    "agent_scheduler_paced_seconds",
+    "Seconds the event loop slept in idle passes while work was queued (--pace).",
+)
 assumed_expired = Counter(
     "agent_scheduler_assumed_expired_total", "Assumed pods whose binding the watch never confirmed."
 )

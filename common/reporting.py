@@ -27,7 +27,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from common import metrics
+from common import aiotools, metrics
 from common.events import NORMAL, WARNING, ObjectRef, event_body, events_path, rfc3339
 from common.kube import ApiError, KubeClient, NotFound
 from common.records import PodKey, PodRecord
@@ -99,6 +99,7 @@ class Reporter:
             return
         self._scheduled[pod.key] = (pod, node)
         self._scheduled_wakeup.set()
+        aiotools.PACER.poke()
 
     def forget(self, key: PodKey) -> None:
         """The pod is gone: nothing more to report."""
@@ -110,10 +111,12 @@ class Reporter:
         return len(self._failures) + len(self._scheduled)
 
     async def run(self) -> None:
-        async with asyncio.TaskGroup() as tg:
-            tg.create_task(self._failure_loop())
-            for _ in range(SCHEDULED_EVENT_SENDERS):
-                tg.create_task(self._scheduled_loop())
+        # Scheduled events waiting for a sender: they wait for the API server, so this process may pace
+        with aiotools.PACER.backlog_of(self._scheduled.__len__):
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self._failure_loop())
+                for _ in range(SCHEDULED_EVENT_SENDERS):
+                    tg.create_task(self._scheduled_loop())
 
     async def _failure_loop(self) -> None:
         while True:

@@ -79,6 +79,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     add_security_arguments(p)
     aiotools.add_event_loop_argument(p)
+    aiotools.add_pace_argument(p)
 
 
 def sharding_options(args: argparse.Namespace) -> ShardingOptions | None:
@@ -196,14 +197,19 @@ async def _main(args: argparse.Namespace) -> int:
         stopper.cancel()
         await runner.cleanup()
     await etcd.close()
-    log.info("coordinator %s stopped", candidate)
+    log.info(
+        "coordinator %s stopped (idle passes paced: %d, %.3f s)",
+        candidate,
+        aiotools.PACER.sleeps,
+        aiotools.PACER.slept,
+    )
     return 0
 
 
 def run(args: argparse.Namespace) -> int:
     heap.freeze_imports()
     try:
-        return aiotools.run(_main(args), args.event_loop)
+        return aiotools.run(_main(args), args.event_loop, pace_ms=args.pace)
     except EtcdConfigError as e:
         log.error("etcd: %s", e)
         return 2

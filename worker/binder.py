@@ -69,7 +69,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from common import metrics
+from common import aiotools, metrics
 from common.backoff import Backoff
 from common.etcd.leases import MAX_BIND_TIME
 from common.kube import ApiError, Conflict, KubeClient, NotFound, ServerError, TooManyRequests
@@ -176,6 +176,7 @@ class Binder:
         heapq.heappush(self._earliest, seq)
         if volumes is None:
             self._queue.put_nowait((seq, req))
+            aiotools.PACER.poke()
             return
         # The claims first, in a task of its own: waiting for the PV controller or a provisioner can take long
         # and must not hold one of the binding tasks. The task then sends the pod's binding itself, so the
@@ -349,9 +350,11 @@ class Binder:
             )
 
     async def run(self) -> None:
-        async with asyncio.TaskGroup() as tg:
-            for _ in range(self.concurrency):
-                tg.create_task(self._work())
+        # bindings waiting for a binding task: they wait for the API server, so this process may pace
+        with aiotools.PACER.backlog_of(self._queue.qsize):
+            async with asyncio.TaskGroup() as tg:
+                for _ in range(self.concurrency):
+                    tg.create_task(self._work())
 
     async def _work(self) -> None:
         while True:

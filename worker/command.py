@@ -78,6 +78,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     add_security_arguments(p)
     aiotools.add_event_loop_argument(p)
+    aiotools.add_pace_argument(p)
     # no flags: set only by the --config file's podTopologySpread section (agent_scheduler.config)
     p.set_defaults(spread_defaulting="System", spread_default_constraints=[])
 
@@ -155,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     if args.standalone:
         heap.freeze_imports()
-        return aiotools.run(run_standalone(settings), args.event_loop)
+        return aiotools.run(run_standalone(settings), args.event_loop, pace_ms=args.pace)
     from worker.coordinated import CoordinatedOptions, run_coordinated
 
     host, _, port = args.listen.rpartition(":")
@@ -174,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
     )
     heap.freeze_imports()  # after the coordinated path's imports: they are frozen too
     try:
-        return aiotools.run(run_coordinated(settings, options), args.event_loop)
+        return aiotools.run(run_coordinated(settings, options), args.event_loop, pace_ms=args.pace)
     except EtcdConfigError as e:
         log.error("etcd: %s", e)
         return 2

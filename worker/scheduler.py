@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from common import metrics
+from common import aiotools, metrics
 from common.kube import KubeClient
 from common.records import NodeName, PodKey, PodRecord
 from common.reporting import Reporter
@@ -387,4 +387,6 @@ class Scheduler:
             "bound": self.binder.bound,
             "binding_in_flight": self.binder.in_flight(),
             "reports_pending": self.reporter.pending(),
+            # this process's idle passes that slept while work was queued, and for how long (``--pace``)
+            "paced": {"sleeps": aiotools.PACER.sleeps, "seconds": round(aiotools.PACER.slept, 3)},
         }

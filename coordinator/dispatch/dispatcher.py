@@ -62,7 +62,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from common import metrics, protocol
+from common import aiotools, metrics, protocol
 from common.claims import claimable, claimant
 from common.etcd.keys import WorkerId
 from common.keyring import Keys, NoSecret
@@ -422,6 +422,7 @@ class Dispatcher:
         w.link.send(
             protocol.Dispatch(p.dispatch_id, p.obj, min_rv=self.lane.min_rv(p.record), preempt=preempt)
         )
+        aiotools.PACER.poke()
 
     def _shards_moving(self) -> bool:
         """Are nodes between workers, or granted to a worker whose summary counts none of its nodes yet? Then the
@@ -758,10 +759,17 @@ class Dispatcher:
     # ----- loop ------------------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        async with asyncio.TaskGroup() as tg:
-            tg.create_task(self.reflector.run())
-            tg.create_task(self._loop())
-            tg.create_task(self._housekeeping())
+        with aiotools.PACER.backlog_of(self.backlog):
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self.reflector.run())
+                tg.create_task(self._loop())
+                tg.create_task(self._housekeeping())
+
+    def backlog(self) -> int:
+        """Pods waiting for a worker's answer or for a pass of the dispatch loop: while there are many, the
+        leader may pace (``common.aiotools.Pacer``). Parked pods (unschedulable, waiting for a retry) are not
+        work under way and do not count."""
+        return len(self.table.ready) + sum(len(w.in_flight) for w in self.workers.values())
 
     async def _loop(self) -> None:
         ready = self.table.ready

@@ -9,7 +9,8 @@ of its main thread (the event loop of an asyncio process; the rest went to other
 how many times that main thread blocked (its voluntary context switches). For an asyncio process that is
 mostly its event loop going to sleep with nothing to do, to be woken by the next frame, timer or watch chunk
 and make a pass of the loop whatever work it brings; it also counts waits for the interpreter lock another
-thread holds, and the paced loop's sleeps before a poll (``common.aiotools``: a paced pass may count twice).
+thread holds, and the pacer's sleeps (``common.aiotools.Pacer``: while paced, an idle pass sleeps instead of
+blocking, so each sleep counts where a wake-up would have).
 Divided by the pods a run placed, it says roughly how finely a process's work is cut into wake-ups.
 
 It also reads the whole host's busy CPU time, so the report can say how much of the machine's CPU went to

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
-import selectors
-import socket
+import time
+from collections.abc import Callable
 
 import pytest
 import uvloop
+from prometheus_client import REGISTRY
 
 from common import aiotools
 
@@ -31,19 +33,37 @@ def test_run_returns_what_main_returns_and_raises_what_it_raises() -> None:
             aiotools.run(fails(), kind)
 
 
-async def _selector_kind() -> type:
-    await asyncio.sleep(0)
-    loop = asyncio.get_running_loop()
-    assert isinstance(loop, asyncio.SelectorEventLoop)
-    return type(loop._selector)  # type: ignore[attr-defined]
+def test_run_attaches_the_pacer_for_the_run_only() -> None:
+    async def attached() -> tuple[object, float]:
+        return aiotools.PACER._loop, aiotools.PACER.pace
+
+    for kind in aiotools.EVENT_LOOPS:
+        loop, pace = aiotools.run(attached(), kind, pace_ms=5)
+        assert loop is not None and pace == 0.005
+        assert aiotools.PACER._loop is None  # detached when the run ends
+        assert aiotools.run(attached(), kind, pace_ms=0) == (None, 0.0)  # 0: never paced
 
 
-def test_the_paced_loop_is_the_standard_loop_on_a_paced_selector() -> None:
-    assert aiotools.run(_selector_kind(), "paced") is aiotools.PacedSelector
+def test_pace_is_a_usage_error_outside_0_to_50_ms() -> None:
+    p = argparse.ArgumentParser()
+    aiotools.add_pace_argument(p)
+    assert p.parse_args([]).pace == aiotools.PACE * 1000
+    assert p.parse_args(["--pace", "0"]).pace == 0
+    assert p.parse_args(["--pace", "12.5"]).pace == 12.5
+    for bad in ("-1", "51", "soon", "nan"):
+        with pytest.raises(SystemExit) as e:
+            p.parse_args(["--pace", bad])
+        assert e.value.code == 2
+    loop = asyncio.new_event_loop()
+    try:
+        with pytest.raises(ValueError, match="0 \\(off\\) to"):
+            aiotools.Pacer().attach(loop, 0.051)
+    finally:
+        loop.close()
 
 
 class _Clock:
-    """A clock that moves only when the selector sleeps, or when the test moves it."""
+    """A clock that moves only when the pacer sleeps, or when a callback says it worked."""
 
     def __init__(self) -> None:
         self.now = 10.0
@@ -54,61 +74,119 @@ class _Clock:
 
     def sleep(self, seconds: float) -> None:
         self.slept.append(round(seconds, 6))
-        self.now += seconds + self.oversleep
-
-    oversleep = 0.0  # a real sleep returns late
+        self.now += seconds
 
 
-def test_a_poll_that_would_block_comes_no_sooner_than_the_pace_after_the_last() -> None:
-    clock = _Clock()
-    a, b = socket.socketpair()
-    with a, b, aiotools.PacedSelector(0.005, clock=clock, sleep=clock.sleep) as sel:
-        sel.register(a, selectors.EVENT_READ)
-        b.send(b"x")
-        assert [k.fileobj for k, _ in sel.select(None)] == [a]  # the first poll: nothing to wait for
-        assert clock.slept == []
-        clock.now += 0.001
-        # busy within the pace: the next poll that would block waits for the rest of it, then reads
-        assert [k.fileobj for k, _ in sel.select(None)] == [a]
-        assert clock.slept == [0.004]
-        clock.now += 0.010
-        sel.select(1.0)  # idle for longer than the pace: at once
-        assert clock.slept == [0.004]
+def _pacer(clock: _Clock, backlog: list[int]) -> aiotools.Pacer:
+    pacer = aiotools.Pacer(min_backlog=32, clock=clock, sleep=clock.sleep)
+    pacer._sources.append(lambda: backlog[0])
+    return pacer
 
 
-def test_ready_callbacks_and_timers_keep_their_times() -> None:
-    clock = _Clock()
-    with aiotools.PacedSelector(0.005, clock=clock, sleep=clock.sleep) as sel:
-        sel.select(0)
-        sel.select(0)  # callbacks ready: the loop only collects what is there, never waits
-        assert clock.slept == []
-        clock.now += 0.001
-        sel.select(0.002)  # a timer due in 2 ms: the wait stops there, and the poll does not block
-        assert clock.slept == [0.002]
-        assert clock.now == pytest.approx(10.003)
-        sel.select(-0.001)  # a timer overdue: no wait
-        assert clock.slept == [0.002]
+async def _passes(n: int, work: Callable[[], None] = lambda: None) -> None:
+    for _ in range(n):
+        work()
+        await asyncio.sleep(0)
 
 
-def test_a_timer_due_after_the_pace_waits_only_what_is_left_of_it() -> None:
-    polled: list[float | None] = []
+async def test_below_the_backlog_the_loop_is_not_paced() -> None:
+    clock, backlog = _Clock(), [31]
+    pacer = _pacer(clock, backlog)
+    pacer.attach(asyncio.get_running_loop(), 0.005)
+    pacer.poke()
+    assert not pacer._armed  # no pacer callback queued
+    await _passes(20)
+    assert clock.slept == [] and not pacer._armed
+    pacer.detach()
 
-    class Polls(selectors.DefaultSelector):
-        """Below the paced selector: records the timeout of each poll, and polls without waiting."""
 
-        def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
-            polled.append(timeout)
-            return super().select(0)
+async def test_idle_passes_sleep_until_a_pace_after_the_last_sleep_then_stop_with_the_backlog() -> None:
+    clock, backlog = _Clock(), [32]
+    pacer = _pacer(clock, backlog)
+    sleeps = REGISTRY.get_sample_value("agent_scheduler_paced_sleeps_total") or 0.0
+    pacer.attach(asyncio.get_running_loop(), 0.005)
+    pacer.poke()
+    pacer.poke()  # already armed: no second callback
+    await _passes(6)
+    # the first pass has no previous one to compare with, the second finds no sleep due (none before it);
+    # every idle pass after sleeps until 5 ms after the previous sleep ended
+    assert clock.slept == [0.005] * 4 and pacer.sleeps == 4
+    assert REGISTRY.get_sample_value("agent_scheduler_paced_sleeps_total") == sleeps + 4
+    clock.now += (
+        0.002  # a pass that worked for 2 ms: it does not sleep, and the next idle one sleeps the rest
+    )
+    await _passes(2)
+    assert clock.slept[-2:] == [0.005, 0.003]
+    backlog[0] = 31
+    await _passes(5)
+    assert len(clock.slept) == 5 and not pacer._armed  # below the backlog: the callback stopped
+    pacer.detach()
 
-    class Recorded(aiotools.PacedSelector, Polls):
-        pass
 
-    clock = _Clock()
-    clock.oversleep = 0.001
-    with Recorded(0.005, clock=clock, sleep=clock.sleep) as sel:
-        sel.select(0)
-        clock.now += 0.001
-        sel.select(0.010)  # 4 ms of the pace left, the timer due in 10 ms
-    assert clock.slept == [0.004]
-    # the sleep returned 1 ms late: the poll waits only for what is left until the timer, not 6 ms more
-    assert polled == [0, pytest.approx(0.005)]
+async def test_a_pass_that_did_work_never_sleeps() -> None:
+    clock, backlog = _Clock(), [1000]
+    pacer = _pacer(clock, backlog)
+    pacer.attach(asyncio.get_running_loop(), 0.005)
+    pacer.poke()
+
+    def work() -> None:
+        clock.now += 0.0001  # 100 µs of a pass's callbacks, as a burst's decisions between two yields
+
+    await _passes(50, work)
+    assert clock.slept == []  # work split over many passes is not slowed
+    await _passes(4)
+    assert clock.slept != []  # and once the passes are idle, they sleep
+    pacer.detach()
+
+
+async def test_detached_the_pacer_does_nothing() -> None:
+    clock, backlog = _Clock(), [1000]
+    pacer = _pacer(clock, backlog)
+    pacer.attach(asyncio.get_running_loop(), 0.005)
+    pacer.poke()
+    await _passes(4)
+    pacer.detach()
+    n = len(clock.slept)
+    pacer.poke()
+    await _passes(6)
+    assert len(clock.slept) == n and not pacer._armed
+
+
+def test_a_backlog_source_counts_only_inside_its_block() -> None:
+    pacer = aiotools.Pacer()
+    with pacer.backlog_of(lambda: 7):
+        with pytest.raises(LookupError), pacer.backlog_of(lambda: 40):
+            assert pacer.backlog() == 47
+            raise LookupError
+        assert pacer.backlog() == 7
+    assert pacer.backlog() == 0
+
+
+@pytest.mark.parametrize("kind", aiotools.EVENT_LOOPS)
+def test_on_a_real_loop_a_paced_sleep_never_exceeds_the_pace_and_work_is_not_held_back(kind: str) -> None:
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        time.sleep(seconds)
+
+    pacer = aiotools.Pacer(min_backlog=1, sleep=sleep)
+
+    async def main() -> tuple[int, int]:
+        pacer.attach(asyncio.get_running_loop(), 0.005)
+        with pacer.backlog_of(lambda: 1):
+            pacer.poke()
+
+            def work() -> None:
+                end = time.perf_counter() + 0.0002
+                while time.perf_counter() < end:
+                    pass
+
+            await _passes(200, work)  # a chain of passes each doing 200 µs of work
+            during_work = len(slept)
+            await asyncio.sleep(0.05)  # idle with a backlog: paced
+            return during_work, len(slept)
+
+    during_work, after_idle = (uvloop.run if kind == "uvloop" else asyncio.run)(main())
+    assert during_work == 0
+    assert after_idle > 0 and all(0 < s <= 0.005 for s in slept)

@@ -56,13 +56,13 @@ def test_each_command_freezes_its_imports_before_its_loop_starts(
 ) -> None:
     calls: list[str] = []
 
-    def loop(main: Coroutine[Any, Any, int], event_loop: str) -> int:
-        main.close()  # never started: only the order of the calls is tested
-        calls.append("loop")
+    def loop(main: Coroutine[Any, Any, int], event_loop: str, *, pace_ms: float) -> int:
+        main.close()  # never started: only the order of the calls is tested (and the pace passed on)
+        calls.append(f"loop paced {pace_ms:g} ms")
         return 0
 
     monkeypatch.setattr(heap, "freeze_imports", lambda: calls.append("freeze"))
     monkeypatch.setattr(aiotools, "run", loop)
     module = __import__(f"{argv[0]}.command", fromlist=["run"])
     assert module.run(_parse(*argv)) == 0
-    assert calls == ["freeze", "loop"]
+    assert calls == ["freeze", f"loop paced {aiotools.PACE * 1000:g} ms"]

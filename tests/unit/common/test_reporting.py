@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from common import reporting
+from common import aiotools, reporting
 from common.kube import NotFound, ServerError
 from common.records import PodRecord
 from common.reporting import REPEAT_AFTER, Reporter, unschedulable_message
@@ -257,3 +257,22 @@ async def test_a_failure_report_on_a_pending_pod_is_kept(clock: FakeClock) -> No
     reporter.unschedulable(_pod("a"), "binding rejected: denied")
     await _report(reporter, kube, 1)
     assert len(kube.patches) == 1 and _messages(kube) == [("FailedScheduling", "binding rejected: denied")]
+
+
+async def test_scheduled_events_waiting_for_a_sender_count_in_the_pacers_backlog_while_the_reporter_runs() -> (
+    None
+):
+    kube = FakeKube()
+    reporter = Reporter(kube.client(), component="agent-scheduler")
+    before = aiotools.PACER.backlog()
+    for name in ("a", "b"):
+        reporter.scheduled(_pod(name), "n1")
+    assert aiotools.PACER.backlog() == before  # not running: not counted
+    task = asyncio.create_task(reporter.run())
+    try:
+        await asyncio.sleep(0)
+        assert aiotools.PACER.backlog() == before + 2
+        await kube.wait_posts(2)
+        assert aiotools.PACER.backlog() == before
+    finally:
+        await cancel(task)

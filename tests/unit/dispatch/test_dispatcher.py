@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from common import protocol
+from common import aiotools, protocol
 from common.etcd.keys import WorkerId
 from common.records import PodKey, pod_from_json
 from coordinator.dispatch import UNSCHEDULABLE_RETRY
@@ -1038,3 +1038,29 @@ async def test_a_later_move_holds_the_verdict_back_again(rig: Rig) -> None:
     rig.step()
     [(_, message)] = rig.reporter.verdicts
     assert message.startswith("0/8 nodes are available: 8 Insufficient memory.")
+
+
+async def test_the_pacers_backlog_is_the_pods_queued_or_awaiting_an_answer_not_the_parked(rig: Rig) -> None:
+    (w1,) = rig.workers("w1")
+    for name in ("a", "b", "c"):
+        rig.d.observe(pod(name))
+    assert rig.d.backlog() == 3  # queued for the loop's next pass
+    w1.up().summary()
+    rig.step()
+    assert rig.d.backlog() == 3  # sent, no answer yet
+    ids = [d.id for d in w1.dispatches()]
+    w1.bound(ids[0])
+    w1.unschedulable(ids[1], 1, {"Insufficient cpu": 1})  # every shard said no: parked
+    rig.step()
+    assert rig.d.table.parked() == 1 and rig.d.backlog() == 1  # only c is under way
+
+
+async def test_the_dispatcher_counts_in_the_pacers_backlog_while_it_runs(rig: Rig) -> None:
+    before = aiotools.PACER.backlog()
+    rig.d.observe(pod("a"))
+    task = asyncio.create_task(rig.d.run())
+    await asyncio.sleep(0)
+    assert aiotools.PACER.backlog() == before + 1
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert aiotools.PACER.backlog() == before

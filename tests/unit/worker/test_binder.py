@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
+from common import aiotools
 from common.kube import ApiError, Credentials, KubeClient, ServerError, _error_for
 from common.records import NodeName, PodKey, PodRecord
 from tests.builders import make_node, make_pod
@@ -640,3 +641,30 @@ async def test_a_pod_with_inter_pod_rules_is_bound_after_every_earlier_binding()
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await api.close()
+
+
+async def test_bindings_waiting_for_a_binding_task_count_in_the_pacers_backlog_while_the_binder_runs() -> (
+    None
+):
+    cache = Cache()
+    cache.upsert_node(make_node(NODE).record())
+    api = FakeApi([201, 201, 201])
+    rec = Recorded()
+    binder = Binder(api, cache, Outcomes(rec), requeue=rec.requeue, concurrency=1)
+    before = aiotools.PACER.backlog()
+    task = asyncio.create_task(binder.run())
+    try:
+        await asyncio.sleep(0)
+        for name in ("a", "b", "c"):
+            pod = make_pod(name).req(cpu="1").record()
+            cache.assume(pod, NODE)
+            binder.submit(pod, NODE, queued_at=0.0, attempts=1)
+        assert aiotools.PACER.backlog() == before + 3  # none taken by the binding task yet
+        await asyncio.wait_for(binder.drain(), 5)
+        assert aiotools.PACER.backlog() == before and len(rec.bound) == 3
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await api.close()
+    binder.submit(make_pod("d").record(), NODE, queued_at=0.0, attempts=1)
+    assert aiotools.PACER.backlog() == before  # a binder that no longer runs is not counted
