@@ -12,11 +12,16 @@ previous such sleep ended, instead of blocking until the next arrival: what arri
 binding answers, dispatch frames) is handled in one pass instead of one wake-up each. Below that backlog the
 loop runs exactly as it would without a pacer: a pod that arrives to an idle scheduler is never held back.
 
-Invariants: a sleep lasts at most ``pace``; a pass that did work never sleeps, nor does an idle one when
-``pace`` has passed since the previous sleep (a process short of CPU is not slowed further); while paced, a
-timer or a signal may be handled up to ``pace`` late (the shortest deadline it could delay, the binder's fencing
-margin, is 0.1 s; ``MAX_PACE`` is half of it); nothing sleeps unless the backlog sources registered with
-``backlog_of`` reach ``min_backlog``, and a source counts only while its ``with`` block lasts.
+Invariants: a sleep lasts at most ``pace``; a pass that took ``IDLE_PASS`` (20 µs) or longer never sleeps, nor
+does an idle one when ``pace`` has passed since the previous sleep (a process short of CPU is not slowed
+further); while paced, every wait of a coroutine (a timer, an answer, a signal) may end up to ``pace`` late, so
+a step that crosses several waits is late by up to that many paces (``MAX_PACE`` keeps three inside the binder's
+fencing margin, 0.1 s, the shortest deadline such a step has); nothing sleeps unless the backlog sources
+registered with ``backlog_of`` reach ``min_backlog``, and a source counts only while its ``with`` block lasts.
+What the pacer cannot tell from an idle pass: a chain of passes that each do less than ``IDLE_PASS`` (e.g. a
+loop of ``await asyncio.sleep(0)`` with a trivial body) runs one pass per ``pace`` while paced; the scheduler's
+yielding loops do far more per pass. On the standard library's loop the pacer's callback runs before the I/O
+callbacks its pass collected, so these may wait for the sleep, as anything arriving within the pace does.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
@@ -34,6 +40,8 @@ import uvloop
 from common import metrics
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 
 async def cancel_and_wait(*tasks: asyncio.Task[Any] | None) -> None:
@@ -94,7 +102,7 @@ def add_event_loop_argument(p: argparse.ArgumentParser) -> None:
 
 
 def add_pace_argument(p: argparse.ArgumentParser) -> None:
-    """``--pace`` in milliseconds (``Pacer``), 0 to 50, default ``PACE``; a bad value is a usage error."""
+    """``--pace`` in milliseconds (``Pacer``), 0 to ``MAX_PACE``, default ``PACE``; a bad value is a usage error."""
     p.add_argument(
         "--pace",
         type=_pace_ms,
@@ -139,12 +147,15 @@ async def _paced(main: Coroutine[Any, Any, T], pace: float) -> T:
 
 # ----- pacing ----------------------------------------------------------------------------------------------
 
-# The default pace. In bursts of 2,000 pods it took 8.5-16 % off the CPU per pod of the standalone worker and
-# of coordinator + 2, two paired runs each; in a steady stream of 100 pods/s the backlog threshold kept it off
-# (docs/results/pace-2026-12-06/). Paced whatever the backlog, an earlier paced loop raised that stream's p50
-# by 7-8 ms (docs/results/wakeups-2026-12-05/).
+# The default pace. In bursts of 2,000 pods it took 17 % off the standalone worker's CPU per pod and 4 % off each
+# coordinated worker's (one paired run; a first version that also paced the leader, 8.5-16 % off each
+# configuration in two); a steady stream of 100 pods/s did not engage it (docs/results/pace-2026-12-06/). Paced
+# whatever the backlog, an earlier paced loop raised that stream's p50 by 7-8 ms (docs/results/wakeups-2026-12-05/).
 PACE = 0.005
-MAX_PACE = 0.05  # well inside the binder's fencing margin (0.1 s): a timer may fire this late while paced
+# While paced, each wait of a coroutine (a timer, an answer) may end up to the pace late, and a binding's
+# attempt may cross a few between its fencing check and the API server's receipt of it (a new connection, the
+# rate limiter, a token refresh): at 20 ms, three such waits stay inside the binder's fencing margin (0.1 s).
+MAX_PACE = 0.02
 # Work queued behind a slower party from which a process paces. A steady stream of 100 pods/s keeps a few
 # bindings and dispatches under way; a burst keeps hundreds queued, each waiting far longer than a pace.
 PACE_BACKLOG = 32
@@ -158,11 +169,12 @@ class Pacer:
 
     How a pass ends in a sleep without access to the loop's poll (uvloop has no hook there): while paced, a
     pacer callback is always in the loop's ready queue, putting itself back each time it runs, so the loop polls
-    without blocking. When that callback finds that nothing ran since its previous run (less than
-    ``idle_pass``: no I/O arrived, no other callback ran), the loop has nothing to do and would block now: it
-    sleeps instead, until ``pace`` after its previous sleep ended, and the next poll collects what arrived
-    meanwhile. A pass that did work never sleeps, so work split over many passes (a burst's decisions, yielding
-    every few dozen) is not slowed. ``poke`` starts the callback when work is queued and the backlog has
+    without blocking. When that callback finds that less than ``idle_pass`` went by since its previous run
+    (no I/O was handled, no other callback ran, as far as a clock can tell), the loop has nothing to do and
+    would block now: it sleeps instead, until ``pace`` after its previous sleep ended, and the next poll
+    collects what arrived meanwhile. A pass that did work never sleeps, so work split over many passes (a
+    burst's decisions, yielding every few dozen) is not slowed (but see the module docstring for passes of
+    less than ``idle_pass``). ``poke`` starts the callback when work is queued and the backlog has
     reached ``min_backlog``; it stops once the backlog is below it, and the loop blocks as usual."""
 
     def __init__(
@@ -204,7 +216,13 @@ class Pacer:
             self._sources.remove(source)
 
     def backlog(self) -> int:
-        return sum(source() for source in self._sources)
+        """The sources' sum. A source that raises counts as 0 (logged): pacing is an optimisation, and its
+        check runs inside the callers' own work (``poke``), which must not fail for it."""
+        try:
+            return sum(source() for source in self._sources)
+        except Exception:
+            log.exception("a pacing backlog source failed: counted as 0")
+            return 0
 
     def poke(self) -> None:
         """Work was queued: start pacing if the backlog has reached the threshold. Runs per pod, so it is one
@@ -224,11 +242,12 @@ class Pacer:
             wait = self._last + self.pace - now
             if wait > 0:
                 self._sleep(wait)
+                slept = self._clock() - now  # a sleep may return late
+                now += slept
                 self.sleeps += 1
-                self.slept += wait
+                self.slept += slept
                 metrics.paced_sleeps.inc()
-                metrics.paced_seconds.inc(wait)
-                now = self._clock()
+                metrics.paced_seconds.inc(slept)
             self._last = now
         loop.call_soon(self._tick)
         self._ran = self._clock()

@@ -766,10 +766,12 @@ class Dispatcher:
                 tg.create_task(self._housekeeping())
 
     def backlog(self) -> int:
-        """Pods waiting for a worker's answer or for a pass of the dispatch loop: while there are many, the
-        leader may pace (``common.aiotools.Pacer``). Parked pods (unschedulable, waiting for a retry) are not
-        work under way and do not count."""
-        return len(self.table.ready) + sum(len(w.in_flight) for w in self.workers.values())
+        """Pods queued for a pass of the dispatch loop or sent and not yet acknowledged: while there are many,
+        the leader may pace (``common.aiotools.Pacer``). Only work that moves: a pod a worker acknowledged may
+        wait there for long (its preemption's victims to go, its claims to be bound, its binding's retries),
+        and a parked one (unschedulable) waits for a retry; counted, 32 of those would pace an idle leader and
+        every pod that came to it."""
+        return len(self.table.ready) + sum(len(w.unacked) for w in self.workers.values())
 
     async def _loop(self) -> None:
         ready = self.table.ready

@@ -50,14 +50,15 @@ def test_pace_is_a_usage_error_outside_0_to_50_ms() -> None:
     assert p.parse_args([]).pace == aiotools.PACE * 1000
     assert p.parse_args(["--pace", "0"]).pace == 0
     assert p.parse_args(["--pace", "12.5"]).pace == 12.5
-    for bad in ("-1", "51", "soon", "nan"):
+    assert p.parse_args(["--pace", "20"]).pace == 20
+    for bad in ("-1", "21", "soon", "nan", "inf"):
         with pytest.raises(SystemExit) as e:
             p.parse_args(["--pace", bad])
         assert e.value.code == 2
     loop = asyncio.new_event_loop()
     try:
         with pytest.raises(ValueError, match="0 \\(off\\) to"):
-            aiotools.Pacer().attach(loop, 0.051)
+            aiotools.Pacer().attach(loop, 0.021)
     finally:
         loop.close()
 
@@ -120,6 +121,12 @@ async def test_idle_passes_sleep_until_a_pace_after_the_last_sleep_then_stop_wit
     backlog[0] = 31
     await _passes(5)
     assert len(clock.slept) == 5 and not pacer._armed  # below the backlog: the callback stopped
+    backlog[0] = 40
+    await _passes(3)
+    assert len(clock.slept) == 5  # nothing queued anew: not paced again by itself
+    pacer.poke()  # work queued with the backlog back up: paced again
+    await _passes(4)
+    assert len(clock.slept) > 5 and pacer._armed
     pacer.detach()
 
 
@@ -136,6 +143,30 @@ async def test_a_pass_that_did_work_never_sleeps() -> None:
     assert clock.slept == []  # work split over many passes is not slowed
     await _passes(4)
     assert clock.slept != []  # and once the passes are idle, they sleep
+
+    def little() -> None:
+        clock.now += 0.00001  # 10 µs: what the pacer cannot tell from an idle pass (module docstring)
+
+    before = len(clock.slept)
+    await _passes(6, little)
+    assert len(clock.slept) > before
+    pacer.detach()
+
+
+async def test_a_backlog_source_that_raises_counts_as_nothing_and_fails_no_caller(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = _Clock()
+    pacer = aiotools.Pacer(min_backlog=1, clock=clock, sleep=clock.sleep)
+    pacer.attach(asyncio.get_running_loop(), 0.005)
+
+    def broken() -> int:
+        raise RuntimeError("source broke")
+
+    with pacer.backlog_of(broken):
+        pacer.poke()  # no exception into the caller, whose work was already queued
+        assert pacer.backlog() == 0 and not pacer._armed
+    assert "a pacing backlog source failed" in caplog.text
     pacer.detach()
 
 
@@ -145,6 +176,7 @@ async def test_detached_the_pacer_does_nothing() -> None:
     pacer.attach(asyncio.get_running_loop(), 0.005)
     pacer.poke()
     await _passes(4)
+    assert clock.slept  # paced while attached
     pacer.detach()
     n = len(clock.slept)
     pacer.poke()

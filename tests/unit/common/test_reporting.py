@@ -259,6 +259,15 @@ async def test_a_failure_report_on_a_pending_pod_is_kept(clock: FakeClock) -> No
     assert len(kube.patches) == 1 and _messages(kube) == [("FailedScheduling", "binding rejected: denied")]
 
 
+def test_each_scheduled_event_queued_pokes_the_pacer(monkeypatch: pytest.MonkeyPatch) -> None:
+    pokes: list[int] = []
+    reporter = Reporter(FakeKube().client(), component="agent-scheduler")
+    monkeypatch.setattr(aiotools, "PACER", SimpleNamespace(poke=lambda: pokes.append(reporter.pending())))
+    reporter.scheduled(_pod("a"), "n1")
+    reporter.scheduled(_pod("b"), "n1")
+    assert pokes == [1, 2]  # after the event is queued: the pacer sees it
+
+
 async def test_scheduled_events_waiting_for_a_sender_count_in_the_pacers_backlog_while_the_reporter_runs() -> (
     None
 ):

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import copy
 import random
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -1040,19 +1041,26 @@ async def test_a_later_move_holds_the_verdict_back_again(rig: Rig) -> None:
     assert message.startswith("0/8 nodes are available: 8 Insufficient memory.")
 
 
-async def test_the_pacers_backlog_is_the_pods_queued_or_awaiting_an_answer_not_the_parked(rig: Rig) -> None:
+async def test_the_pacers_backlog_is_the_pods_queued_or_unacknowledged_not_those_a_worker_holds(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pokes: list[int] = []
+    monkeypatch.setattr(aiotools, "PACER", SimpleNamespace(poke=lambda: pokes.append(rig.d.backlog())))
     (w1,) = rig.workers("w1")
     for name in ("a", "b", "c"):
         rig.d.observe(pod(name))
     assert rig.d.backlog() == 3  # queued for the loop's next pass
     w1.up().summary()
     rig.step()
-    assert rig.d.backlog() == 3  # sent, no answer yet
+    assert pokes == [3, 3, 3]  # one poke per dispatch, each after the pod moved from queued to unacknowledged
+    assert rig.d.backlog() == 3  # sent, none acknowledged yet
     ids = [d.id for d in w1.dispatches()]
+    w1.ack_all()
+    assert rig.d.backlog() == 0  # the worker holds them: however long they wait there, the leader is idle
     w1.bound(ids[0])
     w1.unschedulable(ids[1], 1, {"Insufficient cpu": 1})  # every shard said no: parked
     rig.step()
-    assert rig.d.table.parked() == 1 and rig.d.backlog() == 1  # only c is under way
+    assert rig.d.table.parked() == 1 and rig.d.backlog() == 0
 
 
 async def test_the_dispatcher_counts_in_the_pacers_backlog_while_it_runs(rig: Rig) -> None:

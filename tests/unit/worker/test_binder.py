@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import orjson
@@ -641,6 +642,20 @@ async def test_a_pod_with_inter_pod_rules_is_bound_after_every_earlier_binding()
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await api.close()
+
+
+async def test_each_binding_submitted_pokes_the_pacer(monkeypatch: pytest.MonkeyPatch) -> None:
+    pokes: list[int] = []
+    cache = Cache()
+    cache.upsert_node(make_node(NODE).record())
+    rec = Recorded()
+    api = FakeApi([])
+    binder = Binder(api, cache, Outcomes(rec), requeue=rec.requeue)
+    monkeypatch.setattr(aiotools, "PACER", SimpleNamespace(poke=lambda: pokes.append(binder._queue.qsize())))
+    for name in ("a", "b"):
+        binder.submit(make_pod(name).record(), NODE, queued_at=0.0, attempts=1)
+    await api.close()
+    assert pokes == [1, 2]  # after the binding is queued: the pacer sees it
 
 
 async def test_bindings_waiting_for_a_binding_task_count_in_the_pacers_backlog_while_the_binder_runs() -> (
