@@ -7,7 +7,7 @@ is chosen once, before anything is created on it: ``run`` makes a new loop and c
 
 Pacing (``Pacer``, one per process: ``PACER``): while the process has at least ``min_backlog`` pieces of
 work queued behind something slower than itself (bindings and Scheduled events waiting for the API server, pods
-waiting for a worker's answer), a pass of the loop that finds nothing to do sleeps, until ``pace`` after the
+the leader has not yet sent or a worker not yet acknowledged), a pass of the loop that finds nothing to do sleeps, until ``pace`` after the
 previous such sleep ended, instead of blocking until the next arrival: what arrives meanwhile (watch chunks,
 binding answers, dispatch frames) is handled in one pass instead of one wake-up each. Below that backlog the
 loop runs exactly as it would without a pacer: a pod that arrives to an idle scheduler is never held back.
@@ -149,15 +149,17 @@ async def _paced(main: Coroutine[Any, Any, T], pace: float) -> T:
 
 # The default pace. In bursts of 2,000 pods it took 17 % off the standalone worker's CPU per pod and 4 % off each
 # coordinated worker's (one paired run; a first version that also paced the leader, 8.5-16 % off each
-# configuration in two); a steady stream of 100 pods/s did not engage it (docs/results/pace-2026-12-06/). Paced
-# whatever the backlog, an earlier paced loop raised that stream's p50 by 7-8 ms (docs/results/wakeups-2026-12-05/).
+# configuration in two); a steady stream of 100 pods/s engaged it only once it had backed up
+# (docs/results/pace-2026-12-06/). Paced whatever the backlog, an earlier paced loop raised that stream's p50 by
+# 7-8 ms (docs/results/wakeups-2026-12-05/).
 PACE = 0.005
 # While paced, each wait of a coroutine (a timer, an answer) may end up to the pace late, and a binding's
 # attempt may cross a few between its fencing check and the API server's receipt of it (a new connection, the
 # rate limiter, a token refresh): at 20 ms, three such waits stay inside the binder's fencing margin (0.1 s).
 MAX_PACE = 0.02
 # Work queued behind a slower party from which a process paces. A steady stream of 100 pods/s keeps a few
-# bindings and dispatches under way; a burst keeps hundreds queued, each waiting far longer than a pace.
+# bindings and events queued at most; a burst keeps hundreds in a worker, each waiting far longer than a pace.
+# (The leader's unacknowledged dispatches stayed under it in the measured bursts: workers acknowledge on reading.)
 PACE_BACKLOG = 32
 # A pass of the loop that ran nothing but the pacer: about 1-2 µs on uvloop and the standard loop here; a pass
 # that ran any of the scheduler's callbacks (a watch chunk, an answer, a task's step) takes tens of µs.
@@ -192,6 +194,7 @@ class Pacer:
         self.pace = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sources: list[Callable[[], int]] = []
+        self._failed: set[int] = set()  # ids of sources that raised and were logged
         self._armed = False
         self._ran = float("-inf")  # when the pacer callback last returned
         self._last = float("-inf")  # when its latest sleep ended (or an idle pass found none due)
@@ -216,13 +219,18 @@ class Pacer:
             self._sources.remove(source)
 
     def backlog(self) -> int:
-        """The sources' sum. A source that raises counts as 0 (logged): pacing is an optimisation, and its
-        check runs inside the callers' own work (``poke``), which must not fail for it."""
-        try:
-            return sum(source() for source in self._sources)
-        except Exception:
-            log.exception("a pacing backlog source failed: counted as 0")
-            return 0
+        """The sources' sum. A source that raises counts as 0 (logged the first time only: ``poke`` runs per
+        pod): pacing is an optimisation, and its check runs inside the callers' own work, which must not fail
+        for it."""
+        total = 0
+        for source in self._sources:
+            try:
+                total += source()
+            except Exception:
+                if id(source) not in self._failed:
+                    self._failed.add(id(source))
+                    log.exception("a pacing backlog source failed: counted as 0 (logged once)")
+        return total
 
     def poke(self) -> None:
         """Work was queued: start pacing if the backlog has reached the threshold. Runs per pod, so it is one

@@ -44,7 +44,7 @@ def test_run_attaches_the_pacer_for_the_run_only() -> None:
         assert aiotools.run(attached(), kind, pace_ms=0) == (None, 0.0)  # 0: never paced
 
 
-def test_pace_is_a_usage_error_outside_0_to_50_ms() -> None:
+def test_pace_is_a_usage_error_outside_0_to_20_ms() -> None:
     p = argparse.ArgumentParser()
     aiotools.add_pace_argument(p)
     assert p.parse_args([]).pace == aiotools.PACE * 1000
@@ -73,9 +73,11 @@ class _Clock:
     def __call__(self) -> float:
         return self.now
 
+    oversleep = 0.0
+
     def sleep(self, seconds: float) -> None:
         self.slept.append(round(seconds, 6))
-        self.now += seconds
+        self.now += seconds + self.oversleep
 
 
 def _pacer(clock: _Clock, backlog: list[int]) -> aiotools.Pacer:
@@ -157,16 +159,30 @@ async def test_a_backlog_source_that_raises_counts_as_nothing_and_fails_no_calle
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     clock = _Clock()
-    pacer = aiotools.Pacer(min_backlog=1, clock=clock, sleep=clock.sleep)
+    pacer = aiotools.Pacer(min_backlog=40, clock=clock, sleep=clock.sleep)
     pacer.attach(asyncio.get_running_loop(), 0.005)
 
     def broken() -> int:
         raise RuntimeError("source broke")
 
-    with pacer.backlog_of(broken):
-        pacer.poke()  # no exception into the caller, whose work was already queued
-        assert pacer.backlog() == 0 and not pacer._armed
-    assert "a pacing backlog source failed" in caplog.text
+    with pacer.backlog_of(broken), pacer.backlog_of(lambda: 39):
+        for _ in range(100):
+            pacer.poke()  # no exception into the caller, whose work was already queued
+        assert pacer.backlog() == 39 and not pacer._armed  # the others still count
+    failures = [r for r in caplog.records if "a pacing backlog source failed" in r.getMessage()]
+    assert len(failures) == 1  # logged once, not per pod
+    pacer.detach()
+
+
+async def test_what_a_sleep_took_is_counted_not_what_was_asked() -> None:
+    clock = _Clock()
+    clock.oversleep = 0.001  # a real sleep returns late
+    pacer = _pacer(clock, [32])
+    pacer.attach(asyncio.get_running_loop(), 0.005)
+    pacer.poke()
+    await _passes(5)
+    assert pacer.sleeps == len(clock.slept) > 0
+    assert pacer.slept == pytest.approx(sum(clock.slept) + 0.001 * len(clock.slept))
     pacer.detach()
 
 
