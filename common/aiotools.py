@@ -7,10 +7,11 @@ is chosen once, before anything is created on it: ``run`` makes a new loop and c
 
 Pacing (``Pacer``, one per process: ``PACER``): while the process has at least ``min_backlog`` pieces of
 work queued behind something slower than itself (bindings and Scheduled events waiting for the API server, pods
-the leader has not yet sent or a worker not yet acknowledged), a pass of the loop that finds nothing to do sleeps, until ``pace`` after the
-previous such sleep ended, instead of blocking until the next arrival: what arrives meanwhile (watch chunks,
-binding answers, dispatch frames) is handled in one pass instead of one wake-up each. Below that backlog the
-loop runs exactly as it would without a pacer: a pod that arrives to an idle scheduler is never held back.
+the leader has not yet sent or a worker not yet acknowledged), a pass of the loop that finds nothing to do
+sleeps, until ``pace`` after the previous such sleep ended, instead of blocking until the next arrival: what
+arrives meanwhile (watch chunks, binding answers, dispatch frames) is handled in one pass instead of one
+wake-up each. Below that backlog the loop runs exactly as it would without a pacer: a pod that arrives to an
+idle scheduler is never held back.
 
 Invariants: a sleep lasts at most ``pace``; a pass that took ``IDLE_PASS`` (20 µs) or longer never sleeps, nor
 does an idle one when ``pace`` has passed since the previous sleep (a process short of CPU is not slowed
