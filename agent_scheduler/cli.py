@@ -13,6 +13,12 @@ missing, unreadable or not a kubeconfig (exit 1), and the development subcommand
 exception that escapes a subcommand is logged once through the configured log format (so JSON logs stay JSON)
 and exits 1. A given ``--kubeconfig`` is also exported as ``KUBECONFIG`` for parts that load credentials
 themselves (``common.metricsauth``).
+
+SIGTERM stops ``worker`` and ``coordinator`` with exit 0 whenever it arrives once Python runs this module: once
+the command's event loop has its own handler, gracefully (a drain); before that (its imports take a second or
+more on a busy node, a coordinator waits for etcd), by abandoning the start, with one line on stderr. A pod
+deleted while it starts is then stopped as asked, not killed by the signal; nothing a start abandoned holds
+outlives it but an etcd lease, which expires.
 """
 
 from __future__ import annotations
@@ -21,7 +27,9 @@ import argparse
 import importlib
 import logging
 import os
+import signal
 import sys
+import threading
 from importlib import metadata
 from types import ModuleType
 from typing import NoReturn
@@ -46,6 +54,17 @@ DEVELOPMENT_PACKAGE = "scale"
 
 class CommandError(Exception):
     """A reason the command cannot run, said in one line."""
+
+
+class Terminated(SystemExit):
+    """SIGTERM before the command's own handler was in place.
+
+    A ``SystemExit`` so that it unwinds through an event loop that runs (asyncio and uvloop re-raise it from
+    a callback instead of logging it) and through ``except Exception`` retry loops."""
+
+
+def _terminated_while_starting(signum: int, frame: object) -> None:
+    raise Terminated(0)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -147,6 +166,20 @@ def main(argv: list[str] | None = None) -> int:
     # told otherwise before it is imported; our etcd layer reports an outage once, in one line.
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     chosen = next((a for a in argv if a in SUBCOMMANDS), None)
+    if chosen not in KUBE_COMMANDS or threading.current_thread() is not threading.main_thread():
+        return _main(argv, chosen)
+    # Before the subcommand's imports: they are most of a start.
+    previous = signal.signal(signal.SIGTERM, _terminated_while_starting)
+    try:
+        return _main(argv, chosen)
+    except Terminated:
+        print(f"agent-scheduler {chosen}: stopped by SIGTERM while starting", file=sys.stderr)
+        return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv: list[str], chosen: str | None) -> int:
     try:
         parser = _build_parser(chosen)
     except CommandError as e:

@@ -86,6 +86,14 @@ def _pacer(clock: _Clock, backlog: list[int]) -> aiotools.Pacer:
     return pacer
 
 
+def _paced(clock: _Clock, backlog: list[int]) -> aiotools.Pacer:
+    """A pacer attached to the running loop at 5 ms and poked once: armed when ``backlog`` reaches 32."""
+    pacer = _pacer(clock, backlog)
+    pacer.attach(asyncio.get_running_loop(), 0.005)
+    pacer.poke()
+    return pacer
+
+
 async def _passes(n: int, work: Callable[[], None] = lambda: None) -> None:
     for _ in range(n):
         work()
@@ -133,10 +141,8 @@ async def test_idle_passes_sleep_until_a_pace_after_the_last_sleep_then_stop_wit
 
 
 async def test_a_pass_that_did_work_never_sleeps() -> None:
-    clock, backlog = _Clock(), [1000]
-    pacer = _pacer(clock, backlog)
-    pacer.attach(asyncio.get_running_loop(), 0.005)
-    pacer.poke()
+    clock = _Clock()
+    pacer = _paced(clock, [1000])
 
     def work() -> None:
         clock.now += 0.0001  # 100 µs of a pass's callbacks, as a burst's decisions between two yields
@@ -177,9 +183,7 @@ async def test_a_backlog_source_that_raises_counts_as_nothing_and_fails_no_calle
 async def test_what_a_sleep_took_is_counted_not_what_was_asked() -> None:
     clock = _Clock()
     clock.oversleep = 0.001  # a real sleep returns late
-    pacer = _pacer(clock, [32])
-    pacer.attach(asyncio.get_running_loop(), 0.005)
-    pacer.poke()
+    pacer = _paced(clock, [32])
     await _passes(5)
     assert pacer.sleeps == len(clock.slept) > 0
     assert pacer.slept == pytest.approx(sum(clock.slept) + 0.001 * len(clock.slept))
@@ -187,10 +191,8 @@ async def test_what_a_sleep_took_is_counted_not_what_was_asked() -> None:
 
 
 async def test_detached_the_pacer_does_nothing() -> None:
-    clock, backlog = _Clock(), [1000]
-    pacer = _pacer(clock, backlog)
-    pacer.attach(asyncio.get_running_loop(), 0.005)
-    pacer.poke()
+    clock = _Clock()
+    pacer = _paced(clock, [1000])
     await _passes(4)
     assert clock.slept  # paced while attached
     pacer.detach()

@@ -1,8 +1,13 @@
-"""The command line as an operator meets it: ``--version``, and one-line errors instead of tracebacks."""
+"""The command line as an operator meets it: ``--version``, one-line errors instead of tracebacks, and SIGTERM
+while a service starts stopping it with exit 0."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -91,3 +96,85 @@ def test_development_commands_without_scale_say_so(
         code, _, err = run(capsys, command, "--help")
         assert (code, err.count("\n")) == (1, 1), err
         assert "development command" in err
+
+
+# ---- SIGTERM while a command starts ----
+
+KUBECONFIG = """\
+apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+"""
+HANG = 60.0  # a guard against hanging, never a speed requirement
+
+
+def start(tmp_path: Path, *argv: str) -> tuple[subprocess.Popen[bytes], Path]:
+    """Start ``agent-scheduler *argv`` against an API server and an etcd that do not answer (port 1)."""
+    kubeconfig, log = tmp_path / "kubeconfig", tmp_path / "stderr"
+    kubeconfig.write_text(KUBECONFIG)
+    with open(log, "wb") as err:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "agent_scheduler.cli",
+                *argv,
+                *("--kubeconfig", str(kubeconfig), "--etcd-endpoints", "127.0.0.1:1"),
+                *("--metrics-address", "127.0.0.1:0"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+    return proc, log
+
+
+def until(condition: Callable[[], bool], what: str, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + HANG
+    while not condition():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
+            pytest.fail(f"never {what} (exit {proc.returncode})")
+        time.sleep(0.001)
+
+
+def catches_sigterm(pid: int) -> bool:
+    """Whether the process has a handler of its own for SIGTERM (Linux: the SigCgt mask in /proc)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    caught = int(next(line for line in status.splitlines() if line.startswith("SigCgt:")).split()[1], 16)
+    return bool(caught >> (signal.SIGTERM - 1) & 1)
+
+
+def stopped(proc: subprocess.Popen[bytes], log: Path) -> str:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        code = proc.wait(HANG)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        pytest.fail("SIGTERM did not stop it")
+    err = log.read_text()
+    assert code == 0, err
+    assert "Traceback" not in err
+    return err
+
+
+def test_sigterm_while_the_coordinator_waits_for_etcd_stops_it_with_exit_0(tmp_path: Path) -> None:
+    # Waiting for etcd comes before the coordinator's event loop takes SIGTERM over: a start abandoned.
+    proc, log = start(tmp_path, "coordinator")
+    until(lambda: "not reachable yet" in log.read_text(), "waited for etcd", proc)
+    err = stopped(proc, log)
+    assert "agent-scheduler coordinator: stopped by SIGTERM while starting" in err
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the signal mask from Linux's /proc")
+def test_sigterm_as_soon_as_the_worker_catches_it_stops_it_with_exit_0(tmp_path: Path) -> None:
+    # The first moment a SIGTERM can be caught at all (before this, the interpreter itself starts): whichever
+    # part of the start it lands in (most likely the imports), the worker stops as asked.
+    proc, log = start(tmp_path, "worker")
+    until(lambda: catches_sigterm(proc.pid), "caught SIGTERM", proc)
+    err = stopped(proc, log)
+    assert "agent-scheduler worker: stopped by SIGTERM while starting" in err
