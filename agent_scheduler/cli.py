@@ -14,11 +14,12 @@ exception that escapes a subcommand is logged once through the configured log fo
 and exits 1. A given ``--kubeconfig`` is also exported as ``KUBECONFIG`` for parts that load credentials
 themselves (``common.metricsauth``).
 
-SIGTERM stops ``worker`` and ``coordinator`` with exit 0 whenever it arrives once Python runs this module: once
-the command's event loop has its own handler, gracefully (a drain); before that (its imports take a second or
-more on a busy node, a coordinator waits for etcd), by abandoning the start, with one line on stderr. A pod
-deleted while it starts is then stopped as asked, not killed by the signal; nothing a start abandoned holds
-outlives it but an etcd lease, which expires.
+SIGTERM stops ``worker`` and ``coordinator`` with exit 0 from the moment ``main`` runs (``common.stopping``):
+once the command's event loop runs, gracefully (a drain); before that (its imports take half a second or more
+on a busy node, a coordinator waits for etcd), by abandoning the start, with one line on stderr. A pod deleted
+while it starts is stopped as asked, not killed by the signal. Only the interpreter's own start and this
+module's standard-library imports come before: everything else this module needs is imported once ``main``
+has the handler in place.
 """
 
 from __future__ import annotations
@@ -30,12 +31,10 @@ import os
 import signal
 import sys
 import threading
-from importlib import metadata
 from types import ModuleType
 from typing import NoReturn
 
-from agent_scheduler import config
-from common import logs
+from common import stopping
 
 log = logging.getLogger("agent_scheduler")
 
@@ -56,17 +55,6 @@ class CommandError(Exception):
     """A reason the command cannot run, said in one line."""
 
 
-class Terminated(SystemExit):
-    """SIGTERM before the command's own handler was in place.
-
-    A ``SystemExit`` so that it unwinds through an event loop that runs (asyncio and uvloop re-raise it from
-    a callback instead of logging it) and through ``except Exception`` retry loops."""
-
-
-def _terminated_while_starting(signum: int, frame: object) -> None:
-    raise Terminated(0)
-
-
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (``prog: error: message (see --help)``), exit 2."""
 
@@ -76,6 +64,8 @@ class _Parser(argparse.ArgumentParser):
 
 def version() -> str:
     """The installed package's version, or ``unknown`` when running from a tree that was never installed."""
+    from importlib import metadata
+
     try:
         return metadata.version("agent-scheduler")
     except metadata.PackageNotFoundError:
@@ -127,6 +117,8 @@ def _one_line(text: str) -> str:
 
 
 def _build_parser(chosen: str | None) -> argparse.ArgumentParser:
+    from agent_scheduler import config
+
     parser = _Parser(prog="agent-scheduler", description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--version", action="version", version=f"agent-scheduler {version()}")
     parser.add_argument("--log-level", default=os.environ.get("AGENT_SCHEDULER_LOG_LEVEL", "INFO"))
@@ -152,6 +144,8 @@ def _apply_config(
     parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str]
 ) -> argparse.Namespace:
     """Re-parse with the ``--config`` file's settings as defaults, so flags given on the command line win."""
+    from agent_scheduler import config
+
     path = getattr(args, "config", None)
     if not path:
         return args
@@ -161,6 +155,8 @@ def _apply_config(
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command ``argv`` (the process's arguments when None: run as the program)."""
+    program = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     # gRPC's C core logs every failed connection attempt (each TLS handshake to a misconfigured etcd) unless
     # told otherwise before it is imported; our etcd layer reports an outage once, in one line.
@@ -169,17 +165,23 @@ def main(argv: list[str] | None = None) -> int:
     if chosen not in KUBE_COMMANDS or threading.current_thread() is not threading.main_thread():
         return _main(argv, chosen)
     # Before the subcommand's imports: they are most of a start.
-    previous = signal.signal(signal.SIGTERM, _terminated_while_starting)
+    previous = signal.signal(signal.SIGTERM, stopping.terminated_while_starting)
     try:
         return _main(argv, chosen)
-    except Terminated:
+    except stopping.Terminated:
         print(f"agent-scheduler {chosen}: stopped by SIGTERM while starting", file=sys.stderr)
         return 0
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        # Run as the program, the process exits now: a SIGTERM during that is a stop already under way (a
+        # closing asyncio loop puts back the default action, which would end the process with the signal).
+        # Called as a function (tests), the caller's handler comes back.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN if program else previous)
 
 
 def _main(argv: list[str], chosen: str | None) -> int:
+    from agent_scheduler import config
+    from common import logs
+
     try:
         parser = _build_parser(chosen)
     except CommandError as e:

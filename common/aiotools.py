@@ -162,9 +162,9 @@ MAX_PACE = 0.02
 # bindings and events queued at most; a burst keeps hundreds in a worker, each waiting far longer than a pace.
 # (The leader's unacknowledged dispatches stayed under it in the measured bursts: workers acknowledge on reading.)
 PACE_BACKLOG = 32
-# A pass of the loop that ran nothing but the pacer took 1.0 µs on uvloop and 1.5 µs on the standard loop here
-# (p50 of a callback putting itself back on the loop); a pass that decided a pod takes longer than a decision
-# alone (31-42 µs of CPU per plain pod, bench engine). Lighter passes (one answer read, one frame) were not
+# A pass of the loop that runs nothing but one callback: p50 0.47 µs on uvloop, 1.41 µs on the standard loop, p99
+# under 3 µs (docs/results/pace-2026-12-06/idlepass.py); a pass that decides a pod takes longer than the decision
+# alone (about 30 µs of CPU per plain pod, bench engine). Lighter passes (one answer read, one frame) were not
 # measured: those under it count as idle (the module docstring's invariants).
 IDLE_PASS = 20e-6
 

@@ -19,11 +19,10 @@ import argparse
 import asyncio
 import logging
 import os
-import signal
 import socket
 import time
 
-from common import aiotools, heap, metrics
+from common import aiotools, heap, metrics, stopping
 from common.etcd.flags import add_security_arguments, endpoints_from, security_from
 from common.etcd.keys import KeyLayout
 from common.etcd.kv import EtcdConfigError, connect, wait_ready
@@ -181,9 +180,7 @@ async def _main(args: argparse.Namespace) -> int:
             "coordinator %s campaigning (etcd %s, prefix %s)", candidate, args.etcd_endpoints, keys.prefix
         )
         stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+        stopping.stop_on_signals(stop, asyncio.get_running_loop())
         work = asyncio.create_task(
             run_as_leader(election, lambda term: run_term(term, etcd, client, options))
         )

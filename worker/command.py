@@ -16,11 +16,10 @@ import argparse
 import asyncio
 import logging
 import os
-import signal
 import socket
 import sys
 
-from common import aiotools, heap, metrics
+from common import aiotools, heap, metrics, stopping
 from common.etcd.flags import add_security_arguments, endpoints_from, security_from
 from common.etcd.kv import EtcdConfigError
 from common.kube import KubeClient, load_credentials
@@ -128,9 +127,7 @@ async def run_standalone(settings: WorkerSettings) -> int:
         )
         log.info("worker %s standalone; metrics on %s", settings.worker_id, metrics.addresses(runner))
         stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+        stopping.stop_on_signals(stop, asyncio.get_running_loop())
         task = asyncio.create_task(sched.run())
         stopper = asyncio.create_task(stop.wait())
         done, _ = await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)

@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
-import signal
 import socket
 import time
 from dataclasses import dataclass, field, replace
@@ -37,7 +36,7 @@ from dataclasses import dataclass, field, replace
 import psutil
 from etcd3aio import Etcd3Client
 
-from common import metrics
+from common import metrics, stopping
 from common.etcd.keys import KeyLayout, worker_id
 from common.etcd.kv import EtcdSecurity, connect, wait_ready
 from common.etcd.mirror import KeyMirror
@@ -196,9 +195,7 @@ class CoordinatedWorker:
             self.settings.metrics_host, self.settings.metrics_port, self.ready, self.sched.client.auth.healthy
         )
         stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+        stopping.stop_on_signals(stop, asyncio.get_running_loop())
         sched_task = asyncio.create_task(self.sched.run(), name="scheduler")
         await self.shard.start(pods=self.sched.watches, on_release=self.sched.binder.drain)
         log.info(

@@ -101,10 +101,8 @@ async def _passes(n: int, work: Callable[[], None] = lambda: None) -> None:
 
 
 async def test_below_the_backlog_the_loop_is_not_paced() -> None:
-    clock, backlog = _Clock(), [31]
-    pacer = _pacer(clock, backlog)
-    pacer.attach(asyncio.get_running_loop(), 0.005)
-    pacer.poke()
+    clock = _Clock()
+    pacer = _paced(clock, [31])
     assert not pacer._armed  # no pacer callback queued
     await _passes(20)
     assert clock.slept == [] and not pacer._armed
@@ -113,10 +111,8 @@ async def test_below_the_backlog_the_loop_is_not_paced() -> None:
 
 async def test_idle_passes_sleep_until_a_pace_after_the_last_sleep_then_stop_with_the_backlog() -> None:
     clock, backlog = _Clock(), [32]
-    pacer = _pacer(clock, backlog)
     sleeps = REGISTRY.get_sample_value("agent_scheduler_paced_sleeps_total") or 0.0
-    pacer.attach(asyncio.get_running_loop(), 0.005)
-    pacer.poke()
+    pacer = _paced(clock, backlog)
     pacer.poke()  # already armed: no second callback
     await _passes(6)
     # the first pass has no previous one to compare with, the second finds no sleep due (none before it);
