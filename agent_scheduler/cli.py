@@ -15,11 +15,11 @@ and exits 1. A given ``--kubeconfig`` is also exported as ``KUBECONFIG`` for par
 themselves (``common.metricsauth``).
 
 SIGTERM stops ``worker`` and ``coordinator`` with exit 0 from the moment ``main`` runs (``common.stopping``):
-once the command's event loop runs, gracefully (a drain); before that (its imports take half a second or more
-on a busy node, a coordinator waits for etcd), by abandoning the start, with one line on stderr. A pod deleted
-while it starts is stopped as asked, not killed by the signal. Only the interpreter's own start and this
-module's standard-library imports come before: everything else this module needs is imported once ``main``
-has the handler in place.
+once the command has handed it to its graceful stop (its event loop runs, etcd answered), by a drain; before
+that (the imports take half a second or more on a busy node, a coordinator waits for etcd), by abandoning the
+start, with one line on stderr. A pod deleted while it starts is stopped as asked, not killed by the signal.
+Only the interpreter's own start and this module's standard-library imports come before: everything else this
+module needs is imported once ``main`` has the handler in place.
 """
 
 from __future__ import annotations
@@ -165,17 +165,15 @@ def main(argv: list[str] | None = None) -> int:
     if chosen not in KUBE_COMMANDS or threading.current_thread() is not threading.main_thread():
         return _main(argv, chosen)
     # Before the subcommand's imports: they are most of a start.
-    previous = signal.signal(signal.SIGTERM, stopping.terminated_while_starting)
+    previous: stopping.Handler = signal.SIG_DFL
     try:
+        previous = stopping.catch_while_starting()
         return _main(argv, chosen)
     except stopping.Terminated:
         print(f"agent-scheduler {chosen}: stopped by SIGTERM while starting", file=sys.stderr)
         return 0
     finally:
-        # Run as the program, the process exits now: a SIGTERM during that is a stop already under way (a
-        # closing asyncio loop puts back the default action, which would end the process with the signal).
-        # Called as a function (tests), the caller's handler comes back.
-        signal.signal(signal.SIGTERM, signal.SIG_IGN if program else previous)
+        stopping.after_command(previous, program=program)
 
 
 def _main(argv: list[str], chosen: str | None) -> int:
