@@ -34,19 +34,19 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None  # what signal.signal returns
 
 
-# A start unwinds in milliseconds (the slowest seen: the loop's cleanup waiting for a thread, seconds).
+# A start unwinds in milliseconds; the slowest seen took seconds (an event loop's cleanup waiting for a thread).
 UNWIND = 10.0
 
 
 class _State:
-    terminated_at: float | None = None  # when a SIGTERM came before the loop took the signals over
+    terminated_at: float | None = None  # when a SIGTERM came before the command handed the signals over
 
 
 _state = _State()
 
 
 class Terminated(SystemExit):
-    """SIGTERM before the command's event loop took it over: the start is abandoned.
+    """SIGTERM before the command handed it to its graceful stop (``stop_on_signals``): the start is abandoned.
 
     A ``SystemExit`` so that it unwinds through an event loop that runs (asyncio and uvloop re-raise it from a
     callback instead of logging it) and through ``except Exception`` retry loops."""
