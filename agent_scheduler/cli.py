@@ -15,9 +15,9 @@ and exits 1. A given ``--kubeconfig`` is also exported as ``KUBECONFIG`` for par
 themselves (``common.metricsauth``).
 
 SIGTERM stops ``worker`` and ``coordinator`` with exit 0 from the moment ``main`` runs (``common.stopping``):
-once the command has handed it to its graceful stop (its event loop runs, etcd answered), by a drain; before
-that (the imports take half a second or more on a busy node, a coordinator waits for etcd), by abandoning the
-start, with one line on stderr. A pod deleted while it starts is stopped as asked, not killed by the signal.
+once the command has handed it to its graceful stop (its event loop runs and, coordinated, etcd answered), by
+a drain; before that (the imports take half a second or more on a busy node, then a coordinator or coordinated
+worker waits for etcd), by abandoning the start, with one line on stderr. A pod deleted while it starts is stopped as asked, not killed by the signal.
 Only the interpreter's own start and this module's standard-library imports come before: everything else this
 module needs is imported once ``main`` has the handler in place.
 """

@@ -3,8 +3,8 @@
 Two handlers, one after the other. From the start of ``agent_scheduler.cli.main`` (before the subcommand's
 imports, most of a start) until the command hands the signals over, ``terminated_while_starting``: the start is
 abandoned (``Terminated``, a ``SystemExit``, unwinds whatever runs, an event loop too) and the process exits 0.
-Once the command's loop runs and it has reached etcd, ``stop_on_signals`` gives them to its graceful stop (an
-``asyncio.Event`` the command waits on: a drain). Nothing is registered in etcd before that hand-over (a worker
+Once the command's loop runs (and, coordinated, etcd has answered), ``stop_on_signals`` gives them to its
+graceful stop (an ``asyncio.Event`` the command waits on: a drain). Nothing is registered in etcd before that hand-over (a worker
 registers, a coordinator campaigns, after it), so an abandoned start leaves nothing behind in the cluster (a
 worker's ``--audit-log`` file is created, empty, earlier).
 
@@ -12,8 +12,7 @@ Invariants: a second SIGTERM within ``UNWIND`` of the first changes nothing (the
 once the loop has them, a second only sets the event again); a later one raises again, in case the first's
 exception was lost (it landed in a finalizer or weakref callback, where Python only reports it), and a lost
 one also starts the graceful stop the moment the loop takes the signals over. Light on purpose: only the
-standard library's ``signal`` and ``time`` are imported, so installing the first handler costs nothing before
-the imports it protects. Not covered: the interpreter's own start (tens of ms) comes before any handler; on the
+standard library is imported, so installing the first handler costs nothing before the imports it protects. Not covered: the interpreter's own start (tens of ms) comes before any handler; on the
 standard library's loop, closing it puts the default action back for a moment before the CLI ignores SIGTERM
 for the process's exit (a second SIGTERM landing in those µs ends the process with the signal).
 """

@@ -178,6 +178,7 @@ def test_sigterm_during_the_workers_imports_stops_it_with_exit_0(tmp_path: Path)
     until(lambda: importing_the_command(proc.pid), "imported its command", proc)
     err = stopped(proc, log)
     assert "agent-scheduler worker: stopped by SIGTERM while starting" in err
+    assert "not reachable yet" not in err  # it landed before the wait for etcd
 
 
 def test_a_second_sigterm_while_the_first_unwinds_the_start_changes_nothing(tmp_path: Path) -> None:
