@@ -79,9 +79,13 @@ def terminated_while_starting(signum: int, frame: FrameType | None) -> None:
     raise Terminated
 
 
-def stop_on_signals(stop: asyncio.Event, loop: asyncio.AbstractEventLoop) -> None:
-    """From now on SIGTERM and SIGINT set ``stop`` (the command's graceful stop). Sets it at once when a
-    SIGTERM came before and its exception was lost."""
+def stop_on_signals(stop: asyncio.Event) -> None:
+    """From now on SIGTERM and SIGINT set ``stop`` (the command's graceful stop), through the running loop
+    (call it from the command's coroutine). Sets it at once when a SIGTERM came before and its exception was
+    lost."""
+    import asyncio  # already loaded by the caller's loop: the CLI imports this module before anything heavy
+
+    loop = asyncio.get_running_loop()
     for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, stop.set)
     if _state.terminated_at is not None:

@@ -180,7 +180,7 @@ async def _main(args: argparse.Namespace) -> int:
             "coordinator %s campaigning (etcd %s, prefix %s)", candidate, args.etcd_endpoints, keys.prefix
         )
         stop = asyncio.Event()
-        stopping.stop_on_signals(stop, asyncio.get_running_loop())
+        stopping.stop_on_signals(stop)
         work = asyncio.create_task(
             run_as_leader(election, lambda term: run_term(term, etcd, client, options))
         )

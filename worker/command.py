@@ -127,7 +127,7 @@ async def run_standalone(settings: WorkerSettings) -> int:
         )
         log.info("worker %s standalone; metrics on %s", settings.worker_id, metrics.addresses(runner))
         stop = asyncio.Event()
-        stopping.stop_on_signals(stop, asyncio.get_running_loop())
+        stopping.stop_on_signals(stop)
         task = asyncio.create_task(sched.run())
         stopper = asyncio.create_task(stop.wait())
         done, _ = await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)

@@ -195,7 +195,7 @@ class CoordinatedWorker:
             self.settings.metrics_host, self.settings.metrics_port, self.ready, self.sched.client.auth.healthy
         )
         stop = asyncio.Event()
-        stopping.stop_on_signals(stop, asyncio.get_running_loop())
+        stopping.stop_on_signals(stop)
         sched_task = asyncio.create_task(self.sched.run(), name="scheduler")
         await self.shard.start(pods=self.sched.watches, on_release=self.sched.binder.drain)
         log.info(

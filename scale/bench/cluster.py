@@ -33,7 +33,7 @@ import pstats
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from io import StringIO
 from pathlib import Path
@@ -158,40 +158,45 @@ def _groups(cluster: Cluster, running: Running) -> dict[str, PidSource]:
     }
 
 
-# The scheduler has finished a run's work when its processes together use at most this many cores above what
-# they used at rest just before the run (a coordinated configuration's timers alone take 0.02-0.05 cores).
-IDLE_CORES = 0.05
+# A run's work has ended when, over one window, the scheduler's processes together use at most this many cores
+# above what they used at rest just before the run (a coordinated configuration's timers alone take 0.02-0.05
+# cores), and the API server at most this many above its own rest: a scheduler whose Scheduled events wait on
+# the API server (a paced worker sleeps between its passes) can look idle while the API server still serves
+# them, so the scheduler alone is not enough (`docs/results/pace-2026-12-06/`, section 7).
+IDLE_CORES: dict[str, float] = {"scheduler": 0.05, "apiserver": 0.10}
 IDLE_WINDOW_S = 1.0
 
 
-async def _scheduler_rate(cluster: Cluster, running: Running, seconds: float) -> float:
-    """The cores the scheduler's processes use together now, over ``seconds``."""
-    meter = ProcessMeter({"scheduler": _groups(cluster, running)["scheduler"]}, period=seconds * 2)
+async def _rest_rates(cluster: Cluster, running: Running, seconds: float) -> dict[str, float]:
+    """The cores each group ``_until_idle`` watches uses now, over ``seconds``."""
+    groups = _groups(cluster, running)
+    meter = ProcessMeter({name: groups[name] for name in IDLE_CORES}, period=seconds * 2)
     meter.start()
     await asyncio.sleep(seconds)
-    return (await meter.stop())["scheduler"].cpu_s / seconds
+    usage = await meter.stop()
+    return {name: usage[name].cpu_s / seconds for name in IDLE_CORES}
 
 
-async def _until_idle(meter: ProcessMeter, max_wait: float, rest: float) -> tuple[float, bool]:
-    """Keep ``meter`` running until the scheduler's processes together use at most ``rest`` + ``IDLE_CORES``
-    cores over ``IDLE_WINDOW_S``, or until a window ends ``max_wait`` seconds or more after the start; returns
-    how long it waited and whether the scheduler was idle by then.
+async def _until_idle(meter: ProcessMeter, max_wait: float, rest: Mapping[str, float]) -> tuple[float, bool]:
+    """Keep ``meter`` running until, over one ``IDLE_WINDOW_S``, every group of ``rest`` uses at most its rest
+    plus its ``IDLE_CORES``, or until a window ends ``max_wait`` seconds or more after the start; returns how
+    long it waited and whether it was idle by then.
 
     Why: the window that ends when the load generator has seen every pod bound leaves out work a scheduler does
     for those pods after it, above all the Scheduled events its workers post behind the bindings (a standalone
     worker in a burst of 2,000 had posted 263 of them by then, in a profiled run;
     `docs/results/wakeups-2026-12-05/`). One process with all the pods leaves more of that work out than two
     with half each, so the ratio between them is off unless the tail is counted. The last window, idle, is
-    counted too. Nothing here knows that the events are all sent: a second in which every sender waits on the
-    API server may look idle."""
+    counted too. Nothing here knows that the events are all sent: the API server's own rest is the evidence
+    that none is still being served (a scheduler waiting on it uses little CPU while it does)."""
     began = time.monotonic()
     meter.sample()
-    before = meter.cpu_so_far("scheduler")
+    before = {name: meter.cpu_so_far(name) for name in rest}
     while True:
         await asyncio.sleep(IDLE_WINDOW_S)
         meter.sample()
-        now = meter.cpu_so_far("scheduler")
-        if now - before <= (rest + IDLE_CORES) * IDLE_WINDOW_S:
+        now = {name: meter.cpu_so_far(name) for name in rest}
+        if all(now[n] - before[n] <= (rest[n] + IDLE_CORES.get(n, 0.0)) * IDLE_WINDOW_S for n in rest):
             return time.monotonic() - began, True
         if time.monotonic() - began >= max_wait:
             return time.monotonic() - began, False
@@ -483,7 +488,7 @@ async def run_workload(
     filled = await _fill(client, fleet, workload) if workload.preempt else 0
     meter = ProcessMeter(_groups(cluster, running))
     tail_s, idle = 0.0, True
-    rest = await _scheduler_rate(cluster, running, IDLE_WINDOW_S) if config.until_idle_s > 0 else 0.0
+    rest = await _rest_rates(cluster, running, IDLE_WINDOW_S) if config.until_idle_s > 0 else {}
     started_at = rfc3339()
     log.info("%s × %s × %d nodes: %d pods", spec.name, workload.name, nodes, len(plan))
     stages_before, _ = await stagemetrics.scrape(running.metrics_addresses)
@@ -517,8 +522,9 @@ async def run_workload(
     run_notes = list(notes)
     if config.until_idle_s > 0:
         run_notes.append(
-            f"CPU counted until the scheduler was idle: {tail_s:.1f}s after every pod was seen bound"
-            f" (at rest before the run: {rest:.3f} cores)" + ("" if idle else " (not idle by then)")
+            f"CPU counted until the scheduler and the API server were idle: {tail_s:.1f}s after every pod was seen bound"
+            f" (at rest before the run: the scheduler {rest['scheduler']:.3f} cores, the API server"
+            f" {rest['apiserver']:.3f})" + ("" if idle else " (not idle by then)")
         )
     if not observed.complete:
         run_notes.append(

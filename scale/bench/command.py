@@ -292,7 +292,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--until-idle",
         type=float,
         default=0.0,
-        help="once every pod is seen bound, count the scheduler's CPU until it is idle, for at most this many "
+        help="once every pod is seen bound, count the scheduler's CPU until it and the API server are idle, for at most this many "
         "seconds (0: the window ends there; its Scheduled events are mostly posted after it)",
     )
     pa.add_argument(

@@ -19,9 +19,9 @@ the sharded path typically moves it by 2-10 %. Here:
    waits until it is ready (shard map settled, probe pods bound) and the host is quiet, then ``idle_s`` more
    with nothing to schedule (``--idle``: a user's first burst after a quiet spell), runs the workload
    (``scale.bench.cluster``'s ``run_workload``: the same load generator, meter and clean-up; with
-   ``--until-idle`` the CPU window runs on, once every pod is seen bound, until the scheduler is idle, so work
-   it does for the pods after binding them, such as their Scheduled events, is counted), then stops the
-   processes by PID;
+   ``--until-idle`` the CPU window runs on, once every pod is seen bound, until the scheduler and the API server
+   are idle, so work it does for the pods after binding them, such as their Scheduled events, is counted), then
+   stops the processes by PID;
 4. a contender may run from another checkout of this project (``LABEL=SCHEDULER@DIR``, e.g. a ``git worktree``
    of the baseline), with this interpreter and its packages: before and after are paired in one run.
 
@@ -315,7 +315,7 @@ class PairedConfig:
     pull_delay_s: float = 0.0
     quiet_wait_s: float = 30.0
     idle_s: float = 0.0  # after ready and quiet, before the workload
-    # once every pod is seen bound, CPU counted until the scheduler is idle (at most this long)
+    # once every pod is seen bound, CPU counted until the scheduler and the API server are idle (at most this long)
     until_idle_s: float = 0.0
     stall_s: float = 30.0
     timeout_s: float = 300.0
@@ -459,7 +459,7 @@ def main(
         f"{config.workload} of {config.pods} pods on {config.nodes} nodes"
         + (f", each after {config.idle_s:g} s idle" if config.idle_s else "")
         + (
-            f", CPU counted until the scheduler was idle (up to {config.until_idle_s:g} s after every pod was "
+            f", CPU counted until the scheduler and the API server were idle (up to {config.until_idle_s:g} s after every pod was "
             "seen bound)"
             if config.until_idle_s
             else ""

@@ -68,13 +68,15 @@ def test_paired_runs_alternate_on_one_cluster_and_use_each_checkout(tmp_path: Pa
         assert r.cpu_s_per_1k_pods > 0 and 0 < r.p50_ms <= r.p99_ms
         # counted on after the last bind: at least one window of a second, at most one past the limit
         assert 1.0 <= r.params["cpu_tail_s"] <= UNTIL_IDLE + 2.0, r.params
-        assert any(n.startswith("CPU counted until the scheduler was idle") for n in r.notes), r.notes
+        assert any(
+            n.startswith("CPU counted until the scheduler and the API server were idle") for n in r.notes
+        ), r.notes
         expected = {"coordinator", "worker-1"} if t["label"] != "after" else {"worker"}
         assert set(r.cpu_s_per_1k_pods_by_process) == expected, r.cpu_s_per_1k_pods_by_process
     summary = (out / "summary.md").read_text()
     assert f"| before | agent-coord-1 | {baseline} | 2 |" in summary
     assert "| after | agent-standalone | this | 2 |" in summary
-    assert "CPU counted until the scheduler was idle" in summary
+    assert "CPU counted until the scheduler and the API server were idle" in summary
     # each trial's processes logged under logs/; only the other checkout's printed the marker
     logs = {p.name: p.read_text() for p in (out / "logs").glob("*.log")}
     before = [text for name, text in logs.items() if "-before-" in name]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -180,7 +181,7 @@ async def test_the_window_runs_on_while_the_scheduler_works_and_ends_once_it_is_
             pass
 
     busy = asyncio.create_task(asyncio.to_thread(burn, 0.6))  # the scheduler's work after the last bind
-    waited, idle = await cluster._until_idle(meter, 10.0, rest=0.0)
+    waited, idle = await cluster._until_idle(meter, 10.0, rest={"scheduler": 0.0})
     await busy
     assert idle and 0.5 <= waited < 5.0  # not before the work ended, and soon after it
     assert (await meter.stop())["scheduler"].cpu_s >= 0.5  # counted in the window
@@ -188,7 +189,7 @@ async def test_the_window_runs_on_while_the_scheduler_works_and_ends_once_it_is_
     meter = ProcessMeter({"scheduler": own_pid}, period=10.0)
     meter.start()
     busy = asyncio.create_task(asyncio.to_thread(burn, 1.0))
-    waited, idle = await cluster._until_idle(meter, 0.3, rest=0.0)
+    waited, idle = await cluster._until_idle(meter, 0.3, rest={"scheduler": 0.0})
     assert not idle and waited < 0.9  # never a window past its limit
     await busy
     await meter.stop()
@@ -212,9 +213,38 @@ async def test_a_scheduler_busy_at_rest_is_idle_at_its_rest_level(monkeypatch: p
 
     task = asyncio.create_task(asyncio.to_thread(timers))
     try:
-        waited, idle = await cluster._until_idle(meter, 2.0, rest=0.6)
+        waited, idle = await cluster._until_idle(meter, 2.0, rest={"scheduler": 0.6})
         assert idle and waited < 1.0
     finally:
         stop = True
         await task
         await meter.stop()
+
+
+async def test_the_window_runs_on_while_the_api_server_still_serves_a_quiet_scheduler(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A paced worker whose Scheduled events wait on the API server uses little CPU while the API server
+    still serves them: the window must not end on the scheduler's rest alone."""
+    from scale.bench import cluster
+
+    monkeypatch.setattr(cluster, "IDLE_WINDOW_S", 0.2)
+    quiet = await asyncio.create_subprocess_exec(sys.executable, "-c", "import time; time.sleep(30)")
+    try:
+        meter = ProcessMeter({"scheduler": lambda: [quiet.pid], "apiserver": own_pid}, period=10.0)
+        meter.start()
+
+        def serve(seconds: float) -> None:  # the API server's work on the scheduler's last events
+            end = time.thread_time() + seconds
+            while time.thread_time() < end:
+                pass
+
+        busy = asyncio.create_task(asyncio.to_thread(serve, 0.8))
+        waited, idle = await cluster._until_idle(meter, 10.0, rest={"scheduler": 0.0, "apiserver": 0.0})
+        await busy
+        assert idle and 0.7 <= waited < 5.0  # not while the API server worked, and soon after
+        usage = await meter.stop()
+        assert usage["apiserver"].cpu_s >= 0.7 and usage["scheduler"].cpu_s < 0.1
+    finally:
+        quiet.kill()
+        await quiet.wait()

@@ -60,7 +60,7 @@ def test_a_sigterm_long_after_a_lost_one_raises_again() -> None:
 
 async def test_once_the_loop_has_them_sigterm_and_sigint_start_the_graceful_stop() -> None:
     loop, stop = asyncio.get_running_loop(), asyncio.Event()
-    stopping.stop_on_signals(stop, loop)
+    stopping.stop_on_signals(stop)
     try:
         assert not stop.is_set()
         for sig in stopping.STOP_SIGNALS:
@@ -76,7 +76,7 @@ async def test_a_sigterm_whose_exception_was_lost_starts_the_graceful_stop_at_th
     # Raised inside a finalizer, the exception is only reported and the start goes on; the handler noted it.
     stopping._state.terminated_at = 0.0
     loop, stop = asyncio.get_running_loop(), asyncio.Event()
-    stopping.stop_on_signals(stop, loop)
+    stopping.stop_on_signals(stop)
     try:
         assert stop.is_set()
     finally:
