@@ -134,8 +134,8 @@ class BenchConfig:
     pull_delay_s: float = DEFAULT_PULL_DELAY_S
     #: share of fleet nodes besides the warm ones that list the agent images
     prepulled: float = PREPULLED_FRACTION
-    #: once every pod is seen bound, keep counting the scheduler's CPU until it is idle, for at most this
-    #: long (0: the window ends there; see ``_until_idle``)
+    #: once every pod is seen bound, keep counting the scheduler's CPU until it and the API server are idle,
+    #: for at most this long (0: the window ends there; see ``_until_idle``)
     until_idle_s: float = 0.0
 
 
@@ -162,7 +162,8 @@ def _groups(cluster: Cluster, running: Running) -> dict[str, PidSource]:
 # above what they used at rest just before the run (a coordinated configuration's timers alone take 0.02-0.05
 # cores), and the API server at most this many above its own rest: a scheduler whose Scheduled events wait on
 # the API server (a paced worker sleeps between its passes) can look idle while the API server still serves
-# them, so the scheduler alone is not enough (`docs/results/pace-2026-12-06/`, section 7).
+# them, so the scheduler alone is not enough (`docs/results/pace-2026-12-06/`: section 6 found counts ended
+# early that way, section 8 measures this check).
 IDLE_CORES: dict[str, float] = {"scheduler": 0.05, "apiserver": 0.10}
 IDLE_WINDOW_S = 1.0
 
