@@ -1,7 +1,10 @@
-"""Attach py-spy to the coordinator (and workers) for DURATION s when the bench log announces a burst."""
+"""Attach py-spy to the coordinator for DURATION s when the bench log announces a burst.
+
+The process finder and the log follower are gc-2026-12-05/perflog.py's (ad hoc scripts kept as they ran);
+run with the interpreter whose environment has py-spy (`pip install py-spy`)."""
 import os, sys, time, subprocess
 log, outdir, duration = sys.argv[1], sys.argv[2], sys.argv[3]
-spy = "/work/main/.venv/bin/py-spy"
+spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
 os.makedirs(outdir, exist_ok=True)
 def procs():
     r = {}
