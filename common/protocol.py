@@ -85,7 +85,8 @@ Worker -> leader
               shows it).
     CAPACITY  {nodes, free_cpu, free_memory, max_cpu, max_memory, pending, syncing, binds_per_s, ts,
                placing}
-              a compact summary of the worker's shard, every ``CAPACITY_INTERVAL`` in which it changed
+              a compact summary of the worker's shard, when it changed (looked at every
+              ``CAPACITY_INTERVAL`` while things move, at once on a change at rest: ``worker.intake``)
               and at least every ``HEARTBEAT_INTERVAL`` (the worker's heartbeat): totals of free
               millicores/bytes over usable owned nodes, and the largest free amounts on one node (a pod
               larger than ``max_*`` cannot fit this shard); ``syncing`` counts granted nodes not usable

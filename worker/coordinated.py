@@ -125,7 +125,9 @@ class CoordinatedWorker:
         )
         layout = KeyLayout(options.etcd_prefix)
         self.shard = Shard(etcd, record, keys=layout, ttl=options.lease_ttl)
-        self.election = KeyMirror(etcd, layout.election_prefix, prefix=True, name="election")
+        self.election = KeyMirror(
+            etcd, layout.election_prefix, prefix=True, name="election", on_change=self._election_changed
+        )
         self.audit = (
             AuditLog(options.audit_log, worker=self.worker_id, epoch=self._epoch)
             if options.audit_log
@@ -162,6 +164,12 @@ class CoordinatedWorker:
             scheduler_name=settings.scheduling.scheduler_name,
             can_place=self.can_place,
         )
+        # The capacity check at rest waits for a poke (``Intake.poke``): the index's summary going stale (set
+        # by the intake), the shard looked at again (grants, catch-ups, the lease's health), the election.
+        self.shard.on_reevaluated(self.intake.poke)
+
+    def _election_changed(self) -> None:
+        self.intake.poke()  # a stream whose term is no longer elected is closed at its next check
 
     def _refuse_claim(self, pod: PodRecord, message: str) -> None:
         self.results.refuse_claim(pod, message)
@@ -212,6 +220,7 @@ class CoordinatedWorker:
         if sched_task in done:
             sched_task.result()
         self.draining = True
+        self.intake.poke()  # the leader learns at once that we take no more pods
         self.sched.pause()
         try:
             async with asyncio.timeout(DRAIN_TIMEOUT):

@@ -17,14 +17,15 @@ Invariants:
   the common case after an assume, leaves the old entry as an upper bound); ``summary`` fixes stale entries
   as they reach the top, and the heap is rebuilt when it holds too many stale ones. The summary costs O(1)
   amortised plus one bucket, instead of a walk over every node, and nothing when no node changed since the
-  last one (it is kept until the next ``update`` or ``remove``).
+  last one (it is kept until the next ``update`` or ``remove``, which call ``on_stale``: a summary's reader
+  at rest waits for that instead of asking again and again).
 """
 
 from __future__ import annotations
 
 import bisect
 import heapq
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from worker.nodeinfo import NodeInfo
@@ -59,6 +60,13 @@ class CapacityIndex:
         self._free_memory = 0
         self._memory_heap: list[tuple[int, str]] = []  # (-free bytes, name), lazily deleted
         self._summary: CapacitySummary | None = None  # ``summary()`` since the last change; None: stale
+        # called when a kept summary goes stale (once per ``summary()``: the hot path pays a None check)
+        self.on_stale: Callable[[], None] | None = None
+
+    def _stale(self) -> None:
+        self._summary = None
+        if self.on_stale is not None:
+            self.on_stale()
 
     def __len__(self) -> int:
         return len(self._bucket_of)
@@ -74,7 +82,8 @@ class CapacityIndex:
         return self._bucket_of.get(name)
 
     def update(self, info: NodeInfo) -> None:
-        self._summary = None
+        if self._summary is not None:
+            self._stale()
         node = info.node
         name = node.name
         alloc = node.allocatable
@@ -111,7 +120,8 @@ class CapacityIndex:
         members[name] = info
 
     def remove(self, name: str) -> None:
-        self._summary = None
+        if self._summary is not None:
+            self._stale()
         old = self._bucket_of.pop(name, None)
         if old is not None:
             self._drop(name, old)
@@ -129,7 +139,7 @@ class CapacityIndex:
 
     def summary(self) -> CapacitySummary:
         """Free capacity over the indexed nodes (see the module docstring for the cost); kept until the next
-        ``update`` or ``remove``, so a worker at rest, summarising every ``CAPACITY_INTERVAL``, walks no
+        ``update`` or ``remove``, so a capacity check with no node changed since the last walks no
         bucket."""
         if self._summary is not None:
             return self._summary

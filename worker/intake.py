@@ -9,8 +9,10 @@ Two objects:
   secret), accepts only the leader etcd currently elects, puts dispatched pods into the scheduler's queue
   through the dispatch gate (``worker.gate``: a pod waits there until the pod watch has reached the
   DISPATCH's ``min_rv``), answers heartbeats, and sends the capacity summary (kept current by the cache's
-  index, read in O(1)) each ``protocol.CAPACITY_INTERVAL`` in which it changed, and at least every
-  ``protocol.HEARTBEAT_INTERVAL`` even if it did not: that is the stream's heartbeat towards the leader.
+  index, read in O(1)) when it changed, and at least every ``protocol.HEARTBEAT_INTERVAL`` even if it did
+  not: that is the stream's heartbeat towards the leader. It looks every ``protocol.CAPACITY_INTERVAL`` while
+  things move and, at rest, when poked (``Intake.poke``): a worker with nothing to do wakes for it only once
+  per heartbeat.
   A DISPATCH's pod is parsed with the record the pod watch holds for it as ``previous``
   (``common.records.pod_from_json``), which is that record itself when the DISPATCH carries the same object.
 
@@ -23,8 +25,9 @@ Invariants:
   create revision of the lowest key under the election prefix (``elected_term`` over the worker's mirror of
   it; a mirror that lags is waited for up to ``TERM_WAIT``). The stream replaces the current one only after
   the leader's first session frame verified, so a replayed HELLO changes nothing. A stream whose term etcd
-  no longer elects (another key is now the lowest) is closed within ``protocol.CAPACITY_INTERVAL``. Results
-  for pods dispatched over an older stream go to the current one (the leader that now owns dispatch).
+  no longer elects (another key is now the lowest) is closed at the next capacity check: within
+  ``protocol.CAPACITY_INTERVAL`` while things move, at once at rest (the election mirror's change pokes it).
+  Results for pods dispatched over an older stream go to the current one (the leader that now owns dispatch).
 - Bounded before authentication: at most ``MAX_HANDSHAKES`` connections may be in their handshake at once,
   the handshake must finish within ``protocol.HELLO_TIMEOUT``, and its frames are capped at
   ``protocol.MAX_HANDSHAKE_FRAME``; nothing unauthenticated is decoded. When every slot is taken, a new
@@ -88,6 +91,7 @@ from worker.shard import ShardView
 log = logging.getLogger(__name__)
 
 BIND_RATE_WINDOW = 5.0  # seconds over which ``binds_per_s`` is averaged
+CAPACITY_QUIET = 1.0  # the capacity check runs every CAPACITY_INTERVAL until this long after a poke or change
 # How long a dispatch's entry stays owed after the pod was shown gone (deleted, finished, placed; by the pod
 # watch, a binding's 404 or a DISPATCH of a pod already placed): a binding of ours whose answer comes after the
 # watch's event still finds it; a pod deleted in the queue, or placed by another worker, is dropped then (no
@@ -143,8 +147,14 @@ def _dispatch(
 
 
 def _changed(summary: protocol.Capacity, last: protocol.Capacity | None) -> bool:
-    """Does ``summary`` say anything ``last`` did not (its time aside)?"""
-    return last is None or dataclasses.replace(last, ts=summary.ts) != summary
+    """Does ``summary`` say anything the leader decides on that ``last`` did not? Its time, queue count and
+    bind rate aside: those are only shown (``agent-scheduler status``), and go out with the next summary or
+    heartbeat; the bind rate, averaged over a sliding window, would otherwise keep an idle worker's check
+    busy for ``BIND_RATE_WINDOW`` after its last binding."""
+    return last is None or (
+        dataclasses.replace(last, ts=summary.ts, pending=summary.pending, binds_per_s=summary.binds_per_s)
+        != summary
+    )
 
 
 def elected_term(election: Mapping[str, KeyValue]) -> int | None:
@@ -394,6 +404,8 @@ class Intake:
         self.failed_handshakes = 0  # unauthenticated, malformed, wrong term, or too slow
         self.foreign_pods = 0  # DISPATCHes of another scheduler's pods, refused
         self._last_failure_log = float("-inf")
+        self._looked_for = asyncio.Event()  # ``poke``: the capacity check at rest wakes for it
+        sched.cache.index.on_stale = self.poke
 
     async def start(self, listener: socket.socket) -> None:
         """Serve on an already bound socket (its address is in the worker's membership record)."""
@@ -541,6 +553,8 @@ class Intake:
                 await reporter
 
     def handle(self, msg: protocol.Message, stream: LeaderStream) -> None:
+        if not isinstance(msg, protocol.Ping):
+            self.poke()  # a dispatch moves the queue's count; a claim set, what the claims will
         if isinstance(msg, protocol.Dispatch):
             dispatch_id, pod, min_rv = _dispatch(msg, self.sched.watches.pod_feed.previous)
             self.received += 1
@@ -591,13 +605,24 @@ class Intake:
             placing=placing,
         )
 
+    def poke(self) -> None:
+        """Something the capacity summary or the elected-term check reads may have changed: look now."""
+        self._looked_for.set()
+
     async def _report_capacity(self, stream: LeaderStream) -> None:
-        """Every ``CAPACITY_INTERVAL``: close the stream if its term is no longer elected, else send the
-        summary if it changed, and at least every ``HEARTBEAT_INTERVAL`` even if not (the stream's heartbeat:
-        the leader hears from an idle worker well within ``DEAD_AFTER``, and answers with PING)."""
+        """Each check closes the stream if its term is no longer elected, else sends the summary if it changed,
+        and at least every ``HEARTBEAT_INTERVAL`` even if not (the stream's heartbeat: the leader hears from an
+        idle worker well within ``DEAD_AFTER``, and answers with PING). A check runs every
+        ``CAPACITY_INTERVAL`` until ``CAPACITY_QUIET`` has passed since the last poke or change; after that, at
+        rest, only on a poke (``poke``: the index's summary went stale, the shard was re-evaluated, the election
+        changed, the leader sent something, the worker began to drain) or when the heartbeat is due. Every field
+        the leader decides on changes with a poke (the lease keeper's own timer tells the shard when the lease's
+        health runs out); the ones only shown go out with the next summary or heartbeat (``_changed``)."""
         last: protocol.Capacity | None = None
         last_sent = float("-inf")
+        active_until = time.monotonic() + CAPACITY_QUIET
         while not stream.writer.is_closing():
+            self._looked_for.clear()
             elected = self.elected()
             if elected is not None and elected != stream.term:
                 log.warning(
@@ -609,9 +634,20 @@ class Intake:
                 return
             summary = self.capacity()
             now = time.monotonic()
-            if now - last_sent >= protocol.HEARTBEAT_INTERVAL or _changed(summary, last):
+            changed = _changed(summary, last)
+            if changed:
+                active_until = now + CAPACITY_QUIET
+            if changed or now - last_sent >= protocol.HEARTBEAT_INTERVAL:
                 stream.send(summary)
                 last, last_sent = summary, now
                 if stream.buffered() > WRITE_HIGH_WATER:
                     await stream.drain()
-            await asyncio.sleep(protocol.CAPACITY_INTERVAL)
+            if now < active_until:
+                await asyncio.sleep(protocol.CAPACITY_INTERVAL)
+                continue
+            # At rest: until a poke or the heartbeat. A timeout scope, not ``wait_for`` (no task per wait).
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.0, last_sent + protocol.HEARTBEAT_INTERVAL - now)):
+                    await self._looked_for.wait()
+            if self._looked_for.is_set():
+                active_until = time.monotonic() + CAPACITY_QUIET

@@ -64,6 +64,9 @@ class SchedulingQueue:
         self._updated_in_flight: dict[PodKey, PodRecord | None] = {}
         self._move_cycle = 0
         self._wakeup = asyncio.Event()
+        self._earlier_backoff = (
+            asyncio.Event()
+        )  # backoffQ's head changed to an earlier end (``wait_backoff``)
 
     # ----- entering --------------------------------------------------------------------------------------
 
@@ -109,6 +112,8 @@ class SchedulingQueue:
             self._wakeup.set()
         elif where == "backoff":
             heapq.heappush(self._backoff, (qp.backoff_until, qp.seq, key))
+            if self._backoff[0][1] == qp.seq:  # it ends first: a waiting flush must wake sooner
+                self._earlier_backoff.set()
         elif where == "unschedulable":
             qp.unschedulable_since = self.clock()
             self._unschedulable[key] = qp
@@ -139,6 +144,21 @@ class SchedulingQueue:
             return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wakeup.wait(), timeout)
+
+    async def wait_backoff(self, limit: float) -> None:
+        """Wait until backoffQ's first entry ends, a pod enters backoffQ ahead of it, or ``limit`` seconds
+        pass, whichever is first. ``flush_backoff`` after it moves what is due: so a backoff ends on time, and
+        a queue with nothing backing off costs no wake-up before ``limit``. (The first entry may be a stale
+        one, of a pod that left backoffQ: the flush then moves nothing, which is harmless.)"""
+        delay = limit
+        if self._backoff:
+            delay = min(limit, self._backoff[0][0] - self.clock())
+        if delay <= 0:
+            return
+        self._earlier_backoff.clear()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(delay):
+                await self._earlier_backoff.wait()
 
     def _backoff_for(self, attempts: int) -> float:
         return float(min(MAX_BACKOFF, INITIAL_BACKOFF * (2 ** max(0, attempts - 1))))

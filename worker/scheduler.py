@@ -57,7 +57,7 @@ from worker.shard import ShardChange, ShardView
 log = logging.getLogger(__name__)
 
 YIELD_EVERY = 64  # decisions between yields to the event loop, so watches and binds keep flowing
-HOUSEKEEPING_PERIOD = 0.05
+HOUSEKEEPING_PERIOD = 0.05  # a paused loop looks again this often
 EXPIRY_PERIOD = 1.0
 UNSCHEDULABLE_FLUSH_PERIOD = 30.0
 
@@ -331,9 +331,15 @@ class Scheduler:
                     await asyncio.sleep(0)
 
     async def housekeeping(self) -> None:
+        """Backoffs ended (as each ends), assumptions expired and queue metrics (every ``EXPIRY_PERIOD``), the
+        unschedulable pool's timeout. At rest, one wake-up per ``EXPIRY_PERIOD``."""
         last_expiry = last_flush = self.clock()
         while True:
-            await asyncio.sleep(HOUSEKEEPING_PERIOD)
+            # (the check below is "at least EXPIRY_PERIOD since the last": waking a little before that, as a
+            # timer may, would put it off by a whole period)
+            await self.queue.wait_backoff(
+                min(EXPIRY_PERIOD, max(0.0, last_expiry + EXPIRY_PERIOD - self.clock()))
+            )
             self.queue.flush_backoff()
             now = self.clock()
             if now - last_expiry >= EXPIRY_PERIOD:

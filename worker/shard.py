@@ -184,6 +184,7 @@ class ShardState:
         self._published: frozenset[NodeName] = frozenset()
         self.epoch = 0
         self._listeners: list[Listener] = []
+        self._touched: list[Callable[[], None]] = []
         self._releases: asyncio.Queue[tuple[int, int, frozenset[NodeName]]] = asyncio.Queue()
         self._pods: PodWatch | None = None
         self._on_release: ReleaseHook | None = None
@@ -259,8 +260,16 @@ class ShardState:
         self._granted = frozenset()
         self.publish()
 
+    def on_reevaluated(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` whenever the shard's state is looked at again (an assignment applied, the lease's
+        health changed, a catch-up ended), whether or not the usable set changed: what ``syncing`` and the
+        lease's health say may have."""
+        self._touched.append(callback)
+
     def publish(self) -> None:
         """Tell subscribers how the usable set differs from what they were told last."""
+        for touched in self._touched:
+            touched()
         current = self._granted - self._syncing.keys() if self._healthy() else frozenset()
         added = current - self._published
         removed = self._published - current
@@ -405,6 +414,7 @@ class Shard:
         self.syncing = self._state.syncing
         self.bind_deadline = self._state.bind_deadline
         self.subscribe = self._state.subscribe
+        self.on_reevaluated = self._state.on_reevaluated
 
     # ---- introspection ----
 

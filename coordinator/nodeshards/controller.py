@@ -2,7 +2,8 @@
 
 Runs inside one leadership term (``coordinator.leadership.term.run_term``) beside the shard map, and feeds it
 through ``PolicyPool`` (the nodes) and the ``AssignmentPolicy`` (the ``rebalance`` settings in force). Each pass
-of the loop (on a change, and at least every ``RECONCILE_INTERVAL``):
+of the loop (on a change, and at least every ``RECONCILE_INTERVAL`` with a policy in force; without one every
+input wakes it and ``LABEL_POOL_INTERVAL`` is a backstop):
 
 1. Evaluate, when due: on a new policy, every ``shardSyncPeriod``, and on node changes when
    ``enableNodeEventTrigger`` (at most once per ``MIN_EVENT_INTERVAL``). ``EffectivePolicy.evaluate`` over the
@@ -52,6 +53,7 @@ What it does not do: grant nodes to workers (``coordinator.workershards.shardmap
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -60,7 +62,6 @@ from dataclasses import dataclass
 from etcd3aio import Etcd3Client
 from etcd3aio.kv import KVService
 
-from common.aiotools import wait_first
 from common.backoff import api_retry
 from common.etcd.keys import KeyLayout
 from common.etcd.kv import DEFAULT_TIMEOUT, ETCD_FAILURES, describe, kv_service
@@ -90,6 +91,9 @@ HeldNodes = Callable[[], frozenset[NodeName] | None]
 """Nodes workers hold or may be granted before the next shard-map round; None while unknown."""
 
 RECONCILE_INTERVAL = 0.25  # re-check held nodes this often (an in-memory comparison unless something changed)
+# With no policy in force a pass reads only what wakes it (the node table, the ConfigMap, the NodeShards): the
+# timer is a backstop, not a poll.
+LABEL_POOL_INTERVAL = 5.0
 MIN_EVENT_INTERVAL = 1.0  # node events trigger at most one evaluation per this many seconds
 DEBOUNCE = 0.05  # let a burst of watch events land before acting
 
@@ -213,7 +217,7 @@ class ShardingController:
     async def _loop(self) -> None:
         backoff = api_retry()
         while True:
-            delay = RECONCILE_INTERVAL
+            delay = RECONCILE_INTERVAL if self.source.current is not None else LABEL_POOL_INTERVAL
             if self._term.active:
                 try:
                     await self._pass()
@@ -222,7 +226,10 @@ class ShardingController:
                 except ApiError as e:
                     log.warning("shard policy pass failed: %s; retrying", e)
                     delay = backoff.next()
-            await wait_first(self._wake.wait(), asyncio.sleep(delay))
+            # a timeout scope, not ``wait_first``: two tasks started and cancelled per pass
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await self._wake.wait()
             await asyncio.sleep(DEBOUNCE)
             self._wake.clear()
 

@@ -666,3 +666,69 @@ async def test_an_unchanged_capacity_summary_still_goes_out_as_the_heartbeat(
     again = await leader.next(protocol.Capacity)  # nothing changed: sent as the stream's heartbeat
     assert dataclasses.replace(again, ts=first.ts) == first
     await leader.close()
+
+
+async def test_at_rest_the_capacity_check_waits_for_a_poke(
+    worker: Worker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After ``CAPACITY_QUIET`` with nothing changed the check stops running; a change of the index (its
+    summary going stale pokes the intake) is still sent at once."""
+    monkeypatch.setattr(protocol, "HEARTBEAT_INTERVAL", 3600.0)
+    monkeypatch.setattr(intake_module, "CAPACITY_QUIET", 2 * protocol.CAPACITY_INTERVAL)
+    checks = [0]
+    capacity = worker.intake.capacity
+
+    def counted() -> protocol.Capacity:
+        checks[0] += 1
+        return capacity()
+
+    monkeypatch.setattr(worker.intake, "capacity", counted)
+    leader = await Leader.connect(worker, term=1)
+    await leader.next(protocol.Capacity)
+    await asyncio.sleep(5 * protocol.CAPACITY_INTERVAL)  # quiet by now
+    at_rest = checks[0]
+    await asyncio.sleep(5 * protocol.CAPACITY_INTERVAL)
+    assert checks[0] == at_rest  # no check ran at rest
+    worker.sched.cache.upsert_node(make_node("n1", cpu="8").record())
+    assert (await leader.next(protocol.Capacity)).free_cpu == 8000
+    await leader.close()
+
+
+async def test_at_rest_a_poke_closes_a_stream_whose_term_is_no_longer_elected(
+    worker: Worker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The election mirror's change pokes the intake (``CoordinatedWorker``): a resting check runs at once."""
+    monkeypatch.setattr(protocol, "HEARTBEAT_INTERVAL", 3600.0)
+    monkeypatch.setattr(intake_module, "CAPACITY_QUIET", 2 * protocol.CAPACITY_INTERVAL)
+    leader = await Leader.connect(worker, term=1)
+    await leader.next(protocol.Capacity)
+    await asyncio.sleep(5 * protocol.CAPACITY_INTERVAL)  # quiet by now
+    worker.elected[0] = 2
+    await asyncio.sleep(3 * protocol.CAPACITY_INTERVAL)
+    leader.send(protocol.Ping(ts=1))  # still open: nothing looked
+    assert (await leader.next(protocol.Pong)).ts == 1
+    worker.intake.poke()
+    assert await leader.closed()
+    await leader.close()
+
+
+def test_a_summary_differing_only_in_what_is_shown_is_not_a_change() -> None:
+    """The queue's count and the bind rate are only shown (the bind rate slides with the clock): they do not
+    make a summary a change; every field the leader decides on does."""
+    last = protocol.Capacity(
+        nodes=2, free_cpu=4000, free_memory=8, max_cpu=2000, max_memory=4, pending=0, syncing=0,
+        binds_per_s=10.0, ts=1.0, placing=True,
+    )  # fmt: skip
+    assert intake_module._changed(last, None)
+    assert not intake_module._changed(dataclasses.replace(last, ts=2.0, pending=3, binds_per_s=0.0), last)
+    decided_on: list[protocol.Capacity] = [
+        dataclasses.replace(last, nodes=3),
+        dataclasses.replace(last, free_cpu=1),
+        dataclasses.replace(last, free_memory=1),
+        dataclasses.replace(last, max_cpu=1),
+        dataclasses.replace(last, max_memory=1),
+        dataclasses.replace(last, syncing=1),
+        dataclasses.replace(last, placing=False),
+    ]
+    for changed in decided_on:
+        assert intake_module._changed(changed, last), changed

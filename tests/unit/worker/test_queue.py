@@ -1,5 +1,7 @@
 """Queue behaviour with a fake clock: order, backoff, the unschedulable pool, gates, in-flight updates."""
 
+import asyncio
+
 from common.records import PodKey
 from tests.builders import make_pod
 from worker.queue import INITIAL_BACKOFF, MAX_BACKOFF, UNSCHEDULABLE_TIMEOUT, SchedulingQueue
@@ -158,3 +160,35 @@ def test_requeue_without_attempts_starts_at_the_first_step() -> None:
     q.requeue(make_pod("a").record())
     clock.now += INITIAL_BACKOFF
     assert q.flush_backoff() == 1
+
+
+async def test_the_backoff_wait_sleeps_to_its_limit_when_nothing_backs_off() -> None:
+    """At rest the housekeeping's wait is its limit: no pod backing off, no wake-up."""
+    q = SchedulingQueue(FakeClock())
+    waiting = asyncio.create_task(q.wait_backoff(30.0))
+    await asyncio.sleep(0.1)
+    assert not waiting.done()
+    waiting.cancel()
+
+
+async def test_the_backoff_wait_ends_when_the_first_backoff_does() -> None:
+    clock = FakeClock()
+    q = SchedulingQueue(clock)
+    q.requeue(make_pod("a").record(), attempts=1)  # backs off until now + INITIAL_BACKOFF
+    clock.now += INITIAL_BACKOFF - 0.2  # 0.2 s left of it
+    await asyncio.wait_for(q.wait_backoff(30.0), 5.0)  # not the 30-s limit
+    clock.now += 0.2
+    assert q.flush_backoff() == 1
+
+
+async def test_a_pod_backing_off_ahead_of_the_first_wakes_the_wait_and_one_behind_does_not() -> None:
+    clock = FakeClock()
+    q = SchedulingQueue(clock)
+    q.requeue(make_pod("long").record(), attempts=4)  # 8 s
+    waiting = asyncio.create_task(q.wait_backoff(30.0))
+    await asyncio.sleep(0.05)
+    q.requeue(make_pod("longer").record(), attempts=5)  # 10 s: behind the first
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    q.requeue(make_pod("short").record(), attempts=1)  # 1 s: now the first to end
+    await asyncio.wait_for(waiting, 1.0)  # woken, to wait again for the new first end

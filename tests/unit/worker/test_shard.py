@@ -124,6 +124,23 @@ async def test_granted_node_is_unusable_until_the_watch_caught_up() -> None:
     await rig.state.stop()
 
 
+async def test_every_reevaluation_is_told_even_one_that_changes_no_usable_node() -> None:
+    """What a worker's capacity summary reads of the shard (``syncing``, health) moves on a grant still
+    catching up and on its end, not only when the usable set changes: each is told (``on_reevaluated``)."""
+    rig = Rig()
+    told: list[int] = []
+    rig.state.on_reevaluated(lambda: told.append(rig.state.syncing()))
+    watch = FakePodWatch(bound={"a": ([], 42)})
+    watch.rev = 40
+    rig.state.start(pods=watch, on_release=None)
+    rig.state.assign(nodes("a"), 1, ack_lease=0)
+    assert told == [1] and rig.changes == []  # syncing, nothing usable yet
+    watch.rev = 42
+    await asyncio.sleep(shard_module.CATCH_UP_POLL * 3)
+    assert told == [1, 0] and rig.published() == nodes("a")
+    await rig.state.stop()
+
+
 async def test_relist_after_the_grant_needs_no_per_node_read() -> None:
     rig = Rig()
     watch = FakePodWatch()
