@@ -622,7 +622,9 @@ class Intake:
         last_sent = float("-inf")
         active_until = time.monotonic() + CAPACITY_QUIET
         while not stream.writer.is_closing():
-            self._looked_for.clear()
+            if self._looked_for.is_set():  # poked since the last check
+                active_until = time.monotonic() + CAPACITY_QUIET
+                self._looked_for.clear()
             elected = self.elected()
             if elected is not None and elected != stream.term:
                 log.warning(
@@ -649,5 +651,3 @@ class Intake:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(max(0.0, last_sent + protocol.HEARTBEAT_INTERVAL - now)):
                     await self._looked_for.wait()
-            if self._looked_for.is_set():
-                active_until = time.monotonic() + CAPACITY_QUIET

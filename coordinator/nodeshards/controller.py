@@ -2,8 +2,8 @@
 
 Runs inside one leadership term (``coordinator.leadership.term.run_term``) beside the shard map, and feeds it
 through ``PolicyPool`` (the nodes) and the ``AssignmentPolicy`` (the ``rebalance`` settings in force). Each pass
-of the loop (on a change, and at least every ``RECONCILE_INTERVAL`` with a policy in force; without one every
-input wakes it and ``LABEL_POOL_INTERVAL`` is a backstop):
+of the loop (on a change, and at least every ``RECONCILE_INTERVAL``; without a policy, once a pass has run
+and published its record, every ``LABEL_POOL_INTERVAL``, as what it reads wakes it):
 
 1. Evaluate, when due: on a new policy, every ``shardSyncPeriod``, and on node changes when
    ``enableNodeEventTrigger`` (at most once per ``MIN_EVENT_INTERVAL``). ``EffectivePolicy.evaluate`` over the
@@ -91,8 +91,9 @@ HeldNodes = Callable[[], frozenset[NodeName] | None]
 """Nodes workers hold or may be granted before the next shard-map round; None while unknown."""
 
 RECONCILE_INTERVAL = 0.25  # re-check held nodes this often (an in-memory comparison unless something changed)
-# With no policy in force a pass reads only what wakes it (the node table, the ConfigMap, the NodeShards): the
-# timer is a backstop, not a poll.
+# With no policy in force, a pass that ran and published its record waits this long unless woken: what it
+# reads wakes it (the node table, the ConfigMap, the NodeShards), so the timer is a backstop, not a poll. A pass
+# skipped (the term not active) or left unfinished (an API or etcd error) is retried as with a policy.
 LABEL_POOL_INTERVAL = 5.0
 MIN_EVENT_INTERVAL = 1.0  # node events trigger at most one evaluation per this many seconds
 DEBOUNCE = 0.05  # let a burst of watch events land before acting
@@ -185,6 +186,7 @@ class ShardingController:
         self._last_eval = float("-inf")
         self._node_event = False
         self._record: PolicyRecord | None = None  # the record etcd took last (this term)
+        self._record_current = False  # the last pass's record is the one etcd took
         self._waiting = 0
 
     # ---- triggers ----
@@ -217,12 +219,16 @@ class ShardingController:
     async def _loop(self) -> None:
         backoff = api_retry()
         while True:
-            delay = RECONCILE_INTERVAL if self.source.current is not None else LABEL_POOL_INTERVAL
+            delay = RECONCILE_INTERVAL
             if self._term.active:
                 try:
                     await self._pass()
                     self.ready.set()
                     backoff.reset()
+                    if self.source.current is None and self._record_current:
+                        delay = (
+                            LABEL_POOL_INTERVAL  # nothing left to write: the next pass waits for its inputs
+                        )
                 except ApiError as e:
                     log.warning("shard policy pass failed: %s; retrying", e)
                     delay = backoff.next()
@@ -407,9 +413,10 @@ class ShardingController:
             nodeshards=self.shards.available,
             rebalance=self._assignment_policy.config.describe(),
         )
-        # Compared before it is encoded: a pass runs every RECONCILE_INTERVAL, and the encoding (a deep copy
-        # of the record through ``dataclasses.asdict``) was most of a pass at rest.
-        if record == self._record or not self._term.active:
+        # Compared before it is encoded: with a policy a pass runs every RECONCILE_INTERVAL, and the encoding (a
+        # deep copy of the record through ``dataclasses.asdict``) was most of a pass at rest.
+        self._record_current = record == self._record
+        if self._record_current or not self._term.active:
             return
         raw = record.encode()
         try:
@@ -424,3 +431,4 @@ class ShardingController:
             return
         if resp.succeeded:
             self._record = record
+            self._record_current = True

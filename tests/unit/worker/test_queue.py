@@ -1,6 +1,7 @@
 """Queue behaviour with a fake clock: order, backoff, the unschedulable pool, gates, in-flight updates."""
 
 import asyncio
+import time
 
 from common.records import PodKey
 from tests.builders import make_pod
@@ -176,7 +177,9 @@ async def test_the_backoff_wait_ends_when_the_first_backoff_does() -> None:
     q = SchedulingQueue(clock)
     q.requeue(make_pod("a").record(), attempts=1)  # backs off until now + INITIAL_BACKOFF
     clock.now += INITIAL_BACKOFF - 0.2  # 0.2 s left of it
+    started = time.monotonic()
     await asyncio.wait_for(q.wait_backoff(30.0), 5.0)  # not the 30-s limit
+    assert time.monotonic() - started >= 0.15  # nor at once (a caller looping on it would spin)
     clock.now += 0.2
     assert q.flush_backoff() == 1
 
