@@ -93,7 +93,8 @@ HeldNodes = Callable[[], frozenset[NodeName] | None]
 RECONCILE_INTERVAL = 0.25  # re-check held nodes this often (an in-memory comparison unless something changed)
 # With no policy in force, a pass that ran and published its record waits this long unless woken: what it
 # reads wakes it (the node table, the ConfigMap, the NodeShards), so the timer is a backstop, not a poll. A pass
-# skipped (the term not active) or left unfinished (an API or etcd error) is retried as with a policy.
+# skipped (the term not active) or whose record etcd did not take is retried at RECONCILE_INTERVAL, one that
+# failed on an API error after its backoff.
 LABEL_POOL_INTERVAL = 5.0
 MIN_EVENT_INTERVAL = 1.0  # node events trigger at most one evaluation per this many seconds
 DEBOUNCE = 0.05  # let a burst of watch events land before acting
