@@ -64,9 +64,8 @@ class SchedulingQueue:
         self._updated_in_flight: dict[PodKey, PodRecord | None] = {}
         self._move_cycle = 0
         self._wakeup = asyncio.Event()
-        self._earlier_backoff = (
-            asyncio.Event()
-        )  # backoffQ's head changed to an earlier end (``wait_backoff``)
+        # backoffQ's head changed to an earlier end (``wait_backoff``)
+        self._earlier_backoff = asyncio.Event()
 
     # ----- entering --------------------------------------------------------------------------------------
 

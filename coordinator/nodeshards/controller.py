@@ -227,9 +227,8 @@ class ShardingController:
                     self.ready.set()
                     backoff.reset()
                     if self.source.current is None and self._record_current:
-                        delay = (
-                            LABEL_POOL_INTERVAL  # nothing left to write: the next pass waits for its inputs
-                        )
+                        # nothing left to write: the next pass waits for its inputs
+                        delay = LABEL_POOL_INTERVAL
                 except ApiError as e:
                     log.warning("shard policy pass failed: %s; retrying", e)
                     delay = backoff.next()
