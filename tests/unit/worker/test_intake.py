@@ -668,13 +668,22 @@ async def test_an_unchanged_capacity_summary_still_goes_out_as_the_heartbeat(
     await leader.close()
 
 
+async def resting_leader(worker: Worker, monkeypatch: pytest.MonkeyPatch) -> Leader:
+    """A leader's stream whose capacity check has come to rest: no heartbeat within the test, quiet after two
+    capacity intervals, the first summary read and five intervals passed."""
+    monkeypatch.setattr(protocol, "HEARTBEAT_INTERVAL", 3600.0)
+    monkeypatch.setattr(intake_module, "CAPACITY_QUIET", 2 * protocol.CAPACITY_INTERVAL)
+    leader = await Leader.connect(worker, term=1)
+    await leader.next(protocol.Capacity)
+    await asyncio.sleep(5 * protocol.CAPACITY_INTERVAL)  # quiet by now
+    return leader
+
+
 async def test_at_rest_the_capacity_check_waits_for_a_poke(
     worker: Worker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """After ``CAPACITY_QUIET`` with nothing changed the check stops running; a change of the index (its
     summary going stale pokes the intake) is still sent at once."""
-    monkeypatch.setattr(protocol, "HEARTBEAT_INTERVAL", 3600.0)
-    monkeypatch.setattr(intake_module, "CAPACITY_QUIET", 2 * protocol.CAPACITY_INTERVAL)
     checks = [0]
     capacity = worker.intake.capacity
 
@@ -683,9 +692,7 @@ async def test_at_rest_the_capacity_check_waits_for_a_poke(
         return capacity()
 
     monkeypatch.setattr(worker.intake, "capacity", counted)
-    leader = await Leader.connect(worker, term=1)
-    await leader.next(protocol.Capacity)
-    await asyncio.sleep(5 * protocol.CAPACITY_INTERVAL)  # quiet by now
+    leader = await resting_leader(worker, monkeypatch)
     at_rest = checks[0]
     await asyncio.sleep(5 * protocol.CAPACITY_INTERVAL)
     assert checks[0] == at_rest  # no check ran at rest
@@ -698,11 +705,7 @@ async def test_at_rest_a_poke_closes_a_stream_whose_term_is_no_longer_elected(
     worker: Worker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The election mirror's change pokes the intake (``CoordinatedWorker``): a resting check runs at once."""
-    monkeypatch.setattr(protocol, "HEARTBEAT_INTERVAL", 3600.0)
-    monkeypatch.setattr(intake_module, "CAPACITY_QUIET", 2 * protocol.CAPACITY_INTERVAL)
-    leader = await Leader.connect(worker, term=1)
-    await leader.next(protocol.Capacity)
-    await asyncio.sleep(5 * protocol.CAPACITY_INTERVAL)  # quiet by now
+    leader = await resting_leader(worker, monkeypatch)
     worker.elected[0] = 2
     await asyncio.sleep(3 * protocol.CAPACITY_INTERVAL)
     leader.send(protocol.Ping(ts=1))  # still open: nothing looked
