@@ -105,8 +105,10 @@ class Cache:
         assume_ttl: float = DEFAULT_ASSUME_TTL,
     ) -> None:
         self.shard: ShardView = shard or WholeCluster()
-        # Asked for every candidate node of every decision: the shard's bound method, no extra frame.
+        # The shard's bound methods, no extra frame: ``usable`` for one node, ``usable_now`` for a decision's
+        # walk over many (``worker.shard.ShardView``)
         self.usable: Callable[[NodeName], bool] = self.shard.usable
+        self.usable_now: Callable[[], Callable[[NodeName], bool]] = self.shard.usable_now
         self.index = CapacityIndex(ascending=ascending)
         self.session_label = session_label
         self.assume_ttl = assume_ttl

@@ -256,7 +256,9 @@ class Engine:
                 dynamic = [*dynamic, f]
                 checks.append(f.filter)
         memo = self._static_memo(pod.signature)
-        usable = self.cache.usable
+        # No await in a decision: the granted and syncing sets cannot change before it returns; the lease's health
+        # is as at this line (the binder reads it again before each binding attempt)
+        usable = self.cache.usable_now()
         want = self.feasible_nodes
         feasible: list[NodeInfo] = []
         evaluated = 0
@@ -390,7 +392,7 @@ class Engine:
         start = index.bucket(feasible[-1].node.name) if after else None
         window = {i.node.name for i in feasible}
         nominated = cache.nominated
-        usable = cache.usable
+        usable = cache.usable_now()
         budget = self.feasible_nodes
         added = 0
         evaluated = 0
@@ -422,7 +424,8 @@ class Engine:
 
     def _refused(self, pod: PodRecord, status: Status) -> Decision:
         """A PreFilter verdict: kube-scheduler's "0/N nodes are available: <reason>." for every node."""
-        n = sum(1 for name in self.cache.nodes if name in self.cache.known and self.cache.usable(name))
+        usable = self.cache.usable_now()
+        n = sum(1 for name in self.cache.nodes if name in self.cache.known and usable(name))
         reason = "; ".join(status.reasons)
         return Decision(
             None,
@@ -634,11 +637,8 @@ class Engine:
         if pod.claims:
             # the volume filters' verdicts depend on the pod's claims and the storage objects
             shape += (pod.namespace, pod.name, pod.claims, self.cache.volumes.version)
-        owned = [
-            info
-            for name, info in self.cache.nodes.items()
-            if name in self.cache.known and self.cache.usable(name)
-        ]
+        usable = self.cache.usable_now()
+        owned = [info for name, info in self.cache.nodes.items() if name in self.cache.known and usable(name)]
         cached = self._explained.get(shape)
         if cached is not None and cached[0] == self.cache.generation and cached[1] == len(owned):
             return cached[2]

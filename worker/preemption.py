@@ -295,7 +295,8 @@ class Evaluator:
 
     def owned(self) -> list[NodeInfo]:
         cache = self.cache
-        return [info for name, info in cache.nodes.items() if name in cache.known and cache.usable(name)]
+        usable = cache.usable_now()
+        return [info for name, info in cache.nodes.items() if name in cache.known and usable(name)]
 
     def evaluate(self, pod: PodRecord) -> Verdict:
         why = self.ineligible(pod)

@@ -53,6 +53,9 @@ class _Nodes:
     def usable(self, node: NodeName) -> bool:
         return node in self.nodes
 
+    def usable_now(self) -> Callable[[NodeName], bool]:
+        return self.nodes.__contains__
+
     def subscribe(self, callback: Listener) -> Callable[[], None]:
         return lambda: None
 

@@ -24,6 +24,9 @@ class FixedShard:
     def usable(self, node: NodeName) -> bool:
         return node in self.nodes
 
+    def usable_now(self) -> Callable[[NodeName], bool]:
+        return self.nodes.__contains__
+
     def subscribe(self, callback: Listener) -> Callable[[], None]:
         self.listeners.append(callback)
         return lambda: self.listeners.remove(callback)

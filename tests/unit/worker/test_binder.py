@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -118,6 +119,9 @@ class FakeShard:
 
     def usable(self, node: NodeName) -> bool:
         return self.is_usable
+
+    def usable_now(self) -> Callable[[NodeName], bool]:
+        return self.usable
 
     def subscribe(self, callback: Any) -> Any:
         return lambda: None

@@ -74,7 +74,13 @@ class Rig:
             await self.gate.wait()
 
     def usable(self, names: Iterable[str]) -> set[str]:
-        return {n for n in names if self.state.usable(NodeName(n))}
+        """The usable ones of ``names``; asked both ways, node by node and with one decision's test, which must
+        agree in every state the tests below put the shard in (granted, catching up, fenced, revoked)."""
+        names = list(names)
+        one_by_one = {n for n in names if self.state.usable(NodeName(n))}
+        walk = self.state.usable_now()
+        assert {n for n in names if walk(NodeName(n))} == one_by_one, "usable_now differs from usable"
+        return one_by_one
 
     def published(self) -> frozenset[NodeName]:
         current: set[NodeName] = set()
@@ -93,7 +99,7 @@ async def settle() -> None:
 
 def test_whole_cluster_uses_every_node_and_never_changes() -> None:
     whole = WholeCluster()
-    assert whole.usable(NodeName("any")) and whole.syncing() == 0
+    assert whole.usable(NodeName("any")) and whole.usable_now()(NodeName("any")) and whole.syncing() == 0
     whole.subscribe(lambda change: pytest.fail("the whole cluster never changes"))()
 
 
@@ -278,3 +284,27 @@ def test_bind_deadline_is_the_fencing_deadline_of_a_usable_node_only() -> None:
     healthy[0] = False
     assert state.bind_deadline(NodeName("a")) is None  # fenced
     assert WholeCluster().bind_deadline(NodeName("any")) == float("inf")
+
+
+def test_a_decisions_usable_test_reads_the_lease_health_once() -> None:
+    """``usable_now`` reads the health at the call (one clock read per decision, not per node): a test taken
+    while healthy keeps its answers for that pass; the next call sees the fence."""
+    reads = 0
+    health = [True]
+
+    def healthy() -> bool:
+        nonlocal reads
+        reads += 1
+        return health[0]
+
+    async def ack(lease: int, epoch: int, released: frozenset[NodeName]) -> None:
+        pass
+
+    state = ShardState(name="w", healthy=healthy, ack=ack)
+    state.assign(nodes("a", "b"), 1, ack_lease=0)
+    reads = 0
+    walk = state.usable_now()
+    assert [walk(NodeName(n)) for n in "abcab"] == [True, True, False, True, True] and reads == 1
+    health[0] = False
+    assert walk(NodeName("a")) and reads == 1  # this pass's answer, as at its call
+    assert not state.usable_now()(NodeName("a")) and not state.usable(NodeName("a"))
