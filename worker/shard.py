@@ -95,8 +95,9 @@ class ShardView(Protocol):
         """``usable`` for one synchronous pass over many nodes (a decision's walk), with the lease's health read
         once, at this call, instead of per node: a health that runs out during the pass (a decision's walk
         runs the filters: up to milliseconds, longer across a pause) is seen as it was at the call, which lets
-        nothing unfenced through, since the binder asks ``bind_deadline`` again before each binding attempt. Not to be kept across an ``await``: the shard may change there, and a kept test would not
-        follow all of it."""
+        nothing unfenced through, since the binder asks ``bind_deadline`` again before each binding attempt.
+        Not to be kept across an ``await``: the shard may change there, and a kept test would not follow all
+        of it."""
         ...
 
     def subscribe(self, callback: Listener) -> Callable[[], None]:
@@ -222,7 +223,8 @@ class ShardState:
 
     def usable_now(self) -> Callable[[NodeName], bool]:
         # A set lookup per node where ``usable`` costs three frames and a clock read (a coordinated decision
-        # cost 3-6.5 µs more than the standalone's ≈ 40 at 1,000 nodes, 2.2-2.4 after: docs/results/floor-2026-12-06/)
+        # cost 3-6.5 µs more than the standalone's ≈ 40 at 1,000 nodes, 2.2-2.4 after:
+        # docs/results/floor-2026-12-06/)
         if not self._healthy():
             return _none
         granted, syncing = self._granted, self._syncing
