@@ -667,22 +667,38 @@ class KubeClient:
         (``without_managed_fields``), as a watch of them gives them."""
         return await self.request("GET", path, params=params, cut=spec_follows_metadata(path))
 
-    async def post(self, path: str, body: Any, params: dict[str, str] | None = None) -> Any:
-        return await self.request("POST", path, body=body, params=params)
+    async def post(
+        self, path: str, body: Any, params: dict[str, str] | None = None, *, timeout: float | None = None
+    ) -> Any:
+        """``timeout``: as ``bind``'s, the request's deadline here and at the API server."""
+        return await self.request(
+            "POST", path, body=body, params=_with_deadline(params, timeout), timeout=timeout
+        )
 
     async def put(self, path: str, body: Any) -> Any:
         return await self.request("PUT", path, body=body)
 
-    async def delete(self, path: str, params: dict[str, str] | None = None) -> Any:
-        return await self.request("DELETE", path, params=params)
+    async def delete(
+        self, path: str, params: dict[str, str] | None = None, *, timeout: float | None = None
+    ) -> Any:
+        """``timeout``: as ``bind``'s, the request's deadline here and at the API server."""
+        return await self.request("DELETE", path, params=_with_deadline(params, timeout), timeout=timeout)
 
-    async def patch(self, path: str, body: Any, *, kind: str = "merge") -> Any:
+    async def patch(self, path: str, body: Any, *, kind: str = "merge", timeout: float | None = None) -> Any:
+        """``timeout``: as ``bind``'s, the request's deadline here and at the API server."""
         content_type = {
             "merge": "application/merge-patch+json",
             "strategic": "application/strategic-merge-patch+json",
             "json": "application/json-patch+json",
         }[kind]
-        return await self.request("PATCH", path, body=body, content_type=content_type)
+        return await self.request(
+            "PATCH",
+            path,
+            params=_with_deadline(None, timeout),
+            body=body,
+            content_type=content_type,
+            timeout=timeout,
+        )
 
     async def bind(
         self, namespace: str, name: str, uid: str, node: str, *, timeout: float | None = None
@@ -699,8 +715,9 @@ class KubeClient:
             "metadata": {"name": name, "namespace": namespace, "uid": uid} if uid else {"name": name},
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
-        params = {"timeout": f"{max(timeout, 0.001):.3f}s"} if timeout is not None else None
-        await self.post(f"/api/v1/namespaces/{namespace}/pods/{name}/binding", body, params)
+        await self.post(
+            f"/api/v1/namespaces/{namespace}/pods/{name}/binding", body, _with_deadline(None, timeout)
+        )
 
     async def watch(
         self,
@@ -733,6 +750,14 @@ class KubeClient:
                         yield _event(without_managed_fields(line) if cut else line, path)
         except _TRANSPORT_ERRORS as e:
             raise ServerError(0, f"watch {path}: {type(e).__name__}: {e}") from e
+
+
+def _with_deadline(params: dict[str, str] | None, timeout: float | None) -> dict[str, str] | None:
+    """``params`` with the API server's ``timeout`` parameter for a request that must end within ``timeout``
+    seconds (its deadline for the request, its queueing and write included), or ``params`` as they are."""
+    if timeout is None:
+        return params
+    return {**(params or {}), "timeout": f"{max(timeout, 0.001):.3f}s"}
 
 
 async def _lines(content: aiohttp.StreamReader, limit: int, path: str) -> AsyncIterator[bytes]:

@@ -117,6 +117,12 @@ preemption_victims = Histogram(
     "Number of selected preemption victims",
     buckets=tuple(float(2**k) for k in range(7)),  # kube-scheduler's ExponentialBuckets(1, 2, 7)
 )
+preemption_writes_fenced = Counter(
+    "agent_scheduler_preemption_writes_fenced_total",
+    "Writes of a preemption (nomination, clearing a lower nomination, a victim's condition, delete or event) not "
+    "sent: the node no longer "
+    "usable by this worker, or its lease's fencing deadline too close.",
+)
 pod_stage_duration = Histogram(
     STAGE_METRIC,
     "Latency of each stage of a bound pod's path, by stage (see common.metrics for each stage's ends).",

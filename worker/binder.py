@@ -75,6 +75,7 @@ from common.etcd.leases import MAX_BIND_TIME
 from common.kube import ApiError, Conflict, KubeClient, NotFound, ServerError, TooManyRequests
 from common.records import NodeName, PodRecord
 from worker.cache import Cache
+from worker.inflight import InFlight
 from worker.outcomes import Outcomes
 from worker.shard import ShardView, WholeCluster
 from worker.volumes import ANN_BOUND_BY_CONTROLLER, ANN_RWOP_HOLDER, ANN_SELECTED_NODE, VolumePlan
@@ -147,9 +148,7 @@ class Binder:
         self._unfinished: set[int] = set()  # sequence numbers of bindings submitted and not finished
         self._earliest: list[int] = []  # heap of the same numbers; finished ones are dropped lazily
         self._finished = asyncio.Condition()
-        self._in_flight: dict[NodeName, int] = {}
-        self._idle = asyncio.Condition()
-        self._notifying: set[asyncio.Task[None]] = set()
+        self._in_flight = InFlight()
         self._settling: set[asyncio.Task[None]] = set()
         self._prebinding: dict[asyncio.Task[None], NodeName] = {}
         self.volume_bind_timeout = volume_bind_timeout
@@ -165,7 +164,7 @@ class Binder:
         *,
         volumes: VolumePlan | None = None,
     ) -> None:
-        self._in_flight[node] = self._in_flight.get(node, 0) + 1
+        self._in_flight.start(node)
         req = BindRequest(
             pod, node, queued_at, attempts, time.time(), submitted_at=self.clock(), volumes=volumes
         )
@@ -250,7 +249,7 @@ class Binder:
         the resourceVersion the decision saw (a concurrent writer makes it fail with 409, never bind twice),
         then wait until the PV controller or a provisioner has bound every claim to a PV that fits the node.
         ReadWriteOncePod claims are taken for the pod first (``_take_exclusive``)."""
-        if self._budget(node) < MIN_ATTEMPT:
+        if self.budget(node) < MIN_ATTEMPT:
             return False
         versions: dict[str, str] = {}  # claims written here already: their new resourceVersion
         try:
@@ -332,9 +331,7 @@ class Binder:
         return None if waiting else True
 
     def in_flight(self, node: NodeName | None = None) -> int:
-        if node is None:
-            return sum(self._in_flight.values())
-        return self._in_flight.get(node, 0)
+        return self._in_flight.count(node)
 
     async def drain(self, nodes: Iterable[NodeName] | None = None) -> None:
         """Wait until no binding to these nodes (all when None) is under way; volume waits are abandoned."""
@@ -344,10 +341,7 @@ class Binder:
         for task, node in list(self._prebinding.items()):
             if wanted is None or node in wanted:
                 task.cancel()
-        async with self._idle:
-            await self._idle.wait_for(
-                lambda: not any(n for node, n in self._in_flight.items() if wanted is None or node in wanted)
-            )
+        await self._in_flight.idle(wanted)
 
     async def run(self) -> None:
         # bindings waiting for a binding task: they wait for the API server, so this process may pace
@@ -377,11 +371,9 @@ class Binder:
         if req.settling:
             pass  # ``_settle`` ends the node's in-flight count once it knows where the pod is
         elif req.unanswered:
-            asyncio.get_running_loop().call_later(self.unanswered_hold, self._done_later, req.node)
+            self._in_flight.end_later(req.node, self.unanswered_hold)
         else:
-            self._done(req.node)
-            async with self._idle:
-                self._idle.notify_all()
+            await self._in_flight.end(req.node)
 
     async def _earlier_finished(self, seq: int) -> None:
         """Wait until every binding submitted before ``seq`` has finished."""
@@ -391,25 +383,9 @@ class Binder:
     def _first_unfinished(self) -> int:
         return self._earliest[0]  # finished numbers are popped as they finish (``_work``)
 
-    def _done(self, node: NodeName) -> None:
-        left = self._in_flight.get(node, 0) - 1
-        if left > 0:
-            self._in_flight[node] = left
-        else:
-            self._in_flight.pop(node, None)
-
-    def _done_later(self, node: NodeName) -> None:
-        self._done(node)
-        task = asyncio.get_running_loop().create_task(self._notify())
-        self._notifying.add(task)
-        task.add_done_callback(self._notifying.discard)
-
-    async def _notify(self) -> None:
-        async with self._idle:
-            self._idle.notify_all()
-
-    def _budget(self, node: NodeName) -> float:
-        """Seconds the next attempt to ``node`` may take; below ``MIN_ATTEMPT``: do not send it."""
+    def budget(self, node: NodeName) -> float:
+        """Seconds the next write for ``node`` may take (a binding attempt here, a preemption's writes in
+        ``worker.preemption.Executor``); below ``MIN_ATTEMPT``: do not send it."""
         deadline = self.shard.bind_deadline(node)
         if deadline is None:
             return 0.0
@@ -419,7 +395,7 @@ class Binder:
         pod, node = req.pod, req.node
         backoff = Backoff(self.retry_backoff, max(self.retry_backoff, RETRY_BACKOFF_MAX))
         for attempt in range(self.retries + 1):
-            budget = self._budget(node)  # immediately before sending: nothing awaits in between
+            budget = self.budget(node)  # immediately before sending: nothing awaits in between
             if budget < MIN_ATTEMPT:
                 metrics.bind_results.labels("fenced").inc()
                 self.fenced += 1
@@ -542,4 +518,4 @@ class Binder:
             self.cache.forget(pod.key)
             self.requeue(pod, req.attempts)
         finally:
-            self._done_later(req.node)
+            self._in_flight.end_soon(req.node)

@@ -15,8 +15,8 @@ as its outcome receiver.
    a loopback listener is allowed, unless ``insecure_dispatch``) and a mirror of the election prefix, whose
    lowest key names the only leader whose stream it accepts.
 ``run`` then starts the scheduler and the shard; the shard is given the scheduler's pod watch (granted
-nodes become usable after the cache caught up with them) and the binder's ``drain`` as its release hook
-(the acknowledgement waits for the bindings in flight to the released nodes).
+nodes become usable after the cache caught up with them) and the scheduler's ``release`` as its release hook
+(the acknowledgement waits for the bindings and the preemptions' writes in flight to the released nodes).
 
 Load reports (pending pods, free capacity, binds/s, process CPU) go to etcd for the leader's balancing: read
 every ``LOAD_REPORT_PERIOD``, written when they changed (``load_changed``: process CPU only when it moved by
@@ -205,7 +205,7 @@ class CoordinatedWorker:
         stop = asyncio.Event()
         stopping.stop_on_signals(stop)
         sched_task = asyncio.create_task(self.sched.run(), name="scheduler")
-        await self.shard.start(pods=self.sched.watches, on_release=self.sched.binder.drain)
+        await self.shard.start(pods=self.sched.watches, on_release=self.sched.release)
         log.info(
             "worker %s registered (lease %x), dispatch on %s:%d, metrics on %s",
             self.worker_id,

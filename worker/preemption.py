@@ -52,7 +52,12 @@ When the engine finds no node for a pod (``Preemption.post_filter``, called by `
    preemptor's ``status.nominatedNodeName`` is patched (so a restarted worker, or the next owner of the node,
    honours the nomination from its watch); lower-priority pods nominated there are cleared; each victim not
    already terminating gets the ``DisruptionTarget`` condition, a graceful delete and a ``Preempted`` event
-   naming the preemptor's UID and the node. The preemptor is not tried again until that finishes; then it
+   naming the preemptor's UID and the node. Each of these writes is fenced as a binding is (``Executor``,
+   ``Binder.budget``): sent only while the node is usable and the lease's fencing deadline leaves time for it,
+   with that time as its deadline here and at the API server; a write not sent ends that part of the
+   preemption (victims not evicted stop counting as terminating); a write to a pod that got no answer keeps the
+   node counted for ``MAX_BIND_TIME``, and a release of the node waits for the writes under way and those
+   (``Executor.drain``). The preemptor is not tried again until that finishes; then it
    waits, like any unschedulable pod, for the victims' deletion to free the room. No victim is touched unless
    the nomination's PATCH answered with the preemptor itself, unbound: a pod deleted (404), recreated under
    another uid or already bound when its preemption is carried out (under a coordinator, a DISPATCH can reach
@@ -93,19 +98,22 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from common import metrics, protocol
+from common.etcd.leases import MAX_BIND_TIME
 from common.events import NORMAL, ObjectRef, event_body, events_path, rfc3339
-from common.kube import ApiError, KubeClient, NotFound
+from common.kube import ApiError, KubeClient, NotFound, ServerError
 from common.records import CPU, EPHEMERAL_STORAGE, MEMORY, NodeName, PodKey, PodRecord
 from common.reporting import unschedulable_message
+from worker.binder import MIN_ATTEMPT
 from worker.budgets import Budgets
 from worker.cache import Cache
 from worker.engine import Decision, Engine
 from worker.framework import Code, Status
+from worker.inflight import InFlight
 from worker.nodeinfo import NodeInfo
 from worker.plugins.resources import NodeResourcesFit
 
@@ -563,7 +571,15 @@ def _shape(pod: PodRecord) -> tuple[int, int, int, tuple[tuple[str, int], ...]]:
 
 
 class Executor:
-    """Step 6 of the module docstring: the API calls of a preemption, off the decision path."""
+    """Step 6 of the module docstring: the API calls of a preemption, off the decision path.
+
+    Fenced as bindings are: every write of a preemption onto a node (the preemptor's nomination, the clearing
+    of lower-priority nominations there, each victim's condition and delete, its event) is sent only with at
+    least ``MIN_ATTEMPT`` of the node's ``budget`` left (``worker.binder.Binder.budget``: 0 unless the node is
+    usable, else up to the lease's fencing deadline less a margin) and must end within it, here and at the API
+    server. A preemption counts as in flight on its node until its last write ended, and a write to a pod that
+    got no answer (a timeout, a broken connection, a 5xx: it may still be applied) keeps the node counted for
+    ``unanswered_hold`` more; a release of the node waits for both (``drain``)."""
 
     def __init__(
         self,
@@ -574,6 +590,8 @@ class Executor:
         done: Callable[[PodKey], None],
         not_evicted: Callable[[PodRecord], None],
         gone: Callable[[PodRecord], None],
+        budget: Callable[[NodeName], float],
+        unanswered_hold: float = MAX_BIND_TIME,
     ) -> None:
         self.client = client
         self.component = component
@@ -582,11 +600,15 @@ class Executor:
         self.not_evicted = not_evicted  # a victim's eviction did not happen (``Evaluator.not_evicted``)
         # the preemptor no longer exists as it was decided (step 6): nothing more for it here
         self.gone = gone
+        self.budget = budget
+        self.unanswered_hold = unanswered_hold
         self._work: asyncio.Queue[tuple[PodRecord, Candidate | None, list[PodRecord]]] = asyncio.Queue()
         self._busy: set[PodKey] = set()
+        self._in_flight = InFlight()  # preemptions under way, and writes left unanswered, per node
         self.carried_out = 0
         self.errors = 0
         self.abandoned = 0  # preemptions not carried out: the preemptor was gone (step 6)
+        self.fenced = 0  # writes not sent: the node no longer usable, or its fencing deadline too close
 
     def busy(self, key: PodKey) -> bool:
         return key in self._busy
@@ -597,8 +619,16 @@ class Executor:
         self._work.put_nowait((pod, candidate, lower))
 
     def clear(self, pod: PodRecord) -> None:
-        """Drop ``pod``'s nomination in the API (preemption cannot help it any more)."""
+        """Drop ``pod``'s nomination in the API (preemption cannot help it any more). Not fenced: it writes
+        no node, only takes a reservation away, and only a standalone worker (whose shard is the whole
+        cluster) sends it."""
         self._work.put_nowait((pod, None, []))
+
+    async def drain(self, nodes: Iterable[NodeName]) -> None:
+        """Wait until no preemption onto these nodes is under way and no unanswered write to them may still
+        land (a node release waits for it, as for the bindings: the next owner must not meet this worker's
+        nominations or evictions on its node after the handover)."""
+        await self._in_flight.idle(nodes)
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as tg:
@@ -610,7 +640,7 @@ class Executor:
             pod, candidate, lower = await self._work.get()
             try:
                 if candidate is None:
-                    await self._nominate(pod, None)
+                    await self._nominate(pod, None, None)
                 else:
                     await self._carry_out(pod, candidate, lower)
             except ApiError as e:
@@ -625,34 +655,81 @@ class Executor:
         victims = [v for v in c.victims if not v.deleting]
         evicted: set[PodKey] = set()
         results: list[bool | BaseException] = []
+        self._in_flight.start(c.node)
         try:
-            if not await self._nominate(pod, c.node):
+            nominated = await self._nominate(pod, c.node, c.node)
+            if nominated is None:
+                return  # fenced: nothing written; the preemptor is tried again (``done``)
+            if not nominated:
                 self.abandoned += 1
                 log.info("preemption abandoned: the preemptor is gone or bound", extra={"pod": pod.key})
                 self.gone(pod)
                 return
             metrics.preemption_victims.observe(len(c.victims))
             for other in lower:
-                await self._nominate(other, None)
+                if await self._nominate(other, None, c.node) is None:
+                    break  # fenced: a nomination left in place only reserves room
             results = await asyncio.gather(
                 *(self._evict(pod, c.node, v) for v in victims), return_exceptions=True
             )
             evicted = {v.key for v, r in zip(victims, results, strict=True) if r is True}
         finally:
-            # victims not evicted (an error, already gone, or never reached) stop counting as terminating
+            # victims not evicted (an error, already gone, fenced, or never reached) stop counting as terminating
             for v in victims:
                 if v.key not in evicted:
                     self.not_evicted(v)
+            await self._in_flight.end(c.node)
         failed = [r for r in results if isinstance(r, BaseException)]
         self.carried_out += 1
         if failed:
             raise failed[0]
 
-    async def _nominate(self, pod: PodRecord, node: NodeName | None) -> bool:
-        """Patch ``pod``'s nomination; True when the answer is that very pod (same uid), still unbound."""
-        path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/status"
+    async def _write(
+        self, node: NodeName, send: Callable[[float], Awaitable[Any]], *, hold: bool = True
+    ) -> tuple[bool, Any]:
+        """``send(budget)`` for ``node`` if its budget allows: (False, None) when it must not be sent, else
+        (True, its answer). It must end within the budget here (``asyncio.timeout``, from now: the rate limit's
+        wait included) and at the API server (``send`` passes it as the request's ``timeout``). A write that got
+        no answer raises ``ServerError`` and, with ``hold`` (a write to the node's pods, not an event), keeps
+        ``node`` counted in flight for ``unanswered_hold``."""
+        budget = self.budget(node)
+        if budget < MIN_ATTEMPT:  # immediately before sending: nothing awaits in between
+            self.fenced += 1
+            metrics.preemption_writes_fenced.inc()
+            log.warning(
+                "preemption write not sent: node %s not usable or its fencing deadline too close", node
+            )
+            return False, None
         try:
-            answer = await self.client.patch(path, {"status": {"nominatedNodeName": node}}, kind="merge")
+            async with asyncio.timeout(budget):
+                return True, await send(budget)
+        except TimeoutError as e:
+            if hold:
+                self._hold(node)
+            raise ServerError(0, f"preemption write for node {node}: no answer within {budget:.3f}s") from e
+        except ServerError:  # a 5xx or a broken connection: it may still be applied, as the binder holds
+            if hold:
+                self._hold(node)
+            raise
+
+    def _hold(self, node: NodeName) -> None:
+        self._in_flight.start(node)
+        self._in_flight.end_later(node, self.unanswered_hold)
+
+    async def _nominate(self, pod: PodRecord, node: NodeName | None, fence: NodeName | None) -> bool | None:
+        """Patch ``pod``'s nomination to ``node`` (None: clear it), a write for node ``fence`` (None: not
+        fenced, ``clear``); True when the answer is that very pod (same uid), still unbound; None if fenced."""
+        path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/status"
+        body = {"status": {"nominatedNodeName": node}}
+        try:
+            if fence is None:
+                answer = await self.client.patch(path, body, kind="merge")
+            else:
+                sent, answer = await self._write(
+                    fence, lambda budget: self.client.patch(path, body, kind="merge", timeout=budget)
+                )
+                if not sent:
+                    return None
         except NotFound:
             return False  # the pod is gone: nothing to nominate
         if not isinstance(answer, dict):
@@ -661,7 +738,8 @@ class Executor:
         return (not pod.uid or meta.get("uid") == pod.uid) and not spec.get("nodeName")
 
     async def _evict(self, preemptor: PodRecord, node: NodeName, victim: PodRecord) -> bool:
-        """Delete ``victim`` as kube-scheduler does (condition, graceful delete, event); False: already gone."""
+        """Delete ``victim`` as kube-scheduler does (condition, graceful delete, event), each write fenced
+        (``_write``); False: already gone, or fenced before its delete."""
         path = f"/api/v1/namespaces/{victim.namespace}/pods/{victim.name}"
         condition = {
             "type": "DisruptionTarget",
@@ -670,11 +748,17 @@ class Executor:
             "message": f"{self.component}: preempting to accommodate a higher priority pod",
             "lastTransitionTime": rfc3339(),
         }
+        status = {"status": {"conditions": [condition]}}
         try:
-            await self.client.patch(
-                path + "/status", {"status": {"conditions": [condition]}}, kind="strategic"
+            sent, _ = await self._write(
+                node,
+                lambda budget: self.client.patch(path + "/status", status, kind="strategic", timeout=budget),
             )
-            await self.client.delete(path)
+            if not sent:
+                return False
+            sent, _ = await self._write(node, lambda budget: self.client.delete(path, timeout=budget))
+            if not sent:
+                return False
         except NotFound:
             return False  # already gone: nothing to preempt
         body = event_body(
@@ -694,7 +778,13 @@ class Executor:
             "uid": preemptor.uid,
         }
         try:
-            await self.client.post(events_path(victim.namespace), body)
+            # within the node's budget too, so that a release of the node does not wait for it past the fence; not
+            # held when unanswered: a late event changes nothing on the node
+            await self._write(
+                node,
+                lambda budget: self.client.post(events_path(victim.namespace), body, timeout=budget),
+                hold=False,
+            )
         except ApiError as e:
             log.warning("pod %s: could not record Preempted event: %s", victim.key, e)
         return True

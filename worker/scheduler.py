@@ -175,6 +175,7 @@ class Scheduler:
                     done=self.queue.activate,
                     not_evicted=self._not_evicted,
                     gone=self._preemptor_gone,
+                    budget=self.binder.budget,  # its writes fenced as a binding's
                 ),
             )
         # the ``profile`` label of the scheduling metrics: the scheduler name, as in kube-scheduler
@@ -357,6 +358,14 @@ class Scheduler:
 
     def ready(self) -> bool:
         return self.watches.synced()
+
+    async def release(self, nodes: frozenset[NodeName]) -> None:
+        """The shard's release hook: wait until nothing this worker sends for ``nodes`` is under way, bindings
+        (``Binder.drain``) and preemptions' nominations and evictions (``Executor.drain``). The nodes are no
+        longer usable by then (``worker.shard``), so nothing new starts for them meanwhile."""
+        await self.binder.drain(nodes)
+        if self.preemption is not None:
+            await self.preemption.executor.drain(nodes)
 
     async def run(self) -> None:
         """Run until cancelled. Pods are only scheduled once both caches have synced."""

@@ -13,11 +13,12 @@ Two implementations of ``ShardView``:
 nodes whose pods the cache has not caught up with yet) and ``published`` (what subscribers were last told
 is usable). ``owns(node)`` is "granted and the lease is healthy": the shard map's view, checked by the etcd
 tests. ``usable(node)`` is "owns and not syncing": what the scheduler may place on. ``bind_deadline(node)``
-is what the binder asks immediately before each binding attempt: None unless the node is usable, else the
-lease's fencing deadline (``LeaseKeeper.fence_deadline``), which the attempt must end before.
+is what the binder asks immediately before each binding attempt, and (through ``Binder.budget``) the
+preemption executor before each of its writes: None unless the node is usable, else the lease's fencing
+deadline (``LeaseKeeper.fence_deadline``), which the write must end before.
 
 Invariants (the worker's half of "no node is ever usable by two workers at once"):
-- Nothing is usable, and no binding may be sent, while the lease is not healthy (fencing, see
+- Nothing is usable, and no binding or preemption write may be sent, while the lease is not healthy (fencing, see
   ``common.etcd.leases``), while draining, or outside the granted set of the latest assignment made for this
   lease. An assignment written for an earlier lease (a previous incarnation) grants nothing.
 - A granted node becomes usable only after the cache holds every pod already bound there: either the pod
@@ -26,8 +27,9 @@ Invariants (the worker's half of "no node is ever usable by two workers at once"
   directly, and held against the watch's older records of them, ``worker.feeds``: a pod deleted meanwhile
   may count until the watch shows it gone, conservative, never over).
 - A revoked node stops being usable, and is published as removed, before the release hook runs; the
-  release acknowledgement is written only after the release hook returned (in the worker: every binding in
-  flight to those nodes finished) for every node revoked up to that epoch. Releases are processed one at a
+  release acknowledgement is written only after the release hook returned (in the worker: every binding, and
+  every preemption's nomination and eviction, in flight to those nodes finished) for every node revoked up to
+  that epoch. Releases are processed one at a
   time, in epoch order, so acks never go backwards.
 - Subscribers are called synchronously, in subscription order, with the difference between the published
   set and the current usable set; the stream is consistent: a node is added only if it was not published,
@@ -492,7 +494,8 @@ class Shard:
 
         ``pods``: the cache's pod watch, which granted nodes wait for (see the module docstring);
         ``on_release``: awaited for revoked nodes before their acknowledgement (the worker waits for its
-        bindings in flight there). Returns once the assignment has been read once.
+        bindings and its preemptions' writes in flight there, ``Scheduler.release``). Returns once the
+        assignment has been read once.
         """
         self._state.start(pods=pods, on_release=on_release)
         await self._register()

@@ -39,7 +39,9 @@ class LateReplies(KubeClient):
     lands: set[str]
     sent: set[asyncio.Future[Any]]
 
-    async def post(self, path: str, body: Any, params: dict[str, str] | None = None) -> Any:
+    async def post(
+        self, path: str, body: Any, params: dict[str, str] | None = None, *, timeout: float | None = None
+    ) -> Any:
         if not path.endswith("/binding"):
             return await super().post(path, body, params)
         if body["metadata"]["name"] in self.lands:

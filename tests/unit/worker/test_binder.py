@@ -42,7 +42,9 @@ class FakeApi(KubeClient):
         self.last_reply = asyncio.Event()  # the scripted replies have all been taken
         self.params: list[dict[str, str] | None] = []
 
-    async def post(self, path: str, body: Any, params: dict[str, str] | None = None) -> Any:
+    async def post(
+        self, path: str, body: Any, params: dict[str, str] | None = None, *, timeout: float | None = None
+    ) -> Any:
         self.posts.append((path, body))
         self.params.append(params)
         reply = self.replies.pop(0)
@@ -272,7 +274,9 @@ class SlowApi(FakeApi):
         super().__init__([])
         self.clock = clock
 
-    async def post(self, path: str, body: Any, params: dict[str, str] | None = None) -> Any:
+    async def post(
+        self, path: str, body: Any, params: dict[str, str] | None = None, *, timeout: float | None = None
+    ) -> Any:
         self.posts.append((path, body))
         start = time.monotonic()
         try:
@@ -287,13 +291,13 @@ async def test_each_attempt_is_given_until_just_before_the_fencing_deadline() ->
     api = FakeApi([])
     binder = Binder(api, Cache(), Outcomes(Recorded()), requeue=lambda pod, attempts: None, shard=shard)
     binder.clock = lambda: clock[0]
-    assert binder._budget(NODE) == pytest.approx(1.0 - FENCE_MARGIN)  # ends FENCE_MARGIN before it
+    assert binder.budget(NODE) == pytest.approx(1.0 - FENCE_MARGIN)  # ends FENCE_MARGIN before it
     clock[0] = 100.5
-    assert binder._budget(NODE) == pytest.approx(0.5 - FENCE_MARGIN)
+    assert binder.budget(NODE) == pytest.approx(0.5 - FENCE_MARGIN)
     shard.deadline = 1000.0
-    assert binder._budget(NODE) == binder.attempt_timeout  # a far deadline: the attempt timeout rules
+    assert binder.budget(NODE) == binder.attempt_timeout  # a far deadline: the attempt timeout rules
     shard.is_usable = False
-    assert binder._budget(NODE) == 0.0  # not usable: nothing may be sent
+    assert binder.budget(NODE) == 0.0  # not usable: nothing may be sent
     await api.close()
 
 
@@ -420,7 +424,7 @@ class VolumeApi(FakeApi):
         self.patch_replies = list(patch_replies)
         self.patches: list[tuple[str, Any]] = []
 
-    async def patch(self, path: str, body: Any, *, kind: str = "merge") -> Any:
+    async def patch(self, path: str, body: Any, *, kind: str = "merge", timeout: float | None = None) -> Any:
         self.patches.append((path, body))
         reply = self.patch_replies.pop(0)
         if isinstance(reply, ApiError):

@@ -3,13 +3,14 @@ eligibility, nominations and the kube-scheduler-shaped messages."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import Callable
 from typing import Any, cast
 
 import pytest
 
-from common.kube import KubeClient
+from common.kube import ApiError, KubeClient, ServerError
 from common.records import NodeName, PodKey, PodRecord
 from tests.builders import make_node, make_pod
 from tests.unit.worker.helpers import engine_over
@@ -276,6 +277,7 @@ def preemption_over(engine: Engine, ev: Evaluator) -> Preemption:
         done=rec.activated.append,
         not_evicted=ev.not_evicted,
         gone=lambda pod: None,
+        budget=lambda node: 30.0,
     )
     return Preemption(engine.cache, ev, executor)
 
@@ -584,23 +586,37 @@ class _Api:
         self.deleted: list[str] = []
         self.answer = answer if answer is not None else {"metadata": {"uid": ""}, "spec": {}}
         self.preemptor_gone = False
+        self.writes: list[tuple[str, str, float | None]] = []  # (method, path, timeout) of every write
+        self.hold: asyncio.Event | None = None  # when set, a DELETE waits for it
+        self.deleting = asyncio.Event()  # a DELETE has been sent
 
-    async def patch(self, path: str, body: Any, *, kind: str = "merge") -> Any:
+    async def patch(self, path: str, body: Any, *, kind: str = "merge", timeout: float | None = None) -> Any:
         from common.kube import NotFound
 
+        self.writes.append(("PATCH", path, timeout))
         if self.preemptor_gone:
             raise NotFound(404, "not found")
         return self.answer
 
-    async def post(self, path: str, body: Any, params: dict[str, str] | None = None) -> Any:
+    async def post(
+        self, path: str, body: Any, params: dict[str, str] | None = None, *, timeout: float | None = None
+    ) -> Any:
+        self.writes.append(("POST", path, timeout))
         return {}
 
-    async def delete(self, path: str, params: dict[str, str] | None = None) -> Any:
-        from common.kube import ApiError, NotFound
+    async def delete(
+        self, path: str, params: dict[str, str] | None = None, *, timeout: float | None = None
+    ) -> Any:
+        from common.kube import NotFound
+
+        self.writes.append(("DELETE", path, timeout))
+        self.deleting.set()
+        if self.hold is not None:
+            await self.hold.wait()
 
         name = path.rsplit("/", 1)[1]
         if name in self.refuse:
-            raise ApiError(500, "etcd timeout")
+            raise ServerError(500, "etcd timeout")
         if name in self.gone:
             raise NotFound(404, "not found")
         self.deleted.append(name)
@@ -612,6 +628,8 @@ def executor_over(
     *,
     not_evicted: Callable[[PodRecord], None] = lambda v: None,
     gone: Callable[[PodRecord], None] = lambda pod: None,
+    budget: Callable[[NodeName], float] = lambda node: 30.0,
+    unanswered_hold: float = 5.0,
 ) -> Executor:
     return Executor(
         cast(KubeClient, api),
@@ -620,7 +638,102 @@ def executor_over(
         done=lambda key: None,
         not_evicted=not_evicted,
         gone=gone,
+        budget=budget,
+        unanswered_hold=unanswered_hold,
     )
+
+
+async def test_a_preemption_on_a_node_no_longer_usable_writes_nothing() -> None:
+    """Fenced as a binding: a worker whose node was revoked, or whose lease's fencing deadline is too close,
+    neither nominates onto it nor evicts from it (the node may be another worker's by now)."""
+    api = _Api(refuse=set(), gone=set())
+    dropped: list[PodRecord] = []
+    executor = executor_over(api, not_evicted=dropped.append, budget=lambda node: 0.0)
+    victims = tuple(running(f"v{i}", "n0", "1", 1) for i in range(2))
+    preemptor = make_pod("p").req(cpu="2").priority(10).record()
+    await executor._carry_out(preemptor, Candidate(NodeName("n0"), victims, 0), [])
+    assert api.writes == [] and executor.fenced == 1 and executor.abandoned == 0
+    assert sorted(v.key for v in dropped) == [PodKey("default/v0"), PodKey("default/v1")]
+
+
+async def test_each_preemption_write_is_fenced_and_carries_its_budget_as_deadline() -> None:
+    """The budget is read before every write (the nomination, each victim's condition, each delete) and sent
+    as the write's deadline; once it runs out, nothing more is sent."""
+    api = _Api(refuse=set(), gone=set())
+    budgets = iter([2.0, 1.5, 0.01])  # the nomination, the victim's condition, then too little for its delete
+    dropped: list[PodRecord] = []
+    executor = executor_over(api, not_evicted=dropped.append, budget=lambda node: next(budgets))
+    victim = running("v0", "n0", "2", 1)
+    preemptor = make_pod("p").req(cpu="2").priority(10).record()
+    await executor._carry_out(preemptor, Candidate(NodeName("n0"), (victim,), 0), [])
+    assert [(method, timeout) for method, _, timeout in api.writes] == [("PATCH", 2.0), ("PATCH", 1.5)]
+    assert api.deleted == [] and executor.fenced == 1 and [v.key for v in dropped] == [victim.key]
+
+
+async def test_an_unanswered_eviction_holds_the_node_as_an_unanswered_binding_does() -> None:
+    """A delete answered with a 5xx (or none) may still be applied: the node stays counted in flight for
+    ``unanswered_hold``, so its release is not acknowledged before the delete can no longer land."""
+    api = _Api(refuse={"v0"}, gone=set())
+    executor = executor_over(api, unanswered_hold=0.2)
+    preemptor = make_pod("p").req(cpu="2").priority(10).record()
+    with pytest.raises(ApiError):
+        await executor._carry_out(preemptor, Candidate(NodeName("n0"), (running("v0", "n0", "2", 1),), 0), [])
+    assert executor._in_flight.count(NodeName("n0")) == 1  # the carry-out ended; the unanswered delete holds
+    await asyncio.wait_for(executor.drain({NodeName("n0")}), 1)
+    assert executor._in_flight.count() == 0
+
+
+async def test_a_write_slower_than_its_budget_raises_and_holds_the_node() -> None:
+    """The budget is the write's deadline here too (the rate limit's wait included): past it the write is given
+    up as unanswered (it may still land), an ``ApiError`` for the executor's loop, and the node held."""
+    api = _Api(refuse=set(), gone=set())
+    api.hold = asyncio.Event()  # the delete never answers
+    executor = executor_over(api, budget=lambda node: 0.1, unanswered_hold=30.0)
+    preemptor = make_pod("p").req(cpu="2").priority(10).record()
+    carry_out = executor._carry_out(
+        preemptor, Candidate(NodeName("n0"), (running("v0", "n0", "2", 1),), 0), []
+    )
+    with pytest.raises(ServerError):
+        await asyncio.wait_for(carry_out, 5)  # a TimeoutError here: the write had no deadline
+    assert executor._in_flight.count(NodeName("n0")) == 1 and api.deleted == []
+
+
+async def test_a_victim_already_gone_does_not_hold_the_node() -> None:
+    api = _Api(refuse=set(), gone={"v0"})
+    executor = executor_over(api, unanswered_hold=30.0)
+    preemptor = make_pod("p").req(cpu="2").priority(10).record()
+    await executor._carry_out(preemptor, Candidate(NodeName("n0"), (running("v0", "n0", "2", 1),), 0), [])
+    assert executor._in_flight.count() == 0  # a 404 is an answer: nothing can land later
+
+
+async def test_clearing_lower_nominations_stops_when_the_node_is_fenced() -> None:
+    api = _Api(refuse=set(), gone=set())
+    budgets = iter([2.0, 0.0])  # the preemptor's nomination, then nothing left for the first clear
+    executor = executor_over(api, budget=lambda node: next(budgets, 0.0))
+    lower = [make_pod(f"l{i}").priority(1).nominated("n0").record() for i in range(2)]
+    preemptor = make_pod("p").req(cpu="2").priority(10).record()
+    await executor._carry_out(preemptor, Candidate(NodeName("n0"), (running("v0", "n0", "2", 1),), 0), lower)
+    assert [path for _, path, _ in api.writes] == ["/api/v1/namespaces/default/pods/p/status"]
+    assert api.deleted == [] and executor.fenced == 2  # the clear, then the victim's condition
+
+
+async def test_a_node_release_waits_for_the_preemption_writes_under_way_on_it() -> None:
+    api = _Api(refuse=set(), gone=set())
+    api.hold = asyncio.Event()
+    executor = executor_over(api)
+    preemptor = make_pod("p").req(cpu="2").priority(10).record()
+    carrying = asyncio.create_task(
+        executor._carry_out(preemptor, Candidate(NodeName("n0"), (running("v0", "n0", "2", 1),), 0), [])
+    )
+    await asyncio.wait_for(api.deleting.wait(), 1)
+    await asyncio.wait_for(executor.drain({NodeName("n1")}), 1)  # another node: nothing to wait for
+    release = asyncio.create_task(executor.drain({NodeName("n0")}))
+    await asyncio.sleep(0.01)
+    assert not release.done()  # the delete to n0 is still under way
+    api.hold.set()
+    await asyncio.wait_for(release, 1)
+    await carrying
+    assert api.deleted == ["v0"]
 
 
 async def test_the_executor_reports_every_victim_it_did_not_evict() -> None:

@@ -153,3 +153,18 @@ async def test_an_idle_loop_wakes_for_every_way_into_active_q(client: KubeClient
         for task in (loop, housekeeping):
             task.cancel()
         await asyncio.gather(loop, housekeeping, return_exceptions=True)
+
+
+async def test_a_node_release_waits_for_the_preemptions_under_way_on_it_too(client: KubeClient) -> None:
+    """The shard's release hook (``Scheduler.release``) waits for the bindings and for the preemptions' writes
+    to the released nodes (``Executor.drain``), not for those to other nodes."""
+    sched = scheduler(client, preempt=True)
+    assert sched.preemption is not None
+    executor = sched.preemption.executor
+    executor._in_flight.start(NodeName("n1"))  # a preemption onto n1 under way
+    await asyncio.wait_for(sched.release(frozenset({NodeName("n2")})), 1)
+    release = asyncio.create_task(sched.release(frozenset({NodeName("n1")})))
+    await asyncio.sleep(0.05)
+    assert not release.done()
+    await executor._in_flight.end(NodeName("n1"))
+    await asyncio.wait_for(release, 1)

@@ -102,7 +102,9 @@ class SlowApi(KubeClient):
         super().__init__(Credentials("http://127.0.0.1:9"))
         self.clock, self.took = clock, took
 
-    async def post(self, path: str, body: Any, params: dict[str, str] | None = None) -> Any:
+    async def post(
+        self, path: str, body: Any, params: dict[str, str] | None = None, *, timeout: float | None = None
+    ) -> Any:
         self.clock.now += self.took
         return {"kind": "Status", "status": "Success"}
 
