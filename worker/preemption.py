@@ -703,13 +703,13 @@ class Executor:
         try:
             async with asyncio.timeout(budget):
                 return True, await send(budget)
-        except TimeoutError as e:
+        except (TimeoutError, ServerError) as e:  # no answer, a 5xx, a broken connection: it may still land
             if hold:
                 self._hold(node)
-            raise ServerError(0, f"preemption write for node {node}: no answer within {budget:.3f}s") from e
-        except ServerError:  # a 5xx or a broken connection: it may still be applied, as the binder holds
-            if hold:
-                self._hold(node)
+            if isinstance(e, TimeoutError):
+                raise ServerError(
+                    0, f"preemption write for node {node}: no answer within {budget:.3f}s"
+                ) from e
             raise
 
     def _hold(self, node: NodeName) -> None:
