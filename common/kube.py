@@ -544,7 +544,8 @@ class KubeClient:
     ) -> Any:
         """One request; returns the decoded JSON reply (or None for an empty one), decoded without the
         objects' ``metadata.managedFields`` if ``cut`` (``without_managed_fields``: pods and nodes only).
-        ``pooled``: through the write pool (``common.apiconn``); by default the writes are."""
+        ``pooled``: through the write pool (``common.apiconn``); by default the writes are. ``timeout``: the
+        request's deadline, in seconds from this call, here and at the API server (``_send``)."""
         status, raw = await self._send(
             method,
             path,
@@ -580,15 +581,29 @@ class KubeClient:
     ) -> tuple[int, bytes]:
         """The status and raw reply of a request that succeeded; an ``ApiError`` otherwise. A 401 is sent
         again once when the token it carried is no longer the current one (another request's 401 replaced
-        it while this one was in flight, or this one's 401 fetched a different token now)."""
+        it while this one was in flight, or this one's 401 fetched a different token now).
+
+        ``timeout``: the request must end within this many seconds from this call, the rate limit's wait
+        included. What is left of it when the request goes out, after that wait, is its deadline here and the
+        API server's ``timeout`` parameter (``_with_deadline``): a server deadline computed before the wait
+        would end later than the sender's by the wait, and a fenced write (a binding, a preemption's) could
+        then be applied after the fencing deadline it was cut to. Once nothing is left it is not sent
+        (``TimeoutError``, as when no answer came: the callers treat both as possibly applied)."""
         data = orjson.dumps(body) if body is not None else None
         headers = {"Content-Type": content_type} if data is not None else None
+        end = None if timeout is None else time.monotonic() + timeout
         retried = False
         while True:
             await self._limiter.take()
+            left, query = None, params
+            if end is not None:
+                left = end - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"{method} {path}: its {timeout:.3f}s passed before it was sent")
+                query = _with_deadline(params, left)
             send = self._exchange if pooled else self._aiohttp_send  # one signature, two transports
             status, raw, sent = await send(
-                method, path, params=params, data=data, headers=headers, timeout=timeout
+                method, path, params=query, data=data, headers=headers, timeout=left
             )
             if status < 300:
                 return status, raw
@@ -671,9 +686,7 @@ class KubeClient:
         self, path: str, body: Any, params: dict[str, str] | None = None, *, timeout: float | None = None
     ) -> Any:
         """``timeout``: as ``bind``'s, the request's deadline here and at the API server."""
-        return await self.request(
-            "POST", path, body=body, params=_with_deadline(params, timeout), timeout=timeout
-        )
+        return await self.request("POST", path, body=body, params=params, timeout=timeout)
 
     async def put(self, path: str, body: Any) -> Any:
         return await self.request("PUT", path, body=body)
@@ -682,7 +695,7 @@ class KubeClient:
         self, path: str, params: dict[str, str] | None = None, *, timeout: float | None = None
     ) -> Any:
         """``timeout``: as ``bind``'s, the request's deadline here and at the API server."""
-        return await self.request("DELETE", path, params=_with_deadline(params, timeout), timeout=timeout)
+        return await self.request("DELETE", path, params=params, timeout=timeout)
 
     async def patch(self, path: str, body: Any, *, kind: str = "merge", timeout: float | None = None) -> Any:
         """``timeout``: as ``bind``'s, the request's deadline here and at the API server."""
@@ -691,21 +704,15 @@ class KubeClient:
             "strategic": "application/strategic-merge-patch+json",
             "json": "application/json-patch+json",
         }[kind]
-        return await self.request(
-            "PATCH",
-            path,
-            params=_with_deadline(None, timeout),
-            body=body,
-            content_type=content_type,
-            timeout=timeout,
-        )
+        return await self.request("PATCH", path, body=body, content_type=content_type, timeout=timeout)
 
     async def bind(
         self, namespace: str, name: str, uid: str, node: str, *, timeout: float | None = None
     ) -> None:
         """POST the pod's binding subresource. 409 means already bound or gone; 404 means deleted.
 
-        ``timeout`` (seconds) also goes to the API server as the request's ``timeout`` parameter, its deadline
+        ``timeout`` (seconds from this call, the client's rate-limit wait included): what is left of it when
+        the request goes out also goes to the API server as the request's ``timeout`` parameter, its deadline
         for the request (its queueing in priority and fairness and its write included; without one it is the
         server's ``--request-timeout``, 60 s by default): a binding its sender gave up on is then abandoned by
         the server too, instead of landing up to a minute later (``common.etcd.leases.MAX_BIND_TIME``)."""
@@ -715,9 +722,7 @@ class KubeClient:
             "metadata": {"name": name, "namespace": namespace, "uid": uid} if uid else {"name": name},
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
-        await self.post(
-            f"/api/v1/namespaces/{namespace}/pods/{name}/binding", body, _with_deadline(None, timeout)
-        )
+        await self.post(f"/api/v1/namespaces/{namespace}/pods/{name}/binding", body, timeout=timeout)
 
     async def watch(
         self,

@@ -14,12 +14,14 @@ still be applied later; see ``unanswered_hold``), as does one that failed and ha
 Fencing (the binder's half of "no binding outside the fencing window"): immediately before each attempt
 is sent, the shard (``worker.shard.ShardView.bind_deadline``) is asked whether the node is still usable
 and until when the lease keeps it so. The attempt runs under a deadline of ``attempt_timeout`` seconds,
-cut to end ``FENCE_MARGIN`` before the fencing deadline, and the POST carries the same deadline as its
-``timeout`` parameter, so the API server abandons it then too; an attempt that would have less than
-``MIN_ATTEMPT`` seconds is not sent. Such a binding is forgotten (capacity returned) and its pod handed
-back to this worker's queue (``requeue``), like any transient failure: it is decided again, on a node
-this worker may still use, or answered as unschedulable (to the leader, under a coordinator). However long
-a binding waited in the queue or in backoff, nothing is sent after the worker fenced itself.
+cut to end ``FENCE_MARGIN`` before the fencing deadline, and the POST carries what is left of it when it goes
+out (after the client's rate limit) as its ``timeout`` parameter, so the API server abandons it then too; an
+attempt that would have less than ``MIN_ATTEMPT`` seconds is not sent. Such a binding is forgotten (capacity
+returned) and its pod handed back to this worker's queue (``requeue``), like any transient failure: it is
+decided again, on a node this worker may still use, or answered as unschedulable (to the leader, under a
+coordinator). Each write of a pod's volume binding (below) is fenced the same way, one check per write.
+However long a binding waited in the queue, in backoff or for its volumes, nothing is sent after the worker
+fenced itself.
 
 Outcomes:
 - success: the cache starts the assumption's TTL (``finish_binding``); the watch confirms it later.
@@ -68,6 +70,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from common import aiotools, metrics
 from common.backoff import Backoff
@@ -89,6 +92,10 @@ ATTEMPT_TIMEOUT = 30.0  # one POST (the API client's request timeout); under a c
 FENCE_MARGIN = 0.1  # an attempt's deadline ends this long before the fencing deadline (timer latency)
 MIN_ATTEMPT = 0.05  # less time than this before the margin: not worth sending
 VOLUME_BIND_TIMEOUT = 600.0  # kube-scheduler's VolumeBinding bindTimeoutSeconds default
+
+
+class _Fenced(Exception):
+    """A write for a node was not sent: the node is no longer usable, or its fencing deadline is too close."""
 
 
 def ordered(pod: PodRecord) -> bool:
@@ -211,7 +218,9 @@ class Binder:
         finally:
             await self._finish(seq, req)
 
-    async def _take_exclusive(self, pod: PodRecord, plan: VolumePlan, versions: dict[str, str]) -> bool:
+    async def _take_exclusive(
+        self, pod: PodRecord, node: NodeName, plan: VolumePlan, versions: dict[str, str]
+    ) -> bool:
         """Give each ReadWriteOncePod claim to ``pod`` (``ANN_RWOP_HOLDER``) under the resourceVersion the
         decision saw, unless its last holder is another pod that still exists: of two workers placing users of
         one claim at once, one write fails (409) and that pod is rescheduled, then sees the other's."""
@@ -231,7 +240,8 @@ class Binder:
                     if alive and meta.get("uid") == uid:
                         log.info("ReadWriteOncePod claim %s held by %s; rescheduling", claim.key, holder)
                         return False
-            reply = await self.client.patch(
+            reply = await self._volume_write(
+                node,
                 f"/api/v1/namespaces/{claim.namespace}/persistentvolumeclaims/{claim.name}",
                 {
                     "metadata": {
@@ -248,15 +258,15 @@ class Binder:
         """kube's BindPodVolumes: write the PV claimRefs and the claims' selected-node annotations, each under
         the resourceVersion the decision saw (a concurrent writer makes it fail with 409, never bind twice),
         then wait until the PV controller or a provisioner has bound every claim to a PV that fits the node.
-        ReadWriteOncePod claims are taken for the pod first (``_take_exclusive``)."""
-        if self.budget(node) < MIN_ATTEMPT:
-            return False
+        ReadWriteOncePod claims are taken for the pod first (``_take_exclusive``). Each write is fenced as a
+        binding attempt is (``_volume_write``); once one may not be sent, none after it is."""
         versions: dict[str, str] = {}  # claims written here already: their new resourceVersion
         try:
-            if not await self._take_exclusive(pod, plan, versions):
+            if not await self._take_exclusive(pod, node, plan, versions):
                 return False
             for claim, pv in plan.static:
-                await self.client.patch(
+                await self._volume_write(
+                    node,
                     f"/api/v1/persistentvolumes/{pv.name}",
                     {
                         "metadata": {
@@ -276,7 +286,8 @@ class Binder:
                     },
                 )
             for claim in plan.provision:
-                await self.client.patch(
+                await self._volume_write(
+                    node,
                     f"/api/v1/namespaces/{claim.namespace}/persistentvolumeclaims/{claim.name}",
                     {
                         "metadata": {
@@ -285,6 +296,13 @@ class Binder:
                         }
                     },
                 )
+        except _Fenced:
+            self.fenced += 1
+            log.warning(
+                "volume binding write not sent: node not usable or fencing deadline too close; rescheduling",
+                extra={"pod": pod.key, "node": node},
+            )
+            return False
         except (ApiError, TimeoutError) as e:
             log.info(
                 "volume binding write failed (%s); rescheduling", e or type(e).__name__, extra={"node": node}
@@ -301,6 +319,17 @@ class Binder:
                 log.info("volume binding timed out; rescheduling", extra={"node": node})
                 return False
             await store.wait_change(min(left, 1.0))
+
+    async def _volume_write(self, node: NodeName, path: str, body: Any) -> Any:
+        """One PV or claim PATCH of a pod's volume binding, for ``node``, fenced as a binding attempt is: sent
+        only with at least ``MIN_ATTEMPT`` of the node's ``budget`` left (else ``_Fenced``), and ending within
+        it here and at the API server. A write left unanswered holds nothing: it takes no room on the node,
+        it is made under the resourceVersion the decision saw, and the pod's own binding is not sent."""
+        budget = self.budget(node)  # immediately before sending: nothing awaits in between
+        if budget < MIN_ATTEMPT:
+            raise _Fenced(node)
+        async with asyncio.timeout(budget):
+            return await self.client.patch(path, body, timeout=budget)
 
     def _volumes_bound(self, node: NodeName, plan: VolumePlan) -> bool | None:
         """kube's checkBindings: True when every claim is bound to a PV fitting the node, False when a binding

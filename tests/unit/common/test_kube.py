@@ -146,3 +146,75 @@ async def test_keeping_the_pool_warm_survives_an_unreachable_server(monkeypatch:
             await task
     finally:
         await client.close()
+
+
+class _SlowBucket:
+    """A rate limit whose every token takes ``wait`` seconds of the client's clock."""
+
+    def __init__(self, clock: SimpleNamespace, wait: float) -> None:
+        self.clock, self.wait = clock, wait
+
+    async def take(self) -> None:
+        self.clock.now += self.wait
+
+
+async def _deadline_client(
+    monkeypatch: pytest.MonkeyPatch, wait: float
+) -> tuple[kube.KubeClient, list[tuple[dict[str, str] | None, float | None]]]:
+    clock = SimpleNamespace(now=100.0)
+    monkeypatch.setattr(kube, "time", SimpleNamespace(monotonic=lambda: clock.now))
+    client = kube.KubeClient(kube.Credentials(server="http://127.0.0.1:9"))
+    client._limiter = _SlowBucket(clock, wait)  # type: ignore[assignment]
+    sent: list[tuple[dict[str, str] | None, float | None]] = []
+
+    async def exchange(method: str, path: str, **kw: Any) -> tuple[int, bytes, str]:
+        sent.append((kw["params"], kw["timeout"]))
+        return 200, b"{}", ""
+
+    monkeypatch.setattr(client, "_exchange", exchange)
+    return client, sent
+
+
+@pytest.mark.parametrize("write", ["patch", "delete", "post", "bind"])
+async def test_a_write_deadline_sent_to_the_server_is_what_is_left_after_the_rate_limit(
+    monkeypatch: pytest.MonkeyPatch, write: str
+) -> None:
+    """A fenced write's deadline is cut to its fencing deadline: the API server must not be given the whole
+    of it after the client's rate limit spent part, or the write could be applied past the fence."""
+    client, sent = await _deadline_client(monkeypatch, wait=0.5)
+    try:
+        if write == "patch":
+            await client.patch("/api/v1/namespaces/a/pods/p", {}, timeout=2.0)
+        elif write == "delete":
+            await client.delete("/api/v1/namespaces/a/pods/p", {"gracePeriodSeconds": "0"}, timeout=2.0)
+        elif write == "post":
+            await client.post("/api/v1/namespaces/a/events", {}, timeout=2.0)
+        else:
+            await client.bind("a", "p", "u", "n1", timeout=2.0)
+    finally:
+        await client.close()
+    [(params, timeout)] = sent
+    assert params is not None and params["timeout"] == "1.500s" and timeout == pytest.approx(1.5)
+    if write == "delete":
+        assert params["gracePeriodSeconds"] == "0"  # the caller's parameters kept
+
+
+async def test_a_write_whose_deadline_passed_in_the_rate_limit_is_not_sent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    client, sent = await _deadline_client(monkeypatch, wait=2.0)
+    try:
+        with pytest.raises(TimeoutError):
+            await client.patch("/api/v1/namespaces/a/pods/p", {}, timeout=2.0)
+    finally:
+        await client.close()
+    assert sent == []
+
+
+async def test_a_request_without_a_deadline_sends_no_server_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    client, sent = await _deadline_client(monkeypatch, wait=0.5)
+    try:
+        await client.put("/api/v1/namespaces/a/configmaps/c", {})
+    finally:
+        await client.close()
+    assert sent == [(None, None)]

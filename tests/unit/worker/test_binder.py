@@ -40,13 +40,13 @@ class FakeApi(KubeClient):
         self.gone = False
         self.reads = 0
         self.last_reply = asyncio.Event()  # the scripted replies have all been taken
-        self.params: list[dict[str, str] | None] = []
+        self.timeouts: list[float | None] = []  # each POST's deadline (``KubeClient`` sends it to the server)
 
     async def post(
         self, path: str, body: Any, params: dict[str, str] | None = None, *, timeout: float | None = None
     ) -> Any:
         self.posts.append((path, body))
-        self.params.append(params)
+        self.timeouts.append(timeout)
         reply = self.replies.pop(0)
         if not self.replies:
             self.last_reply.set()
@@ -388,8 +388,12 @@ async def test_an_answered_server_error_is_also_settled_by_a_read() -> None:
 
 async def test_the_binding_post_carries_its_deadline_for_the_api_server() -> None:
     _, api, _, _ = await bind_once([201])
-    assert api.params[0] is not None and api.params[0]["timeout"].endswith("s")
-    assert 0 < float(api.params[0]["timeout"][:-1]) <= 30.0
+    assert api.timeouts == [30.0]  # ATTEMPT_TIMEOUT: no fencing deadline closer on this shard
+
+
+async def test_the_binding_deadline_is_cut_to_the_fencing_deadline() -> None:
+    _, api, _, _ = await bind_once([201], shard=FakeShard([0.0], deadline=2.0))
+    assert api.timeouts == [pytest.approx(2.0 - FENCE_MARGIN)]
 
 
 async def test_retries_use_the_shared_backoff_and_check_the_shard_before_each_attempt() -> None:
@@ -426,6 +430,7 @@ class VolumeApi(FakeApi):
 
     async def patch(self, path: str, body: Any, *, kind: str = "merge", timeout: float | None = None) -> Any:
         self.patches.append((path, body))
+        self.timeouts.append(timeout)
         reply = self.patch_replies.pop(0)
         if isinstance(reply, ApiError):
             raise reply
@@ -452,7 +457,7 @@ def _claim(annotations: dict[str, str] | None = None, volume: str = "") -> dict[
 
 
 async def provision_once(
-    patch_replies: list[Reply], *, then: list[dict[str, Any]]
+    patch_replies: list[Reply], *, then: list[dict[str, Any]], shard: FakeShard | None = None
 ) -> tuple[Cache, VolumeApi, Recorded, Binder]:
     """A pod with one WaitForFirstConsumer claim to provision on NODE; after the patch, ``then`` (claims and
     PVs, as the watch would deliver them) is applied to the store one by one."""
@@ -478,7 +483,16 @@ async def provision_once(
     store.assume(plan)
     api = VolumeApi([201], patch_replies)
     rec = Recorded()
-    binder = Binder(api, cache, Outcomes(rec), requeue=rec.requeue, concurrency=1, volume_bind_timeout=5.0)
+    binder = Binder(
+        api,
+        cache,
+        Outcomes(rec),
+        requeue=rec.requeue,
+        shard=shard,
+        concurrency=1,
+        volume_bind_timeout=5.0,
+        clock=time.monotonic if shard is None else lambda: shard.clock[0],
+    )
     task = asyncio.create_task(binder.run())
     try:
         binder.submit(pod, NODE, queued_at=0.0, attempts=1, volumes=plan)
@@ -544,8 +558,10 @@ class HolderApi(VolumeApi):
     def __init__(self, patch_replies: list[Reply], alive: dict[str, str]) -> None:
         super().__init__([201], patch_replies)
         self.alive = alive
+        self.on_get: Callable[[], None] = lambda: None
 
     async def get(self, path: str, params: dict[str, str] | None = None) -> Any:
+        self.on_get()
         name = path.rsplit("/", 1)[-1]
         if name not in self.alive:
             raise _error_for(404, orjson.dumps({"reason": "NotFound", "message": "gone"}))
@@ -553,7 +569,12 @@ class HolderApi(VolumeApi):
 
 
 async def exclusive_once(
-    patch_replies: list[Reply], *, holder: str = "", alive: dict[str, str] | None = None
+    patch_replies: list[Reply],
+    *,
+    holder: str = "",
+    alive: dict[str, str] | None = None,
+    shard: FakeShard | None = None,
+    on_get: Callable[[], None] | None = None,
 ) -> tuple[HolderApi, Recorded]:
     cache = Cache()
     cache.upsert_node(make_node(NODE).record())
@@ -572,8 +593,10 @@ async def exclusive_once(
     assert plan is not None and plan.all_bound and [c.name for c in plan.exclusive] == ["data"]
     cache.assume(pod, NODE)
     api = HolderApi(patch_replies, alive or {})
+    if on_get is not None:
+        api.on_get = on_get
     rec = Recorded()
-    binder = Binder(api, cache, Outcomes(rec), requeue=rec.requeue, concurrency=1)
+    binder = Binder(api, cache, Outcomes(rec), requeue=rec.requeue, shard=shard, concurrency=1)
     task = asyncio.create_task(binder.run())
     try:
         binder.submit(pod, NODE, queued_at=0.0, attempts=1, volumes=plan)
@@ -612,6 +635,38 @@ async def test_read_write_once_pod_claim_taken_by_another_worker_reschedules() -
 async def test_read_write_once_pod_claim_held_by_a_live_pod_reschedules_without_writing() -> None:
     api, rec = await exclusive_once([], holder="default/other/u2", alive={"other": "u2"})
     assert rec.requeued == ["default/p"] and not api.patches and not api.posts
+
+
+async def test_volume_writes_carry_the_node_budget_as_their_deadline() -> None:
+    annotated = _claim({"volume.kubernetes.io/selected-node": NODE})
+    bound = _claim(
+        {"volume.kubernetes.io/selected-node": NODE, "pv.kubernetes.io/bind-completed": "yes"}, volume="pv-1"
+    )
+    shard = FakeShard([0.0], deadline=2.0)
+    _, api, rec, _ = await provision_once([200], then=[annotated, PV, bound], shard=shard)
+    assert rec.bound == [("default/p", NODE)]
+    assert api.timeouts == [pytest.approx(2.0 - FENCE_MARGIN)] * 2  # the claim's PATCH, then the binding
+    assert len(shard.asked) == 2  # one check before each write
+
+
+async def test_no_volume_write_on_a_node_no_longer_usable() -> None:
+    cache, api, rec, binder = await provision_once([], then=[], shard=FakeShard([0.0], usable=False))
+    assert not api.patches and not api.posts and binder.fenced == 1
+    assert rec.requeued == ["default/p"] and not cache.assumed
+    assert cache.volumes.claims["default/data"].selected_node is None  # the volume assumption reverted
+
+
+async def test_a_volume_write_is_fenced_when_the_node_is_lost_during_an_earlier_await() -> None:
+    """The claim's last holder is read first (an await): the lease lapsing meanwhile stops the write that
+    would have followed, although the node was usable when the volume binding began."""
+    shard = FakeShard([0.0])
+
+    def lapse() -> None:
+        shard.is_usable = False
+
+    api, rec = await exclusive_once([200], holder="default/old/u-old", shard=shard, on_get=lapse)
+    assert shard.asked  # it was asked, after the read
+    assert not api.patches and not api.posts and rec.requeued == ["default/p"]
 
 
 async def test_a_pod_with_inter_pod_rules_is_bound_after_every_earlier_binding() -> None:
