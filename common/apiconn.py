@@ -35,6 +35,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 import ssl
 import time
@@ -368,11 +369,23 @@ class ApiConnections:
         self.opened = 0
 
     async def request(
-        self, method: str, path: str, query: str, headers: dict[str, str], body: bytes | None
+        self,
+        method: str,
+        path: str,
+        query: str,
+        headers: dict[str, str],
+        body: bytes | None,
+        *,
+        server_timeout: float | None = None,
     ) -> tuple[int, bytes]:
         """Send one request and read its reply: (status, body). ``path`` is below the server's prefix;
         characters outside a URL's are percent-encoded in it and in ``query``. No timeout of its own: the
         caller bounds it (a cancelled request closes its connection).
+
+        ``server_timeout``: the request must end within this many seconds from this call at the API server
+        too. What is left of it when the request is written, once it holds a slot and a connection (the waits
+        for them, and a connect, come out of it), goes as its ``timeout`` parameter, rounded down to the
+        millisecond; with less than a millisecond left it is not written (``TimeoutError``).
 
         A request is sent again, once and on a new connection, when its kept-alive connection turned out to
         be closed before it was written, and, for a GET, HEAD or OPTIONS, when the connection died after it
@@ -382,18 +395,14 @@ class ApiConnections:
             raise BadRequest(f"a method this client does not send: {method[:16]!r}")
         if "?" in path:
             raise BadRequest("a path with a query in it: the query is its own argument")
-        request = (
-            method.encode()
-            + b" "
-            + _target(self._prefix + path, query)
-            + b" HTTP/1.1\r\n"
-            + self._fixed
-            + _header_lines(headers)
-        )
+        end = None if server_timeout is None else self._clock() + server_timeout
+        head = method.encode() + b" "
+        rest = b" HTTP/1.1\r\n" + self._fixed + _header_lines(headers)  # refused here, before any wait
         if body is not None:  # no copy of the caller's headers for it
-            request += b"Content-Length: %d\r\n\r\n%b" % (len(body), body)
+            rest += b"Content-Length: %d\r\n\r\n%b" % (len(body), body)
         else:
-            request += b"\r\n"
+            rest += b"\r\n"
+        request = b"" if end is not None else head + _target(self._prefix + path, query) + rest
         async with self._slots:
             if self._closed:
                 raise ConnectionAbortedError("the pool was closed")
@@ -404,6 +413,15 @@ class ApiConnections:
                     conn = await self._connect()
                 reusable = False
                 try:
+                    if end is not None:  # nothing awaits between this and the write
+                        left_ms = math.floor((end - self._clock()) * 1000)
+                        if left_ms < 1:
+                            reusable = True  # nothing was written on it
+                            raise TimeoutError(f"{method} {path}: its deadline passed before it was written")
+                        timed = f"timeout={left_ms / 1000:.3f}s"
+                        request = (
+                            head + _target(self._prefix + path, f"{query}&{timed}" if query else timed) + rest
+                        )
                     reply = await conn.exchange(request, bodiless=method == "HEAD")
                     reusable = reply.reusable
                 except NotSent:

@@ -583,28 +583,34 @@ class KubeClient:
         again once when the token it carried is no longer the current one (another request's 401 replaced
         it while this one was in flight, or this one's 401 fetched a different token now).
 
-        ``timeout``: the request must end within this many seconds from this call, the rate limit's wait
-        included. What is left of it when the request goes out, after that wait, is its deadline here and the
-        API server's ``timeout`` parameter (``_with_deadline``): a server deadline computed before the wait
-        would end later than the sender's by the wait, and a fenced write (a binding, a preemption's) could
-        then be applied after the fencing deadline it was cut to. Once nothing is left it is not sent
-        (``TimeoutError``, as when no answer came: the callers treat both as possibly applied)."""
+        ``timeout``: the request must end within this many seconds from this call, here and at the API
+        server: the write pool (``ApiConnections.request``) sends what is left of it when it writes the
+        request, after every wait before that (this rate limit, a token refresh, a free connection, a connect),
+        as the server's ``timeout`` parameter. A server deadline computed earlier would end later than the
+        sender's by those waits, and a fenced write (a binding, a preemption's) could then be applied after
+        the fencing deadline it was cut to. With under a millisecond left it is not sent (``ServerError``,
+        which its callers treat as possibly applied, as they must an unanswered request). Only through the
+        write pool: an unpooled request with a ``timeout`` is a ``ValueError``."""
+        if timeout is not None and not pooled:
+            raise ValueError(f"{method} {path}: a deadline at the API server is kept only by the write pool")
         data = orjson.dumps(body) if body is not None else None
         headers = {"Content-Type": content_type} if data is not None else None
         end = None if timeout is None else time.monotonic() + timeout
         retried = False
         while True:
             await self._limiter.take()
-            left, query = None, params
-            if end is not None:
-                left = end - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f"{method} {path}: its {timeout:.3f}s passed before it was sent")
-                query = _with_deadline(params, left)
-            send = self._exchange if pooled else self._aiohttp_send  # one signature, two transports
-            status, raw, sent = await send(
-                method, path, params=query, data=data, headers=headers, timeout=left
-            )
+            if end is not None and end - time.monotonic() < 0.001:
+                raise ServerError(
+                    0, f"{method} {path}: not sent, its {timeout:.3f}s passed before it could be"
+                )
+            if pooled:
+                status, raw, sent = await self._exchange(
+                    method, path, params=params, data=data, headers=headers, end=end
+                )
+            else:
+                status, raw, sent = await self._aiohttp_send(
+                    method, path, params=params, data=data, headers=headers
+                )
             if status < 300:
                 return status, raw
             if status != 401 or retried:
@@ -622,15 +628,16 @@ class KubeClient:
         params: dict[str, str] | None,
         data: bytes | None,
         headers: dict[str, str] | None,
-        timeout: float | None,
+        end: float | None,
     ) -> tuple[int, bytes, str]:
         """A request through the write pool: (status, raw reply, the token it carried). Authentication and
-        metrics as the aiohttp session's traces do them for its requests."""
+        metrics as the aiohttp session's traces do them for its requests. ``end``: its deadline on this
+        module's clock, here and at the API server (``_send``)."""
         host = self._writes.authority
         token = ""
         started = 0.0
         try:
-            async with asyncio.timeout(timeout or self._timeout):
+            async with asyncio.timeout(self._timeout if end is None else end - time.monotonic()):
                 await self.auth.refresh_if_due()  # within the request's time, as aiohttp's trace runs it
                 started = time.monotonic()  # the duration starts after it, as the trace's does
                 token = self.auth.token or ""
@@ -638,7 +645,9 @@ class KubeClient:
                 if token:
                     sending["Authorization"] = f"Bearer {token}"
                 query = urlencode(params) if params else ""
-                status, raw = await self._writes.request(method, path, query, sending, data)
+                status, raw = await self._writes.request(
+                    method, path, query, sending, data, server_timeout=None if end is None else end - started
+                )
         except (OSError, ProtocolError) as e:  # TimeoutError and ConnectionError are OSErrors
             restmetrics.failed(method, host)
             raise ServerError(0, f"{method} {path}: {type(e).__name__}: {e}") from e
@@ -660,7 +669,6 @@ class KubeClient:
         params: dict[str, str] | None,
         data: bytes | None,
         headers: dict[str, str] | None,
-        timeout: float | None,
     ) -> tuple[int, bytes, str]:
         """A request through the aiohttp session: (status, raw reply, the token it carried if it got a 401)."""
         try:
@@ -670,7 +678,7 @@ class KubeClient:
                 params=params,
                 data=data,
                 headers=headers,
-                timeout=aiohttp.ClientTimeout(total=timeout or self._timeout),
+                timeout=aiohttp.ClientTimeout(total=self._timeout),
             ) as resp:
                 status, raw = resp.status, await resp.read()
                 return status, raw, _sent_token(resp.request_info.headers) if status == 401 else ""
@@ -711,8 +719,8 @@ class KubeClient:
     ) -> None:
         """POST the pod's binding subresource. 409 means already bound or gone; 404 means deleted.
 
-        ``timeout`` (seconds from this call, the client's rate-limit wait included): what is left of it when
-        the request goes out also goes to the API server as the request's ``timeout`` parameter, its deadline
+        ``timeout`` (seconds from this call, the client's own waits included): what is left of it when the
+        request is written also goes to the API server as the request's ``timeout`` parameter, its deadline
         for the request (its queueing in priority and fairness and its write included; without one it is the
         server's ``--request-timeout``, 60 s by default): a binding its sender gave up on is then abandoned by
         the server too, instead of landing up to a minute later (``common.etcd.leases.MAX_BIND_TIME``)."""
@@ -755,14 +763,6 @@ class KubeClient:
                         yield _event(without_managed_fields(line) if cut else line, path)
         except _TRANSPORT_ERRORS as e:
             raise ServerError(0, f"watch {path}: {type(e).__name__}: {e}") from e
-
-
-def _with_deadline(params: dict[str, str] | None, timeout: float | None) -> dict[str, str] | None:
-    """``params`` with the API server's ``timeout`` parameter for a request that must end within ``timeout``
-    seconds (its deadline for the request, its queueing and write included), or ``params`` as they are."""
-    if timeout is None:
-        return params
-    return {**(params or {}), "timeout": f"{max(timeout, 0.001):.3f}s"}
 
 
 async def _lines(content: aiohttp.StreamReader, limit: int, path: str) -> AsyncIterator[bytes]:

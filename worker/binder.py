@@ -14,8 +14,9 @@ still be applied later; see ``unanswered_hold``), as does one that failed and ha
 Fencing (the binder's half of "no binding outside the fencing window"): immediately before each attempt
 is sent, the shard (``worker.shard.ShardView.bind_deadline``) is asked whether the node is still usable
 and until when the lease keeps it so. The attempt runs under a deadline of ``attempt_timeout`` seconds,
-cut to end ``FENCE_MARGIN`` before the fencing deadline, and the POST carries what is left of it when it goes
-out (after the client's rate limit) as its ``timeout`` parameter, so the API server abandons it then too; an
+cut to end ``FENCE_MARGIN`` before the fencing deadline, and the POST carries what is left of it when it is
+written (after the client's waits: its rate limit, a token refresh, a free connection) as its ``timeout``
+parameter, so the API server abandons it then too; an
 attempt that would have less than ``MIN_ATTEMPT`` seconds is not sent. Such a binding is forgotten (capacity
 returned) and its pod handed back to this worker's queue (``requeue``), like any transient failure: it is
 decided again, on a node this worker may still use, or answered as unschedulable (to the leader, under a
@@ -160,7 +161,9 @@ class Binder:
         self._prebinding: dict[asyncio.Task[None], NodeName] = {}
         self.volume_bind_timeout = volume_bind_timeout
         self.bound = 0
-        self.fenced = 0  # bindings dropped unsent: node not usable or fencing deadline too close
+        # bindings and volume writes dropped unsent: node not usable or fencing deadline too close (a volume
+        # write's pod is counted in ``bind_results`` as "volumes", a binding's as "fenced")
+        self.fenced = 0
 
     def submit(
         self,
@@ -323,8 +326,9 @@ class Binder:
     async def _volume_write(self, node: NodeName, path: str, body: Any) -> Any:
         """One PV or claim PATCH of a pod's volume binding, for ``node``, fenced as a binding attempt is: sent
         only with at least ``MIN_ATTEMPT`` of the node's ``budget`` left (else ``_Fenced``), and ending within
-        it here and at the API server. A write left unanswered holds nothing: it takes no room on the node,
-        it is made under the resourceVersion the decision saw, and the pod's own binding is not sent."""
+        it here and at the API server (``common.kube.KubeClient._send``). A write left unanswered holds
+        nothing: it takes no room on the node, it is made under the resourceVersion the decision saw, and the
+        pod's own binding is not sent."""
         budget = self.budget(node)  # immediately before sending: nothing awaits in between
         if budget < MIN_ATTEMPT:
             raise _Fenced(node)

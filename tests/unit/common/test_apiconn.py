@@ -8,6 +8,7 @@ kube-apiserver is tested in ``tests/integration/test_kube_pool.py``."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 
 import pytest
@@ -436,3 +437,69 @@ async def test_the_client_counts_maps_and_times_its_writes_as_it_does_its_reads(
     )  # answered
     assert peer.requests[0].startswith(b"POST /prefix/api/v1/x HTTP/1.1\r\n")
     assert b"\r\nContent-Type: application/json\r\nAuthorization: Bearer t0\r\n" in peer.requests[0]
+
+
+def _timeout_sent(request: bytes) -> float:
+    """The ``timeout`` parameter of a written request's target, in seconds."""
+    target = request.split(b" ", 2)[1].decode()
+    params = dict(p.split("=", 1) for p in target.split("?", 1)[1].split("&"))
+    assert params["timeout"].endswith("s")
+    return float(params["timeout"][:-1])
+
+
+async def test_a_deadline_goes_out_as_what_is_left_when_the_request_is_written(
+    peer_factory: PeerFactory,
+) -> None:
+    """The wait for a free connection comes out of it: the API server must not be given more time than the
+    sender has left, or a fenced write could land after its fencing deadline."""
+    peer = peer_factory([(0.3, OK), OK])
+    pool = _pool(await peer.start(), limit=1)
+    try:
+        first = asyncio.create_task(pool.request("POST", "/a", "", {}, b"{}"))
+        await peer.arrived.wait()  # the only connection is busy for 0.3 s
+        began = time.monotonic()
+        assert await pool.request("DELETE", "/b", "gracePeriodSeconds=0", {}, None, server_timeout=2.0) == (
+            201,
+            b'{"a": true}',
+        )
+        waited = time.monotonic() - began
+        await first
+    finally:
+        pool.close()
+    second = peer.requests[1]
+    assert second.startswith(b"DELETE /prefix/b?gracePeriodSeconds=0&timeout=")
+    assert _timeout_sent(second) <= 2.0 - 0.3  # the 0.3 s the connection was busy came out of it
+    assert _timeout_sent(second) <= 2.0 - waited + 0.001  # and whatever else the wait took
+    assert b"timeout=" not in peer.requests[0]  # none asked: none sent
+
+
+async def test_a_request_whose_deadline_passed_waiting_for_a_connection_is_not_written(
+    peer_factory: PeerFactory,
+) -> None:
+    peer = peer_factory([(0.3, OK), OK])
+    pool = _pool(await peer.start(), limit=1)
+    try:
+        first = asyncio.create_task(pool.request("POST", "/a", "", {}, b"{}"))
+        await peer.arrived.wait()
+        with pytest.raises(TimeoutError, match="before it was written"):
+            await pool.request("POST", "/late", "", {}, b"{}", server_timeout=0.1)
+        await first
+        assert await pool.request("POST", "/c", "", {}, b"{}") == (201, b'{"a": true}')
+    finally:
+        pool.close()
+    assert [r.split(b" ", 2)[1] for r in peer.requests] == [b"/prefix/a", b"/prefix/c"]
+    assert pool.opened == 1  # the connection it held unwritten was kept
+
+
+async def test_a_token_refresh_before_a_write_comes_out_of_its_deadline(
+    peer_factory: PeerFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    peer = peer_factory([OK])
+    async with KubeClient(Credentials(server=await peer.start(), token="t0")) as client:
+
+        async def slow_refresh() -> None:  # an exec plugin or a token file read taking its time
+            await asyncio.sleep(0.3)
+
+        monkeypatch.setattr(client.auth, "refresh_if_due", slow_refresh)
+        await client.patch("/api/v1/namespaces/a/pods/p", {}, timeout=2.0)
+    assert _timeout_sent(peer.requests[0]) <= 2.0 - 0.3

@@ -158,30 +158,34 @@ class _SlowBucket:
         self.clock.now += self.wait
 
 
+Sent = tuple[dict[str, str] | None, float | None]
+
+
 async def _deadline_client(
     monkeypatch: pytest.MonkeyPatch, wait: float
-) -> tuple[kube.KubeClient, list[tuple[dict[str, str] | None, float | None]]]:
+) -> tuple[kube.KubeClient, SimpleNamespace, list[Sent]]:
     clock = SimpleNamespace(now=100.0)
     monkeypatch.setattr(kube, "time", SimpleNamespace(monotonic=lambda: clock.now))
     client = kube.KubeClient(kube.Credentials(server="http://127.0.0.1:9"))
     client._limiter = _SlowBucket(clock, wait)  # type: ignore[assignment]
-    sent: list[tuple[dict[str, str] | None, float | None]] = []
+    sent: list[Sent] = []
 
     async def exchange(method: str, path: str, **kw: Any) -> tuple[int, bytes, str]:
-        sent.append((kw["params"], kw["timeout"]))
+        sent.append((kw["params"], None if kw["end"] is None else kw["end"] - clock.now))
         return 200, b"{}", ""
 
     monkeypatch.setattr(client, "_exchange", exchange)
-    return client, sent
+    return client, clock, sent
 
 
 @pytest.mark.parametrize("write", ["patch", "delete", "post", "bind"])
-async def test_a_write_deadline_sent_to_the_server_is_what_is_left_after_the_rate_limit(
+async def test_a_write_deadline_counts_from_the_call_the_rate_limit_wait_included(
     monkeypatch: pytest.MonkeyPatch, write: str
 ) -> None:
-    """A fenced write's deadline is cut to its fencing deadline: the API server must not be given the whole
-    of it after the client's rate limit spent part, or the write could be applied past the fence."""
-    client, sent = await _deadline_client(monkeypatch, wait=0.5)
+    """A fenced write's deadline is cut to its fencing deadline: the client's rate limit spends part of it,
+    and the transport is given what is left (the write pool sends that, less its own waits, to the API
+    server: ``tests/unit/common/test_apiconn.py``)."""
+    client, _, sent = await _deadline_client(monkeypatch, wait=0.5)
     try:
         if write == "patch":
             await client.patch("/api/v1/namespaces/a/pods/p", {}, timeout=2.0)
@@ -193,28 +197,39 @@ async def test_a_write_deadline_sent_to_the_server_is_what_is_left_after_the_rat
             await client.bind("a", "p", "u", "n1", timeout=2.0)
     finally:
         await client.close()
-    [(params, timeout)] = sent
-    assert params is not None and params["timeout"] == "1.500s" and timeout == pytest.approx(1.5)
-    if write == "delete":
-        assert params["gracePeriodSeconds"] == "0"  # the caller's parameters kept
+    [(params, left)] = sent
+    assert left == pytest.approx(1.5)
+    assert params == ({"gracePeriodSeconds": "0"} if write == "delete" else None)  # the caller's, as given
 
 
 async def test_a_write_whose_deadline_passed_in_the_rate_limit_is_not_sent(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    client, sent = await _deadline_client(monkeypatch, wait=2.0)
+    client, _, sent = await _deadline_client(monkeypatch, wait=2.0)
     try:
-        with pytest.raises(TimeoutError):
+        with pytest.raises(
+            kube.ServerError, match="not sent"
+        ):  # as its callers treat no answer: may have landed
             await client.patch("/api/v1/namespaces/a/pods/p", {}, timeout=2.0)
     finally:
         await client.close()
     assert sent == []
 
 
-async def test_a_request_without_a_deadline_sends_no_server_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
-    client, sent = await _deadline_client(monkeypatch, wait=0.5)
+async def test_a_request_without_a_deadline_has_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    client, _, sent = await _deadline_client(monkeypatch, wait=0.5)
     try:
         await client.put("/api/v1/namespaces/a/configmaps/c", {})
     finally:
         await client.close()
     assert sent == [(None, None)]
+
+
+async def test_an_unpooled_request_with_a_deadline_is_refused() -> None:
+    """Only the write pool puts the deadline left at the moment of writing into the request."""
+    client = kube.KubeClient(kube.Credentials(server="http://127.0.0.1:9"))
+    try:
+        with pytest.raises(ValueError, match="write pool"):
+            await client.request("GET", "/api/v1/pods", timeout=1.0, pooled=False)
+    finally:
+        await client.close()

@@ -21,6 +21,7 @@ from worker.engine import Decision
 
 NODE = NodeName("n1")
 Reply = int | ApiError
+HANG = 0  # a PATCH reply: none, ever
 
 
 # A binding the API server applied although its client timed out (the reply never came back).
@@ -77,6 +78,7 @@ class Recorded:
         self.requeued_attempts: list[int] = []
         self.gone: list[str] = []
         self.waiting: list[tuple[str, str]] = []
+        self.before_drain: list[str] = []  # pods requeued before the binder was drained (``provision_once``)
 
     def on_bound(self, pod: PodRecord, node: NodeName, *, assumed_at: float, bound_at: float) -> None:
         assert assumed_at <= bound_at
@@ -432,6 +434,8 @@ class VolumeApi(FakeApi):
         self.patches.append((path, body))
         self.timeouts.append(timeout)
         reply = self.patch_replies.pop(0)
+        if reply == HANG:
+            await asyncio.Event().wait()  # never answered; only the caller's deadline ends it
         if isinstance(reply, ApiError):
             raise reply
         if reply >= 300:
@@ -503,6 +507,7 @@ async def provision_once(
             if rec.bound or rec.requeued:
                 break
             await asyncio.sleep(0.01)
+        rec.before_drain = list(rec.requeued)  # a drain cancels a volume binding under way
         await asyncio.wait_for(binder.drain(), 5)
     finally:
         task.cancel()
@@ -647,6 +652,14 @@ async def test_volume_writes_carry_the_node_budget_as_their_deadline() -> None:
     assert rec.bound == [("default/p", NODE)]
     assert api.timeouts == [pytest.approx(2.0 - FENCE_MARGIN)] * 2  # the claim's PATCH, then the binding
     assert len(shard.asked) == 2  # one check before each write
+
+
+async def test_a_volume_write_ends_within_the_node_budget() -> None:
+    shard = FakeShard([0.0], deadline=FENCE_MARGIN + 0.2)  # 0.2 s to send and get an answer
+    cache, api, rec, _ = await provision_once([HANG], then=[], shard=shard)
+    assert len(api.patches) == 1 and not api.posts
+    assert rec.before_drain == ["default/p"]  # given up at its deadline, not when the binder was drained
+    assert not cache.assumed
 
 
 async def test_no_volume_write_on_a_node_no_longer_usable() -> None:
