@@ -411,7 +411,7 @@ class ApiConnections:
                 fresh = conn is None
                 if conn is None:
                     conn = await self._connect()
-                reusable = False
+                reusable = written = False
                 try:
                     if end is not None:  # nothing awaits between this and the write
                         left_ms = math.floor((end - self._clock()) * 1000)
@@ -422,6 +422,7 @@ class ApiConnections:
                         request = (
                             head + _target(self._prefix + path, f"{query}&{timed}" if query else timed) + rest
                         )
+                    written = True
                     reply = await conn.exchange(request, bodiless=method == "HEAD")
                     reusable = reply.reusable
                 except NotSent:
@@ -434,7 +435,8 @@ class ApiConnections:
                     continue
                 finally:
                     if reusable and not conn.closed and not self._closed:
-                        conn.idle_since = self._clock()
+                        if written or fresh:  # one taken and not written on keeps its last reply's time
+                            conn.idle_since = self._clock()
                         self._idle.append(conn)
                     else:
                         conn.close()

@@ -590,9 +590,13 @@ class KubeClient:
         sender's by those waits, and a fenced write (a binding, a preemption's) could then be applied after
         the fencing deadline it was cut to. With under a millisecond left it is not sent (``ServerError``,
         which its callers treat as possibly applied, as they must an unanswered request). Only through the
-        write pool: an unpooled request with a ``timeout`` is a ``ValueError``."""
-        if timeout is not None and not pooled:
-            raise ValueError(f"{method} {path}: a deadline at the API server is kept only by the write pool")
+        write pool, and not beside a ``timeout`` of the caller's own in ``params`` (``Invalid``)."""
+        if timeout is not None and (not pooled or "timeout" in (params or ())):
+            # a caller's mistake, refused before anything is sent: only the write pool puts the deadline left at
+            # the moment of writing into a request, and of two ``timeout`` parameters the server obeys the first
+            raise Invalid(
+                0, f"{method} {path}: a deadline is kept only by the write pool, as its own parameter"
+            )
         data = orjson.dumps(body) if body is not None else None
         headers = {"Content-Type": content_type} if data is not None else None
         end = None if timeout is None else time.monotonic() + timeout
@@ -646,7 +650,12 @@ class KubeClient:
                     sending["Authorization"] = f"Bearer {token}"
                 query = urlencode(params) if params else ""
                 status, raw = await self._writes.request(
-                    method, path, query, sending, data, server_timeout=None if end is None else end - started
+                    method,
+                    path,
+                    query,
+                    sending,
+                    data,
+                    server_timeout=None if end is None else end - time.monotonic(),
                 )
         except (OSError, ProtocolError) as e:  # TimeoutError and ConnectionError are OSErrors
             restmetrics.failed(method, host)

@@ -225,11 +225,14 @@ async def test_a_request_without_a_deadline_has_none(monkeypatch: pytest.MonkeyP
     assert sent == [(None, None)]
 
 
-async def test_an_unpooled_request_with_a_deadline_is_refused() -> None:
-    """Only the write pool puts the deadline left at the moment of writing into the request."""
-    client = kube.KubeClient(kube.Credentials(server="http://127.0.0.1:9"))
+async def test_a_deadline_the_write_pool_cannot_keep_is_refused_before_sending() -> None:
+    """Only the write pool puts the deadline left at the moment of writing into the request, and it must be
+    the request's only ``timeout`` parameter (the API server obeys the first)."""
+    client = kube.KubeClient(kube.Credentials(server="http://127.0.0.1:9"))  # nothing listens: nothing sent
     try:
-        with pytest.raises(ValueError, match="write pool"):
+        with pytest.raises(kube.Invalid, match="write pool"):
             await client.request("GET", "/api/v1/pods", timeout=1.0, pooled=False)
+        with pytest.raises(kube.Invalid, match="write pool"):
+            await client.delete("/api/v1/namespaces/a/pods/p", {"timeout": "60s"}, timeout=1.0)
     finally:
         await client.close()
