@@ -16,11 +16,10 @@ is sent, the shard (``worker.shard.ShardView.bind_deadline``) is asked whether t
 and until when the lease keeps it so. The attempt runs under a deadline of ``attempt_timeout`` seconds,
 cut to end ``FENCE_MARGIN`` before the fencing deadline, and the POST carries what is left of it when it is
 written (after the client's waits: its rate limit, a token refresh, a free connection) as its ``timeout``
-parameter, so the API server abandons it then too; an
-attempt that would have less than ``MIN_ATTEMPT`` seconds is not sent. Such a binding is forgotten (capacity
-returned) and its pod handed back to this worker's queue (``requeue``), like any transient failure: it is
-decided again, on a node this worker may still use, or answered as unschedulable (to the leader, under a
-coordinator). Each write of a pod's volume binding (below) is fenced the same way, one check per write.
+parameter, so the API server abandons it then too; an attempt that would have less than ``MIN_ATTEMPT``
+seconds is not sent. Such a binding is forgotten (capacity returned) and its pod handed back to this worker's
+queue (``requeue``), like any transient failure: it is decided again, on a node this worker may still use, or
+answered as unschedulable (to the leader, under a coordinator). Each write of a pod's volume binding (below) is fenced the same way, one check per write.
 However long a binding waited in the queue, in backoff or for its volumes, nothing is sent after the worker
 fenced itself.
 
