@@ -543,6 +543,11 @@ def render(
             "",
             "## Goals of the sharded path (coordinator + workers vs the standalone worker, issue 14)",
             "",
+            "From one run of each workload per configuration. On a shared host a single burst's latency moves "
+            "with the API server's watch delivery (*create→visible* below), by several times between runs of "
+            "one configuration: judge the latency goals by `agent-scheduler bench paired`, which alternates "
+            "configurations on one cluster over several rounds.",
+            "",
             "| nodes | agent configuration | goal | target | measured | verdict |",
             "|---:|---|---|---|---:|---|",
         ]

@@ -268,6 +268,7 @@ def test_sharded_goals_compare_each_coordinated_configuration_with_the_standalon
     assert next(g for g in goals if g.scheduler == "agent-coord-2" and "CPU" in g.goal).value == 3.0
     text = report.render(rs)
     assert "## Goals of the sharded path" in text
+    assert "judge the latency goals by `agent-scheduler bench paired`" in text  # one run: not a verdict alone
     assert "| 1000 | agent-coord-2 | burst p99 vs kube-scheduler | <= 0.5x | 0.60 | **missed** |" in text
     assert "Goals of the sharded path" not in report.render(results()[:2])  # no coordinated run: no section
 
