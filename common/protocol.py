@@ -46,7 +46,10 @@ required fields and the versions must not talk. Version 5 added RESULT ``waiting
 refuse the unknown outcome and close the stream, and a version-4 worker would never send it (its preempting
 pods would be withdrawn after the leader's dispatch timeout and sent to preempt again elsewhere). Version 6
 added CLAIMS and the RESULT of a claimed pod (id 0): a version-5 worker would claim nothing, and every pod
-the leader counted as claimed would wait for the claim timeout.
+the leader counted as claimed would wait for the claim timeout. Version 7 added CAPACITY's ``earlier`` and
+``revision``: a new term's leader holds back the pods a placement of an earlier term could make wrong until
+every worker has said it binds none (the topology lane's rule 6), and a version-6 worker would never say so
+(the leader would hold them for ``LOST_HOLD`` at every term's start).
 
 Leader -> worker
     HELLO     {v, leader, term, nonce}         first frame
@@ -84,14 +87,22 @@ Worker -> leader
               worker hands the pod to the leader (a bound claimed pod is not answered: the leader's watch
               shows it).
     CAPACITY  {nodes, free_cpu, free_memory, max_cpu, max_memory, pending, syncing, binds_per_s, ts,
-               placing}
+               placing, earlier, revision}
               a compact summary of the worker's shard, when it changed (looked at every
               ``CAPACITY_INTERVAL`` while things move, at once on a change at rest: ``worker.intake``)
               and at least every ``HEARTBEAT_INTERVAL`` (the worker's heartbeat): totals of free
               millicores/bytes over usable owned nodes, and the largest free amounts on one node (a pod
               larger than ``max_*`` cannot fit this shard); ``syncing`` counts granted nodes not usable
               yet (the worker's cache is catching up with them); ``placing`` is false while the worker cannot
-              take pods (fenced, draining: ``nodes`` is then 0, but its shard is not known to be empty)
+              take pods (fenced, draining: ``nodes`` is then 0, but its shard is not known to be empty);
+              ``earlier`` counts the pods dispatched or claimed over an earlier stream (of this leader or
+              an earlier one) whose binding this worker still has under way, its pod watch not having shown
+              it yet (the others it dropped when this stream began); ``revision`` is the highest
+              resourceVersion of a pod its pod watch delivered when the summary was made (an event's or a
+              listed pod's, never a bookmark's or a list's: every worker's pod watch reaches it by its own
+              events): once ``earlier`` is 0, every such binding the watch showed is at or below it (an
+              assumption the watch never confirms expires 30 s after the binding's answer, and leaves the
+              count then)
     PONG      {ts}                             answer to PING
 Either way
     ERROR     {message}                        then the sender closes the stream
@@ -148,7 +159,7 @@ from typing import Any, Final, Literal, Protocol
 import msgpack
 import orjson
 
-VERSION: Final = 6
+VERSION: Final = 7
 MAX_FRAME: Final = 16 * 1024 * 1024
 MAX_HANDSHAKE_FRAME: Final = 4096  # HELLO and its answer: read before the peer is authenticated
 MAC_SIZE: Final = 32  # HMAC-SHA256
@@ -336,6 +347,8 @@ class Capacity:
     binds_per_s: float
     ts: float
     placing: bool = True
+    earlier: int = 0  # bindings under way of pods dispatched or claimed over an earlier stream
+    revision: int = 0  # the highest resourceVersion of a pod the worker's pod watch delivered
 
 
 @dataclass(frozen=True, slots=True)
@@ -404,6 +417,8 @@ def _fields(message: Message) -> tuple[str, dict[str, Any]]:
                 "binds_per_s": message.binds_per_s,
                 "ts": message.ts,
                 "placing": message.placing,
+                "earlier": message.earlier,
+                "revision": message.revision,
             }
         case Ping(ts):
             return PING, {"ts": ts}
@@ -659,6 +674,8 @@ _DECODERS: dict[str, Callable[[Mapping[str, Any]], Message]] = {
         binds_per_s=_float(m, "binds_per_s"),
         ts=_float(m, "ts"),
         placing=_bool(m, "placing"),
+        earlier=_revision(m, "earlier"),
+        revision=_revision(m, "revision"),
     ),
     PING: lambda m: Ping(_float(m, "ts")),
     PONG: lambda m: Pong(_float(m, "ts")),

@@ -12,7 +12,10 @@ Invariants:
 - ``synced`` is set after the first complete list; ``list_started_at`` says when the latest complete list
   began, so a caller can tell whether the cache reflects a consistent read made after some moment.
 - ``resource_version`` only grows while one stream lasts (the API server delivers events in etcd revision
-  order), which lets a caller wait until the cache has seen a given object revision.
+  order), which lets a caller wait until the cache has seen a given object revision. ``object_version`` is
+  the highest resourceVersion of an object the handler was given (an event's, or a listed object's; not a
+  bookmark's or a list's, which are revisions of the whole store that no event of this kind may ever reach):
+  a revision every reflector of the same kind and selector also reaches through its own events or lists.
 - A stream the API server ends before its ``timeoutSeconds`` (it ends watchers it judges too slow, and every
   watch when it shuts down) is resumed from the last resourceVersion like a timed-out one, and counted in
   ``closed_early``; after the backoff delay if it delivered no event (no spinning on a server that ends every
@@ -42,6 +45,20 @@ LIST_PAGE_SIZE = 500
 EARLY_CLOSE = 0.9
 
 
+def _as_int(rv: object) -> int:
+    """A resourceVersion as an integer (an etcd revision in every API server we know), 0 if of another form."""
+    try:
+        return int(str(rv))
+    except ValueError:
+        return 0
+
+
+def _version(obj: dict[str, Any]) -> int:
+    """The object's resourceVersion as an integer, 0 if it has none or another form."""
+    rv = (obj.get("metadata") or {}).get("resourceVersion")
+    return _as_int(rv) if rv else 0
+
+
 class WatchHandler(Protocol):
     def replace(self, objects: list[dict[str, Any]]) -> None:
         """The complete current set, after a (re)list."""
@@ -69,6 +86,7 @@ class Reflector:
         self.watch_timeout = watch_timeout
         self.synced = asyncio.Event()
         self.resource_version = ""
+        self.object_version = 0  # the highest resourceVersion of an object handed to the handler
         self.relists = 0
         self.reconnects = 0
         self.events = 0
@@ -101,6 +119,10 @@ class Reflector:
                     started = time.monotonic()
                     items, self.resource_version = await self.list_all()
                     self.list_started_at = started
+                    self.object_version = max(
+                        self.object_version,
+                        max((_version(item) for item in items), default=0),
+                    )
                     self.handler.replace(items)
                     self.relists += 1
                     self.synced.set()
@@ -118,6 +140,8 @@ class Reflector:
                         self.resource_version = str(rv)
                     if kind == "BOOKMARK":
                         continue
+                    if rv:
+                        self.object_version = max(self.object_version, _as_int(rv))
                     self.events += 1
                     self.handler.event(kind, obj)
                     backoff.reset()

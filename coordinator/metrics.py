@@ -50,7 +50,8 @@ lane_waits = Counter(
     "agent_scheduler_coordinator_lane_waits_total",
     "Pods the topology lane held back before dispatch, by reason: lane_busy (another pod with a cross-node "
     "rule was in flight), anti_affinity (a required cross-node anti-affinity between it and a pod in flight), "
-    "lost_dispatch (a lane pod's dispatch was lost lately). Counted once per wait.",
+    "lost_dispatch (a lane pod's dispatch was lost lately), earlier_term (a new term's leader waits until no "
+    "worker binds a pod an earlier term dispatched). Counted once per wait.",
     ["reason"],
 )
 claims = Counter(

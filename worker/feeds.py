@@ -453,6 +453,11 @@ class Watches:
         # resourceVersions are etcd revisions in every API server we know; compared as integers here only.
         return int(self.pods.resource_version or 0)
 
+    def object_revision(self) -> int:
+        """The highest resourceVersion of a pod the pod watch delivered (``Reflector.object_version``): one the
+        other workers' pod watches reach too, where ``revision`` may be a bookmark's or a list's."""
+        return self.pods.object_version
+
     async def list_bound(self, node: NodeName) -> tuple[list[PodRecord], int]:
         reply = await self.client.get("/api/v1/pods", {"fieldSelector": f"spec.nodeName={node}"})
         items = reply.get("items") or []

@@ -44,6 +44,16 @@ Invariants:
   ``protocol.DEAD_AFTER`` is dropped.
 - No dispatched pod is decided before the pod watch has reached its DISPATCH's ``min_rv`` (the topology
   lane's rule 2, see ``coordinator.dispatch.lane``); the ACK does not wait for that.
+- When a new leader stream begins (a new leader, or the same one reconnecting), a DISPATCH still read from an
+  earlier stream is refused (RESULT ``rejected``), and the pods dispatched or claimed over earlier streams
+  that this worker is not binding are dropped (out of the gate and the queue, their
+  entries forgotten: that stream's leader, or its successor, dispatches them again), and every binding under
+  way (any assumed pod: answered or not) is kept in ``LeaderResults.earlier`` until the pod watch shows it
+  (or the assumption ends: it expires 30 s after an answer the watch never confirms) and counted
+  in every CAPACITY (``earlier``, with the pod watch's ``revision``): a new term's leader holds back the pods
+  such a placement could make wrong until every worker counts none (the topology lane's rule 6). One of them
+  whose binding fails transiently is dropped, not decided again (``LeaderResults.retry``), unless a DISPATCH
+  over the new stream took it over.
 - Every DISPATCH is answered by ACK and later exactly one final RESULT per dispatch id, unless the stream
   breaks first (the leader then re-dispatches; duplicates are harmless, see the protocol) or the pod is gone
   before this worker decided it (deleted, or placed by another worker: the leader's own watch settles it, and
@@ -147,12 +157,18 @@ def _dispatch(
 
 
 def _changed(summary: protocol.Capacity, last: protocol.Capacity | None) -> bool:
-    """Does ``summary`` say anything the leader decides on that ``last`` did not? Its time, queue count and
-    bind rate aside: those are only shown (``agent-scheduler status``), and go out with the next summary or
-    heartbeat; the bind rate, averaged over a sliding window, would otherwise keep an idle worker's check
-    busy for ``BIND_RATE_WINDOW`` after its last binding."""
+    """Does ``summary`` say anything the leader decides on that ``last`` did not? Its time, queue count, bind
+    rate and watch revision aside: those are only shown (``agent-scheduler status``) or read with ``earlier``
+    (which does count), and go out with the next summary or heartbeat; the bind rate, averaged over a sliding
+    window, would otherwise keep an idle worker's check busy for ``BIND_RATE_WINDOW`` after its last binding."""
     return last is None or (
-        dataclasses.replace(last, ts=summary.ts, pending=summary.pending, binds_per_s=summary.binds_per_s)
+        dataclasses.replace(
+            last,
+            ts=summary.ts,
+            pending=summary.pending,
+            binds_per_s=summary.binds_per_s,
+            revision=summary.revision,
+        )
         != summary
     )
 
@@ -182,7 +198,8 @@ class LeaderStream(protocol.Outbox):
 class LeaderResults:
     """The current leader stream, the pods it dispatched, and the RESULTs owed to it (``Outcomes``); with
     ``claims``, also the claimed pods' outcomes: none for one placed, a hand-back (id ``protocol.CLAIMED``) for
-    one not placed."""
+    one not placed; and the bindings under way of pods dispatched or claimed over earlier streams
+    (``earlier``, the module docstring)."""
 
     def __init__(
         self,
@@ -204,6 +221,9 @@ class LeaderResults:
         # (monotonic time, pod, its entry) of pods shown gone, oldest first (``gone``)
         self._gone: deque[tuple[float, PodKey, tuple[int, str]]] = deque()
         self._since: dict[PodKey, float] = {}  # when each entry of ``pending`` was made (``OWED_LIMIT``)
+        # pod -> uid of the pods dispatched or claimed over an earlier stream whose binding was under way when
+        # the current stream began (``carry_over``): counted in CAPACITY until no longer assumed (``earlier_count``)
+        self.earlier: dict[PodKey, str] = {}
         self.clock = clock
         self._swept_at = clock()
 
@@ -236,7 +256,32 @@ class LeaderResults:
         """Hand a pod this worker is the claimant of to the leader at once, untried (``worker.claims``)."""
         self.send(_result(protocol.CLAIMED, pod, protocol.REJECTED, message=message))
 
+    def carry_over(self, assumed: Mapping[PodKey, str]) -> list[tuple[PodKey, str]]:
+        """A new stream began: every binding under way (``assumed``: pod -> uid, the cache's assumptions; none
+        of them is the new stream's yet) is kept in ``earlier``, whether its pod was dispatched or claimed,
+        answered already or not; the dispatched pods not being bound have their entries forgotten and are
+        returned (key, uid), for the intake to take them out of the gate and the queue."""
+        self.earlier.update(assumed)
+        dropped = []
+        for key, (_, uid) in list(self.pending.items()):
+            if key not in assumed:
+                self._withdraw(key)
+                dropped.append((key, uid))
+        return dropped
+
+    def _withdraw(self, key: PodKey) -> None:
+        self.pending.pop(key, None)
+        self._since.pop(key, None)
+        self.told_waiting.pop(key, None)
+
+    def earlier_count(self, assumed: Callable[[PodKey], bool]) -> int:
+        """How many pods of ``earlier`` still have their binding under way (the others are forgotten here)."""
+        for key in [k for k in self.earlier if not assumed(k)]:
+            del self.earlier[key]
+        return len(self.earlier)
+
     def expect(self, dispatch_id: int, pod: PodRecord) -> None:
+        self.earlier.pop(pod.key, None)  # this stream's leader dispatched it: its own from here
         self.pending[pod.key] = (dispatch_id, pod.uid)
         now = self._since[pod.key] = self.clock()
         if now - self._swept_at >= OWED_SWEEP:
@@ -323,6 +368,18 @@ class LeaderResults:
         dispatch_id = self._owed_or_claimed(pod)
         if dispatch_id is not None:
             self.send(_result(dispatch_id, pod, protocol.REJECTED, message=message))
+
+    def retry(self, pod: PodRecord) -> bool:
+        # A pod of an earlier stream is dropped: the current stream's leader dispatches it again if it is
+        # still pending, and must not have it placed here unseen (the topology lane's rule 6).
+        uid = self.earlier.get(pod.key)
+        if uid is None or (uid and pod.uid and uid != pod.uid):
+            return True
+        del self.earlier[pod.key]
+        self._withdraw(pod.key)
+        if self.claims is not None:
+            self.claims.claimed.pop(pod.key, None)
+        return False
 
     def gone(self, key: PodKey, uid: str) -> None:
         # Not dropped at once: the watch may show our own binding before the binder hears its answer, and
@@ -441,7 +498,7 @@ class Intake:
                     stream, leader, first = await self._handshake(reader, writer)
             finally:
                 self._handshaking.pop(writer, None)
-            self.results.connect(stream)
+            self._connect(stream)
             log.info("leader %s (term %d) connected from %s", leader, stream.term, peer)
             await self._follow(reader, stream, first)
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -461,6 +518,17 @@ class Intake:
                 stream.discard()  # the stream is over: a flush still due writes nothing
             self._evicted.discard(writer)
             writer.close()
+
+    def _connect(self, stream: LeaderStream) -> None:
+        """``stream`` is the leader's now: what earlier streams dispatched or claimed is dropped, unless its
+        binding is under way (module docstring)."""
+        self.results.connect(stream)  # claims reset: the claimed pods not being bound are let go
+        assumed = {key: a.pod.uid for key, a in self.sched.cache.assumed.items()}
+        for key, uid in self.results.carry_over(assumed):
+            self.gate.drop(key, uid)
+            self.sched.withdraw(key, uid)
+        if self.results.earlier:
+            log.info("%d bindings of pods from an earlier leader stream under way", len(self.results.earlier))
 
     def _evict(self) -> None:
         """Make room for a new connection: close one in its handshake (see the module docstring). O(slots)."""
@@ -563,6 +631,11 @@ class Intake:
                 message = f"pod is for scheduler {pod.scheduler_name!r}, not {self.scheduler_name!r}"
                 stream.send(_result(dispatch_id, pod, protocol.REJECTED, message=message))
                 return
+            if stream is not self.results.stream:
+                # read from a stream a newer one replaced (its frames still buffered): its leader is no longer
+                # the one this worker answers to, and the current one must know of every placement here
+                stream.send(_result(dispatch_id, pod, protocol.REJECTED, message="a newer leader stream"))
+                return
             if not self.can_place():
                 stream.send(
                     _result(dispatch_id, pod, protocol.REJECTED, message="worker cannot place pods now")
@@ -603,6 +676,8 @@ class Intake:
             binds_per_s=self.results.binds_per_second(),
             ts=time.time(),
             placing=placing,
+            earlier=self.results.earlier_count(self.sched.cache.is_assumed),
+            revision=self.sched.watches.object_revision(),
         )
 
     def poke(self) -> None:

@@ -8,7 +8,10 @@ Not final, under a coordinator only:
 - ``waiting``: the pod is nominated to a node of this shard where it preempted, and stays in this worker's
   queue until its victims are gone (the leader then keeps its dispatch past the usual timeout).
 Not an outcome: ``gone``, the pod watch showed the pod deleted, finished or placed (what is kept per pod for
-its outcome can go; a pod deleted in the queue or placed by someone else gets no outcome at all).
+its outcome can go; a pod deleted in the queue or placed by someone else gets no outcome at all); and
+``retry``, asked before a pod whose binding failed transiently goes back to this worker's queue (under a
+coordinator, a pod dispatched over a leader stream that has since been replaced is dropped instead: the
+leader of the new stream dispatches it again, and must know of every placement it did not order).
 
 Transient outcomes are not reported: a binding that failed with 429/5xx/timeouts, or that could not be sent
 before the worker's fencing deadline (node revoked, lease unhealthy), goes back to this worker's queue
@@ -53,6 +56,11 @@ class Outcomes(Protocol):
         binding placed it (its ``bound`` may come after the watch)."""
         ...
 
+    def retry(self, pod: PodRecord) -> bool:
+        """May ``pod``, whose binding failed transiently (its assumption forgotten), be decided here again?
+        If not, nothing more is done or told for it here."""
+        ...
+
 
 class PodReports:
     """Standalone outcomes: report on the pod itself (PodScheduled condition, Scheduled/FailedScheduling)."""
@@ -74,6 +82,9 @@ class PodReports:
 
     def gone(self, key: PodKey, uid: str) -> None:
         pass  # nothing is kept per pod here
+
+    def retry(self, pod: PodRecord) -> bool:
+        return True  # standalone, every pending pod of ours is this worker's to place
 
 
 def new_reporter(client: KubeClient, settings: WorkerSettings) -> Reporter:

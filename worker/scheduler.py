@@ -138,7 +138,7 @@ class Scheduler:
             client,
             self.cache,
             outcomes,
-            requeue=self.queue.requeue,
+            requeue=self._requeue,
             shard=shard,
             requeue_rejected=watch_pending,
             concurrency=settings.binding.concurrency,
@@ -219,6 +219,24 @@ class Scheduler:
         if self.preemption is not None:
             self.preemption.forget(key)
         self.outcomes.gone(key, uid)
+
+    def _requeue(self, pod: PodRecord, attempts: int) -> None:
+        """The binder gives ``pod`` back (its binding failed transiently): queued again if its outcome receiver
+        still wants it decided here (``Outcomes.retry``)."""
+        if self.outcomes.retry(pod):
+            self.queue.requeue(pod, attempts)
+
+    def withdraw(self, key: PodKey, uid: str) -> None:
+        """The pod of ``key`` (of ``uid``; "": any) is no longer this worker's to decide (the leader stream
+        that dispatched it was replaced): out of the queue, with the leader's choice of a preemption node."""
+        queued = self.queue.queued(key)
+        if queued is not None and (not uid or not queued.uid or queued.uid == uid):
+            self.queue.delete(key)
+        self._preempt_on.pop(key, None)  # chosen by the leader whose dispatch this was
+        if self.preemption is not None:
+            # its proposal is of no further use; evictions already under way end as they would (the pod's
+            # nomination is its status's, kept until the pod is placed or deleted, as the leader's path reads it)
+            self.preemption.forget(key)
 
     def preempt_next(self, key: PodKey, node: NodeName) -> None:
         """The leader chose ``node`` for ``key``'s preemption: the pod's next decision may carry it out."""

@@ -49,7 +49,13 @@ Invariants:
 - Pods with inter-pod rules go through the topology lane (``lane``): a pod the lane holds back is not
   dispatched until the lane lets it (it is considered again as soon as the lane's state changes), and every
   DISPATCH carries the lane's ``min_rv`` for that pod. The lane is told every dispatch, every answer, every
-  lost dispatch, and every pod the pending watch shows leaving the pending set with its resourceVersion.
+  lost dispatch, every pod the pending watch shows leaving the pending set with its resourceVersion, and
+  every list's resourceVersion.
+- A term starts inheriting (the lane's rule 6): until the pending watch has listed, membership has named the
+  live workers, and each of them has said over this term's stream that it binds no pod of an earlier stream
+  (CAPACITY ``earlier`` 0), or for ``LOST_HOLD`` from the term's start, no lane pod is dispatched and no
+  plain pod matching a cross-node required anti-affinity term of a pending pod; the lane's versions then
+  start at the highest pod revision those workers reported (a pod's, which every worker's watch reaches).
 """
 
 from __future__ import annotations
@@ -63,15 +69,15 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from common import aiotools, metrics, protocol
-from common.claims import claimable, claimant
+from common.claims import claimable, claimant, cross_node_anti_affinity, lane_rule
 from common.etcd.keys import WorkerId
 from common.keyring import Keys, NoSecret
 from common.kube import KubeClient
-from common.records import PodKey, PodRecord, pod_from_json, pod_key
+from common.records import PodKey, PodRecord, PodTerm, pod_from_json, pod_key
 from common.watching import Reflector
 from coordinator import metrics as coordinator_metrics
 from coordinator.dispatch.choice import Worker, choose, decisive, for_candidates, pick_candidate
-from coordinator.dispatch.lane import ANTI_AFFINITY, MAX_IN_FLIGHT, Lane
+from coordinator.dispatch.lane import ANTI_AFFINITY, LOST_HOLD, MAX_IN_FLIGHT, Lane
 from coordinator.dispatch.links import Inbound, Link, LinkEvents, LinkFactory, Transport
 from coordinator.dispatch.pending import (
     DISPATCH_TIMEOUT,
@@ -122,13 +128,16 @@ class _PendingFeed:
         # Every pod missing from a list at version R left the pending set at or before R.
         listed_at = _revision(self.d.reflector.resource_version)
         seen = set()
+        newest = 0  # the highest resourceVersion of a listed pod (``Dispatcher.listed``)
         for obj in objects:
             seen.add(self._bound(obj) or self.d.observe(obj))
+            newest = max(newest, _revision((obj.get("metadata") or {}).get("resourceVersion")))
         gone = {k for k in self.d.table if k not in seen} | {k for k in self.d.lane.unseen if k not in seen}
         gone |= {k for k in self.d.lane.flying if k not in seen}
         gone |= {k for k in self.d.lane.lost_dispatches if k not in seen}
         for key in gone:
-            self.d.forget(key, listed_at)
+            self.d.forget(key, listed_at, listed=True)
+        self.d.listed(newest)
 
     def event(self, kind: str, obj: dict[str, Any]) -> None:
         if self._bound(obj) is not None:
@@ -208,6 +217,14 @@ class Dispatcher:
         self.workers: dict[str, Worker] = {}
         self._blocked: dict[PodKey, None] = {}  # waiting only for a full ACK window to free (ordered set)
         self.lane = Lane()
+        # The lane's rule 6: this term inherits until its pending watch listed, membership named the live
+        # workers, and each said it binds no pod of an earlier stream (``check_inherited``), or ``LOST_HOLD``.
+        self.started_at = clock()
+        self.inheriting = True
+        self._listed = False
+        self._workers_known = False
+        self._anti_pending: dict[PodKey, tuple[PodTerm, ...]] = {}  # pending pods' cross-node anti-affinity
+        self._waiting_inherited: dict[PodKey, None] = {}  # held back by rule 6 (an ordered set)
         # Held back by the lane: the reason per pod, and who to wake when (ordered sets): waiting for one lane
         # pod in flight (by that pod), for room in the lane or the end of a hold, for pods in flight that a
         # required anti-affinity is about (rule 3). Waking moves them to the ready queue; a pod still held
@@ -274,6 +291,11 @@ class Dispatcher:
             # deleted and recreated under the same name: a new pod
             self.forget(key, _revision(record.resource_version))
             p = None
+        terms = cross_node_anti_affinity(record)
+        if terms:
+            self._anti_pending[key] = terms
+        else:
+            self._anti_pending.pop(key, None)
         if p is None:
             p = self.table.pods[key] = PendingPod(obj, record, seen_at=self.clock())
             refusal = record.parse_error
@@ -333,9 +355,10 @@ class Dispatcher:
         a lost dispatch, or a hand-back that came before its claim?"""
         return key in self.table.pods or key in self._early or key in self.lane.unseen or self.lane.holds(key)
 
-    def forget(self, key: PodKey, rv: int = 0, *, uid: str = "") -> None:
+    def forget(self, key: PodKey, rv: int = 0, *, uid: str = "", listed: bool = False) -> None:
         """``key`` left the pending set (bound, deleted, or replaced by a pod of the same name), as the watch
-        showed at resourceVersion ``rv``; ``uid``, if known, is the uid of the pod that left."""
+        showed at resourceVersion ``rv`` (``listed``: a list at ``rv`` no longer had it, so it left at or before
+        ``rv``, a revision of the whole store); ``uid``, if known, is the uid of the pod that left."""
         p = self.table.pods.pop(key, None)
         if p is not None:
             self._release(p)
@@ -350,8 +373,14 @@ class Dispatcher:
         if early is not None and (not left or not early[1].uid or early[1].uid == left):
             del self._early[key]  # a hand-back for the pod that left (one for its successor is kept)
         self._lane_waits.pop(key, None)
+        self._anti_pending.pop(key, None)
+        self._waiting_inherited.pop(key, None)
         held = self.lane.holds(key)
-        dispatched_at = self.lane.seen(key, rv)
+        # A lane pod this term did not dispatch was placed by an earlier term's (or deleted): plain pods'
+        # versions must cover it. Only while the term inherits when the version is a list's (after that only
+        # this term places lane pods, and a list's version would hold plain pods until a bookmark when idle).
+        lane_pod = p is not None and lane_rule(p.record) is not None and (self.inheriting or not listed)
+        dispatched_at = self.lane.seen(key, rv, lane_pod=lane_pod)
         if dispatched_at is not None:
             coordinator_metrics.lane_settle_duration.observe(self.clock() - dispatched_at)
         self._wake_lane(key if held else None)
@@ -369,6 +398,13 @@ class Dispatcher:
         now = self.clock()
         if p is None or not p.waiting or p.not_before > now:
             return  # a pod rejected lately is considered again by the idle rescan once its backoff ends
+        held = self.lane.inherited_wait(p.record, self._anti_pending) if self.inheriting else None
+        if held is not None:
+            if self._lane_waits.get(key) != held.reason:
+                coordinator_metrics.lane_waits.labels(held.reason).inc()
+            self._lane_waits[key] = held.reason
+            self._waiting_inherited[key] = None
+            return  # considered again when the term stops inheriting (``check_inherited``)
         held = self.lane.wait(p.record, self._in_flight, now)
         if held is not None:
             if self._lane_waits.get(key) != held.reason:
@@ -501,6 +537,46 @@ class Dispatcher:
     def retry_parked(self, *, force: bool = False) -> int:
         return self.table.retry_parked(self.clock(), force=force)
 
+    def listed(self, rv: int) -> None:
+        """The pending watch listed; ``rv`` is the highest resourceVersion of a listed pod (bound ones too: a
+        placement still starting is at or below it). Not the list's own version: that is a revision of the
+        whole store, which a worker's pod watch may not reach until its next bookmark, a minute later."""
+        self.lane.listed(rv)
+        self._listed = True
+        self.check_inherited()
+
+    def check_inherited(self) -> None:
+        """End the term's inheritance (the lane's rule 6) once no worker can be placing a pod of an earlier
+        stream: the pending watch listed, membership named the live workers, and each one's latest summary
+        over this term's stream counts no such binding under way; or ``LOST_HOLD`` after the term began (a
+        worker that never said so is held to rule 4's bound; the time counts from the dispatcher's start).
+        While it inherits, the lane's versions follow the highest pod revision the workers reported, at or
+        above each binding their watches showed: the plain pods that go out meanwhile see the placements the
+        workers that reported have seen, and the others start from there."""
+        if not self.inheriting:
+            return
+        self.lane.listed(
+            max((w.capacity.revision for w in self.workers.values() if w.capacity is not None), default=0)
+        )
+        timed_out = self.clock() >= self.started_at + LOST_HOLD
+        if not timed_out and not (
+            self._listed
+            and self._workers_known
+            and all(w.capacity is not None and w.capacity.earlier == 0 for w in self.workers.values())
+        ):
+            return
+        self.inheriting = False
+        log.log(
+            logging.WARNING if timed_out else logging.INFO,
+            "no earlier term's placement is under way%s; pods with cross-node rules may go (from revision %d)",
+            f" (not confirmed by every worker within {LOST_HOLD:.0f} s)" if timed_out else "",
+            self.lane.settled_rv,
+        )
+        for key in self._waiting_inherited:
+            self._lane_waits.pop(key, None)
+            self.table.enqueue(key)
+        self._waiting_inherited.clear()
+
     # ----- workers ---------------------------------------------------------------------------------------
 
     def set_workers(self, workers: Mapping[str, str]) -> None:
@@ -510,8 +586,10 @@ class Dispatcher:
         for wid, address in workers.items():
             if wid not in self.workers:
                 self.workers[wid] = Worker(wid, address, self.connect(wid, address, self))
+        self._workers_known = True
         self._update_claims()
         self.retry_parked(force=True)
+        self.check_inherited()  # a worker that left is no longer waited for
 
     def close(self) -> None:
         """Drop every worker link (the term ended)."""
@@ -613,6 +691,7 @@ class Dispatcher:
                     self._update_claims()
                 if grew:
                     self.retry_parked(force=True)
+                self.check_inherited()
             case protocol.Ack(dispatch_id):
                 self._acknowledged(w, dispatch_id)
             case protocol.Result(id=protocol.CLAIMED) if self.claims:
@@ -813,6 +892,7 @@ class Dispatcher:
             self.retry_parked()
             self.expire_dispatches()
             self.expire_claims()
+            self.check_inherited()
             if self.lane.expire(self.clock()):
                 self._wake_all()
 
@@ -826,6 +906,7 @@ class Dispatcher:
             "rejected": self.rejected,
             "waiting_for_window": len(self._blocked),
             "waiting_for_lane": self.lane_waiting(),
+            "inheriting": self.inheriting,
             "claims": {
                 "set": list(self.claim_set),
                 "claimed_now": len(self._claimed),

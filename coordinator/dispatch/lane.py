@@ -47,14 +47,26 @@ Rules (``Lane``; the dispatcher asks ``wait`` before it chooses a worker):
    again at once.
 5. A lane pod a shard cannot place is tried on the other shards as any pod is (``pending``); it leaves the
    lane meanwhile (no placement was made) and enters it again when it goes out next.
+6. Earlier terms. A worker may still place pods an earlier leader dispatched (or it claimed) before this term
+   began, which this term's lane knows nothing of. So a term starts *inheriting*: no lane pod goes out, and no
+   plain pod matching a cross-node required anti-affinity term of a pod pending in the leader's view
+   (``inherited_wait``), until every live worker has said, over this term's stream, that it has no binding
+   of a pod from an earlier stream under way (CAPACITY ``earlier`` 0: a worker drops the queued ones when a
+   new stream begins, and counts the others until its pod watch shows them), or for ``LOST_HOLD`` (as rule
+   4). All the while both versions follow the highest revision the workers reported (``listed``): the newest
+   pod their watches delivered, at or above each binding a worker's watch showed, and one every worker's pod
+   watch reaches by its own events (a list's or a bookmark's version might not be reached until the next
+   bookmark). Every list of the leader's watch raises them to its newest pod's version. A pod with a lane
+   rule that leaves the pending set raises ``lane_rv`` even when this term did not dispatch it (``seen``).
 
 Nothing here talks to workers or the API server: the dispatcher tells the lane what happened
-(``dispatched``, ``answered_bound``, ``answered``, ``lost``, ``seen``) and reads ``wait`` and ``min_rv``.
+(``dispatched``, ``answered_bound``, ``answered``, ``lost``, ``seen``, ``listed``) and reads ``wait``,
+``inherited_wait`` and ``min_rv``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Final, NamedTuple
 
 from common.claims import cross_node_anti_affinity, lane_rule
@@ -68,6 +80,7 @@ MAX_IN_FLIGHT: Final = 64  # lane pods in flight at once (each candidate is chec
 BUSY: Final = "lane_busy"  # a lane pod in flight interacts with it, or the lane is full
 ANTI_AFFINITY: Final = "anti_affinity"  # rule 3, either direction
 LOST: Final = "lost_dispatch"  # rule 4: a lane pod it interacts with was lost lately
+EARLIER_TERM: Final = "earlier_term"  # rule 6: a placement of an earlier term may still be under way
 
 
 class Wait(NamedTuple):
@@ -253,6 +266,24 @@ class Lane:
                     return Wait(ANTI_AFFINITY)
         return None
 
+    @staticmethod
+    def inherited_wait(pod: PodRecord, anti: Mapping[PodKey, tuple[PodTerm, ...]]) -> Wait | None:
+        """Rule 6, while the term inherits: why ``pod`` may not go out yet, or None. ``anti`` holds the
+        cross-node required anti-affinity terms of the pods pending in the leader's view (any of which a worker
+        may still be placing for an earlier term)."""
+        if lane_rule(pod) is not None:
+            return Wait(EARLIER_TERM)
+        for other, terms in anti.items():
+            if other != pod.key and _matches(terms, pod):
+                return Wait(EARLIER_TERM)
+        return None
+
+    def listed(self, rv: int) -> None:
+        """The placements rule 6 knows of are at or below ``rv`` (the newest pod of a list of the pending pods,
+        or of the workers' watches when rule 6's hold ends): the next decisions must see them all."""
+        self.lane_rv = max(self.lane_rv, rv)
+        self.settled_rv = max(self.settled_rv, rv)
+
     def min_rv(self, pod: PodRecord) -> int:
         """The resourceVersion the worker's pod watch must have reached before it decides ``pod`` (rule 2)."""
         return self.settled_rv if lane_rule(pod) is not None else self.lane_rv
@@ -288,10 +319,13 @@ class Lane:
             del self.lost_dispatches[key]
         return bool(expired)
 
-    def seen(self, key: PodKey, rv: int) -> float | None:
-        """The watch showed ``key`` leave the pending set (bound or deleted) at ``rv``. Returns the time the
-        pod was dispatched at if it was a lane pod in flight (it is settled now), else None."""
+    def seen(self, key: PodKey, rv: int, *, lane_pod: bool = False) -> float | None:
+        """The watch showed ``key`` leave the pending set (bound or deleted) at ``rv``; ``lane_pod``: the pod
+        states a lane rule (placed by a dispatch of an earlier term, if this one did not dispatch it). Returns
+        the time the pod was dispatched at if it was a lane pod in flight (it is settled now), else None."""
         self.settled_rv = max(self.settled_rv, rv)
+        if lane_pod:
+            self.lane_rv = max(self.lane_rv, rv)
         self.unseen.pop(key, None)
         lost = self.lost_dispatches.pop(key, None)
         if lost is not None and lane_rule(lost[0]) is not None:

@@ -137,7 +137,7 @@ def test_frames_without_version_are_accepted_except_hello_and_welcome() -> None:
 
 
 @pytest.mark.parametrize("message", [MESSAGES[0], MESSAGES[1]], ids=["hello", "welcome"])
-@pytest.mark.parametrize("version", [0, 1, 2, 3, 4, 5, 7, "6", None, True, 1.5])
+@pytest.mark.parametrize("version", [0, 1, 2, 3, 4, 5, 6, 8, "7", None, True, 1.5])
 def test_version_mismatch_in_hello_and_welcome(message: Message, version: Any) -> None:
     fields = raw(message)
     fields["v"] = version

@@ -130,6 +130,32 @@ async def test_bookmarks_advance_the_version_without_events() -> None:
     assert kube.watch_versions == ["5", "90"], "a stream that ends is watched again from the bookmark"
 
 
+async def test_the_object_version_follows_objects_not_lists_or_bookmarks() -> None:
+    """``object_version``: the newest object the handler was given, a version every other reflector of the
+    kind reaches by its own events; a list's or a bookmark's version is the whole store's."""
+    page = {"items": [_obj("a", "3"), _obj("b", "7")], "metadata": {"resourceVersion": "50"}}
+    kube = FakeKube(
+        pages=[page],
+        streams=[
+            [("MODIFIED", _obj("a", "60")), ("BOOKMARK", {"metadata": {"resourceVersion": "90"}})],
+        ],
+    )
+    reflector = Reflector(kube.client(), PATH, Handler())
+    versions: list[int] = []
+    real_replace = reflector.handler.replace
+
+    def replace(objects: list[dict[str, Any]]) -> None:
+        real_replace(objects)
+        versions.append(reflector.object_version)
+
+    reflector.handler.replace = replace  # type: ignore[method-assign]
+
+    await _run_until_idle(reflector, kube)
+
+    assert versions == [7]  # the newest listed object's, not the list's own version (50)
+    assert reflector.object_version == 60 and reflector.resource_version == "90"
+
+
 def _restarts(resource: str, reason: str) -> float:
     return (
         REGISTRY.get_sample_value(

@@ -90,6 +90,8 @@ class FakeLink:
         max_memory: int = 16 * GIB,
         syncing: int = 0,
         placing: bool = True,
+        earlier: int = 0,
+        revision: int = 0,
     ) -> FakeLink:
         capacity = protocol.Capacity(
             nodes=nodes,
@@ -102,6 +104,8 @@ class FakeLink:
             binds_per_s=0.0,
             ts=0.0,
             placing=placing,
+            earlier=earlier,
+            revision=revision,
         )
         self.events.received(self, capacity)
         return self
@@ -149,7 +153,7 @@ class FakeLink:
 class Rig:
     """A Dispatcher over fake links, a fake reporter, a fake clock and a seeded rng."""
 
-    def __init__(self, client: KubeClient, *, claims: bool = False) -> None:
+    def __init__(self, client: KubeClient, *, claims: bool = False, listed: bool = True) -> None:
         self.clock = FakeClock()
         self.reporter = FakeReporter()
         self.links: dict[str, FakeLink] = {}
@@ -164,6 +168,10 @@ class Rig:
             connect=self._connect,
             claims=claims,
         )
+        if listed:
+            # The term's pending watch has listed (nothing pending): the term inherits only until its workers
+            # say they bind nothing of an earlier stream (their summaries, ``FakeLink.summary``).
+            self.d.listed(0)
 
     def _connect(self, worker_id: str, address: str, events: LinkEvents) -> FakeLink:
         link = self.links[worker_id] = FakeLink(worker_id, address, events)

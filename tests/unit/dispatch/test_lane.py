@@ -374,6 +374,7 @@ async def test_a_lost_lane_dispatch_holds_the_lane(rig: Rig) -> None:
     lost pod itself may go out again at once."""
     w1, w2 = rig.workers("w1", "w2")
     w1.up().summary()
+    w2.up().summary(nodes=0, placing=False)  # connected (it binds nothing of an earlier term), not placing
     rig.d.observe(spread("s1"))
     rig.d.observe(spread("s2"))
     rig.step()
@@ -449,10 +450,11 @@ async def test_a_lost_plain_pod_still_counts_for_anti_affinity(rig: Rig) -> None
     anti-affinity matches it waits until the watch shows it or the hold ends."""
     w1, w2 = rig.workers("w1", "w2")
     w1.up().summary()
+    w2.up().summary(nodes=0, placing=False)  # connected (it binds nothing of an earlier term), not placing
     rig.d.observe(plain("intruder", owner="o"))
     rig.step()
     assert len(dispatches(w1, "intruder")) == 1
-    w1.down()  # lost; w2 is not connected, so the intruder waits in the table, dispatched nowhere
+    w1.down()  # lost; w2 places nothing, so the intruder waits in the table, dispatched nowhere
     rig.d.observe(zone_anti("a1"))
     w2.up().summary()
     rig.step()

@@ -111,6 +111,9 @@ class Outcomes:
         self.gone = rec.on_gone
         self.waiting = rec.on_waiting
 
+    def retry(self, pod: PodRecord) -> bool:
+        return True  # the binder gives a pod back through its ``requeue``, which the tests record
+
 
 class FakeShard:
     """``ShardView.bind_deadline`` only: usable nodes and a fencing deadline on a fake clock."""

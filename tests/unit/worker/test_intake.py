@@ -328,6 +328,7 @@ async def test_the_newly_elected_term_replaces_the_stream_and_gets_older_results
     old = await Leader.connect(worker, term=1)
     old.send(protocol.Dispatch(id=12, pod=make_pod("p").json()))
     await old.next(protocol.Ack)
+    worker.sched.cache.assume(make_pod("p").record(), NodeName("n1"))  # its binding is under way
     worker.elected[0] = 2  # etcd elected another leader
     new = await Leader.connect(worker, term=2)
     assert await old.closed()
@@ -335,6 +336,131 @@ async def test_the_newly_elected_term_replaces_the_stream_and_gets_older_results
     worker.results.bound(make_pod("p").record(), NodeName("n1"), assumed_at=1.0, bound_at=2.0)
     result = await new.next(protocol.Result)
     assert (result.id, result.outcome) == (12, protocol.BOUND)
+    await new.close()
+
+
+async def capacity_until(
+    leader: Leader, worker: Worker, done: Callable[[protocol.Capacity], bool]
+) -> protocol.Capacity:
+    """The first CAPACITY summary from now on for which ``done`` holds (each asked for: the check at rest
+    waits for a poke), within ``TIMEOUT``."""
+    async with asyncio.timeout(TIMEOUT):
+        while True:
+            worker.intake.poke()
+            capacity = await leader.next(protocol.Capacity)
+            if done(capacity):
+                return capacity
+
+
+async def test_a_new_stream_drops_what_earlier_streams_dispatched_unless_it_is_being_bound(
+    worker: Worker,
+) -> None:
+    """The topology lane's rule 6, the worker's half: what an earlier stream dispatched is the new stream's
+    leader's to dispatch again, except the bindings under way, which are counted until the pod watch shows
+    them."""
+    watch = worker.sched.watches
+    watch.pods.resource_version = "100"
+    old = await Leader.connect(worker, term=1)
+    old.send(protocol.Dispatch(id=1, pod=make_pod("queued").req(cpu="100m").json()))
+    old.send(protocol.Dispatch(id=2, pod=make_pod("binding").req(cpu="100m").json()))
+    old.send(protocol.Dispatch(id=3, pod=make_pod("parked").req(cpu="100m").json(), min_rv=500))
+    old.send(protocol.Dispatch(id=4, pod=make_pod("chosen").req(cpu="100m").json(), preempt="n1"))
+    for _ in range(4):
+        await old.next(protocol.Ack)
+    binding = worker.sched.queue.pop_nowait()
+    assert binding is not None and binding.pod.name == "queued"
+    worker.sched.queue.done(binding, scheduled=False)  # still queued (its attempt put it back)
+    popped = worker.sched.queue.pop_nowait()
+    assert popped is not None and popped.pod.name == "binding"
+    worker.sched.queue.done(popped, scheduled=True)
+    worker.sched.cache.assume(popped.pod, NodeName("n1"))  # its binding is under way
+    assert len(worker.intake.gate) == 1
+    worker.elected[0] = 2
+    new = await Leader.connect(worker, term=2)
+    await old.close()
+    assert "default/queued" not in worker.sched.queue  # type: ignore[operator]
+    assert "default/chosen" not in worker.sched.queue  # type: ignore[operator]
+    assert "default/chosen" not in worker.sched._preempt_on  # the old leader's choice goes with it
+    assert len(worker.intake.gate) == 0
+    watch.pods.resource_version = "600"
+    watch.pods.object_version = 590  # the newest pod it delivered (600: a bookmark's)
+    assert worker.intake.gate.check() == 0  # the parked pod is not released later either
+    assert set(worker.results.pending) == {"default/binding"}
+    assert worker.results.earlier == {"default/binding": ""}
+    capacity = await capacity_until(new, worker, lambda c: c.revision == 590)
+    assert capacity.earlier == 1
+    # the pod watch shows the binding: nothing of an earlier stream is under way any more
+    worker.sched.cache.upsert_pod(make_pod("binding").req(cpu="100m").on("n1").record())
+    watch.pods.resource_version, watch.pods.object_version = "601", 601
+    capacity = await capacity_until(new, worker, lambda c: c.revision == 601)
+    assert capacity.earlier == 0
+    assert worker.results.earlier == {}
+    await new.close()
+
+
+async def test_every_binding_under_way_counts_when_a_new_stream_begins(worker: Worker) -> None:
+    """Answered bindings the pod watch has not shown yet count too (their dispatch is no longer owed), and so
+    do bindings of pods no DISPATCH sent (claimed): the cache's assumptions are what may still land."""
+    old = await Leader.connect(worker, term=1)
+    old.send(protocol.Dispatch(id=1, pod=make_pod("answered").req(cpu="100m").json()))
+    await old.next(protocol.Ack)
+    qp = worker.sched.queue.pop_nowait()
+    assert qp is not None
+    worker.sched.queue.done(qp, scheduled=True)
+    worker.sched.cache.assume(qp.pod, NodeName("n1"))
+    worker.results.bound(qp.pod, NodeName("n1"), assumed_at=1.0, bound_at=2.0)  # its RESULT went out
+    worker.sched.cache.finish_binding(qp.pod.key, 2.0)
+    assert "default/answered" not in worker.results.pending
+    worker.sched.cache.assume(make_pod("claimed").req(cpu="100m").uid("u-c").record(), NodeName("n1"))
+    await old.close()  # the stream ends first; the next one comes later
+    worker.elected[0] = 2
+    new = await Leader.connect(worker, term=2)
+    assert worker.results.earlier == {"default/answered": "", "default/claimed": "u-c"}
+    capacity = await capacity_until(new, worker, lambda c: True)
+    assert capacity.earlier == 2
+    await new.close()
+
+
+async def test_a_dispatch_read_from_a_replaced_stream_is_refused(worker: Worker) -> None:
+    old = await Leader.connect(worker, term=1)
+    replaced = worker.results.stream
+    assert replaced is not None
+    worker.elected[0] = 2
+    new = await Leader.connect(worker, term=2)
+    await old.close()
+    # a frame the replaced stream had buffered, handled after the new stream began
+    worker.intake.handle(protocol.Dispatch(id=3, pod=make_pod("late").req(cpu="100m").json()), replaced)
+    assert "default/late" not in worker.sched.queue  # type: ignore[operator]
+    assert worker.results.pending == {} and len(worker.intake.gate) == 0
+    await new.close()
+
+
+async def test_a_pod_of_an_earlier_stream_whose_binding_fails_is_not_decided_again(worker: Worker) -> None:
+    old = await Leader.connect(worker, term=1)
+    old.send(protocol.Dispatch(id=1, pod=make_pod("a").req(cpu="100m").json()))
+    old.send(protocol.Dispatch(id=2, pod=make_pod("b").req(cpu="100m").json()))
+    for _ in range(2):
+        await old.next(protocol.Ack)
+    pods = {}
+    for _ in range(2):
+        qp = worker.sched.queue.pop_nowait()
+        assert qp is not None
+        worker.sched.queue.done(qp, scheduled=True)
+        worker.sched.cache.assume(qp.pod, NodeName("n1"))
+        pods[qp.pod.name] = qp.pod
+    new = await Leader.connect(worker, term=1)  # the same leader, reconnecting
+    await old.close()
+    assert worker.results.earlier == {"default/a": "", "default/b": ""}
+    new.send(protocol.Dispatch(id=7, pod=make_pod("b").req(cpu="100m").json()))  # b is the new stream's now
+    assert (await new.next(protocol.Ack)).id == 7
+    assert worker.results.earlier == {"default/a": ""}
+    for pod in pods.values():  # both bindings fail transiently: the binder gives them back
+        worker.sched.cache.forget(pod.key)
+        worker.sched._requeue(pod, 1)
+    assert "default/a" not in worker.sched.queue  # type: ignore[operator]
+    assert "default/a" not in worker.results.pending and worker.results.earlier == {}
+    assert worker.sched.queue.where("default/b") == "backoff"  # type: ignore[arg-type]
+    assert worker.results.pending == {"default/b": (7, "")}
     await new.close()
 
 

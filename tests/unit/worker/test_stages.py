@@ -125,6 +125,9 @@ class NoOutcomes:
     def gone(self, key: PodKey, uid: str) -> None:
         pass
 
+    def retry(self, pod: PodRecord) -> bool:
+        return True
+
 
 class NoReports:
     def forget(self, key: PodKey) -> None:
@@ -191,8 +194,11 @@ async def test_queued_runs_from_the_dispatch_read_to_the_queue(client: KubeClien
             sent.append(message)
 
     before = stage("queued")
-    # handle() takes the concrete LeaderStream (no protocol); a DISPATCH only uses its send()
-    intake.handle(protocol.Dispatch(1, PodBuilder("p").req(cpu="1").obj), cast(LeaderStream, Stream()))
+    # handle() takes the concrete LeaderStream (no protocol); a DISPATCH only uses its send(), over the
+    # current stream
+    stream = cast(LeaderStream, Stream())
+    results.stream = stream
+    intake.handle(protocol.Dispatch(1, PodBuilder("p").req(cpu="1").obj), stream)
     assert sent == [protocol.Ack(1)]
     assert grew(before, "queued") == (1, 0.75)
 
