@@ -97,12 +97,12 @@ Worker -> leader
               take pods (fenced, draining: ``nodes`` is then 0, but its shard is not known to be empty);
               ``earlier`` counts the pods dispatched or claimed over an earlier stream (of this leader or
               an earlier one) whose binding this worker still has under way, its pod watch not having shown
-              it yet (the others it dropped when this stream began); ``revision`` is the highest
-              resourceVersion of a pod its pod watch delivered when the summary was made (an event's or a
-              listed pod's, never a bookmark's or a list's: every worker's pod watch reaches it by its own
-              events): once ``earlier`` is 0, every such binding the watch showed is at or below it (an
-              assumption the watch never confirms expires 30 s after the binding's answer, and leaves the
-              count then)
+              it yet (those it had queued or parked it dropped when this stream began); ``revision`` is
+              the highest resourceVersion of a pod its pod watch delivered when the summary was made (an
+              event's or a listed pod's, never a bookmark's or a list's: every worker's pod watch reaches
+              it by its own events): once ``earlier`` is 0, every such binding the watch showed is at or
+              below it (an assumption the watch never confirms expires ``binding.assume_ttl`` after the
+              binding's answer, 30 s by default, and leaves the count then)
     PONG      {ts}                             answer to PING
 Either way
     ERROR     {message}                        then the sender closes the stream

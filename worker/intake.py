@@ -49,11 +49,13 @@ Invariants:
   that this worker is not binding are dropped (out of the gate and the queue, their
   entries forgotten: that stream's leader, or its successor, dispatches them again), and every binding under
   way (any assumed pod: answered or not) is kept in ``LeaderResults.earlier`` until the pod watch shows it
-  (or the assumption ends: it expires 30 s after an answer the watch never confirms) and counted
+  (or the assumption ends: it expires ``binding.assume_ttl``, 30 s by default, after an answer the watch never
+  confirms) and counted
   in every CAPACITY (``earlier``, with the pod watch's ``revision``): a new term's leader holds back the pods
   such a placement could make wrong until every worker counts none (the topology lane's rule 6). One of them
   whose binding fails transiently is dropped, not decided again (``LeaderResults.retry``), unless a DISPATCH
-  over the new stream took it over.
+  over the new stream took it over or the new stream's claim set gave it to this worker again. Anything
+  still queued when the new stream begins came from earlier streams and is dropped too.
 - Every DISPATCH is answered by ACK and later exactly one final RESULT per dispatch id, unless the stream
   breaks first (the leader then re-dispatches; duplicates are harmless, see the protocol) or the pod is gone
   before this worker decided it (deleted, or placed by another worker: the leader's own watch settles it, and
@@ -371,9 +373,14 @@ class LeaderResults:
 
     def retry(self, pod: PodRecord) -> bool:
         # A pod of an earlier stream is dropped: the current stream's leader dispatches it again if it is
-        # still pending, and must not have it placed here unseen (the topology lane's rule 6).
+        # still pending, and must not have it placed here unseen (the topology lane's rule 6). Unless the
+        # current stream's claim set gave it to this worker again (claims are reset when a stream begins, so a
+        # claim held now is the current stream's): the leader counts it as claimed here.
         uid = self.earlier.get(pod.key)
         if uid is None or (uid and pod.uid and uid != pod.uid):
+            return True
+        if self.claims is not None and self.claims.claimed.get(pod.key) == pod.uid:
+            del self.earlier[pod.key]
             return True
         del self.earlier[pod.key]
         self._withdraw(pod.key)
@@ -527,6 +534,10 @@ class Intake:
         for key, uid in self.results.carry_over(assumed):
             self.gate.drop(key, uid)
             self.sched.withdraw(key, uid)
+        # The new stream has sent nothing yet: whatever is still queued came from earlier streams (a claimed pod
+        # whose binding failed while no stream was up is requeued with nothing kept for it here).
+        for pod in self.sched.queue.records():
+            self.sched.withdraw(pod.key, pod.uid)
         if self.results.earlier:
             log.info("%d bindings of pods from an earlier leader stream under way", len(self.results.earlier))
 

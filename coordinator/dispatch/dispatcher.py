@@ -49,8 +49,8 @@ Invariants:
 - Pods with inter-pod rules go through the topology lane (``lane``): a pod the lane holds back is not
   dispatched until the lane lets it (it is considered again as soon as the lane's state changes), and every
   DISPATCH carries the lane's ``min_rv`` for that pod. The lane is told every dispatch, every answer, every
-  lost dispatch, every pod the pending watch shows leaving the pending set with its resourceVersion, and
-  every list's resourceVersion.
+  lost dispatch, every pod the pending watch shows leaving the pending set with its resourceVersion (or, for
+  one a relist no longer shows, the list's), and every list's newest pod's resourceVersion.
 - A term starts inheriting (the lane's rule 6): until the pending watch has listed, membership has named the
   live workers, and each of them has said over this term's stream that it binds no pod of an earlier stream
   (CAPACITY ``earlier`` 0), or for ``LOST_HOLD`` from the term's start, no lane pod is dispatched and no

@@ -9,6 +9,9 @@ server through a plain-HTTP proxy that records every binding POST (and can delay
 - ``cut``: every binding of ``w2`` waits ``SLOW_BINDING`` s in the proxy (and is forwarded even if its client
   gave up, as a slow API server would still apply it). Mid-burst the etcd proxy cuts and refuses ``w2``'s
   connections until its nodes were granted to ``w1``, then lets it back.
+- ``failover``: every binding of ``w2`` waits ``SLOW_ACROSS_FAILOVER`` s; mid-burst the leader is killed and a
+  zone spread group created: the new leader holds the group back until ``w2`` has seen the bindings the
+  earlier leader's dispatches left under way (the topology lane's rule 6), and the spread constraint holds.
 
 After each, the audit of ``test_coordinator`` (every pod bound exactly once, no node overcommitted, workers'
 [assumed, bound] intervals on a node never overlap), a graceful stop of the victim (it drains and exits 0),
@@ -53,7 +56,7 @@ from common.etcd.kv import connect, get_prefix
 from common.etcd.schema import RecordError, ShardAssignment
 from common.kube import KubeClient, load_credentials
 from tests.integration import test_coordinator as harness
-from tests.integration.support import CuttableProxy, SchedulerProcess
+from tests.integration.support import CuttableProxy, SchedulerProcess, create_pods
 from tests.integration.test_coordinator import (
     SETTLE_TIMEOUT,
     TTL,
@@ -63,6 +66,13 @@ from tests.integration.test_coordinator import (
     audit,
     burst,
     started,
+)
+from tests.integration.test_sharded_interpod import (
+    _lane_metrics,
+    _node_labels,
+    _pod,
+    _spread,
+    audit_constraints,
 )
 
 # The harness's fixtures, used here by name.
@@ -490,3 +500,53 @@ async def test_worker_cut_from_etcd_with_slow_bindings_binds_nothing_on_granted_
             what="etcd-cut worker, slow bindings",
             record=record_property,
         )
+
+
+SLOW_ACROSS_FAILOVER = 10.0  # seconds each of w2's bindings waits in its proxy in the failover scenario
+SPREAD_PODS = 30
+
+
+async def test_a_new_leader_holds_lane_pods_until_the_bindings_an_earlier_one_left_are_seen(
+    kube: KubeClient, namespace: str, deployment: Deployment, tmp_path: Path, record_property: Any
+) -> None:
+    """The topology lane's rule 6 end to end. Every binding of ``w2`` waits ``SLOW_ACROSS_FAILOVER`` s in its
+    API proxy; mid-burst the leader is killed (SIGKILL) while some are under way, and a zone spread group is
+    created. The new leader must hold the group back until ``w2`` says its watch has shown every binding an
+    earlier stream left under way, then place it; the audits (every pod once, no overcommit, no two workers
+    on a node, the spread constraint) hold."""
+    d = deployment
+    async with deployment_with_victim(d, tmp_path, binding_delay=SLOW_ACROSS_FAILOVER) as (_, _, api_proxy):
+        await d.wait_status(lambda s: s["leader"] == "coord-a", "coord-a leading")
+        standby = d.coordinator("coord-b")
+        async with burst_in_background(kube, d, namespace):
+            await bound_by(d, "w1", 5)  # mid-burst; w2's first bindings are in its proxy
+            d.procs["coord-a"].stop(signal.SIGKILL)
+            group = {"group": "after-failover"}
+            spread = []
+            for i in range(SPREAD_PODS):
+                pod = _pod(f"spread-{i}", d.scheduler_name, group)
+                _spread(pod, "topology.kubernetes.io/zone", group)
+                spread.append(pod)
+            await create_pods(kube, namespace, spread, concurrency=8)
+            await d.wait_status(lambda s: s["leader"] == "coord-b", "coord-b leading")
+        pods = await audit(d, kube, namespace, PODS + SPREAD_PODS, answered=("w2", api_proxy.answered))
+        waits = await _lane_metrics(d)
+    violations = audit_constraints(pods, await _node_labels(kube))
+    assert violations == [], violations[:10]
+    w2_log = d.procs["w2"].log_path.read_text(errors="replace")
+    assert "bindings of pods from an earlier leader stream under way" in w2_log
+    log = standby.log_path.read_text(errors="replace")
+    lifted = [line for line in log.splitlines() if "no earlier term's placement is under way" in line]
+    led = [line for line in log.splitlines() if "leading: term" in line]
+    assert len(lifted) == 1 and len(led) == 1, (led, lifted)
+    assert "may go" in lifted[0] and "not confirmed" not in lifted[0]  # w2 said so; the hold did not time out
+    held = _logged_at(lifted[0]) - _logged_at(led[0])
+    assert waits.get("waits earlier_term", 0) >= 1, waits  # the group was held back
+    record_property("inherited_s", round(held, 2))
+    print(f"\nnew leader held pods with cross-node rules {held:.2f}s after it began to lead; lane {waits}")
+
+
+def _logged_at(line: str) -> float:
+    """The time of a log line ("2026-01-02 03:04:05,678 LEVEL ..."), in seconds."""
+    stamp = " ".join(line.split(" ", 2)[:2])
+    return datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()

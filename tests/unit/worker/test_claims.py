@@ -255,3 +255,56 @@ async def test_with_claims_off_a_worker_keeps_nothing_per_pod(worker: Worker) ->
     c = worker.claims
     assert not c.active and not (c.unread or c.anti or c.claimed or c.handed_back)
     await leader.close()
+
+
+async def stream_gone(w: Worker) -> None:
+    """Wait until the worker has seen its leader stream end."""
+    for _ in range(500):  # polled: nothing signals it (within 5 s)
+        if w.inner.results.stream is None:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the leader stream did not end")
+
+
+async def test_a_claim_requeued_while_no_stream_is_up_is_dropped_when_the_next_one_begins(
+    worker: Worker,
+) -> None:
+    """The topology lane's rule 6 with claims: a claimed pod whose binding failed while the worker had no leader
+    is not decided under the next stream unseen (its leader hands it out again)."""
+    leader = await Leader.connect(worker.inner, term=1)
+    await claim_set(worker, leader, ("w1",))
+    (mine,) = hashed("w1", ("w1",))
+    worker.watch("ADDED", pod(mine).json())
+    qp = worker.sched.queue.pop_nowait()
+    assert qp is not None and worker.sched.schedule_one(qp) is not None  # assumed, its binding under way
+    await leader.close()
+    await stream_gone(worker)
+    worker.sched.cache.forget(qp.pod.key)  # the binding fails transiently: the binder gives it back
+    worker.sched._requeue(qp.pod, 1)
+    assert worker.sched.queue.where(qp.pod.key) == "backoff"  # no stream: nothing marks it another's
+    worker.inner.elected[0] = 2
+    new = await Leader.connect(worker.inner, term=2)
+    assert worker.sched.queue.where(qp.pod.key) is None
+    capacity = await intake_tests.capacity_until(new, worker.inner, lambda c: True)
+    assert capacity.earlier == 0
+    await new.close()
+
+
+async def test_a_pod_the_new_stream_claims_again_is_retried_after_its_binding_fails(worker: Worker) -> None:
+    leader = await Leader.connect(worker.inner, term=1)
+    await claim_set(worker, leader, ("w1",))
+    (mine,) = hashed("w1", ("w1",))
+    worker.watch("ADDED", pod(mine).json())
+    qp = worker.sched.queue.pop_nowait()
+    assert qp is not None and worker.sched.schedule_one(qp) is not None
+    worker.inner.elected[0] = 2
+    new = await Leader.connect(worker.inner, term=2)
+    await leader.close()
+    assert set(worker.inner.results.earlier) == {qp.pod.key}
+    await claim_set(worker, new, ("w1",))  # the new leader's claim set gives it to this worker again
+    assert worker.claims.claimed.get(qp.pod.key) == qp.pod.uid
+    worker.sched.cache.forget(qp.pod.key)
+    worker.sched._requeue(qp.pod, 1)
+    assert worker.sched.queue.where(qp.pod.key) == "backoff"  # the new leader counts it claimed here
+    assert worker.inner.results.earlier == {}
+    await new.close()
