@@ -54,8 +54,8 @@ Invariants:
 - A term starts inheriting (the lane's rule 6): until the pending watch has listed, membership has named the
   live workers, and each of them has said over this term's stream that it binds no pod of an earlier stream
   (CAPACITY ``earlier`` 0), or for ``LOST_HOLD`` from the term's start, no lane pod is dispatched and no
-  plain pod matching a cross-node required anti-affinity term of a pending pod; the lane's versions then
-  start at the highest pod revision those workers reported (a pod's, which every worker's watch reaches).
+  plain pod matching a cross-node required anti-affinity term of a pending pod; meanwhile the lane's versions
+  follow the highest pod revision the workers reported (a pod's, which every worker's watch reaches).
 """
 
 from __future__ import annotations

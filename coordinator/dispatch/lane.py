@@ -280,7 +280,7 @@ class Lane:
 
     def listed(self, rv: int) -> None:
         """The placements rule 6 knows of are at or below ``rv`` (the newest pod of a list of the pending pods,
-        or of the workers' watches when rule 6's hold ends): the next decisions must see them all."""
+        or of the workers' watches while rule 6's hold lasts): the next decisions must see them all."""
         self.lane_rv = max(self.lane_rv, rv)
         self.settled_rv = max(self.settled_rv, rv)
 
