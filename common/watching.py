@@ -45,18 +45,17 @@ LIST_PAGE_SIZE = 500
 EARLY_CLOSE = 0.9
 
 
-def _as_int(rv: object) -> int:
-    """A resourceVersion as an integer (an etcd revision in every API server we know), 0 if of another form."""
+def revision_of(rv: object) -> int:
+    """A resourceVersion as an integer (an etcd revision in every API server we know), 0 if there is none or it
+    has another form."""
     try:
-        return int(str(rv))
+        return int(str(rv)) if rv else 0
     except ValueError:
         return 0
 
 
 def _version(obj: dict[str, Any]) -> int:
-    """The object's resourceVersion as an integer, 0 if it has none or another form."""
-    rv = (obj.get("metadata") or {}).get("resourceVersion")
-    return _as_int(rv) if rv else 0
+    return revision_of((obj.get("metadata") or {}).get("resourceVersion"))
 
 
 class WatchHandler(Protocol):
@@ -141,7 +140,7 @@ class Reflector:
                     if kind == "BOOKMARK":
                         continue
                     if rv:
-                        self.object_version = max(self.object_version, _as_int(rv))
+                        self.object_version = max(self.object_version, revision_of(rv))
                     self.events += 1
                     self.handler.event(kind, obj)
                     backoff.reset()

@@ -15,7 +15,7 @@ Invariants:
   lasts and a relist's revision covers every event before it (``common.watching``), so a released pod is
   decided on a cache that has applied every event up to ``min_rv``.
 - At most one hold per pod: a pod dispatched again while parked keeps one entry, with the later ``min_rv``.
-- A parked pod is not answered here; the scheduler answers it after release. One dropped (``drop``: the
+- A parked pod is not answered here; the scheduler answers it after release. One dropped (``clear``: the
   leader stream that dispatched it was replaced) is never released. If the watch never gets there
   (the API server is unreachable) the leader's dispatch timeout sends the pod elsewhere.
 """
@@ -70,11 +70,12 @@ class RevisionGate:
         self._parked_event.set()
         self.check()
 
-    def drop(self, key: PodKey, uid: str = "") -> None:
-        """Forget the parked pod of ``key`` (of ``uid``; "": any): it is not to be decided here any more."""
-        parked = self._parked.get(key)
-        if parked is not None and (not uid or not parked[1].uid or parked[1].uid == uid):
-            del self._parked[key]  # its heap entry is skipped as stale
+    def clear(self) -> list[PodKey]:
+        """Forget every parked pod (none is to be decided here any more); returns their keys."""
+        keys = list(self._parked)
+        self._parked.clear()
+        self._heap.clear()
+        return keys
 
     def check(self) -> int:
         """Release every parked pod whose ``min_rv`` the watch has reached; returns how many."""

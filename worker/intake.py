@@ -258,18 +258,14 @@ class LeaderResults:
         """Hand a pod this worker is the claimant of to the leader at once, untried (``worker.claims``)."""
         self.send(_result(protocol.CLAIMED, pod, protocol.REJECTED, message=message))
 
-    def carry_over(self, assumed: Mapping[PodKey, str]) -> list[tuple[PodKey, str]]:
+    def carry_over(self, assumed: Mapping[PodKey, str]) -> None:
         """A new stream began: every binding under way (``assumed``: pod -> uid, the cache's assumptions; none
         of them is the new stream's yet) is kept in ``earlier``, whether its pod was dispatched or claimed,
-        answered already or not; the dispatched pods not being bound have their entries forgotten and are
-        returned (key, uid), for the intake to take them out of the gate and the queue."""
+        answered already or not; the entries of the dispatched pods not being bound are forgotten (the intake
+        empties the gate and the queue of them)."""
         self.earlier.update(assumed)
-        dropped = []
-        for key, (_, uid) in list(self.pending.items()):
-            if key not in assumed:
-                self._withdraw(key)
-                dropped.append((key, uid))
-        return dropped
+        for key in [k for k in self.pending if k not in assumed]:
+            self._withdraw(key)
 
     def _withdraw(self, key: PodKey) -> None:
         self.pending.pop(key, None)
@@ -530,14 +526,10 @@ class Intake:
         """``stream`` is the leader's now: what earlier streams dispatched or claimed is dropped, unless its
         binding is under way (module docstring)."""
         self.results.connect(stream)  # claims reset: the claimed pods not being bound are let go
-        assumed = {key: a.pod.uid for key, a in self.sched.cache.assumed.items()}
-        for key, uid in self.results.carry_over(assumed):
-            self.gate.drop(key, uid)
-            self.sched.withdraw(key, uid)
-        # The new stream has sent nothing yet: whatever is still queued came from earlier streams (a claimed pod
-        # whose binding failed while no stream was up is requeued with nothing kept for it here).
-        for pod in self.sched.queue.records():
-            self.sched.withdraw(pod.key, pod.uid)
+        self.results.carry_over({key: a.pod.uid for key, a in self.sched.cache.assumed.items()})
+        # The new stream has sent nothing yet: whatever is parked or queued came from earlier streams (a claimed
+        # pod whose binding failed while no stream was up is requeued with nothing kept for it here).
+        self.sched.withdraw_all(parked=self.gate.clear())
         if self.results.earlier:
             log.info("%d bindings of pods from an earlier leader stream under way", len(self.results.earlier))
 

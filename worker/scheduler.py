@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from common import aiotools, metrics
@@ -226,17 +226,19 @@ class Scheduler:
         if self.outcomes.retry(pod):
             self.queue.requeue(pod, attempts)
 
-    def withdraw(self, key: PodKey, uid: str) -> None:
-        """The pod of ``key`` (of ``uid``; "": any) is no longer this worker's to decide (the leader stream
-        that dispatched it was replaced): out of the queue, with the leader's choice of a preemption node."""
-        queued = self.queue.queued(key)
-        if queued is not None and (not uid or not queued.uid or queued.uid == uid):
+    def withdraw_all(self, *, parked: Iterable[PodKey] = ()) -> None:
+        """No pod queued here, nor ``parked`` (dispatched and not yet released to the queue), is this worker's to
+        decide any more (the leader stream that sent them was replaced): the queue is emptied, with the
+        leader's choices of preemption nodes and the preemption proposals."""
+        withdrawn = [pod.key for pod in self.queue.records()]
+        for key in withdrawn:
             self.queue.delete(key)
-        self._preempt_on.pop(key, None)  # chosen by the leader whose dispatch this was
         if self.preemption is not None:
-            # its proposal is of no further use; evictions already under way end as they would (the pod's
-            # nomination is its status's, kept until the pod is placed or deleted, as the leader's path reads it)
-            self.preemption.forget(key)
+            # proposals of no further use; evictions already under way end as they would (the pod's nomination
+            # is its status's, kept until the pod is placed or deleted, as the leader's path reads it)
+            for key in (*withdrawn, *parked):
+                self.preemption.forget(key)
+        self._preempt_on.clear()  # every one was chosen by a leader of an earlier stream
 
     def preempt_next(self, key: PodKey, node: NodeName) -> None:
         """The leader chose ``node`` for ``key``'s preemption: the pod's next decision may carry it out."""

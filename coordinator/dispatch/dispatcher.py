@@ -74,7 +74,7 @@ from common.etcd.keys import WorkerId
 from common.keyring import Keys, NoSecret
 from common.kube import KubeClient
 from common.records import PodKey, PodRecord, PodTerm, pod_from_json, pod_key
-from common.watching import Reflector
+from common.watching import Reflector, revision_of
 from coordinator import metrics as coordinator_metrics
 from coordinator.dispatch.choice import Worker, choose, decisive, for_candidates, pick_candidate
 from coordinator.dispatch.lane import ANTI_AFFINITY, LOST_HOLD, MAX_IN_FLIGHT, Lane
@@ -126,18 +126,16 @@ class _PendingFeed:
 
     def replace(self, objects: list[dict[str, Any]]) -> None:
         # Every pod missing from a list at version R left the pending set at or before R.
-        listed_at = _revision(self.d.reflector.resource_version)
+        listed_at = revision_of(self.d.reflector.resource_version)
         seen = set()
-        newest = 0  # the highest resourceVersion of a listed pod (``Dispatcher.listed``)
         for obj in objects:
             seen.add(self._bound(obj) or self.d.observe(obj))
-            newest = max(newest, _revision((obj.get("metadata") or {}).get("resourceVersion")))
         gone = {k for k in self.d.table if k not in seen} | {k for k in self.d.lane.unseen if k not in seen}
         gone |= {k for k in self.d.lane.flying if k not in seen}
         gone |= {k for k in self.d.lane.lost_dispatches if k not in seen}
         for key in gone:
             self.d.forget(key, listed_at, listed=True)
-        self.d.listed(newest)
+        self.d.listed(self.d.reflector.object_version)  # the newest pod it has shown, this list's included
 
     def event(self, kind: str, obj: dict[str, Any]) -> None:
         if self._bound(obj) is not None:
@@ -165,7 +163,7 @@ class _PendingFeed:
     def _left(self, key: PodKey, obj: dict[str, Any]) -> None:
         """``obj``, the last state the watch showed of pod ``key``, has left the pending set."""
         meta = obj.get("metadata") or {}
-        self.d.forget(key, _revision(meta.get("resourceVersion")), uid=str(meta.get("uid") or ""))
+        self.d.forget(key, revision_of(meta.get("resourceVersion")), uid=str(meta.get("uid") or ""))
 
 
 def _for_dispatch(obj: dict[str, Any]) -> dict[str, Any]:
@@ -177,14 +175,6 @@ def _for_dispatch(obj: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(meta, dict) or "managedFields" not in meta:
         return obj
     return {**obj, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
-
-
-def _revision(rv: object) -> int:
-    """A resourceVersion as an integer (etcd's revision), 0 if it is not one."""
-    try:
-        return int(str(rv)) if rv else 0
-    except ValueError:
-        return 0
 
 
 class Dispatcher:
@@ -223,7 +213,8 @@ class Dispatcher:
         self.inheriting = True
         self._listed = False
         self._workers_known = False
-        self._anti_pending: dict[PodKey, tuple[PodTerm, ...]] = {}  # pending pods' cross-node anti-affinity
+        # the cross-node anti-affinity terms of the pending pods, kept while the term inherits
+        self._anti_pending: dict[PodKey, tuple[PodTerm, ...]] = {}
         self._waiting_inherited: dict[PodKey, None] = {}  # held back by rule 6 (an ordered set)
         # Held back by the lane: the reason per pod, and who to wake when (ordered sets): waiting for one lane
         # pod in flight (by that pod), for room in the lane or the end of a hold, for pods in flight that a
@@ -284,18 +275,19 @@ class Dispatcher:
         obj = _for_dispatch(obj)
         key = record.key
         if record.node_name or record.terminal or record.deleting:
-            self.forget(key, _revision(record.resource_version), uid=record.uid)
+            self.forget(key, revision_of(record.resource_version), uid=record.uid)
             return key
         p = self.table.get(key)
         if p is not None and p.record.uid != record.uid:
             # deleted and recreated under the same name: a new pod
-            self.forget(key, _revision(record.resource_version))
+            self.forget(key, revision_of(record.resource_version))
             p = None
-        terms = cross_node_anti_affinity(record)
-        if terms:
-            self._anti_pending[key] = terms
-        else:
-            self._anti_pending.pop(key, None)
+        if self.inheriting:  # (only rule 6 reads them)
+            terms = cross_node_anti_affinity(record)
+            if terms:
+                self._anti_pending[key] = terms
+            else:
+                self._anti_pending.pop(key, None)
         if p is None:
             p = self.table.pods[key] = PendingPod(obj, record, seen_at=self.clock())
             refusal = record.parse_error
@@ -538,9 +530,10 @@ class Dispatcher:
         return self.table.retry_parked(self.clock(), force=force)
 
     def listed(self, rv: int) -> None:
-        """The pending watch listed; ``rv`` is the highest resourceVersion of a listed pod (bound ones too: a
-        placement still starting is at or below it). Not the list's own version: that is a revision of the
-        whole store, which a worker's pod watch may not reach until its next bookmark, a minute later."""
+        """The pending watch listed; ``rv`` is the highest resourceVersion of a pod it has shown, the listed ones
+        included (``Reflector.object_version``; bound pods too: a placement still starting is at or below it).
+        Not the list's own version: that is a revision of the whole store, which a worker's pod watch may not
+        reach until its next bookmark, a minute later."""
         self.lane.listed(rv)
         self._listed = True
         self.check_inherited()
@@ -566,6 +559,7 @@ class Dispatcher:
         ):
             return
         self.inheriting = False
+        self._anti_pending.clear()
         log.log(
             logging.WARNING if timed_out else logging.INFO,
             "no earlier term's placement is under way%s; pods with cross-node rules may go (from revision %d)",

@@ -9,10 +9,15 @@ from tests.unit.dispatch.fakes import Rig
 
 
 @pytest_asyncio.fixture
-async def rig() -> AsyncIterator[Rig]:
-    # the pending-pods reflector needs a client; it never runs in these tests
-    client = KubeClient(Credentials(server="http://127.0.0.1:9"))
+async def client() -> AsyncIterator[KubeClient]:
+    """The client a ``Rig`` needs for its pending-pods reflector, which never runs in these tests."""
+    kube = KubeClient(Credentials(server="http://127.0.0.1:9"))
     try:
-        yield Rig(client)
+        yield kube
     finally:
-        await client.close()
+        await kube.close()
+
+
+@pytest_asyncio.fixture
+async def rig(client: KubeClient) -> Rig:
+    return Rig(client)

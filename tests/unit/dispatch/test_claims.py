@@ -4,14 +4,13 @@ leaves to their claimant, and how a claim ends (placed, handed back, moved, take
 from __future__ import annotations
 
 import copy
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest_asyncio
 
 from common import protocol
 from common.claims import claimant
-from common.kube import Credentials, KubeClient
+from common.kube import KubeClient
 from common.records import PodKey
 from coordinator.dispatch.pending import DISPATCH_TIMEOUT
 from tests.builders import PodBuilder
@@ -21,12 +20,8 @@ ZONE = "topology.kubernetes.io/zone"
 
 
 @pytest_asyncio.fixture
-async def rig() -> AsyncIterator[Rig]:
-    client = KubeClient(Credentials(server="http://127.0.0.1:9"))
-    try:
-        yield Rig(client, claims=True)
-    finally:
-        await client.close()
+async def rig(client: KubeClient) -> Rig:
+    return Rig(client, claims=True)
 
 
 def pod(name: str, cpu: str = "500m") -> dict[str, Any]:

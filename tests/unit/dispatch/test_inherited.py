@@ -1,16 +1,15 @@
 """The topology lane's rule 6 in the dispatcher (``coordinator.dispatch.lane``): a new term holds back the pods
 a placement of an earlier term could make wrong (lane pods, plain pods matching a pending pod's cross-node
 anti-affinity) until its pending watch listed and every live worker said, over this term's stream, that it
-binds no pod of an earlier stream; the lane's versions then start at the workers' watch revisions."""
+binds no pod of an earlier stream; meanwhile the lane's versions follow the workers' watch revisions."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from common.kube import Credentials, KubeClient
+from common.kube import KubeClient
 from coordinator.dispatch.lane import EARLIER_TERM, LOST_HOLD
 from tests.builders import PodBuilder
 from tests.unit.dispatch.fakes import Rig
@@ -23,13 +22,9 @@ def at(obj: dict[str, Any], rv: int) -> dict[str, Any]:
 
 
 @pytest.fixture
-async def unlisted() -> AsyncIterator[Rig]:
+def unlisted(client: KubeClient) -> Rig:
     """A term whose pending watch has not listed yet."""
-    client = KubeClient(Credentials(server="http://127.0.0.1:9"))
-    try:
-        yield Rig(client, listed=False)
-    finally:
-        await client.close()
+    return Rig(client, listed=False)
 
 
 async def test_a_new_term_holds_lane_pods_until_every_worker_binds_nothing_earlier(rig: Rig) -> None:
@@ -96,6 +91,7 @@ async def test_nothing_ends_the_hold_before_the_pending_watch_listed(unlisted: R
     rig.step()
     assert dispatches(w1, "s1") == []
     rig.d.reflector.resource_version = "130"  # the store's revision: a pod watch may not reach it soon
+    rig.d.reflector.object_version = 120  # its newest pod, as the reflector sets it before ``replace``
     rig.d.reflector.handler.replace(
         [at(spread("s1"), 95), at(PodBuilder("p1").req(cpu="100m").on("n1").obj, 120)]
     )
@@ -123,7 +119,7 @@ async def test_a_placement_this_term_did_not_order_raises_the_plain_pods_version
 async def test_a_relist_raises_both_versions(rig: Rig) -> None:
     (w1,) = rig.workers("w1")
     w1.up().summary()
-    rig.d.reflector.resource_version = "2100"
+    rig.d.reflector.resource_version, rig.d.reflector.object_version = "2100", 2000
     rig.d.reflector.handler.replace([at(plain("p1"), 1900), at(spread("s1"), 2000)])
     rig.step()
     assert [m.min_rv for m in w1.dispatches()] == [2000, 2000]
