@@ -85,7 +85,10 @@ class Reflector:
         self.watch_timeout = watch_timeout
         self.synced = asyncio.Event()
         self.resource_version = ""
-        self.object_version = 0  # the highest resourceVersion of an object handed to the handler
+        # ``object_version``'s parts: the highest as of the latest list, and the latest event's since (events come
+        # in revision order, each above the list's: kept as given, parsed only when asked, not per event)
+        self._listed_version = 0
+        self._event_version = ""
         self.relists = 0
         self.reconnects = 0
         self.events = 0
@@ -93,6 +96,11 @@ class Reflector:
         self.handler_errors = 0
         self.closed_early = 0
         self.list_started_at = -1.0  # monotonic start of the latest (re)list that completed
+
+    @property
+    def object_version(self) -> int:
+        """The highest resourceVersion of an object handed to the handler (the module docstring)."""
+        return max(self._listed_version, revision_of(self._event_version))
 
     async def list_all(self) -> tuple[list[dict[str, Any]], str]:
         items: list[dict[str, Any]] = []
@@ -118,10 +126,11 @@ class Reflector:
                     started = time.monotonic()
                     items, self.resource_version = await self.list_all()
                     self.list_started_at = started
-                    self.object_version = max(
+                    self._listed_version = max(
                         self.object_version,
                         max((_version(item) for item in items), default=0),
                     )
+                    self._event_version = ""
                     self.handler.replace(items)
                     self.relists += 1
                     self.synced.set()
@@ -135,12 +144,12 @@ class Reflector:
                     params=self.params,
                 ):
                     rv = (obj.get("metadata") or {}).get("resourceVersion")
-                    if rv:
-                        self.resource_version = str(rv)
                     if kind == "BOOKMARK":
+                        if rv:
+                            self.resource_version = str(rv)
                         continue
                     if rv:
-                        self.object_version = max(self.object_version, revision_of(rv))
+                        self.resource_version = self._event_version = str(rv)
                     self.events += 1
                     self.handler.event(kind, obj)
                     backoff.reset()

@@ -130,6 +130,19 @@ async def test_bookmarks_advance_the_version_without_events() -> None:
     assert kube.watch_versions == ["5", "90"], "a stream that ends is watched again from the bookmark"
 
 
+def _object_versions_at_lists(reflector: Reflector) -> list[int]:
+    """The reflector's ``object_version`` as each list is handed over, in a list that grows as it runs."""
+    versions: list[int] = []
+    real_replace = reflector.handler.replace
+
+    def replace(objects: list[dict[str, Any]]) -> None:
+        real_replace(objects)
+        versions.append(reflector.object_version)
+
+    reflector.handler.replace = replace  # type: ignore[method-assign]
+    return versions
+
+
 async def test_the_object_version_follows_objects_not_lists_or_bookmarks() -> None:
     """``object_version``: the newest object the handler was given, a version every other reflector of the
     kind reaches by its own events; a list's or a bookmark's version is the whole store's."""
@@ -141,14 +154,7 @@ async def test_the_object_version_follows_objects_not_lists_or_bookmarks() -> No
         ],
     )
     reflector = Reflector(kube.client(), PATH, Handler())
-    versions: list[int] = []
-    real_replace = reflector.handler.replace
-
-    def replace(objects: list[dict[str, Any]]) -> None:
-        real_replace(objects)
-        versions.append(reflector.object_version)
-
-    reflector.handler.replace = replace  # type: ignore[method-assign]
+    versions = _object_versions_at_lists(reflector)
 
     await _run_until_idle(reflector, kube)
 
@@ -163,6 +169,28 @@ def _restarts(resource: str, reason: str) -> float:
         )
         or 0.0
     )
+
+
+async def test_the_object_version_never_goes_back_across_a_relist() -> None:
+    """A relist that no longer shows the newest object delivered (deleted meanwhile) keeps its version; the
+    events after a list count from there."""
+    kube = FakeKube(
+        pages=[
+            {"items": [_obj("a", "3")], "metadata": {"resourceVersion": "10"}},
+            {"items": [_obj("a", "3")], "metadata": {"resourceVersion": "80"}},
+        ],
+        streams=[
+            [("ADDED", _obj("b", "40")), Gone(410, "too old")],
+            [("MODIFIED", _obj("a", "85"))],
+        ],
+    )
+    reflector = Reflector(kube.client(), PATH, Handler())
+    versions = _object_versions_at_lists(reflector)
+
+    await _run_until_idle(reflector, kube)
+
+    assert versions == [3, 40], "b (40) is gone from the second list: its version stays, not the list's (80)"
+    assert reflector.object_version == 85
 
 
 async def test_a_stream_the_server_ends_early_is_resumed_counted_and_not_reopened_at_once_if_empty(

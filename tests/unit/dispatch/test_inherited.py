@@ -91,7 +91,7 @@ async def test_nothing_ends_the_hold_before_the_pending_watch_listed(unlisted: R
     rig.step()
     assert dispatches(w1, "s1") == []
     rig.d.reflector.resource_version = "130"  # the store's revision: a pod watch may not reach it soon
-    rig.d.reflector.object_version = 120  # its newest pod, as the reflector sets it before ``replace``
+    rig.d.reflector._listed_version = 120  # its newest pod, as the reflector sets it before ``replace``
     rig.d.reflector.handler.replace(
         [at(spread("s1"), 95), at(PodBuilder("p1").req(cpu="100m").on("n1").obj, 120)]
     )
@@ -119,7 +119,7 @@ async def test_a_placement_this_term_did_not_order_raises_the_plain_pods_version
 async def test_a_relist_raises_both_versions(rig: Rig) -> None:
     (w1,) = rig.workers("w1")
     w1.up().summary()
-    rig.d.reflector.resource_version, rig.d.reflector.object_version = "2100", 2000
+    rig.d.reflector.resource_version, rig.d.reflector._listed_version = "2100", 2000
     rig.d.reflector.handler.replace([at(plain("p1"), 1900), at(spread("s1"), 2000)])
     rig.step()
     assert [m.min_rv for m in w1.dispatches()] == [2000, 2000]

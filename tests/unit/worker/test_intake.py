@@ -383,7 +383,7 @@ async def test_a_new_stream_drops_what_earlier_streams_dispatched_unless_it_is_b
     assert "default/chosen" not in worker.sched._preempt_on  # the old leader's choice goes with it
     assert len(worker.intake.gate) == 0
     watch.pods.resource_version = "600"
-    watch.pods.object_version = 590  # the newest pod it delivered (600: a bookmark's)
+    watch.pods._event_version = "590"  # the newest pod it delivered (600: a bookmark's)
     assert worker.intake.gate.check() == 0  # the parked pod is not released later either
     assert set(worker.results.pending) == {"default/binding"}
     assert worker.results.earlier == {"default/binding": ""}
@@ -391,7 +391,7 @@ async def test_a_new_stream_drops_what_earlier_streams_dispatched_unless_it_is_b
     assert capacity.earlier == 1
     # the pod watch shows the binding: nothing of an earlier stream is under way any more
     worker.sched.cache.upsert_pod(make_pod("binding").req(cpu="100m").on("n1").record())
-    watch.pods.resource_version, watch.pods.object_version = "601", 601
+    watch.pods.resource_version = watch.pods._event_version = "601"
     capacity = await capacity_until(new, worker, lambda c: c.revision == 601)
     assert capacity.earlier == 0
     assert worker.results.earlier == {}
