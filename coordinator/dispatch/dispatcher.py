@@ -93,6 +93,7 @@ log = logging.getLogger(__name__)
 EARLY_HOLD = 30.0  # seconds a hand-back that came before its claim is kept for it
 IDLE_RESCAN = 0.5  # with nothing queued, waiting pods are considered again this often
 YIELD_EVERY = 256  # dispatches between yields to the event loop during a burst
+HOUSEKEEPING = 1.0  # seconds between the chores no message starts (``Dispatcher.housekeep``)
 
 
 def pending_selector(scheduler_name: str) -> str:
@@ -882,13 +883,19 @@ class Dispatcher:
 
     async def _housekeeping(self) -> None:
         while True:
-            await asyncio.sleep(1.0)
-            self.retry_parked()
-            self.expire_dispatches()
-            self.expire_claims()
-            self.check_inherited()
-            if self.lane.expire(self.clock()):
-                self._wake_all()
+            await asyncio.sleep(HOUSEKEEPING)
+            self.housekeep()
+
+    def housekeep(self) -> None:
+        """What waits for time rather than for a message, every ``HOUSEKEEPING``: parked pods whose backoff
+        ended, dispatches and claims past their time-out, the end of a term's inheritance at ``LOST_HOLD``
+        (rule 6) and of the lane's holds (rule 4)."""
+        self.retry_parked()
+        self.expire_dispatches()
+        self.expire_claims()
+        self.check_inherited()
+        if self.lane.expire(self.clock()):
+            self._wake_all()
 
     def statistics(self) -> dict[str, Any]:
         return {
