@@ -266,7 +266,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="append",
         required=True,
         metavar="LABEL=SCHEDULER[@CHECKOUT]",
-        help="a contender (repeat, at least two): an agent configuration or no-decision, optionally run from "
+        help="a contender (repeat, at least two): an agent configuration, no-decision or one kube-scheduler "
+        "configuration; ours optionally run from "
         "another checkout of this project (e.g. a git worktree of the baseline)",
     )
     pa.add_argument("--nodes", type=int, default=1000)

@@ -27,9 +27,12 @@ the sharded path typically moves it by 2-10 %. Here:
 
 Each trial's result is appended to ``trials.json`` at once (an interrupted run keeps what it measured); the
 summary gives each contender's mean over its rounds and their spread (min-max), its drift-adjusted CPU per pod,
-and per process where its CPU went. Only our schedulers and the no-decision binder can be contenders:
-kube-scheduler's client limits are fixed when the cluster starts and Volcano's binary has no checkout (compare
-those with ``bench cluster``).
+and per process where its CPU went. Our schedulers, the no-decision binder and one kube-scheduler
+configuration can be contenders. kube-scheduler is the cluster's own process, started once with that
+configuration's client limits (without such a contender, at qps/burst 5000 as ``bench cluster`` runs it when it
+is not under test): unlike the others it is not started afresh per trial, and it watches every contender's pods
+throughout (idle for those not its own). Volcano's agent scheduler cannot be a contender: its binary has no
+checkout of this project (compare it with ``bench cluster``).
 Nothing is asserted: the numbers are reported.
 """
 
@@ -47,7 +50,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from common.kube import ApiError
 from scale.bench import stages
@@ -61,7 +64,17 @@ from scale.bench.cluster import (
     wait_quiet,
 )
 from scale.bench.results import RunResult
-from scale.bench.schedulers import AGENT, NOOP, SCHEDULERS, Running, grant_agent_rbac, launch
+from scale.bench.schedulers import (
+    AGENT,
+    CLIENT_BURST,
+    CLIENT_QPS,
+    KUBE,
+    NOOP,
+    SCHEDULERS,
+    Running,
+    grant_agent_rbac,
+    launch,
+)
 from scale.bench.workloads import BURST, default_workloads, scaled
 from scale.cluster import ClusterError, ClusterOptions, generate_nodes
 from scale.cluster.config import PROJECT_ROOT
@@ -106,12 +119,16 @@ def parse_contender(text: str) -> Contender:
     spec = SCHEDULERS.get(scheduler)
     if spec is None:
         raise ContenderError(f"{text!r}: unknown scheduler {scheduler!r}; known: {', '.join(SCHEDULERS)}")
-    if spec.kind not in (AGENT, NOOP):
+    if spec.kind not in (AGENT, NOOP, KUBE):
         raise ContenderError(
-            f"{text!r}: {scheduler} cannot be paired on one cluster (kube-scheduler's client limits are fixed "
-            "when the cluster starts, Volcano's binary has no checkout): compare it with `bench cluster`"
+            f"{text!r}: {scheduler} cannot be paired on one cluster (Volcano's binary has no checkout and "
+            "is built apart): compare it with `bench cluster`"
         )
     checkout = PROJECT_ROOT
+    if at and spec.kind == KUBE:
+        raise ContenderError(
+            f"{text!r}: kube-scheduler is the cluster's own process, not run from a checkout"
+        )
     if at:
         checkout = Path(where).expanduser().resolve()
         if not (checkout / "agent_scheduler" / "cli.py").is_file():
@@ -127,7 +144,24 @@ def parse_contenders(texts: Sequence[str]) -> list[Contender]:
         raise ContenderError(f"labels must differ: {', '.join(repeated)} given twice")
     if len(contenders) < 2:
         raise ContenderError("give at least two contenders (--run LABEL=SCHEDULER[@CHECKOUT], repeated)")
+    kube = [c for c in contenders if SCHEDULERS[c.scheduler].kind == KUBE]
+    if len(kube) > 1:
+        raise ContenderError(
+            f"one kube-scheduler contender at most ({', '.join(c.label for c in kube)} given): the cluster runs "
+            "one kube-scheduler, its client limits set when it starts"
+        )
     return contenders
+
+
+def cluster_options(contenders: Sequence[Contender]) -> ClusterOptions:
+    """The cluster's options: its kube-scheduler runs with the client limits of the kube-scheduler contender
+    if there is one, else at those ``bench cluster`` gives it when it is not under test (qps/burst 5000, so
+    that the mix workload's batch pods, the default scheduler's, are not throttled)."""
+    for c in contenders:
+        spec = SCHEDULERS[c.scheduler]
+        if spec.kind == KUBE:
+            return ClusterOptions(scheduler_qps=spec.kube_qps, scheduler_burst=spec.kube_burst)
+    return ClusterOptions(scheduler_qps=CLIENT_QPS, scheduler_burst=CLIENT_BURST)
 
 
 def schedule(contenders: Sequence[Contender], rounds: int) -> Iterator[tuple[int, Contender]]:
@@ -175,6 +209,8 @@ class Summary:
     # mean times per bound pod each process's main thread blocked, over the rounds whose results say
     sleeps_per_pod: dict[str, float] = field(default_factory=dict)
     adjusted_cpu_s_per_1k: float = 0.0  # its level in the drift fit, at the mean position (``drift``)
+    # the 95 % interval of that level against the first contender's, as fractions (``versus_first``)
+    versus_first: tuple[float, float] | None = None
 
 
 def _mean_of(
@@ -197,16 +233,20 @@ def _measured(trial: Trial) -> bool:
     return trial.label != WARMUP and not trial.result.error and trial.result.unbound == 0
 
 
-def drift(trials: Sequence[Trial]) -> tuple[float, dict[str, float]]:
-    """The least squares fit of log(CPU per pod) = level(contender) + slope x position over the measured
-    trials (a drift that scales every contender's cost alike): the slope (the fraction CPU per pod grows per
-    trial) and each contender's CPU per pod at the mean position of them all."""
+def _log_cpu(trials: Sequence[Trial]) -> dict[str, list[tuple[int, float]]]:
+    """(position, log(CPU per pod)) of each contender's measured trials."""
     groups: dict[str, list[tuple[int, float]]] = {}
     for t in trials:
         if _measured(t) and t.result.cpu_s_per_1k_pods > 0:
             groups.setdefault(t.label, []).append((t.position, math.log(t.result.cpu_s_per_1k_pods)))
-    if not groups:
-        return 0.0, {}
+    return groups
+
+
+def _fit(
+    groups: Mapping[str, list[tuple[int, float]]],
+) -> tuple[float, float, dict[str, tuple[float, float]]]:
+    """The slope of the drift fit, its sum of squares of positions about each contender's mean, and each
+    contender's (mean position, mean log CPU per pod)."""
     means = {
         label: (statistics.fmean(x for x, _ in points), statistics.fmean(y for _, y in points))
         for label, points in groups.items()
@@ -216,11 +256,67 @@ def drift(trials: Sequence[Trial]) -> tuple[float, dict[str, float]]:
         x0, y0 = means[label]
         sxx += sum((x - x0) ** 2 for x, _ in points)
         sxy += sum((x - x0) * (y - y0) for x, y in points)
-    slope = sxy / sxx if sxx else 0.0
+    return (sxy / sxx if sxx else 0.0), sxx, means
+
+
+def drift(trials: Sequence[Trial]) -> tuple[float, dict[str, float]]:
+    """The least squares fit of log(CPU per pod) = level(contender) + slope x position over the measured
+    trials (a drift that scales every contender's cost alike): the slope (the fraction CPU per pod grows per
+    trial) and each contender's CPU per pod at the mean position of them all."""
+    groups = _log_cpu(trials)
+    if not groups:
+        return 0.0, {}
+    slope, _, means = _fit(groups)
     center = statistics.fmean(x for points in groups.values() for x, _ in points)
     return math.expm1(slope), {
         label: math.exp(y0 + slope * (center - x0)) for label, (x0, y0) in means.items()
     }
+
+
+# Student's t distribution's 0.975 quantile (a two-sided 95 % interval) by degrees of freedom, 1 to 30
+T_975: Final = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+
+
+def _t_975(df: int) -> float:
+    # past the table, 1.96 + 2.4 / df is within 0.2 % of the quantile
+    return T_975[df - 1] if df <= len(T_975) else 1.96 + 2.4 / df
+
+
+def versus_first(trials: Sequence[Trial], first: str) -> dict[str, tuple[float, float]]:
+    """The 95 % interval of each other contender's drift-adjusted CPU per pod against ``first``'s, as
+    fractions (-0.05: 5 % less), from the drift fit's residuals (Student's t on the log scale: the trials'
+    spread about the fit is taken as one noise shared by every contender). None for a contender when the fit
+    leaves no degree of freedom (too few trials for the levels and the slope), or ``first`` has no measured
+    trial. A steady drift is what the fit removes; a disturbance that hits one trial widens every interval."""
+    groups = _log_cpu(trials)
+    if first not in groups:
+        return {}
+    slope, sxx, means = _fit(groups)
+    n = sum(len(points) for points in groups.values())
+    df = n - len(groups) - (1 if sxx else 0)  # a level per contender, and the slope when positions differ
+    if df < 1:
+        return {}
+    ssr = sum(
+        (y - means[label][1] - slope * (x - means[label][0])) ** 2
+        for label, points in groups.items()
+        for x, y in points
+    )
+    x1, y1 = means[first]
+    n1 = len(groups[first])
+    out = {}
+    for label, points in groups.items():
+        if label == first:
+            continue
+        x0, y0 = means[label]
+        change = y0 - y1 + slope * (x1 - x0)  # the log of the ratio of the levels at any common position
+        variance = ssr / df * (1 / len(points) + 1 / n1 + ((x1 - x0) ** 2 / sxx if sxx else 0.0))
+        half = _t_975(df) * math.sqrt(variance)
+        out[label] = (math.expm1(change - half), math.expm1(change + half))
+    return out
 
 
 def _ended(results: Sequence[RunResult]) -> list[float]:
@@ -229,6 +325,7 @@ def _ended(results: Sequence[RunResult]) -> list[float]:
 
 def summarize(contenders: Sequence[Contender], trials: Sequence[Trial]) -> list[Summary]:
     _, levels = drift(trials)
+    intervals = versus_first(trials, contenders[0].label) if contenders else {}
     out = []
     for c in contenders:
         mine = [t for t in trials if t.label == c.label]
@@ -253,6 +350,7 @@ def summarize(contenders: Sequence[Contender], trials: Sequence[Trial]) -> list[
                 main_share=_mean_of(ok, processes, lambda r: r.main_thread_share_by_process),
                 sleeps_per_pod=_mean_of(ok, processes, lambda r: r.main_sleeps_per_pod_by_process),
                 adjusted_cpu_s_per_1k=levels.get(c.label, 0.0),
+                versus_first=intervals.get(c.label),
             )
         )
     return out
@@ -265,6 +363,12 @@ def _thread_notes(s: Summary, process: str) -> str:
     if process in s.sleeps_per_pod:
         notes.append(f"{s.sleeps_per_pod[process]:.2f} sleeps/pod")
     return f" ({', '.join(notes)})" if notes else ""
+
+
+def _checkout(c: Contender) -> str:
+    if SCHEDULERS[c.scheduler].kind == KUBE:
+        return "-"  # the cluster's own process
+    return "this" if c.checkout == PROJECT_ROOT else str(c.checkout)
 
 
 def table(summaries: Sequence[Summary], slope: float = 0.0) -> str:
@@ -284,13 +388,16 @@ def table(summaries: Sequence[Summary], slope: float = 0.0) -> str:
     for s in summaries:
         c = s.contender
         versus = f"{(s.adjusted_cpu_s_per_1k / base - 1) * 100:+.1f} %" if base and s.rounds else "-"
+        if s.versus_first is not None and versus != "-":
+            lo, hi = s.versus_first
+            versus += f" ({lo * 100:+.1f} to {hi * 100:+.1f})"
         by_process = ", ".join(f"{p} {v:.3f}{_thread_notes(s, p)}" for p, v in s.by_process.items()) or "-"
         rounds = f"{s.rounds}" + (f" ({s.disturbed} disturbed)" if s.disturbed else "")
         rounds += f" (+{s.failed} failed)" if s.failed else ""
         visible = cell(s.visible_p99_ms, ".0f") if s.visible_p99_ms[1] > 0 else "-"  # 0: not measured
         ended = cell(s.ended_watches, ".1f") if s.ended_watches is not None else "-"
         lines.append(
-            f"| {c.label} | {c.scheduler} | {'this' if c.checkout == PROJECT_ROOT else c.checkout} | {rounds} "
+            f"| {c.label} | {c.scheduler} | {_checkout(c)} | {rounds} "
             f"| {cell(s.cpu_s_per_1k, '.3f')} | {s.adjusted_cpu_s_per_1k:.3f} | {versus} "
             f"| {cell(s.p50_ms, '.0f')} | {cell(s.p99_ms, '.0f')} | {visible} | {ended} | {cell(s.pods_per_s, '.0f')} "
             f"| {by_process} |"
@@ -299,6 +406,11 @@ def table(summaries: Sequence[Summary], slope: float = 0.0) -> str:
         lines.append(
             f"\nDrift: CPU per pod {slope * 100:+.1f} % per trial (fitted with one level per contender; the "
             "drift-adjusted column is each contender's level at the mean position of all measured trials)."
+        )
+    if any(s.versus_first is not None for s in summaries):
+        lines.append(
+            '\n"vs first": the change of the drift-adjusted CPU per pod, with its 95 % interval from the spread '
+            "of the trials about the fit; an interval that holds 0 has not told the contenders apart."
         )
     return "\n".join(lines)
 
@@ -346,7 +458,9 @@ async def run_paired(config: PairedConfig) -> list[Trial]:
     )
     trials: list[Trial] = []
     cluster = await fresh_cluster(
-        Path(tempfile.mkdtemp(prefix=f"bench-paired-{config.nodes}-")), config.nodes, ClusterOptions()
+        Path(tempfile.mkdtemp(prefix=f"bench-paired-{config.nodes}-")),
+        config.nodes,
+        cluster_options(config.contenders),
     )
     try:
         await asyncio.to_thread(stages.install, cluster)

@@ -1,6 +1,6 @@
 """``agent-scheduler bench paired`` end to end on a tiny cluster: a coordinated configuration run from another
-checkout of the project against a standalone worker from this one, a warm-up trial and two rounds in
-alternating order.
+checkout of the project against a standalone worker from this one and the cluster's kube-scheduler, a warm-up
+trial and two rounds in alternating order.
 
 Runs the real command as a subprocess and checks what it wrote: every trial in ``trials.json`` in run order,
 all pods bound, CPU per process for the coordinated trials, the CPU window run on after the last bind
@@ -47,6 +47,7 @@ def test_paired_runs_alternate_on_one_cluster_and_use_each_checkout(tmp_path: Pa
         out,
         f"--run=before=agent-coord-1@{baseline}",
         "--run=after=agent-standalone",
+        "--run=kube=kube-scheduler-qps5000",
         f"--nodes={NODES}",
         f"--pods={PODS}",
         "--rounds=2",
@@ -59,8 +60,10 @@ def test_paired_runs_alternate_on_one_cluster_and_use_each_checkout(tmp_path: Pa
         ("warm-up", -1, 0),  # the first contender, not counted
         ("before", 0, 1),
         ("after", 0, 2),
-        ("after", 1, 3),
-        ("before", 1, 4),
+        ("kube", 0, 3),
+        ("kube", 1, 4),
+        ("after", 1, 5),
+        ("before", 1, 6),
     ]
     for t in trials:
         r = RunResult.from_json(t["result"])
@@ -71,11 +74,14 @@ def test_paired_runs_alternate_on_one_cluster_and_use_each_checkout(tmp_path: Pa
         assert any(
             n.startswith("CPU counted until the scheduler and the API server were idle") for n in r.notes
         ), r.notes
-        expected = {"coordinator", "worker-1"} if t["label"] != "after" else {"worker"}
+        expected = {"after": {"worker"}, "kube": {"kube-scheduler"}}.get(
+            t["label"], {"coordinator", "worker-1"}
+        )
         assert set(r.cpu_s_per_1k_pods_by_process) == expected, r.cpu_s_per_1k_pods_by_process
     summary = (out / "summary.md").read_text()
     assert f"| before | agent-coord-1 | {baseline} | 2 |" in summary
     assert "| after | agent-standalone | this | 2 |" in summary
+    assert "| kube | kube-scheduler-qps5000 | - | 2 |" in summary  # the cluster's own, started once
     assert "CPU counted until the scheduler and the API server were idle" in summary
     # each trial's processes logged under logs/; only the other checkout's printed the marker
     logs = {p.name: p.read_text() for p in (out / "logs").glob("*.log")}

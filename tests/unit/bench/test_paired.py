@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -14,17 +15,21 @@ from scale.bench.paired import (
     WARMUP,
     Contender,
     ContenderError,
+    Summary,
     Trial,
+    cluster_options,
     drift,
     parse_contender,
     parse_contenders,
     schedule,
     summarize,
     table,
+    versus_first,
 )
 from scale.bench.results import RunResult
 from scale.bench.schedulers import SCHEDULERS, checkout_env
 from scale.bench.workloads import BURST, WorkloadSpec
+from scale.cluster import ClusterOptions
 from scale.cluster.config import PROJECT_ROOT
 
 
@@ -39,6 +44,9 @@ def test_a_contender_runs_from_this_checkout_or_another(tmp_path: Path) -> None:
     other = checkout(tmp_path)
     assert parse_contender(f"before=agent-coord-2@{other}") == Contender("before", "agent-coord-2", other)
     assert parse_contender("ceiling=no-decision").scheduler == "no-decision"
+    assert parse_contender("kube=kube-scheduler-qps5000") == Contender(
+        "kube", "kube-scheduler-qps5000", PROJECT_ROOT
+    )
 
 
 @pytest.mark.parametrize(
@@ -48,7 +56,7 @@ def test_a_contender_runs_from_this_checkout_or_another(tmp_path: Path) -> None:
         ("=agent-coord-1", "expected LABEL=SCHEDULER"),
         ("a=", "expected LABEL=SCHEDULER"),
         ("a=agent-coord-9", "unknown scheduler 'agent-coord-9'"),
-        ("a=kube-scheduler-qps5000", "cannot be paired on one cluster"),
+        ("a=kube-scheduler-qps5000@/tmp", "the cluster's own process, not run from a checkout"),
         ("a=volcano-agent-1w", "cannot be paired on one cluster"),
         ("a=agent-standalone@/nonexistent/checkout", "is not a checkout of this project"),
         ("warm-up=agent-standalone", "not 'warm-up'"),  # the bench's own
@@ -66,6 +74,21 @@ def test_contenders_need_two_and_distinct_labels() -> None:
     with pytest.raises(ContenderError, match="a given twice"):
         parse_contenders(["a=agent-standalone", "a=agent-coord-1"])
     assert [c.label for c in parse_contenders(["a=agent-standalone", "b=agent-coord-1"])] == ["a", "b"]
+
+
+def test_one_kube_scheduler_contender_sets_the_clusters_kube_scheduler() -> None:
+    """The cluster runs one kube-scheduler: with its contender's client limits, else at 5000 as when it is not
+    under test; two kube-scheduler contenders cannot share it."""
+    with pytest.raises(ContenderError, match="one kube-scheduler contender at most"):
+        parse_contenders(["a=kube-scheduler-qps5000", "b=kube-scheduler-default", "c=agent-standalone"])
+    default = parse_contenders(["sa=agent-standalone", "kube=kube-scheduler-default"])
+    assert cluster_options(default) == ClusterOptions(scheduler_qps=50.0, scheduler_burst=100)
+    fast = parse_contenders(["kube=kube-scheduler-qps5000", "sa=agent-standalone"])
+    assert cluster_options(fast) == ClusterOptions(scheduler_qps=5000.0, scheduler_burst=5000)
+    ours = parse_contenders(["sa=agent-standalone", "c2=agent-coord-2"])
+    assert cluster_options(ours) == ClusterOptions(scheduler_qps=5000.0, scheduler_burst=5000)
+    kube = Summary(fast[0], rounds=1, failed=0, cpu_s_per_1k=(2.8, 2.8, 2.8), adjusted_cpu_s_per_1k=2.8)
+    assert "| kube | kube-scheduler-qps5000 | - | 1 | 2.800 (2.800-2.800) |" in table([kube])
 
 
 def test_odd_rounds_run_in_reversed_order() -> None:
@@ -147,8 +170,10 @@ def test_the_summary_gives_means_spreads_and_the_change_against_the_first() -> N
     assert (first.adjusted_cpu_s_per_1k, second.adjusted_cpu_s_per_1k) == pytest.approx((1.2**0.5, 0.72**0.5))
     text = table([first, second])
     assert "| before | agent-coord-1 | this | 2 (+1 failed) | 1.100 (1.000-1.200) | 1.095 | +0.0 % |" in text
+    # two trials each, one degree of freedom left (t = 12.7): the 95 % interval says they are not told apart
     assert (
-        "| after | agent-coord-1 | this | 2 (1 disturbed) | 0.850 (0.800-0.900) | 0.849 | -22.5 % |" in text
+        "| after | agent-coord-1 | this | 2 (1 disturbed) | 0.850 (0.800-0.900) | 0.849 | -22.5 % (-83.1 to +254.8) |"
+        in text
     )
     assert "coordinator 0.200, worker-1 0.650" in text
     # the API server's part and the watches it ended: measured in after's trials (mean, min-max), not in
@@ -178,6 +203,64 @@ def test_the_drift_fit_recovers_levels_under_a_steady_drift() -> None:
     raw = second.cpu_s_per_1k[0] / first.cpu_s_per_1k[0]
     assert raw != pytest.approx(1.1, abs=1e-3)  # the raw means are off
     assert "Drift: CPU per pod +3.0 % per trial" in table([first, second, third], fitted)
+
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float]:
+    """x with a x = b (Gaussian elimination with partial pivoting; a small dense system)."""
+    n = len(b)
+    m = [[*row, rhs] for row, rhs in zip(a, b, strict=True)]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(m[r][col]))
+        m[col], m[pivot] = m[pivot], m[col]
+        for r in range(n):
+            if r != col:
+                f = m[r][col] / m[col][col]
+                m[r] = [x - f * y for x, y in zip(m[r], m[col], strict=True)]
+    return [m[i][n] / m[i][i] for i in range(n)]
+
+
+def test_the_change_against_the_first_comes_with_the_fits_95_percent_interval() -> None:
+    """``versus_first``: checked against the same model fitted from its design matrix (a level per contender
+    and a slope, the interval of the contrast from (X'X)^-1 and the residuals, t with n - 4 degrees of
+    freedom: 12 trials, 8); a noise-free run gives the exact change with no width."""
+    contenders = [Contender(x, "agent-standalone", PROJECT_ROOT) for x in "abc"]
+    levels = {"a": 1.0, "b": 1.1, "c": 0.95}
+    # by position (a: 1, 6, 7, 12; b: 2, 5, 8, 11; c: 3, 4, 9, 10), none of the contenders' means moved
+    noise = [0.03, -0.05, 0.02, -0.01, 0.04, -0.03, -0.02, 0.03, 0.01, -0.02, -0.02, 0.02]
+
+    def run(amplitude: float) -> list[Trial]:
+        trials = [Trial(WARMUP, -1, 0, result(0.5, 1, 2, by_process={}))]
+        for position, (r, c) in enumerate(schedule(contenders, 4), start=1):
+            cpu = levels[c.label] * 1.02**position * math.exp(amplitude * noise[position - 1])
+            trials.append(Trial(c.label, r, position, result(cpu, 1, 2, by_process={})))
+        return trials
+
+    exact = versus_first(run(0.0), "a")
+    assert exact["b"] == pytest.approx((0.1, 0.1)) and exact["c"] == pytest.approx((-0.05, -0.05))
+
+    trials = run(1.0)
+    got = versus_first(trials, "a")
+    rows = [t for t in trials if t.label != WARMUP]
+    x = [[float(t.label == k) for k in "abc"] + [float(t.position)] for t in rows]
+    y = [math.log(t.result.cpu_s_per_1k_pods) for t in rows]
+    xtx = [[sum(r[i] * r[j] for r in x) for j in range(4)] for i in range(4)]
+    beta = _solve(xtx, [sum(r[i] * v for r, v in zip(x, y, strict=True)) for i in range(4)])
+    residuals = [v - sum(b * f for b, f in zip(beta, r, strict=True)) for r, v in zip(x, y, strict=True)]
+    s2 = sum(e * e for e in residuals) / (len(rows) - 4)
+    for label, contrast in (("b", [-1.0, 1.0, 0.0, 0.0]), ("c", [-1.0, 0.0, 1.0, 0.0])):
+        change = sum(c * b for c, b in zip(contrast, beta, strict=True))
+        half = 2.306 * math.sqrt(
+            s2 * sum(c * z for c, z in zip(contrast, _solve(xtx, contrast), strict=True))
+        )
+        assert got[label] == pytest.approx((math.expm1(change - half), math.expm1(change + half)))
+        assert got[label][0] < levels[label] - 1 < got[label][1]  # this noise leaves the truth inside
+
+    first, second, _ = summarize(contenders, trials)
+    assert first.versus_first is None and second.versus_first == got["b"]
+    lo, hi = got["b"]
+    assert f"({lo * 100:+.1f} to {hi * 100:+.1f})" in table([first, second])
+    # one trial each: nothing left to estimate the noise from
+    assert versus_first(trials[:4], "a") == {}
 
 
 def test_another_checkout_runs_first_on_the_python_path(
