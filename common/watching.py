@@ -99,7 +99,8 @@ class Reflector:
 
     @property
     def object_version(self) -> int:
-        """The highest resourceVersion of an object handed to the handler (the module docstring)."""
+        """The highest resourceVersion of an object handed to the handler (the module docstring). Integer
+        resourceVersions (etcd revisions) assumed: an event's of another form reads as 0 here."""
         return max(self._listed_version, revision_of(self._event_version))
 
     async def list_all(self) -> tuple[list[dict[str, Any]], str]:

@@ -31,7 +31,7 @@ and per process where its CPU went. Our schedulers, the no-decision binder and o
 configuration can be contenders. kube-scheduler is the cluster's own process, started once with that
 configuration's client limits (without such a contender, at qps/burst 5000 as ``bench cluster`` runs it when it
 is not under test): unlike the others it is not started afresh per trial, and it watches every contender's pods
-throughout (idle for those not its own). Volcano's agent scheduler cannot be a contender: its binary has no
+throughout (it does not schedule the others' pods, but caches each one as it is bound). Volcano's agent scheduler cannot be a contender: its binary has no
 checkout of this project (compare it with ``bench cluster``).
 Nothing is asserted: the numbers are reported.
 """
@@ -289,9 +289,10 @@ def _t_975(df: int) -> float:
 def versus_first(trials: Sequence[Trial], first: str) -> dict[str, tuple[float, float]]:
     """The 95 % interval of each other contender's drift-adjusted CPU per pod against ``first``'s, as
     fractions (-0.05: 5 % less), from the drift fit's residuals (Student's t on the log scale: the trials'
-    spread about the fit is taken as one noise shared by every contender). None for a contender when the fit
-    leaves no degree of freedom (too few trials for the levels and the slope), or ``first`` has no measured
-    trial. A steady drift is what the fit removes; a disturbance that hits one trial widens every interval."""
+    spread about the fit is taken as one noise shared by every contender, so a noisy contender widens every
+    interval of the run). Empty when the fit leaves no degree of freedom (too few trials for the levels and
+    the slope) or ``first`` has no measured trial; a contender with no measured trial is left out. A steady drift is
+    what the fit removes; a disturbance that hits one trial widens every interval."""
     groups = _log_cpu(trials)
     if first not in groups:
         return {}

@@ -219,42 +219,71 @@ def _solve(a: list[list[float]], b: list[float]) -> list[float]:
     return [m[i][n] / m[i][i] for i in range(n)]
 
 
+def _design_matrix_intervals(trials: list[Trial], labels: str, t: float) -> dict[str, tuple[float, float]]:
+    """The model ``versus_first`` fits, fitted from its design matrix instead (a level per contender and a
+    slope; the contrast's interval from (X'X)^-1 and the residuals, with the 0.975 quantile ``t`` given for
+    the degrees of freedom n - len(labels) - 1)."""
+    rows = [r for r in trials if r.label != WARMUP and not r.result.error]
+    k = len(labels)
+    x = [[float(r.label == label) for label in labels] + [float(r.position)] for r in rows]
+    y = [math.log(r.result.cpu_s_per_1k_pods) for r in rows]
+    xtx = [[sum(row[i] * row[j] for row in x) for j in range(k + 1)] for i in range(k + 1)]
+    beta = _solve(xtx, [sum(row[i] * v for row, v in zip(x, y, strict=True)) for i in range(k + 1)])
+    residuals = [v - sum(b * f for b, f in zip(beta, row, strict=True)) for row, v in zip(x, y, strict=True)]
+    s2 = sum(e * e for e in residuals) / (len(rows) - k - 1)
+    out = {}
+    for i, label in enumerate(labels[1:], start=1):
+        contrast = [-1.0 if j == 0 else 1.0 if j == i else 0.0 for j in range(k + 1)]
+        change = sum(c * b for c, b in zip(contrast, beta, strict=True))
+        half = t * math.sqrt(s2 * sum(c * z for c, z in zip(contrast, _solve(xtx, contrast), strict=True)))
+        out[label] = (math.expm1(change - half), math.expm1(change + half))
+    return out
+
+
+def _drifting_run(
+    levels: dict[str, float], rounds: int, noise: list[float], *, failed: int | None = None
+) -> list[Trial]:
+    """A run of ``levels``' contenders, CPU per pod growing 2 % a trial, times exp(noise) by position; the
+    trial at position ``failed`` fails (an error: not measured)."""
+    contenders = [Contender(label, "agent-standalone", PROJECT_ROOT) for label in levels]
+    trials = [Trial(WARMUP, -1, 0, result(0.5, 1, 2, by_process={}))]
+    for position, (r, c) in enumerate(schedule(contenders, rounds), start=1):
+        cpu = levels[c.label] * 1.02**position * math.exp(noise[position - 1])
+        error = "probe: 3/10 pods bound" if position == failed else ""
+        trials.append(Trial(c.label, r, position, result(cpu, 1, 2, by_process={}, error=error)))
+    return trials
+
+
+def _same(got: dict[str, tuple[float, float]], want: dict[str, tuple[float, float]]) -> bool:
+    return got.keys() == want.keys() and all(got[k] == pytest.approx(want[k]) for k in want)
+
+
 def test_the_change_against_the_first_comes_with_the_fits_95_percent_interval() -> None:
-    """``versus_first``: checked against the same model fitted from its design matrix (a level per contender
-    and a slope, the interval of the contrast from (X'X)^-1 and the residuals, t with n - 4 degrees of
-    freedom: 12 trials, 8); a noise-free run gives the exact change with no width."""
-    contenders = [Contender(x, "agent-standalone", PROJECT_ROOT) for x in "abc"]
+    """``versus_first`` against the same model fitted from its design matrix, on balanced runs (every
+    contender at the same mean position) and unbalanced ones (an odd number of rounds, a failed trial), where
+    the drift's correction and its share of the variance count; a noise-free run gives the exact change with
+    no width."""
     levels = {"a": 1.0, "b": 1.1, "c": 0.95}
     # by position (a: 1, 6, 7, 12; b: 2, 5, 8, 11; c: 3, 4, 9, 10), none of the contenders' means moved
     noise = [0.03, -0.05, 0.02, -0.01, 0.04, -0.03, -0.02, 0.03, 0.01, -0.02, -0.02, 0.02]
 
-    def run(amplitude: float) -> list[Trial]:
-        trials = [Trial(WARMUP, -1, 0, result(0.5, 1, 2, by_process={}))]
-        for position, (r, c) in enumerate(schedule(contenders, 4), start=1):
-            cpu = levels[c.label] * 1.02**position * math.exp(amplitude * noise[position - 1])
-            trials.append(Trial(c.label, r, position, result(cpu, 1, 2, by_process={})))
-        return trials
-
-    exact = versus_first(run(0.0), "a")
+    exact = versus_first(_drifting_run(levels, 4, [0.0] * 12), "a")
     assert exact["b"] == pytest.approx((0.1, 0.1)) and exact["c"] == pytest.approx((-0.05, -0.05))
 
-    trials = run(1.0)
+    trials = _drifting_run(levels, 4, noise)
     got = versus_first(trials, "a")
-    rows = [t for t in trials if t.label != WARMUP]
-    x = [[float(t.label == k) for k in "abc"] + [float(t.position)] for t in rows]
-    y = [math.log(t.result.cpu_s_per_1k_pods) for t in rows]
-    xtx = [[sum(r[i] * r[j] for r in x) for j in range(4)] for i in range(4)]
-    beta = _solve(xtx, [sum(r[i] * v for r, v in zip(x, y, strict=True)) for i in range(4)])
-    residuals = [v - sum(b * f for b, f in zip(beta, r, strict=True)) for r, v in zip(x, y, strict=True)]
-    s2 = sum(e * e for e in residuals) / (len(rows) - 4)
-    for label, contrast in (("b", [-1.0, 1.0, 0.0, 0.0]), ("c", [-1.0, 0.0, 1.0, 0.0])):
-        change = sum(c * b for c, b in zip(contrast, beta, strict=True))
-        half = 2.306 * math.sqrt(
-            s2 * sum(c * z for c, z in zip(contrast, _solve(xtx, contrast), strict=True))
-        )
-        assert got[label] == pytest.approx((math.expm1(change - half), math.expm1(change + half)))
+    assert _same(got, _design_matrix_intervals(trials, "abc", 2.306))  # 12 trials: 8 degrees
+    for label in "bc":
         assert got[label][0] < levels[label] - 1 < got[label][1]  # this noise leaves the truth inside
 
+    # three rounds of two (a: 1, 4, 5; b: 2, 3, 6): 3 degrees of freedom
+    two = _drifting_run({"a": 1.0, "b": 1.1}, 3, noise)
+    assert _same(versus_first(two, "a"), _design_matrix_intervals(two, "ab", 3.182))
+    # a failed trial (c's at position 9) leaves 11 measured: 7 degrees
+    gap = _drifting_run(levels, 4, noise, failed=9)
+    assert _same(versus_first(gap, "a"), _design_matrix_intervals(gap, "abc", 2.365))
+
+    contenders = [Contender(label, "agent-standalone", PROJECT_ROOT) for label in levels]
     first, second, _ = summarize(contenders, trials)
     assert first.versus_first is None and second.versus_first == got["b"]
     lo, hi = got["b"]
