@@ -27,7 +27,7 @@ Invariants:
   the leader's first session frame verified, so a replayed HELLO changes nothing. A stream whose term etcd
   no longer elects (another key is now the lowest) is closed at the next capacity check: within
   ``protocol.CAPACITY_INTERVAL`` while things move, at once at rest (the election mirror's change pokes it).
-  Results for pods dispatched over an older stream go to the current one (the leader that now owns dispatch).
+  Nothing dispatched over an older stream is answered over the current one (see the rule-6 invariant below).
 - Bounded before authentication: at most ``MAX_HANDSHAKES`` connections may be in their handshake at once,
   the handshake must finish within ``protocol.HELLO_TIMEOUT``, and its frames are capped at
   ``protocol.MAX_HANDSHAKE_FRAME``; nothing unauthenticated is decoded. When every slot is taken, a new
@@ -55,7 +55,8 @@ Invariants:
   such a placement could make wrong until every worker counts none (the topology lane's rule 6). One of them
   whose binding fails transiently is dropped, not decided again (``LeaderResults.retry``), unless a DISPATCH
   over the new stream took it over or the new stream's claim set gave it to this worker again. Anything
-  still queued when the new stream begins came from earlier streams and is dropped too.
+  still queued when the new stream begins came from earlier streams and is dropped too. No RESULT goes out
+  for a dispatch of an earlier stream: its id means nothing over the new one (``LeaderResults.carry_over``).
 - Every DISPATCH is answered by ACK and later exactly one final RESULT per dispatch id, unless the stream
   breaks first (the leader then re-dispatches; duplicates are harmless, see the protocol) or the pod is gone
   before this worker decided it (deleted, or placed by another worker: the leader's own watch settles it, and
@@ -261,10 +262,13 @@ class LeaderResults:
     def carry_over(self, assumed: Mapping[PodKey, str]) -> None:
         """A new stream began: every binding under way (``assumed``: pod -> uid, the cache's assumptions; none
         of them is the new stream's yet) is kept in ``earlier``, whether its pod was dispatched or claimed,
-        answered already or not; the entries of the dispatched pods not being bound are forgotten (the intake
-        empties the gate and the queue of them)."""
+        answered already or not; every entry of the earlier streams is forgotten (the intake empties the gate
+        and the queue of the pods not being bound). No RESULT goes out for them: their dispatch ids mean
+        nothing over the new stream (a new leader numbers its dispatches afresh, and one of its own could be
+        taken for the answer; the same leader reconnecting counted what was in flight over the closed stream as
+        lost and dispatches it again), and the new stream's leader learns of each binding from its watch."""
         self.earlier.update(assumed)
-        for key in [k for k in self.pending if k not in assumed]:
+        for key in list(self.pending):
             self._withdraw(key)
 
     def _withdraw(self, key: PodKey) -> None:

@@ -324,7 +324,11 @@ async def test_rejected_binding_gets_a_result_and_a_report(worker: Worker) -> No
     await leader.close()
 
 
-async def test_the_newly_elected_term_replaces_the_stream_and_gets_older_results(worker: Worker) -> None:
+async def test_the_newly_elected_term_replaces_the_stream_and_gets_no_answer_for_an_older_dispatch(
+    worker: Worker,
+) -> None:
+    """An id of the old stream means nothing to the new leader, which numbers its own dispatches afresh: one
+    of them could be taken for the answer (and its ACK window freed). Its watch shows the binding."""
     old = await Leader.connect(worker, term=1)
     old.send(protocol.Dispatch(id=12, pod=make_pod("p").json()))
     await old.next(protocol.Ack)
@@ -333,9 +337,12 @@ async def test_the_newly_elected_term_replaces_the_stream_and_gets_older_results
     new = await Leader.connect(worker, term=2)
     assert await old.closed()
     await old.close()
+    new.send(protocol.Dispatch(id=12, pod=make_pod("q").json()))  # the new term's own dispatch 12
+    await new.next(protocol.Ack)
     worker.results.bound(make_pod("p").record(), NodeName("n1"), assumed_at=1.0, bound_at=2.0)
-    result = await new.next(protocol.Result)
-    assert (result.id, result.outcome) == (12, protocol.BOUND)
+    # ``next`` fails on any RESULT before the summary: none was sent for p
+    assert (await capacity_until(new, worker, lambda c: True)).earlier == 1
+    assert worker.results.pending == {"default/q": (12, "")}
     await new.close()
 
 
@@ -385,10 +392,13 @@ async def test_a_new_stream_drops_what_earlier_streams_dispatched_unless_it_is_b
     watch.pods.resource_version = "600"
     watch.pods._event_version = "590"  # the newest pod it delivered (600: a bookmark's)
     assert worker.intake.gate.check() == 0  # the parked pod is not released later either
-    assert set(worker.results.pending) == {"default/binding"}
+    assert worker.results.pending == {}  # no id of the old stream is answered over the new one
     assert worker.results.earlier == {"default/binding": ""}
     capacity = await capacity_until(new, worker, lambda c: c.revision == 590)
     assert capacity.earlier == 1
+    # the binding is answered: no RESULT for dispatch 2 goes to the new leader (``next`` fails on one)
+    worker.results.bound(popped.pod, NodeName("n1"), assumed_at=0.0, bound_at=0.0)
+    assert (await capacity_until(new, worker, lambda c: True)).earlier == 1  # seen by the watch: not yet
     # the pod watch shows the binding: nothing of an earlier stream is under way any more
     worker.sched.cache.upsert_pod(make_pod("binding").req(cpu="100m").on("n1").record())
     watch.pods.resource_version = watch.pods._event_version = "601"
