@@ -24,8 +24,9 @@ Invariants:
   RESULT (then it is dispatched again, elsewhere if possible); while the worker answers other dispatches (a
   live worker working through a long queue) up to ``QUEUED_LIMIT``; after a RESULT ``waiting`` (the worker
   holds the pod until its preemption's victims are gone) up to ``PREEMPTION_WAIT_LIMIT``. A RESULT for a dispatch
-  no longer tracked (late, duplicate, or over a replaced stream) or for another pod of the same name (its uid
-  differs) is ignored; a pod recreated under the same name replaces its predecessor's entry and dispatch.
+  no longer tracked (late, duplicate, or over a replaced stream), naming another pod than the one dispatched
+  under its id (it counts as no ACK either), or for another pod of the same name (its uid differs) is
+  ignored; a pod recreated under the same name replaces its predecessor's entry and dispatch.
 - A pod is declared unschedulable (condition + event, with the reasons summed over every shard) only when
   every live worker with nodes has said no (or its summary rules the pod out) and no connected worker is
   still settling (including a worker that is not placing pods: fenced or draining); it is retried when a
@@ -692,6 +693,19 @@ class Dispatcher:
             case protocol.Result(id=protocol.CLAIMED) if self.claims:
                 self._handed_back(w, message)
             case protocol.Result():
+                key = w.in_flight.get(message.id)
+                if key is not None and key != message.key:
+                    # the answer to a dispatch of an earlier stream (workers of earlier builds send those over
+                    # the new one), or a worker's mistake: not this dispatch's answer, and no sign that the
+                    # worker has read this dispatch either (its ACK window stays as it is)
+                    log.debug(
+                        "ignoring %s's result %d for %s: dispatched %s",
+                        w.worker_id,
+                        message.id,
+                        message.key,
+                        key,
+                    )
+                    return
                 w.answered_at = self.clock()
                 self._acknowledged(w, message.id)
                 self._result(w, message)

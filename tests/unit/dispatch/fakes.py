@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from common import protocol
 from common.kube import KubeClient
-from common.records import PodKey, PodRecord
+from common.records import PodKey, PodRecord, pod_key
 from coordinator.dispatch import Dispatcher
 from coordinator.dispatch.links import LinkEvents
 
@@ -127,8 +127,14 @@ class FakeLink:
         for m in self.dispatches():
             self.ack(m.id)
 
+    def key_of(self, dispatch_id: int) -> str:
+        """The pod a DISPATCH sent over this link was for ("" for an id never sent): a worker's RESULT names it."""
+        return next((pod_key(m.pod) for m in self.dispatches() if m.id == dispatch_id), "")
+
     def bound(self, dispatch_id: int, node: str = "node-1", *, uid: str = "") -> None:
-        self.events.received(self, protocol.Result.bound(dispatch_id, "", node, uid=uid))
+        self.events.received(
+            self, protocol.Result.bound(dispatch_id, self.key_of(dispatch_id), node, uid=uid)
+        )
 
     def unschedulable(
         self,
@@ -139,15 +145,20 @@ class FakeLink:
         preemption: protocol.Candidate | None = None,
     ) -> None:
         result = protocol.Result.unschedulable(
-            dispatch_id, "", nodes=nodes, reasons=reasons, message="no", preemption=preemption
+            dispatch_id,
+            self.key_of(dispatch_id),
+            nodes=nodes,
+            reasons=reasons,
+            message="no",
+            preemption=preemption,
         )
         self.events.received(self, result)
 
     def rejected(self, dispatch_id: int) -> None:
-        self.events.received(self, protocol.Result.rejected(dispatch_id, "", "fenced"))
+        self.events.received(self, protocol.Result.rejected(dispatch_id, self.key_of(dispatch_id), "fenced"))
 
     def waiting(self, dispatch_id: int, node: str) -> None:
-        self.events.received(self, protocol.Result.waiting(dispatch_id, "", node))
+        self.events.received(self, protocol.Result.waiting(dispatch_id, self.key_of(dispatch_id), node))
 
 
 class Rig:

@@ -678,16 +678,37 @@ async def test_ack_window_bounds_unacknowledged_dispatches(rig: Rig) -> None:
     assert rig.d.statistics()["workers"]["w1"]["in_flight"] == protocol.MAX_UNACKED + extra
 
 
-async def test_a_result_frees_the_window_like_an_ack(rig: Rig) -> None:
+def full_window(rig: Rig) -> tuple[FakeLink, protocol.Dispatch]:
+    """One worker, its ACK window full and one pod more waiting for room; the worker and its first dispatch."""
     (w1,) = rig.workers("w1")
     w1.up().summary()
     for i in range(protocol.MAX_UNACKED + 1):
         rig.d.observe(pod(f"p-{i}", cpu="1m", memory="1Ki"))
     rig.step()
-    first = w1.dispatches()[0]
+    return w1, w1.dispatches()[0]
+
+
+async def test_a_result_frees_the_window_like_an_ack(rig: Rig) -> None:
+    w1, first = full_window(rig)
     w1.rejected(first.id)  # sent instead of an ACK
     rig.step()
     assert len(w1.dispatches()) == protocol.MAX_UNACKED + 1
+
+
+async def test_a_result_naming_another_pod_is_no_answer_and_frees_no_window(rig: Rig) -> None:
+    """The answer to a dispatch of an earlier stream that happens to carry the id of one in flight now (a new
+    leader numbers its dispatches afresh; workers of earlier builds sent those), or any RESULT whose pod is
+    not the one dispatched under its id: ignored, the window kept full, the dispatch still in flight."""
+    w1, first = full_window(rig)
+    assert w1.key_of(first.id) == "default/p-0"
+    w1.events.received(w1, protocol.Result.bound(first.id, "default/elsewhere", "node-1"))
+    rig.step()
+    assert len(w1.dispatches()) == protocol.MAX_UNACKED  # no room freed
+    assert rig.d.table.pods[key("p-0")].worker == "w1"  # still in flight, unanswered
+    w1.bound(first.id)  # its own answer
+    rig.step()
+    assert len(w1.dispatches()) == protocol.MAX_UNACKED + 1
+    assert key("p-0") not in rig.d.table.pods
 
 
 async def test_a_full_window_sends_the_burst_to_other_workers(rig: Rig) -> None:

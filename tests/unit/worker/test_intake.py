@@ -9,6 +9,7 @@ import hashlib
 import hmac
 import socket
 import struct
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -339,10 +340,11 @@ async def test_the_newly_elected_term_replaces_the_stream_and_gets_no_answer_for
     await old.close()
     new.send(protocol.Dispatch(id=12, pod=make_pod("q").json()))  # the new term's own dispatch 12
     await new.next(protocol.Ack)
+    assert worker.results.pending == {"default/q": (12, "")}  # p's entry went with the old stream
+    made_after = time.time()
     worker.results.bound(make_pod("p").record(), NodeName("n1"), assumed_at=1.0, bound_at=2.0)
-    # ``next`` fails on any RESULT before the summary: none was sent for p
-    assert (await capacity_until(new, worker, lambda c: True)).earlier == 1
-    assert worker.results.pending == {"default/q": (12, "")}
+    # ``next`` fails on any RESULT before a summary made after the binding: none was sent for p
+    assert (await capacity_until(new, worker, lambda c: c.ts >= made_after)).earlier == 1
     await new.close()
 
 
@@ -397,8 +399,10 @@ async def test_a_new_stream_drops_what_earlier_streams_dispatched_unless_it_is_b
     capacity = await capacity_until(new, worker, lambda c: c.revision == 590)
     assert capacity.earlier == 1
     # the binding is answered: no RESULT for dispatch 2 goes to the new leader (``next`` fails on one)
+    made_after = time.time()
     worker.results.bound(popped.pod, NodeName("n1"), assumed_at=0.0, bound_at=0.0)
-    assert (await capacity_until(new, worker, lambda c: True)).earlier == 1  # seen by the watch: not yet
+    summary = await capacity_until(new, worker, lambda c: c.ts >= made_after)
+    assert summary.earlier == 1  # the watch has not shown it yet
     # the pod watch shows the binding: nothing of an earlier stream is under way any more
     worker.sched.cache.upsert_pod(make_pod("binding").req(cpu="100m").on("n1").record())
     watch.pods.resource_version = watch.pods._event_version = "601"
