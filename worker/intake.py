@@ -379,13 +379,12 @@ class LeaderResults:
         uid = self.earlier.get(pod.key)
         if uid is None or (uid and pod.uid and uid != pod.uid):
             return True
-        if self.claims is not None and self.claims.claimed.get(pod.key) == pod.uid:
-            del self.earlier[pod.key]
+        del self.earlier[pod.key]  # (no entry of ``pending`` to drop: ``carry_over`` forgot them all)
+        if self.claims is None:
+            return False
+        if self.claims.claimed.get(pod.key) == pod.uid:
             return True
-        del self.earlier[pod.key]
-        self._withdraw(pod.key)
-        if self.claims is not None:
-            self.claims.claimed.pop(pod.key, None)
+        self.claims.claimed.pop(pod.key, None)
         return False
 
     def gone(self, key: PodKey, uid: str) -> None:

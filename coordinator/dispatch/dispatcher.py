@@ -708,7 +708,8 @@ class Dispatcher:
                     return
                 w.answered_at = self.clock()
                 self._acknowledged(w, message.id)
-                self._result(w, message)
+                if key is not None:
+                    self._result(w, message, key)
 
     def _acknowledged(self, w: Worker, dispatch_id: int) -> None:
         if w.acknowledged(dispatch_id):
@@ -719,10 +720,8 @@ class Dispatcher:
             self.table.enqueue(key)
         self._blocked.clear()
 
-    def _result(self, w: Worker, result: protocol.Result) -> None:
-        key = w.in_flight.get(result.id)
-        if key is None:
-            return
+    def _result(self, w: Worker, result: protocol.Result, key: PodKey) -> None:
+        """``result`` answers the dispatch ``result.id`` of ``key`` in flight to ``w``."""
         p = self.table.get(key)
         if p is None or p.worker != w.worker_id or p.dispatch_id != result.id:
             w.in_flight.pop(result.id, None)
