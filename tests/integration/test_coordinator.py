@@ -95,6 +95,18 @@ class Deployment:
             lines += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         return lines
 
+    async def trails_of(self, namespace: str, n: int) -> list[dict[str, Any]]:
+        """The audit lines of ``namespace``'s pods once there are ``n``: a worker writes a binding's line after
+        its POST returns, which can be after a watch has shown the pod bound."""
+        deadline = time.monotonic() + SETTLE_TIMEOUT
+        while True:
+            lines = [t for t in self.trails() if t["pod"].startswith(namespace + "/")]
+            if len(lines) >= n:
+                return lines
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{len(lines)} of {n} bindings in the audit trails")
+            await asyncio.sleep(0.1)
+
     async def status(self) -> dict[str, Any]:
         return await collect([self.etcd.endpoint], self.prefix)
 
@@ -273,7 +285,7 @@ async def test_steady_load_two_workers(
     pods = await audit(d, kube, namespace, 300)
     by_worker: dict[str, int] = defaultdict(int)
     by_via: dict[str, int] = defaultdict(int)
-    for t in d.trails():
+    for t in await d.trails_of(namespace, 300):
         by_worker[t["worker"]] += 1
         by_via[t["via"]] += 1
     assert set(by_worker) == {"w1", "w2"}, by_worker  # both shards are used

@@ -208,7 +208,7 @@ async def test_preemption_on_another_workers_shard(
         await kube.post(ns, preemptor)
         placed = await wait_bound(kube, d, namespace)
         assert placed["spec"]["nodeName"] == st.target
-        bound_by = [line["worker"] for line in d.trails() if line["pod"] == f"{namespace}/preemptor"]
+        bound_by = await binders(d, namespace)
         assert bound_by == [st.owner[st.target]], bound_by
         assert st.owner[st.open_node] != st.owner[st.target]
         # the leader chose the candidate of the target's owner, once
@@ -235,6 +235,17 @@ async def wait_bound(kube: KubeClient, d: Deployment, namespace: str) -> dict[st
         logs = {n: p.tail(20) for n, p in d.procs.items()}
         raise AssertionError((obj.get("status"), logs)) from None
     return placed
+
+
+async def binders(d: Deployment, namespace: str) -> list[str]:
+    """The workers whose audit trail logs the preemptor's binding. A worker writes the line once its binding
+    POST has returned, which can be after a watch has shown the pod bound: wait for the first line."""
+
+    async def logged() -> list[str]:
+        return [line["worker"] for line in d.trails() if line["pod"] == f"{namespace}/preemptor"]
+
+    found: list[str] = await poll("the preemptor's binding in an audit trail", logged)
+    return found
 
 
 async def preempt_and_hold(kube: KubeClient, d: Deployment, classes: dict[str, str], st: Stage) -> str:
@@ -277,7 +288,7 @@ async def test_the_nomination_survives_the_preempting_workers_death(
         await kube.patch(f"{ns}/low", {"metadata": {"finalizers": None}}, kind="merge")
         placed = await wait_bound(kube, d, namespace)
         assert placed["spec"]["nodeName"] == st.target
-        bound_by = [line["worker"] for line in d.trails() if line["pod"] == f"{namespace}/preemptor"]
+        bound_by = await binders(d, namespace)
         assert bound_by and st.owner[st.target] not in bound_by, bound_by
         after = await remaining(kube, st)
         assert st.before - after == {"low"}, (st.before, after)
@@ -328,7 +339,7 @@ async def test_a_leader_failover_while_the_preemptor_waits_for_its_victim(
         await kube.patch(f"{ns}/low", {"metadata": {"finalizers": None}}, kind="merge")
         placed = await wait_bound(kube, d, namespace)
         assert placed["spec"]["nodeName"] == st.target
-        bound_by = [line["worker"] for line in d.trails() if line["pod"] == f"{namespace}/preemptor"]
+        bound_by = await binders(d, namespace)
         assert bound_by == [owner], bound_by
         after = await remaining(kube, st)
         assert st.before - after == {"low"}, (st.before, after)
