@@ -49,7 +49,9 @@ added CLAIMS and the RESULT of a claimed pod (id 0): a version-5 worker would cl
 the leader counted as claimed would wait for the claim timeout. Version 7 added CAPACITY's ``earlier`` and
 ``revision``: a new term's leader holds back the pods a placement of an earlier term could make wrong until
 every worker has said it binds none (the topology lane's rule 6), and a version-6 worker would never say so
-(the leader would hold them for ``LOST_HOLD`` at every term's start).
+(the leader would hold them for ``LOST_HOLD`` at every term's start). Version 8 added SOLE and CAPACITY's
+``sole``: a version-7 worker would ignore SOLE, and the leader, which dispatches nothing over that stream after
+it, would leave every pod pending.
 
 Leader -> worker
     HELLO     {v, leader, term, nonce}         first frame
@@ -65,6 +67,14 @@ Leader -> worker
                                                (``common.claims``); sent on every change, and to each new stream
                                                at once. Empty: claim nothing. A worker that has
                                                no stream claims nothing
+    SOLE      {}                               the sole worker (``--sole-worker`` on the coordinator): the
+                                               worker owns the whole pool and is the only one, so it places
+                                               every pending pod of ours from its own watch, reports and
+                                               preempts as a standalone worker does, until this stream
+                                               ends; no DISPATCH follows over this stream. Sent only while
+                                               nothing is in flight to it. A worker that cannot (fenced,
+                                               draining, nodes catching up, a claim set held) closes the
+                                               stream instead; one that can answers CAPACITY ``sole``
     PING      {ts}                             heartbeat, every ``HEARTBEAT_INTERVAL`` (and once at once)
 Worker -> leader
     WELCOME   {v, worker, term, nonce}         answer to HELLO
@@ -87,7 +97,7 @@ Worker -> leader
               worker hands the pod to the leader (a bound claimed pod is not answered: the leader's watch
               shows it).
     CAPACITY  {nodes, free_cpu, free_memory, max_cpu, max_memory, pending, syncing, binds_per_s, ts,
-               placing, earlier, revision}
+               placing, earlier, revision, sole}
               a compact summary of the worker's shard, when it changed (looked at every
               ``CAPACITY_INTERVAL`` while things move, at once on a change at rest: ``worker.intake``)
               and at least every ``HEARTBEAT_INTERVAL`` (the worker's heartbeat): totals of free
@@ -102,7 +112,9 @@ Worker -> leader
               event's or a listed pod's, never a bookmark's or a list's: every worker's pod watch reaches
               it by its own events): once ``earlier`` is 0, every such binding the watch showed is at or
               below it (an assumption the watch never confirms expires ``binding.assume_ttl`` after the
-              binding's answer, 30 s by default, and leaves the count then)
+              binding's answer, 30 s by default, and leaves the count then); ``sole``: the worker took
+              the stream's SOLE and places every pending pod of ours itself (it ends it only by ending the
+              stream)
     PONG      {ts}                             answer to PING
 Either way
     ERROR     {message}                        then the sender closes the stream
@@ -159,7 +171,7 @@ from typing import Any, Final, Literal, Protocol
 import msgpack
 import orjson
 
-VERSION: Final = 7
+VERSION: Final = 8
 MAX_FRAME: Final = 16 * 1024 * 1024
 MAX_HANDSHAKE_FRAME: Final = 4096  # HELLO and its answer: read before the peer is authenticated
 MAC_SIZE: Final = 32  # HMAC-SHA256
@@ -178,6 +190,7 @@ DISPATCH: Final = "dispatch"
 ACK: Final = "ack"
 RESULT: Final = "result"
 CLAIMS: Final = "claims"
+SOLE: Final = "sole"
 CAPACITY: Final = "capacity"
 PING: Final = "ping"
 PONG: Final = "pong"
@@ -283,6 +296,11 @@ class Claims:
 
 
 @dataclass(frozen=True, slots=True)
+class Sole:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
 class Ack:
     id: int
 
@@ -349,6 +367,7 @@ class Capacity:
     placing: bool = True
     earlier: int = 0  # bindings under way of pods dispatched or claimed over an earlier stream
     revision: int = 0  # the highest resourceVersion of a pod the worker's pod watch delivered
+    sole: bool = False  # the worker took this stream's SOLE
 
 
 @dataclass(frozen=True, slots=True)
@@ -366,7 +385,7 @@ class Error:
     message: str
 
 
-Message = Hello | Welcome | Dispatch | Claims | Ack | Result | Capacity | Ping | Pong | Error
+Message = Hello | Welcome | Dispatch | Claims | Sole | Ack | Result | Capacity | Ping | Pong | Error
 
 
 # ----- encoding ------------------------------------------------------------------------------------------
@@ -382,6 +401,8 @@ def _fields(message: Message) -> tuple[str, dict[str, Any]]:
             return DISPATCH, {"id": dispatch_id, "pod": pod, "min_rv": min_rv, "preempt": preempt}
         case Claims(workers):
             return CLAIMS, {"workers": list(workers)}
+        case Sole():
+            return SOLE, {}
         case Ack(dispatch_id):
             return ACK, {"id": dispatch_id}
         case Result(dispatch_id, key, outcome, node, nodes, reasons, text, uid, preemption):
@@ -419,6 +440,7 @@ def _fields(message: Message) -> tuple[str, dict[str, Any]]:
                 "placing": message.placing,
                 "earlier": message.earlier,
                 "revision": message.revision,
+                "sole": message.sole,
             }
         case Ping(ts):
             return PING, {"ts": ts}
@@ -651,6 +673,7 @@ _DECODERS: dict[str, Callable[[Mapping[str, Any]], Message]] = {
     ),
     DISPATCH: lambda m: Dispatch(_int(m, "id"), _pod(m), _revision(m, "min_rv"), _str(m, "preempt")),
     CLAIMS: lambda m: Claims(_workers(m)),
+    SOLE: lambda m: Sole(),
     ACK: lambda m: Ack(_int(m, "id")),
     RESULT: lambda m: Result(
         _int(m, "id"),
@@ -676,6 +699,7 @@ _DECODERS: dict[str, Callable[[Mapping[str, Any]], Message]] = {
         placing=_bool(m, "placing"),
         earlier=_revision(m, "earlier"),
         revision=_revision(m, "revision"),
+        sole=_bool(m, "sole"),
     ),
     PING: lambda m: Ping(_float(m, "ts")),
     PONG: lambda m: Pong(_float(m, "ts")),

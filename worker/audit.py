@@ -3,7 +3,8 @@ integration tests that prove no node was usable by two workers at once.
 
 Each line: ``{"pod", "node", "worker", "epoch", "assumed_at", "bound_at", "via"}`` with wall-clock seconds;
 ``via`` says how the pod came to this worker: "dispatch" (the leader's DISPATCH), "claim" (claimed from its own
-pod watch, ``worker.claims``), or "" (neither is owed an answer any more, e.g. the leader's stream changed). Two
+pod watch, ``worker.claims``), "sole" (taken from its own pod watch as the sole worker, ``worker.intake``), or
+"" (none of these is owed an answer any more, e.g. the leader's stream changed). Two
 workers' lines for the same node must never have overlapping ``[assumed_at, bound_at]`` intervals while the
 handoff protocol holds. Lines are written through at once (line buffering), so a
 trail read while the worker runs, or after it was killed, is complete up to its last binding.

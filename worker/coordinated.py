@@ -166,7 +166,7 @@ class CoordinatedWorker:
         )
         # The capacity check at rest waits for a poke (``Intake.poke``): the index's summary going stale (set
         # by the intake), the shard looked at again (grants, catch-ups, the lease's health), the election.
-        self.shard.on_reevaluated(self.intake.poke)
+        self.shard.on_reevaluated(self.intake.shard_reevaluated)
 
     def _election_changed(self) -> None:
         self.intake.poke()  # a stream whose term is no longer elected is closed at its next check

@@ -61,7 +61,7 @@ from common import metrics
 from common.kube import KubeClient
 from common.records import NodeName, PodKey, PodRecord, node_from_json, pod_from_json, pod_key, pod_update
 from common.reporting import Reporter
-from common.watching import Reflector
+from common.watching import Reflector, revision_of
 from worker.cache import Cache
 from worker.claims import Claims
 from worker.queue import SchedulingQueue
@@ -206,7 +206,7 @@ class PodFeed:
         take = self.watch_pending
         if claims is not None:
             claims.pending(pod)
-            take = claims.take(pod)
+            take = claims.take(pod) or take  # (a sole worker holds no claim set: ``worker.intake``)
         if take and not self.cache.is_assumed(pod.key):
             new = pod.key not in self.queue
             self.queue.add(pod)
@@ -228,6 +228,24 @@ class PodFeed:
         for key, obj in list(claims.unread.items()):
             if claims.to_read(key, obj):
                 self._apply(pod_from_json(obj, self.pending.get(key)), seen_at)
+
+    def take_listed(self, objects: list[dict[str, Any]]) -> None:
+        """The pending pods of ours a list read when this worker became the sole one (``worker.intake``),
+        at or after this watch's position: admitted as the watch's own events are from now on (the watch
+        passed over them unparsed before: ``_unread``). A pod the watch shows placed or assumed here is not
+        taken, and a newer record the watch holds is kept. A pod deleted between the list and its arrival here
+        may be taken from the list: its binding then finds it gone (404) and is forgotten."""
+        seen_at = self.queue.clock()
+        for obj in objects:
+            key = pod_key(obj)
+            if key in self.cache.pod_node or self.cache.is_assumed(key):
+                continue
+            held = self.pending.get(key)
+            pod = pod_from_json(obj, held)
+            if held is not None and revision_of(held.resource_version) > revision_of(pod.resource_version):
+                pod = held
+            if not pod.terminal:
+                self.admit(pod, seen_at)
 
     def apply_direct(self, pods: list[PodRecord]) -> None:
         """Account pods read directly (a consistent read, ahead of the watch), and hold them against the
@@ -457,6 +475,17 @@ class Watches:
         """The highest resourceVersion of a pod the pod watch delivered (``Reflector.object_version``): one the
         other workers' pod watches reach too, where ``revision`` may be a bookmark's or a list's."""
         return self.pods.object_version
+
+    async def list_pending(self) -> list[dict[str, Any]]:
+        """The pending pods of ours not bound, listed at or after the pod watch's position (for
+        ``PodFeed.take_listed``: the sole worker's start, ``worker.intake``)."""
+        feed = self.pod_feed
+        params = {"fieldSelector": f"spec.schedulerName={feed.scheduler_name},status.phase=Pending"}
+        rv = self.revision()
+        if rv:
+            params |= {"resourceVersion": str(rv), "resourceVersionMatch": "NotOlderThan"}
+        reply = await self.client.get("/api/v1/pods", params)
+        return [i for i in reply.get("items") or () if not (i.get("spec") or {}).get("nodeName")]
 
     async def list_bound(self, node: NodeName) -> tuple[list[PodRecord], int]:
         reply = await self.client.get("/api/v1/pods", {"fieldSelector": f"spec.nodeName={node}"})

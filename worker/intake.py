@@ -73,6 +73,15 @@ Invariants:
   shard's partial answer (its message would name too few nodes, and a node still catching up may fit the pod).
 - While the worker cannot place pods (fenced, draining), DISPATCH is answered with RESULT ``rejected`` at
   once, so the leader tries later or elsewhere without waiting.
+- The sole worker: SOLE over the current stream makes this worker take every pending pod of ours from its
+  own pod watch (those it passed over before are listed once, ``Watches.list_pending``) and run as standalone
+  (``Scheduler.set_sole``): its verdicts go on the pod, it preempts at once, and it answers no RESULT for
+  them. Only while it can place pods with no granted node catching up and no claim set in force; otherwise it
+  closes the stream. It stops being sole when that stream ends (the leader ended it, or a newer stream
+  replaced it), and ends the stream itself when its usable nodes change, a node is granted, or it is fenced
+  or begins to drain: its verdicts would no longer be over the whole pool. Stopping empties its queue (the
+  leader dispatches those pods again); bindings under way go on and are counted in the next stream's
+  ``earlier`` (rule 6).
 
 What goes on the wire (RESULT construction, DISPATCH decoding, sealed writes) is kept in the few small
 functions and the ``LeaderStream`` marked "wire" below.
@@ -92,6 +101,7 @@ from collections.abc import Callable, Mapping
 from common import metrics, protocol
 from common.etcd.kv import KeyValue
 from common.keyring import Keys
+from common.kube import ApiError
 from common.records import NodeName, PodKey, PodRecord, pod_from_json, pod_key
 from common.reporting import Reporter
 from worker.audit import AuditLog
@@ -99,7 +109,7 @@ from worker.claims import Claims
 from worker.engine import Decision
 from worker.gate import RevisionGate
 from worker.scheduler import Scheduler
-from worker.shard import ShardView
+from worker.shard import ShardChange, ShardView
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +130,7 @@ MAX_HANDSHAKES = 64  # connections in their handshake at once (an idle one costs
 TERM_WAIT = 1.0  # how long a HELLO waits for our election mirror to name its term
 TERM_POLL = 0.05
 WRITE_HIGH_WATER = 1 << 20  # bytes buffered towards the leader before we wait for it to read
+TAKE_CHUNK = 256  # pending pods the sole worker takes from its list between yields to the event loop
 
 # ----- wire: every message this side encodes or decodes -------------------------------------------------
 
@@ -189,6 +200,7 @@ class LeaderStream(protocol.Outbox):
     def __init__(self, writer: asyncio.StreamWriter, session: protocol.Session, term: int) -> None:
         super().__init__(writer, session)
         self.term = term
+        self.read_at = time.monotonic()  # when the latest frame from the leader was read
 
     async def drain(self, timeout: float = protocol.DEAD_AFTER) -> None:
         """Wait for the buffer to flush; ``TimeoutError`` if the leader has not read for ``timeout`` s."""
@@ -227,6 +239,9 @@ class LeaderResults:
         # pod -> uid of the pods dispatched or claimed over an earlier stream whose binding was under way when
         # the current stream began (``carry_over``): counted in CAPACITY until no longer assumed (``earlier_count``)
         self.earlier: dict[PodKey, str] = {}
+        # The sole worker (``Intake``, SOLE): this stream's leader dispatches nothing; this worker places and
+        # reports every pending pod of ours itself, as standalone, until the stream ends.
+        self.sole = False
         self.clock = clock
         self._swept_at = clock()
 
@@ -330,6 +345,8 @@ class LeaderResults:
             via = "dispatch"
         elif self.claims is not None and self.claims.done(pod):
             via = "claim"  # the leader's watch shows the binding: nothing to answer
+        elif self.sole:
+            via = "sole"
         if self.audit is not None:
             self.audit.bound(pod.key, node, assumed_at, bound_at, via=via)
 
@@ -342,9 +359,14 @@ class LeaderResults:
         return dispatch_id
 
     def unschedulable(self, pod: PodRecord, decision: Decision) -> None:
-        # Not reported on the pod: the leader may place it on another shard, and reports it when none can.
+        # Not reported on the pod: the leader may place it on another shard, and reports it when none can. The
+        # sole worker's pods are its own: no other shard exists, and it reports them as standalone.
         dispatch_id = self._owed_or_claimed(pod)
         if dispatch_id is None:
+            if self.sole and decision.nodes > 0 and not self.catching_up():
+                # (a decision over no usable node, or while granted nodes catch up, is no verdict: it came
+                # between the shard's change and the period's end, which follows at once)
+                self.reporter.unschedulable(pod, decision.message)
             return
         syncing = self.catching_up()
         if syncing:
@@ -469,6 +491,8 @@ class Intake:
         self._last_failure_log = float("-inf")
         self._looked_for = asyncio.Event()  # ``poke``: the capacity check at rest wakes for it
         sched.cache.index.on_stale = self.poke
+        self._sole_start: asyncio.Task[None] | None = None  # the sole worker's list of the pending pods
+        shard.subscribe(self._shard_changed)
 
     async def start(self, listener: socket.socket) -> None:
         """Serve on an already bound socket (its address is in the worker's membership record)."""
@@ -520,6 +544,8 @@ class Intake:
             self._failed(writer, stream, "protocol error from %s: %s", peer, e)
         finally:
             if stream is not None:
+                if self.results.stream is stream:
+                    self._end_sole("its leader stream ended")
                 self.results.disconnect(stream)
                 stream.discard()  # the stream is over: a flush still due writes nothing
             self._evicted.discard(writer)
@@ -528,6 +554,7 @@ class Intake:
     def _connect(self, stream: LeaderStream) -> None:
         """``stream`` is the leader's now: what earlier streams dispatched or claimed is dropped, unless its
         binding is under way (module docstring)."""
+        self._end_sole("a new leader stream")
         self.results.connect(stream)  # claims reset: the claimed pods not being bound are let go
         self.results.carry_over({key: a.pod.uid for key, a in self.sched.cache.assumed.items()})
         # The new stream has sent nothing yet: whatever is parked or queued came from earlier streams (a claimed
@@ -617,6 +644,7 @@ class Intake:
         try:
             msg = first
             while True:
+                stream.read_at = time.monotonic()
                 self.handle(msg, stream)
                 if stream.buffered() > WRITE_HIGH_WATER:
                     await stream.drain()
@@ -656,10 +684,100 @@ class Intake:
             stream.send(protocol.Ack(dispatch_id))
         elif isinstance(msg, protocol.Claims):
             self.results.claim_set(stream, msg.workers)
+        elif isinstance(msg, protocol.Sole):
+            self._become_sole(stream)
         elif isinstance(msg, protocol.Ping):
             stream.send(protocol.Pong(msg.ts))
         else:
             log.debug("ignoring %s message", type(msg).__name__)
+
+    # ----- the sole worker ---------------------------------------------------------------------------------
+
+    def _not_sole(self) -> str:
+        """Why this worker may not be (or stay) the sole one now; "" if it may. A sole worker's verdicts and
+        preemptions are the cluster's, so they must be over its whole shard, as the leader saw it when it
+        sent SOLE: not while fenced or draining, nor while granted nodes catch up."""
+        if not self.can_place():
+            return "it cannot place pods (fenced or draining)"
+        if syncing := self.shard.syncing():
+            return f"{syncing} granted nodes are catching up"
+        if self.results.claims is not None and self.results.claims.workers:
+            return "a claim set is in force"
+        return ""
+
+    @staticmethod
+    def _silent(stream: LeaderStream, now: float) -> str:
+        """Has the leader sent nothing for ``protocol.DEAD_AFTER`` (it PINGs every heartbeat)? A sole worker
+        whose leader is cut off stops: that leader may already dispatch again, and another worker may get
+        nodes that never were this one's."""
+        silent = now - stream.read_at
+        return f"no frame from its leader for {silent:.1f} s" if silent > protocol.DEAD_AFTER else ""
+
+    def _become_sole(self, stream: LeaderStream) -> None:
+        """SOLE over ``stream``: place every pending pod of ours from here, as standalone, until the stream
+        ends; or, if this worker may not, close the stream (its leader then dispatches again)."""
+        if stream is not self.results.stream or self.results.sole:
+            return
+        if why := self._not_sole():
+            log.warning("not becoming the sole worker: %s; closing the leader stream", why)
+            stream.writer.close()
+            return
+        self.results.sole = True
+        self.sched.set_sole(True)
+        self._sole_start = asyncio.create_task(self._take_pending(stream), name="sole-start")
+        log.info("the sole worker: placing every pending pod of ours from this worker's own watch")
+
+    async def _take_pending(self, stream: LeaderStream) -> None:
+        """The pending pods the pod watch passed over before this worker became the sole one, taken in chunks
+        (a backlog's parse must not hold up the stream's heartbeats). Nobody else places them while this
+        worker is sole, so a failure ends the period: the leader lists and dispatches them."""
+        try:
+            pods = await self.sched.watches.list_pending()
+            for start in range(0, len(pods), TAKE_CHUNK):
+                if not (self.results.sole and self.results.stream is stream):
+                    return
+                self.sched.watches.pod_feed.take_listed(pods[start : start + TAKE_CHUNK])
+                await asyncio.sleep(0)
+        except ApiError as e:
+            self._end_sole_and_close(f"listing the pending pods failed: {e}")
+        except Exception:
+            log.exception("taking the pending pods failed")
+            self._end_sole_and_close("taking the pending pods failed")
+
+    def _end_sole(self, reason: str) -> None:
+        """Stop being the sole worker: no pod is taken from the watch any more and the queue is emptied
+        (``Scheduler.set_sole``); bindings under way go on, and the next stream counts them in ``earlier``."""
+        if not self.results.sole:
+            return
+        self.results.sole = False
+        self.sched.set_sole(False)
+        if self._sole_start is not None:
+            self._sole_start.cancel()
+            self._sole_start = None
+        log.info("no longer the sole worker: %s", reason)
+
+    def _end_sole_and_close(self, reason: str) -> None:
+        """End being the sole worker by this worker's own decision, and end the stream that made it so: its
+        leader learns of it when the stream closes, and dispatches again over a new one."""
+        stream = self.results.stream
+        self._end_sole(reason)
+        if stream is not None:
+            stream.flush()
+            stream.writer.close()
+
+    def _shard_changed(self, change: ShardChange) -> None:
+        if self.results.sole:
+            self._end_sole_and_close(
+                f"its usable nodes changed (+{len(change.added)} -{len(change.removed)})"
+            )
+
+    def shard_reevaluated(self) -> None:
+        """The shard was looked at again (``worker.shard.Shard.on_reevaluated``: a grant, a catch-up, the
+        lease's health): a node granted starts catching up before any usable node changes, and the sole worker
+        must stop before its next decision, not at the next capacity check."""
+        self.poke()
+        if self.results.sole and (why := self._not_sole()):
+            self._end_sole_and_close(why)
 
     def _queue(self, pod: PodRecord, received_at: float) -> None:
         """The gate let a dispatched pod through (at once, or once the watch reached its ``min_rv``)."""
@@ -684,6 +802,7 @@ class Intake:
             placing=placing,
             earlier=self.results.earlier_count(self.sched.cache.is_assumed),
             revision=self.sched.watches.object_revision(),
+            sole=self.results.sole,
         )
 
     def poke(self) -> None:
@@ -714,6 +833,9 @@ class Intake:
                     elected,
                 )
                 stream.writer.close()
+                return
+            if self.results.sole and (why := self._not_sole() or self._silent(stream, time.monotonic())):
+                self._end_sole_and_close(why)
                 return
             summary = self.capacity()
             now = time.monotonic()

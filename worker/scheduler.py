@@ -16,6 +16,9 @@ Seams, all given to the constructor (so the coordinator can drive a worker witho
   claims; they are decided as dispatched pods are; one placed is not answered (the leader's watch shows
   it), one not placed is handed back (``worker.intake.LeaderResults``).
 
+- ``set_sole``: under a coordinator, the sole worker runs as standalone does (``watch_pending`` on) until its
+  leader stream ends (``worker.intake``).
+
 - ``preempt``: when no node fits, try preemption (``worker.preemption``). It adds a watch of
   PodDisruptionBudgets, synced before the first decision. Standalone, the worker preempts at once. Under a
   coordinator (``watch_pending`` false) a shard's "no" is not the cluster's: the worker only proposes its best
@@ -239,6 +242,15 @@ class Scheduler:
             for key in (*withdrawn, *parked):
                 self.preemption.forget(key)
         self._preempt_on.clear()  # every one was chosen by a leader of an earlier stream
+
+    def set_sole(self, on: bool) -> None:
+        """Under a coordinator: become (``on``) or stop being the sole worker (``worker.intake``): while sole,
+        the pod watch admits every pending pod of ours, and an unschedulable or refused pod stays in this
+        worker's queue and preempts at once, as standalone (``watch_pending``). Stopping empties the queue
+        (``withdraw_all``): the leader dispatches those pods again."""
+        self.watch_pending = self.watches.pod_feed.watch_pending = self.binder.requeue_rejected = on
+        if not on:
+            self.withdraw_all()
 
     def preempt_next(self, key: PodKey, node: NodeName) -> None:
         """The leader chose ``node`` for ``key``'s preemption: the pod's next decision may carry it out."""

@@ -57,6 +57,15 @@ Invariants:
   (CAPACITY ``earlier`` 0), or for ``LOST_HOLD`` from the term's start, no lane pod is dispatched and no
   plain pod matching a cross-node required anti-affinity term of a pending pod; meanwhile the lane's versions
   follow the highest pod revision the workers reported (a pod's, which every worker's watch reaches).
+- The sole worker (``sole``, ``--sole-worker``): when one worker is live, owns every granted node (all usable,
+  none in transit, no other worker holding any), nothing is in flight or held by the lane, claims are off and
+  the term no longer inherits, the leader sends it SOLE and from then dispatches nothing. Once the worker says
+  it took it (CAPACITY ``sole``) the leader stops its pending watch and forgets every pod: the worker places,
+  reports and preempts them all as standalone. The period ends when the set of workers changes, nodes move
+  or another worker holds some (the leader ends the worker's stream), or when the worker's stream ends (it
+  ended it: its nodes changed, it was fenced or is draining). Then the term inherits again, as a new term
+  does (the worker may still be binding pods it took, which this term never saw: rule 6 holds the lane
+  until the worker says over its new stream that none is under way), and the pending watch lists afresh.
 """
 
 from __future__ import annotations
@@ -195,6 +204,7 @@ class Dispatcher:
         claims: bool = False,
         granted: Callable[[], Mapping[WorkerId, int]] = dict,
         in_transit: Callable[[], int] = lambda: 0,
+        sole: bool = False,
     ) -> None:
         self.client = client
         self.reporter = reporter
@@ -240,6 +250,14 @@ class Dispatcher:
         self._early: dict[PodKey, tuple[str, protocol.Result, float]] = {}
         # a pod arrived (new, or its scheduling gates lifted) since the loop's last pass (``_loop``)
         self._arrived = False
+        # The sole worker (``check_sole``): on or off for this term; the worker SOLE was sent to (nothing is
+        # dispatched while it is set), and whether it took it (the pending watch is then stopped)
+        self.sole = sole
+        self.sole_worker: str | None = None
+        self.sole_taken = False
+        self.sole_periods = 0  # times a worker took SOLE in this term
+        self._tasks: asyncio.TaskGroup | None = None  # ``run``'s, for the pending watch's restarts
+        self._watch: asyncio.Task[None] | None = None
         self.reflector = Reflector(
             client,
             "/api/v1/pods",
@@ -388,6 +406,8 @@ class Dispatcher:
 
     def dispatch(self, key: PodKey) -> None:
         """Consider one queued pod: send it to a worker, declare it unschedulable, or leave it waiting."""
+        if self.sole_worker is not None:
+            return  # the sole worker places every pod (``check_sole``); queued again when that ends
         p = self.table.get(key)
         now = self.clock()
         if p is None or not p.waiting or p.not_before > now:
@@ -584,6 +604,7 @@ class Dispatcher:
                 self.workers[wid] = Worker(wid, address, self.connect(wid, address, self))
         self._workers_known = True
         self._update_claims()
+        self.check_sole()
         self.retry_parked(force=True)
         self.check_inherited()  # a worker that left is no longer waited for
 
@@ -598,6 +619,8 @@ class Dispatcher:
             w.link.stop()
             self._requeue_from(w)
             self._update_claims()
+            if wid == self.sole_worker:  # it left, or is back under another address (a new link and stream)
+                self._end_sole("its membership changed", new_stream=False)
 
     def _requeue_from(self, w: Worker) -> None:
         now = self.clock()
@@ -631,6 +654,10 @@ class Dispatcher:
         if w is not None:
             self._requeue_from(w)
             self._update_claims()
+            if w.worker_id == self.sole_worker:
+                # the worker ended its stream (it stopped being the sole worker: its nodes changed, it was
+                # fenced or drained), or the stream broke; the link connects again by itself
+                self._end_sole("its stream ended", new_stream=False)
 
     def _update_claims(self) -> None:
         """Recompute the claim set (the ready workers that place pods and own nodes); when it changed, send
@@ -688,6 +715,10 @@ class Dispatcher:
                 if grew:
                     self.retry_parked(force=True)
                 self.check_inherited()
+                if message.sole and w.worker_id == self.sole_worker and not self.sole_taken:
+                    self._sole_taken(w)
+                else:
+                    self.check_sole()
             case protocol.Ack(dispatch_id):
                 self._acknowledged(w, dispatch_id)
             case protocol.Result(id=protocol.CLAIMED) if self.claims:
@@ -843,14 +874,129 @@ class Dispatcher:
             self._wake_all()
         return len(expired)
 
+    # ----- the sole worker -------------------------------------------------------------------------------
+
+    def check_sole(self) -> None:
+        """With ``sole`` on: send SOLE to a worker that may place every pod by itself, or end the sole worker's
+        period when that no longer holds (module docstring)."""
+        if not self.sole:
+            return
+        if self.sole_worker is not None:
+            if why := self._sole_broken(self.sole_worker):
+                self._end_sole(why, new_stream=True)
+            return
+        w = self._sole_candidate()
+        if w is None:
+            return
+        self.sole_worker = w.worker_id
+        w.link.send(protocol.Sole())
+        w.link.flush()
+        log.info("%s is the only worker and owns every node: offering it the sole worker's role", w.worker_id)
+
+    def _sole_candidate(self) -> Worker | None:
+        """The one live worker, if it owns every granted node, all of them usable and summarised, and nothing is
+        in flight that this term would have to follow: no dispatch unanswered or unacknowledged, no lane pod in
+        flight, no lost dispatch held, no earlier term's binding under way (rule 6 over), no claims."""
+        if self.claims or self.inheriting or len(self.workers) != 1:
+            return None
+        (w,) = self.workers.values()
+        cap = w.capacity
+        if not w.ready or cap is None or not cap.placing or cap.nodes == 0 or cap.syncing or cap.earlier:
+            return None
+        granted = {wid: n for wid, n in self.granted().items() if n > 0}
+        if self.in_transit() or granted != {w.worker_id: cap.nodes}:
+            return None
+        if w.in_flight or w.unacked or self.lane.flying or self.lane.lost_dispatches:
+            return None
+        return w
+
+    def _sole_broken(self, wid: str) -> str:
+        """Why the sole worker's period must end now; "" while it may go on."""
+        if set(self.workers) != {wid}:
+            return "the set of workers changed"
+        if self.in_transit():
+            return "nodes are being handed over"
+        if any(n > 0 for other, n in self.granted().items() if other != wid):
+            return "another worker holds nodes"
+        return ""
+
+    def _sole_taken(self, w: Worker) -> None:
+        """The worker took SOLE: it places every pending pod from its own watch. This term stops its pending
+        watch and forgets every pod: nothing it kept is in flight (``_sole_candidate``), and all of it will be
+        read again, by a fresh list, when the period ends."""
+        self.sole_taken = True
+        self.sole_periods += 1
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
+        for key in self.table.pods:
+            self.reporter.forget(key)
+        self.table.pods.clear()
+        self.table.ready.clear()
+        for waiting in (
+            self._blocked,
+            self._lane_waits,
+            self._waiting_on,
+            self._waiting_for_room,
+            self._waiting_for_pods,
+            self._waiting_inherited,
+            self._anti_pending,
+            self._claimed,
+            self._early,
+        ):
+            waiting.clear()
+        self.lane.unseen.clear()
+        log.info(
+            "%s took the sole worker's role: no dispatch and no pending-pod watch until it ends", w.worker_id
+        )
+
+    def _end_sole(self, reason: str, *, new_stream: bool) -> None:
+        """End the sole worker's period (or an offer not yet taken). The worker may still be binding pods this
+        term never saw, so the term inherits again (the lane's rule 6, as a new term does) until the worker
+        says over a new stream that none is under way; the pending watch lists afresh. ``new_stream``: end
+        the worker's stream here (it stops being the sole worker when it does); otherwise it has ended."""
+        wid = self.sole_worker
+        if wid is None:
+            return
+        self.sole_worker, self.sole_taken = None, False
+        log.info("%s is no longer the sole worker: %s", wid, reason)
+        w = self.workers.get(wid)
+        if new_stream and w is not None:
+            self._drop_worker(wid)
+            self.workers[wid] = Worker(wid, w.address, self.connect(wid, w.address, self))
+        self.inheriting = True
+        self.started_at = self.clock()
+        self._listed = False
+        self._start_watch()
+        # (offered, not taken as far as this term heard: these were not dispatched meanwhile, and the worker
+        # may be placing any of them; rule 6 reads their anti-affinity before the new list comes)
+        for key, p in self.table.pods.items():
+            if terms := cross_node_anti_affinity(p.record):
+                self._anti_pending[key] = terms
+            self.table.enqueue(key)
+
     # ----- loop ------------------------------------------------------------------------------------------
 
     async def run(self) -> None:
         with aiotools.PACER.backlog_of(self.backlog):
             async with asyncio.TaskGroup() as tg:
-                tg.create_task(self.reflector.run())
+                self._tasks = tg
+                self._start_watch()
                 tg.create_task(self._loop())
                 tg.create_task(self._housekeeping())
+
+    def _start_watch(self) -> None:
+        """(Re)start the pending-pod watch: it lists first, so every pending pod is observed again."""
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
+        if self._tasks is None:
+            return
+        watch = self.reflector.run()
+        try:
+            self._watch = self._tasks.create_task(watch, name="pending-pods")
+        except RuntimeError:  # the term is ending (its task group takes no new task): nothing to watch for
+            watch.close()
 
     def backlog(self) -> int:
         """Pods queued for a pass of the dispatch loop or sent and not yet acknowledged: while there are many,
@@ -909,6 +1055,7 @@ class Dispatcher:
         self.check_inherited()
         if self.lane.expire(self.clock()):
             self._wake_all()
+        self.check_sole()
 
     def statistics(self) -> dict[str, Any]:
         return {
@@ -921,6 +1068,7 @@ class Dispatcher:
             "waiting_for_window": len(self._blocked),
             "waiting_for_lane": self.lane_waiting(),
             "inheriting": self.inheriting,
+            "sole": {"worker": self.sole_worker, "taken": self.sole_taken, "periods": self.sole_periods},
             "claims": {
                 "set": list(self.claim_set),
                 "claimed_now": len(self._claimed),

@@ -10,7 +10,8 @@ guarded in etcd anyway) nor dispatches pods. Each term starts from fresh state: 
 earlier term of this process.
 
 The term registers its progress signals (``coordinator.leadership.progress``): the shard map must complete
-rounds, and the pending-pod watch must stay connected. If either stalls for ``progress_bound`` seconds, the
+rounds, and the pending-pod watch must stay connected (stopped while a sole worker places every pod, it
+counts as idle, not stuck). If either stalls for ``progress_bound`` seconds, the
 leader steps down instead of holding the lease while nothing is dispatched.
 
 While it leads, the term shows itself to the coordinator's metrics (``coordinator.metrics.COLLECTOR``: term,
@@ -58,6 +59,7 @@ class LeaderOptions:
     progress_bound: float = DEFAULT_BOUND  # seconds a progress signal may stall before the leader steps down
     pool_verdict: PoolVerdict = field(default_factory=PoolVerdict)  # why the pool is empty, for /readyz
     claims: bool = False  # experimental: workers claim plain pods from their own watch (common.claims)
+    sole: bool = False  # the sole worker places every pod while it is the only one (Dispatcher.check_sole)
 
 
 async def run_term(term: LeaderTerm, etcd: Etcd3Client, client: KubeClient, options: LeaderOptions) -> None:
@@ -89,6 +91,7 @@ async def run_term(term: LeaderTerm, etcd: Etcd3Client, client: KubeClient, opti
         term=term.create_revision,
         keys=options.dispatch_keys,
         claims=options.claims,
+        sole=options.sole,
         granted=shardmap.granted_counts,
         in_transit=lambda: shardmap.in_transit,
     )

@@ -86,6 +86,8 @@ class SchedulerSpec:
     kube_burst: int = CLIENT_BURST
     #: bindings in flight (agent workers' ``--bind-concurrency``, the no-decision binder's ``--concurrency``)
     bind_concurrency: int = 64
+    #: agent, coordinated: flags of the coordinator beyond the bench's own
+    coordinator_flags: tuple[str, ...] = ()
 
     @property
     def pod_scheduler_name(self) -> str:
@@ -112,6 +114,13 @@ SCHEDULERS: dict[str, SchedulerSpec] = {
         ),
         SchedulerSpec(
             name="agent-coord-1", kind=AGENT, workers=1, description="agent scheduler, coordinator + 1 worker"
+        ),
+        SchedulerSpec(
+            name="agent-coord-1-sole",
+            kind=AGENT,
+            workers=1,
+            coordinator_flags=("--sole-worker",),
+            description="agent scheduler, coordinator --sole-worker + 1 worker",
         ),
         SchedulerSpec(
             name="agent-coord-2",
@@ -466,6 +475,7 @@ def launch(
                     f"--etcd-prefix={prefix}",
                     "--id=bench-coordinator",
                     f"--metrics-address={addresses[spec.workers]}",
+                    *spec.coordinator_flags,
                     profile_to=profiled("coordinator"),
                     window=window,
                 ),

@@ -345,13 +345,18 @@ async def test_kill_leader_mid_burst(
     print(f"\nkill -9 leader: standby leading {took_over - killed:.2f}s after the kill (lease TTL {TTL}s)")
 
 
+@pytest.mark.parametrize("sole", [False, True], ids=["dispatched", "sole-worker"])
 async def test_add_worker_mid_burst(
-    kube: KubeClient, namespace: str, deployment: Deployment, record_property: Any
+    kube: KubeClient, namespace: str, deployment: Deployment, record_property: Any, sole: bool
 ) -> None:
+    """With ``--sole-worker``, w1 places the burst's first pods alone; w2's arrival ends that (a new stream,
+    the term inheriting again) while w1 still binds them, and the audit holds across it."""
     d = deployment
-    d.coordinator("coord-a")
+    coord = d.coordinator("coord-a", *(["--sole-worker"] if sole else []))
     d.worker("w1")
     await started(d, 1)
+    if sole:
+        await logged(coord, "w1 took the sole worker's role")
 
     # The shard map balances capacity (allocatable CPU), not node counts: a fair share is judged by the free
     # CPU each worker reports, which at this light load is nearly its capacity.
@@ -366,6 +371,32 @@ async def test_add_worker_mid_burst(
         fair = await d.wait_status(fair_share, "w2 holding a fair share of the capacity")
     record_property("join_to_fair_share_s", round(fair - joined, 2))
     print(f"\nadded worker: fair share of the capacity {fair - joined:.2f}s after start")
+    if sole:
+        await logged(coord, "w1 is no longer the sole worker: the set of workers changed")
+        via = {t["via"] for t in await d.trails_of(namespace, MID_BURST_PODS)}
+        assert "sole" in via and "dispatch" in via, via
+
+
+async def test_kill_leader_while_a_sole_worker_places_a_burst(
+    kube: KubeClient, namespace: str, deployment: Deployment, record_property: Any
+) -> None:
+    """The standby knows nothing of what the sole worker placed: it inherits (rule 6) and dispatches until
+    the worker, its old stream gone, says it binds nothing of it; then it offers SOLE again."""
+    d = deployment
+    leader = d.coordinator("coord-a", "--sole-worker")
+    await d.wait_status(lambda s: s["leader"] == "coord-a", "coord-a leading")
+    standby = d.coordinator("coord-b", "--sole-worker")
+    d.worker("w1")
+    await started(d, 1)
+    await logged(leader, "w1 took the sole worker's role")
+    async with mid_burst(kube, d, namespace):
+        leader.stop(signal.SIGKILL)
+        killed = time.monotonic()
+        took_over = await d.wait_status(lambda s: s["leader"] == "coord-b", "coord-b leading")
+    await logged(standby, "w1 took the sole worker's role")
+    via = {t["via"] for t in await d.trails_of(namespace, MID_BURST_PODS)}
+    assert "sole" in via, via
+    record_property("leader_failover_s", round(took_over - killed, 2))
 
 
 async def test_remove_worker_mid_burst_drains(

@@ -22,6 +22,7 @@ from common.protocol import (
     Pong,
     ProtocolError,
     Result,
+    Sole,
     Welcome,
     decode,
     encode,
@@ -64,6 +65,7 @@ MESSAGES: list[Message] = [
     ),
     Claims(("worker-1", "worker-2")),
     Claims(()),
+    Sole(),
     Capacity(
         nodes=2,
         free_cpu=4000,
@@ -74,6 +76,20 @@ MESSAGES: list[Message] = [
         syncing=0,
         binds_per_s=12.5,
         ts=1.5,
+    ),
+    Capacity(
+        nodes=2,
+        free_cpu=4000,
+        free_memory=8 << 30,
+        max_cpu=2000,
+        max_memory=4 << 30,
+        pending=0,
+        syncing=0,
+        binds_per_s=0.0,
+        ts=1.5,
+        earlier=1,
+        revision=17,
+        sole=True,
     ),
     Ping(ts=1.25),
     Pong(ts=1.25),
@@ -137,7 +153,7 @@ def test_frames_without_version_are_accepted_except_hello_and_welcome() -> None:
 
 
 @pytest.mark.parametrize("message", [MESSAGES[0], MESSAGES[1]], ids=["hello", "welcome"])
-@pytest.mark.parametrize("version", [0, 1, 2, 3, 4, 5, 6, 8, "7", None, True, 1.5])
+@pytest.mark.parametrize("version", [0, 1, 2, 3, 4, 5, 6, 7, 9, "8", None, True, 1.5])
 def test_version_mismatch_in_hello_and_welcome(message: Message, version: Any) -> None:
     fields = raw(message)
     fields["v"] = version

@@ -7,6 +7,7 @@ import random
 from dataclasses import dataclass, field
 
 from common import protocol
+from common.etcd.keys import WorkerId
 from common.kube import KubeClient
 from common.records import PodKey, PodRecord, pod_key
 from coordinator.dispatch import Dispatcher
@@ -92,6 +93,7 @@ class FakeLink:
         placing: bool = True,
         earlier: int = 0,
         revision: int = 0,
+        sole: bool = False,
     ) -> FakeLink:
         capacity = protocol.Capacity(
             nodes=nodes,
@@ -106,6 +108,7 @@ class FakeLink:
             placing=placing,
             earlier=earlier,
             revision=revision,
+            sole=sole,
         )
         self.events.received(self, capacity)
         return self
@@ -164,8 +167,13 @@ class FakeLink:
 class Rig:
     """A Dispatcher over fake links, a fake reporter, a fake clock and a seeded rng."""
 
-    def __init__(self, client: KubeClient, *, claims: bool = False, listed: bool = True) -> None:
+    def __init__(
+        self, client: KubeClient, *, claims: bool = False, listed: bool = True, sole: bool = False
+    ) -> None:
         self.clock = FakeClock()
+        # the shard map's view: nodes granted per worker, nodes in transit (``Dispatcher.granted``, ``in_transit``)
+        self.granted: dict[WorkerId, int] = {}
+        self.in_transit = 0
         self.reporter = FakeReporter()
         self.links: dict[str, FakeLink] = {}
         self.d = Dispatcher(
@@ -178,6 +186,9 @@ class Rig:
             rng=random.Random(7),
             connect=self._connect,
             claims=claims,
+            sole=sole,
+            granted=lambda: self.granted,
+            in_transit=lambda: self.in_transit,
         )
         if listed:
             # The term's pending watch has listed (nothing pending): the term inherits only until its workers

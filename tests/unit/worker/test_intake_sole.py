@@ -1,0 +1,201 @@
+"""The worker's side of the sole worker (``Intake``, SOLE) over a real local TCP stream: what it takes, how it
+answers and reports, when it refuses, and how the period ends (its nodes change, the stream ends)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from common import protocol
+from common.records import NodeName, PodKey
+from common.wellknown import DEFAULT_SCHEDULER_NAME
+from tests.builders import make_pod
+from tests.unit.worker.test_intake import TIMEOUT, Leader, Worker, capacity_until, fast, running_worker
+from worker.audit import AuditLog
+from worker.claims import Claims
+from worker.engine import Decision
+from worker.framework import Code
+
+__all__ = ["fast"]  # the imported autouse fixture: short handshake timeouts
+
+
+@pytest.fixture
+async def worker(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Worker]:
+    def claims(can_place: Callable[[], bool]) -> Claims:  # as under a coordinator: never off
+        return Claims("w1", DEFAULT_SCHEDULER_NAME, can_place=can_place, refuse=lambda pod, message: None)
+
+    async with running_worker(preempt=True, claims=claims) as w:
+        listed: list[dict[str, Any]] = [make_pod("old").req(cpu="1").json()]
+
+        async def list_pending() -> list[dict[str, Any]]:
+            return listed  # the pending pods the watch passed over before SOLE
+
+        monkeypatch.setattr(w.sched.watches, "list_pending", list_pending)
+        yield w
+
+
+async def become_sole(worker: Worker) -> Leader:
+    leader = await Leader.connect(worker, term=1)
+    leader.send(protocol.Sole())
+    await capacity_until(leader, worker, lambda c: c.sole)
+    return leader
+
+
+def queued(worker: Worker) -> set[str]:
+    return {p.key for p in worker.sched.queue.records()}
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_the_sole_worker_takes_every_pending_pod_of_ours_and_answers_none(
+    worker: Worker, tmp_path: Path
+) -> None:
+    worker.results.audit = AuditLog(str(tmp_path / "audit.jsonl"), worker="w1", epoch=lambda: 1)
+    leader = await become_sole(worker)
+    await settle()
+    assert queued(worker) == {"default/old"}  # listed: the watch had passed over it
+    # the pod watch's events are admitted from now on, as standalone
+    worker.sched.watches.pod_feed.event("ADDED", make_pod("new").req(cpu="1").json())
+    worker.sched.watches.pod_feed.event("ADDED", make_pod("huge").req(cpu="64").json())
+    assert queued(worker) == {"default/old", "default/new", "default/huge"}
+    for _ in range(3):
+        qp = worker.sched.queue.pop_nowait()
+        assert qp is not None
+        decision = worker.sched.schedule_one(qp)
+        if decision is not None and decision.node is not None:
+            worker.results.bound(qp.pod, decision.node, assumed_at=1.0, bound_at=2.0)
+    # bound: its Scheduled event, no RESULT; unschedulable: reported on the pod, kept here to retry
+    assert sorted(k for k, _ in worker.reporter.scheduled_pods) == ["default/new", "default/old"]
+    assert [k for k, _ in worker.reporter.failures] == ["default/huge"]
+    assert worker.sched.queue.where(PodKey("default/huge")) is not None
+    worker.results.audit.close()
+    trail = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    assert {(t["pod"], t["via"]) for t in trail} == {("default/old", "sole"), ("default/new", "sole")}
+    summary = await capacity_until(leader, worker, lambda c: c.ts > 0)  # ``next`` fails on any RESULT
+    assert summary.sole
+    await leader.close()
+
+
+async def test_sole_is_refused_while_fenced_or_catching_up(worker: Worker) -> None:
+    for fenced, syncing in ((True, 0), (False, 1)):
+        worker.placing[0], worker.shard.syncing_nodes = not fenced, syncing
+        leader = await Leader.connect(worker, term=1)
+        leader.send(protocol.Sole())
+        assert await leader.closed()  # the leader dispatches again over a new stream
+        await leader.close()
+        assert not worker.results.sole and not worker.sched.watch_pending
+        assert queued(worker) == set()
+
+
+async def test_a_change_of_its_nodes_ends_it_and_the_next_stream_counts_its_bindings(worker: Worker) -> None:
+    leader = await become_sole(worker)
+    await settle()
+    worker.sched.watches.pod_feed.event("ADDED", make_pod("next").req(cpu="1").json())
+    worker.sched.cache.assume(make_pod("old").record(), NodeName("n1"))  # its binding is under way
+    worker.shard.set(["n1", "n2"])  # a node granted: its verdicts would no longer be over the whole pool
+    assert await leader.closed()
+    await leader.close()
+    assert not worker.results.sole and not worker.sched.watch_pending
+    assert queued(worker) == set()  # the leader dispatches them again
+    worker.sched.watches.pod_feed.event("ADDED", make_pod("later").req(cpu="1").json())
+    assert queued(worker) == set()
+    new = await Leader.connect(worker, term=1)
+    assert (await capacity_until(new, worker, lambda c: c.ts > 0)).earlier == 1  # rule 6 waits for it
+    await new.close()
+
+
+async def test_a_newly_elected_leaders_stream_ends_it_at_once(worker: Worker) -> None:
+    leader = await become_sole(worker)
+    await settle()
+    worker.elected[0] = 2
+    new = await Leader.connect(worker, term=2)
+    assert not worker.results.sole and not worker.sched.watch_pending and queued(worker) == set()
+    assert not (await capacity_until(new, worker, lambda c: c.ts > 0)).sole
+    assert await leader.closed()
+    await leader.close()
+    await new.close()
+
+
+async def test_the_stream_ending_ends_it(worker: Worker) -> None:
+    leader = await become_sole(worker)
+    await settle()
+    await leader.close()
+    for _ in range(int(TIMEOUT / 0.01)):  # the worker reads the end of the stream
+        if not worker.results.sole:
+            break
+        await asyncio.sleep(0.01)
+    assert not worker.sched.watch_pending and queued(worker) == set()
+    worker.placing[0] = False  # fenced, with no stream: nothing is taken either
+    worker.sched.watches.pod_feed.event("ADDED", make_pod("later").req(cpu="1").json())
+    assert queued(worker) == set()
+
+
+async def test_being_fenced_ends_it(worker: Worker) -> None:
+    leader = await become_sole(worker)
+    worker.placing[0] = False
+    worker.intake.poke()
+    assert await leader.closed()
+    await leader.close()
+    assert not worker.results.sole and queued(worker) == set()
+
+
+async def test_a_node_granted_ends_it_before_the_next_decision(worker: Worker) -> None:
+    """A grant starts a catch-up before any usable node changes: the shard's re-evaluation ends the period at
+    once (``Shard.on_reevaluated``), and a decision that still came first is no verdict."""
+    leader = await become_sole(worker)
+    worker.shard.syncing_nodes = 1
+    huge = make_pod("huge").req(cpu="64").record()
+    worker.results.unschedulable(huge, Decision(None, Code.UNSCHEDULABLE, "no", nodes=1))
+    worker.results.unschedulable(huge, Decision(None, Code.UNSCHEDULABLE, "no", nodes=0))
+    worker.shard.syncing_nodes = 0
+    worker.results.unschedulable(
+        huge, Decision(None, Code.UNSCHEDULABLE, "no", nodes=0)
+    )  # fenced: none usable
+    assert worker.reporter.failures == []
+    worker.shard.syncing_nodes = 1
+    worker.intake.shard_reevaluated()
+    assert not worker.results.sole and not worker.sched.watch_pending
+    assert await leader.closed()
+    await leader.close()
+
+
+async def test_a_silent_leader_ends_it(worker: Worker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A leader cut off from this worker may already dispatch again (its link declared the stream dead)."""
+    monkeypatch.setattr(protocol, "DEAD_AFTER", 0.3)
+    leader = await become_sole(worker)
+    for _ in range(10):  # a leader that PINGs keeps it
+        leader.send(protocol.Ping(ts=0.0))
+        await asyncio.sleep(0.1)
+        worker.intake.poke()
+    assert worker.results.sole
+    assert await leader.closed()  # no PING came: the worker closed the stream
+    await leader.close()
+    assert not worker.results.sole
+
+
+async def test_the_listed_pods_are_taken_unless_placed_assumed_or_older_than_the_watchs(
+    worker: Worker,
+) -> None:
+    feed = worker.sched.watches.pod_feed
+    worker.sched.set_sole(True)
+    worker.sched.cache.upsert_pod(make_pod("placed").req(cpu="1").on("n1").record())
+    worker.sched.cache.assume(make_pod("assumed").record(), NodeName("n1"))
+    newer = make_pod("newer").req(cpu="1").json()
+    newer["metadata"]["resourceVersion"] = "20"
+    feed.event("MODIFIED", newer)
+    listed = [make_pod(name).req(cpu="1").json() for name in ("placed", "assumed", "newer", "fresh")]
+    for obj in listed:
+        obj["metadata"]["resourceVersion"] = "10"
+    feed.take_listed(listed)
+    assert queued(worker) == {"default/newer", "default/fresh"}
+    assert worker.sched.queue.records()  # (the newer record is the watch's)
+    (newer_queued,) = [p for p in worker.sched.queue.records() if p.key == "default/newer"]
+    assert newer_queued.resource_version == "20"
