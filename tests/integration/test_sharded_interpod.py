@@ -41,6 +41,7 @@ seconds from the workers having nodes (or the first creation) until the last lan
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import signal
 import time
@@ -63,6 +64,7 @@ from tests.integration.test_coordinator import (  # the harness of the coordinat
     SETTLE_TIMEOUT,
     Deployment,
     lease_etcd,  # noqa: F401 - the fixture, used by name
+    logged,
     nodes_of,
     started,
 )
@@ -380,10 +382,29 @@ async def sharded(
     tmp_path: Path,
 ) -> AsyncIterator[Deployment]:
     """A coordinator of a scheduler name of its own (the test starts the workers); stopped by PID afterwards."""
-    if not lease_etcd.running:
-        lease_etcd.start()
-    d = Deployment(cluster, lease_etcd, tmp_path)
-    d.coordinator("coord-a")
+    async with deployed(cluster, lease_etcd, tmp_path) as d:
+        yield d
+
+
+@pytest.fixture
+async def sharded_sole(
+    cluster: Cluster,
+    lease_etcd: EtcdServer,  # noqa: F811 - the imported fixture
+    tmp_path: Path,
+) -> AsyncIterator[Deployment]:
+    """As ``sharded``, the coordinator with ``--sole-worker``."""
+    async with deployed(cluster, lease_etcd, tmp_path, "--sole-worker") as d:
+        yield d
+
+
+@contextlib.asynccontextmanager
+async def deployed(
+    cluster: Cluster, etcd: EtcdServer, tmp_path: Path, *flags: str
+) -> AsyncIterator[Deployment]:
+    if not etcd.running:
+        etcd.start()
+    d = Deployment(cluster, etcd, tmp_path)
+    d.coordinator("coord-a", *flags)
     try:
         yield d
     finally:
@@ -428,12 +449,14 @@ async def run_rounds(
     backlog: bool,
     storage: dict[str, str] | None = None,
     disrupt: Callable[[], Coroutine[Any, Any, float]] | None = None,
+    start: Callable[[Deployment], Coroutine[Any, Any, None]] = start_workers,
 ) -> None:
     """Create the rounds' pods and place them: all at once from a backlog (``backlog``: created with a
     scheduling gate, the workers started, the gates lifted: the lane's own pace is measured on a full queue),
     or while they are being created (the workers started first). With ``storage``, the PVC-backed groups'
     claims and static PVs are created first. ``disrupt`` runs once the pods may be placed, beside the
-    placing, and returns when (monotonic) it disrupted: that must be before the last lane pod was bound."""
+    placing, and returns when (monotonic) it disrupted: that must be before the last lane pod was bound.
+    ``start`` starts the workers (all of them by default)."""
     workload = [round_pods(r, d.scheduler_name, namespace, storage) for r in range(rounds)]
     pods = [p for round_, _ in workload for p in round_]
     lane_pods = sum(n for _, n in workload)
@@ -468,12 +491,12 @@ async def run_rounds(
         for p in pods:  # held until every worker has its share of the nodes
             p["spec"]["schedulingGates"] = [{"name": HOLD_GATE}]
     else:
-        await start_workers(d)
+        await start(d)
     t0 = time.monotonic()
     await create_pods(kube, namespace, pods, concurrency=16)
     created_s = time.monotonic() - t0
     if backlog:
-        await start_workers(d)
+        await start(d)
         t0 = time.monotonic()
         await _lift_gates(kube, namespace, [p["metadata"]["name"] for p in pods])
     disruption = asyncio.create_task(disrupt()) if disrupt is not None else None
@@ -662,6 +685,52 @@ async def test_sharded_inter_pod_rules_across_a_leader_failover(
     assert "no earlier term's placement is under way; pods with cross-node rules may go" in log
     waits = await _lane_metrics(d)
     print(f"\nthe new leader's lane after the failover: {waits}")
+
+
+@pytest.mark.integration
+async def test_sharded_inter_pod_rules_as_a_sole_worker_is_joined(
+    kube: KubeClient, namespace: str, storage: dict[str, str], sharded_sole: Deployment, record_property: Any
+) -> None:
+    """With ``--sole-worker``: w1 alone takes every pod from its own watch while the pods are created; w2
+    and w3 join meanwhile, which ends the period (a new stream, the term inheriting again) while w1 still
+    binds lane pods the leader never saw. The audit is the same as above."""
+    d = sharded_sole
+    coord = d.procs["coord-a"]
+
+    joining: list[asyncio.Task[float]] = []
+
+    async def sole(d: Deployment) -> None:
+        d.worker("w1")
+        await started(d, 1)
+        await logged(coord, "w1 took the sole worker's role")
+        joining.append(asyncio.create_task(join()))  # while the pods are being created
+
+    async def join() -> float:
+        await asyncio.sleep(1)
+        joined = time.monotonic()
+        for name in ("w2", "w3"):
+            d.worker(name)
+        return joined
+
+    async def joined() -> float:
+        return await joining[0]
+
+    await run_rounds(
+        kube,
+        d,
+        namespace,
+        FAILOVER_ROUNDS,
+        record_property,
+        backlog=False,
+        storage=storage,
+        disrupt=joined,
+        start=sole,
+    )
+    log = coord.log_path.read_text(errors="replace")
+    assert "w1 is no longer the sole worker: the set of workers changed" in log
+    via = Counter(t["via"] for t in d.trails() if str(t["pod"]).startswith(namespace + "/"))
+    assert via["sole"] > 0 and via["dispatch"] > 0, via
+    print(f"\nbindings by way: {dict(via)}")
 
 
 @pytest.mark.integration
