@@ -3,8 +3,9 @@
 - ``NodeFeed``: every node (of ``--node-selector``) into the cache; a node added or changed in a way a filter
   sees wakes the unschedulable pods (``queue.move_all``).
 - ``PodFeed``: every non-terminal pod into the cache (pods of every scheduler use capacity); with
-  ``watch_pending`` (standalone) also every pending pod of our scheduler name into the queue, and under a
-  coordinator the pending pods this worker claims (``claims``, ``worker.claims``). Freed capacity
+  ``watch_pending`` (standalone, or the sole worker under a coordinator: ``worker.intake``) also every
+  pending pod of our scheduler name into the queue, and under a coordinator the pending pods this worker
+  claims (``claims``, ``worker.claims``). Freed capacity
   wakes the unschedulable pods; a deleted pod leaves the queue and the reporter, and ``gone`` is told (what
   the scheduler keeps per dispatched pod outside the queue goes with it); so does a queued pod a relist no
   longer lists, unless its record is newer than the list (a DISPATCH that came after it was read). An event costs what it changes
@@ -176,14 +177,17 @@ class PodFeed:
         self.direct: dict[PodKey, tuple[int, PodRecord]] = {}
         # The resourceVersion of the relist being applied (``Watches`` sets it to the pod reflector's).
         self.listed_revision: Callable[[], int] = lambda: 0
+        # The pods the watch removed since the sole worker's list of pending pods began (``take_listed``);
+        # None while no such list is under way.
+        self.removed_since_list: set[PodKey] | None = None
 
     def previous(self, key: PodKey) -> PodRecord | None:
         """The latest record of ``key`` this worker holds (placed, or pending and ours), if any."""
         return self.cache.placed(key) or self.pending.get(key)
 
     def admit(self, pod: PodRecord, seen_at: float) -> None:
-        """A pod from the watch: queue it if it is ours, waiting, and taken here (standalone: every such pod;
-        under a coordinator: those this worker claims); drop it from the queue once placed.
+        """A pod from the watch: queue it if it is ours, waiting, and taken here (standalone or sole: every such
+        pod; otherwise under a coordinator: those this worker claims); drop it from the queue once placed.
         ``seen_at`` (the queue's clock) is when the watch delivered it: the start of the "queued" stage."""
         claims = self.claims
         if pod.scheduler_name != self.scheduler_name:
@@ -232,13 +236,14 @@ class PodFeed:
     def take_listed(self, objects: list[dict[str, Any]]) -> None:
         """The pending pods of ours a list read when this worker became the sole one (``worker.intake``),
         at or after this watch's position: admitted as the watch's own events are from now on (the watch
-        passed over them unparsed before: ``_unread``). A pod the watch shows placed or assumed here is not
-        taken, and a newer record the watch holds is kept. A pod deleted between the list and its arrival here
-        may be taken from the list: its binding then finds it gone (404) and is forgotten."""
+        passed over them unparsed before: ``_unread``). A pod the watch shows placed or assumed here, or
+        removed since the list began (``removed_since_list``, set by the caller), is not taken, and a newer
+        record the watch holds is kept."""
         seen_at = self.queue.clock()
+        removed = self.removed_since_list or ()
         for obj in objects:
             key = pod_key(obj)
-            if key in self.cache.pod_node or self.cache.is_assumed(key):
+            if key in self.cache.pod_node or self.cache.is_assumed(key) or key in removed:
                 continue
             held = self.pending.get(key)
             pod = pod_from_json(obj, held)
@@ -341,6 +346,8 @@ class PodFeed:
             self.admit(pod, seen_at)
 
     def _remove(self, key: PodKey, uid: str) -> None:
+        if self.removed_since_list is not None:
+            self.removed_since_list.add(key)
         self.pending.pop(key, None)
         if self.claims is not None:
             self.claims.left(key)

@@ -4,7 +4,8 @@ connects to. Pods it receives go into the scheduler's queue; results and capacit
 Two objects:
 - ``LeaderResults``: the current leader stream and the dispatch ids of the pods it sent. It is the
   scheduler's outcome receiver (``worker.outcomes.Outcomes``) under a coordinator: bound, unschedulable and
-  rejected pods are answered with one RESULT each; bound pods still get their Scheduled event and audit line.
+  rejected dispatched pods are answered with one RESULT each (the sole worker's own pods are reported on the
+  pod instead); bound pods still get their Scheduled event and audit line.
 - ``Intake``: the server. It authenticates each connection (the protocol's handshake under the shared
   secret), accepts only the leader etcd currently elects, puts dispatched pods into the scheduler's queue
   through the dispatch gate (``worker.gate``: a pod waits there until the pod watch has reached the
@@ -67,7 +68,8 @@ Invariants:
   binding failed transiently stays in this worker's queue (``worker.binder``) and is answered when bound.
   Results carry the pod's uid, and a result is sent only for the pod (same uid) that was dispatched.
 - A pod whose ``spec.schedulerName`` is not ours is answered RESULT ``rejected`` and never queued.
-- An unschedulable pod is answered and leaves this worker's queue: the leader decides where it goes next.
+- An unschedulable pod is answered and leaves this worker's queue: the leader decides where it goes next
+  (unless this worker is the sole one: it stays here and retries, as standalone).
 - A "no" is only given over the whole shard: while granted nodes are still catching up (``Shard.syncing``), an
   unschedulable decision is answered RESULT ``rejected`` ("try later"), so the leader's verdict never counts a
   shard's partial answer (its message would name too few nodes, and a node still catching up may fit the pod).
@@ -76,12 +78,14 @@ Invariants:
 - The sole worker: SOLE over the current stream makes this worker take every pending pod of ours from its
   own pod watch (those it passed over before are listed once, ``Watches.list_pending``) and run as standalone
   (``Scheduler.set_sole``): its verdicts go on the pod, it preempts at once, and it answers no RESULT for
-  them. Only while it can place pods with no granted node catching up and no claim set in force; otherwise it
-  closes the stream. It stops being sole when that stream ends (the leader ended it, or a newer stream
-  replaced it), and ends the stream itself when its usable nodes change, a node is granted, or it is fenced
-  or begins to drain: its verdicts would no longer be over the whole pool. Stopping empties its queue (the
-  leader dispatches those pods again); bindings under way go on and are counted in the next stream's
-  ``earlier`` (rule 6).
+  them (a decision over no usable node, or while granted nodes catch up, is no verdict). Only while it can
+  place pods with no granted node catching up and no claim set in force; otherwise it closes the stream. It
+  stops being sole when that stream ends (the leader ended it, or a newer stream replaced it), and ends the
+  stream itself when its usable nodes change, a granted node starts catching up, it is fenced or begins to
+  drain (its verdicts would no longer be over the whole pool), a claim set is in force, its leader has sent
+  nothing for ``protocol.DEAD_AFTER`` (that leader may be dispatching again), or taking the listed pods
+  failed (nobody else would place them). Stopping empties its queue (the leader dispatches those pods
+  again); bindings under way go on and are counted in the next stream's ``earlier`` (rule 6).
 
 What goes on the wire (RESULT construction, DISPATCH decoding, sealed writes) is kept in the few small
 functions and the ``LeaderStream`` marked "wire" below.
@@ -731,18 +735,22 @@ class Intake:
         """The pending pods the pod watch passed over before this worker became the sole one, taken in chunks
         (a backlog's parse must not hold up the stream's heartbeats). Nobody else places them while this
         worker is sole, so a failure ends the period: the leader lists and dispatches them."""
+        feed = self.sched.watches.pod_feed
+        feed.removed_since_list = set()
         try:
             pods = await self.sched.watches.list_pending()
             for start in range(0, len(pods), TAKE_CHUNK):
                 if not (self.results.sole and self.results.stream is stream):
                     return
-                self.sched.watches.pod_feed.take_listed(pods[start : start + TAKE_CHUNK])
+                feed.take_listed(pods[start : start + TAKE_CHUNK])
                 await asyncio.sleep(0)
         except ApiError as e:
             self._end_sole_and_close(f"listing the pending pods failed: {e}")
         except Exception:
             log.exception("taking the pending pods failed")
             self._end_sole_and_close("taking the pending pods failed")
+        finally:
+            feed.removed_since_list = None
 
     def _end_sole(self, reason: str) -> None:
         """Stop being the sole worker: no pod is taken from the watch any more and the queue is emptied

@@ -54,18 +54,21 @@ Invariants:
   one a relist no longer shows, the list's), and every list's newest pod's resourceVersion.
 - A term starts inheriting (the lane's rule 6): until the pending watch has listed, membership has named the
   live workers, and each of them has said over this term's stream that it binds no pod of an earlier stream
-  (CAPACITY ``earlier`` 0), or for ``LOST_HOLD`` from the term's start, no lane pod is dispatched and no
+  (CAPACITY ``earlier`` 0), or for ``LOST_HOLD`` from the term's start while no worker says it still binds
+  one, no lane pod is dispatched and no
   plain pod matching a cross-node required anti-affinity term of a pending pod; meanwhile the lane's versions
   follow the highest pod revision the workers reported (a pod's, which every worker's watch reaches).
 - The sole worker (``sole``, ``--sole-worker``): when one worker is live, owns every granted node (all usable,
   none in transit, no other worker holding any), nothing is in flight or held by the lane, claims are off and
   the term no longer inherits, the leader sends it SOLE and from then dispatches nothing. Once the worker says
   it took it (CAPACITY ``sole``) the leader stops its pending watch and forgets every pod: the worker places,
-  reports and preempts them all as standalone. The period ends when the set of workers changes, nodes move
-  or another worker holds some (the leader ends the worker's stream), or when the worker's stream ends (it
-  ended it: its nodes changed, it was fenced or is draining). Then the term inherits again, as a new term
-  does (the worker may still be binding pods it took, which this term never saw: rule 6 holds the lane
-  until the worker says over its new stream that none is under way), and the pending watch lists afresh.
+  reports and preempts them all as standalone. The period ends when another worker joins, nodes are in
+  transit or another worker holds some (the leader ends the worker's stream by replacing its link), when the
+  worker leaves membership or comes back under another address (its link is dropped), or when the worker's
+  stream ends (the worker ended it, ``worker.intake`` says when, or it broke). Then the term inherits again,
+  as a new term does (the worker may still be binding pods it took, which this term never saw: rule 6 holds
+  the lane until the worker says over its new stream that none is under way, past ``LOST_HOLD`` while it
+  says one is), and the pending watch lists afresh.
 """
 
 from __future__ import annotations
@@ -222,7 +225,7 @@ class Dispatcher:
         # The lane's rule 6: this term inherits until its pending watch listed, membership named the live
         # workers, and each said it binds no pod of an earlier stream (``check_inherited``), or ``LOST_HOLD``.
         self.started_at = clock()
-        self.inheriting = True
+        self.inheriting = True  # (``_begin_inheriting`` starts it again after a sole worker's period)
         self._listed = False
         self._workers_known = False
         # the cross-node anti-affinity terms of the pending pods, kept while the term inherits
@@ -563,8 +566,10 @@ class Dispatcher:
     def check_inherited(self) -> None:
         """End the term's inheritance (the lane's rule 6) once no worker can be placing a pod of an earlier
         stream: the pending watch listed, membership named the live workers, and each one's latest summary
-        over this term's stream counts no such binding under way; or ``LOST_HOLD`` after the term began (a
-        worker that never said so is held to rule 4's bound; the time counts from the dispatcher's start).
+        over this term's stream counts no such binding under way; or ``LOST_HOLD`` after the term began (or
+        the sole worker's period ended), unless a worker's latest summary still counts one: a worker that says
+        it is binding is waited for (each binding ends by its own deadlines, and its assumption expires), one
+        that says nothing is held to rule 4's bound.
         While it inherits, the lane's versions follow the highest pod revision the workers reported, at or
         above each binding their watches showed: the plain pods that go out meanwhile see the placements the
         workers that reported have seen, and the others start from there."""
@@ -573,7 +578,8 @@ class Dispatcher:
         self.lane.listed(
             max((w.capacity.revision for w in self.workers.values() if w.capacity is not None), default=0)
         )
-        timed_out = self.clock() >= self.started_at + LOST_HOLD
+        binding = any(w.capacity is not None and w.capacity.earlier > 0 for w in self.workers.values())
+        timed_out = self.clock() >= self.started_at + LOST_HOLD and not binding
         if not timed_out and not (
             self._listed
             and self._workers_known
@@ -964,16 +970,21 @@ class Dispatcher:
         if new_stream and w is not None:
             self._drop_worker(wid)
             self.workers[wid] = Worker(wid, w.address, self.connect(wid, w.address, self))
-        self.inheriting = True
-        self.started_at = self.clock()
-        self._listed = False
-        self._start_watch()
+        self._begin_inheriting()
         # (offered, not taken as far as this term heard: these were not dispatched meanwhile, and the worker
         # may be placing any of them; rule 6 reads their anti-affinity before the new list comes)
         for key, p in self.table.pods.items():
             if terms := cross_node_anti_affinity(p.record):
                 self._anti_pending[key] = terms
             self.table.enqueue(key)
+
+    def _begin_inheriting(self) -> None:
+        """Rule 6 from now, as at a term's start; the pending watch lists afresh (every pending pod is observed
+        again, its cross-node anti-affinity read while the term inherits)."""
+        self.inheriting = True
+        self.started_at = self.clock()
+        self._listed = False
+        self._start_watch()
 
     # ----- loop ------------------------------------------------------------------------------------------
 

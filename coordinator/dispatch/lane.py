@@ -53,11 +53,13 @@ Rules (``Lane``; the dispatcher asks ``wait`` before it chooses a worker):
    (``inherited_wait``), until every live worker has said, over this term's stream, that it has no binding
    of a pod from an earlier stream under way (CAPACITY ``earlier`` 0: a worker drops the queued ones when a
    new stream begins, and counts the others until its pod watch shows them), or for ``LOST_HOLD`` (as rule
-   4). All the while both versions follow the highest revision the workers reported (``listed``): the newest
-   pod their watches delivered, at or above each binding a worker's watch showed, and one every worker's pod
-   watch reaches by its own events (a list's or a bookmark's version might not be reached until the next
-   bookmark). Every list of the leader's watch raises them to its newest pod's version. A pod with a lane
-   rule that leaves the pending set raises ``lane_rv`` even when this term did not dispatch it (``seen``).
+   4) while no worker says it still binds one. A sole worker's period ending starts it again
+   (``Dispatcher.check_sole``). All the while both versions follow the highest revision the workers
+   reported (``listed``): the newest pod their watches delivered, at or above each binding a worker's watch
+   showed, and one every worker's pod watch reaches by its own events (a list's or a bookmark's version might
+   not be reached until the next bookmark). Every list of the leader's watch raises them to its newest pod's
+   version. A pod with a lane rule that leaves the pending set raises ``lane_rv`` even when this term did not
+   dispatch it (``seen``).
 
 Nothing here talks to workers or the API server: the dispatcher tells the lane what happened
 (``dispatched``, ``answered_bound``, ``answered``, ``lost``, ``seen``, ``listed``) and reads ``wait``,

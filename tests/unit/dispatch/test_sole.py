@@ -14,6 +14,7 @@ from common import protocol
 from common.etcd.keys import WorkerId
 from common.kube import KubeClient
 from common.records import PodKey
+from coordinator.dispatch.lane import LOST_HOLD
 from tests.builders import PodBuilder
 from tests.unit.dispatch.fakes import FakeLink, Rig
 
@@ -243,3 +244,35 @@ async def test_an_end_before_the_take_was_heard_holds_what_a_pending_lane_pods_a
     rig.step()
     sent = sorted(m.pod["metadata"]["name"] for m in (*w1.dispatches(), *w2.dispatches()))
     assert sent == ["other"]
+
+
+async def test_after_the_period_a_worker_still_binding_is_waited_for_past_lost_hold(rig: Rig) -> None:
+    """A sole worker's binder may be far behind its decisions (volume pods wait for their claims): the lane
+    holds its pods for as long as the worker says it binds some, not only for ``LOST_HOLD``."""
+    first = sole_worker(rig)
+    first.summary(sole=True)
+    rig.granted = {WorkerId("w1"): 2, WorkerId("w2"): 2}
+    rig.workers("w1", "w2")
+    w1, w2 = rig.links["w1"], rig.links["w2"]
+    rig.d.observe(lane_pod("lane"))
+    rig.d.listed(10)
+    w1.up().summary(nodes=2, earlier=5, revision=12)
+    w2.up().summary(nodes=2)
+    rig.clock.advance(LOST_HOLD + 1)
+    rig.d.housekeep()
+    rig.step()
+    assert rig.d.inheriting and w1.dispatches() == w2.dispatches() == []
+    w1.summary(nodes=2, earlier=0, revision=40)
+    rig.step()
+    assert not rig.d.inheriting
+    assert [m.pod["metadata"]["name"] for m in (*w1.dispatches(), *w2.dispatches())] == ["lane"]
+
+
+async def test_another_worker_holding_nodes_ends_the_period(rig: Rig) -> None:
+    """A worker not live in membership any more may still hold nodes in the shard map until its grant is
+    revoked: the sole worker then no longer owns the whole pool."""
+    first = sole_worker(rig)
+    first.summary(sole=True)
+    rig.granted = {WorkerId("w1"): 4, WorkerId("w0"): 1}
+    rig.d.housekeep()
+    assert first.stopped and rig.d.sole_worker is None and rig.d.inheriting

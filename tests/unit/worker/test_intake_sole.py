@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from common import protocol
+from common.kube import ApiError
 from common.records import NodeName, PodKey
 from common.wellknown import DEFAULT_SCHEDULER_NAME
 from tests.builders import make_pod
@@ -133,7 +134,6 @@ async def test_the_stream_ending_ends_it(worker: Worker) -> None:
             break
         await asyncio.sleep(0.01)
     assert not worker.sched.watch_pending and queued(worker) == set()
-    worker.placing[0] = False  # fenced, with no stream: nothing is taken either
     worker.sched.watches.pod_feed.event("ADDED", make_pod("later").req(cpu="1").json())
     assert queued(worker) == set()
 
@@ -196,6 +196,29 @@ async def test_the_listed_pods_are_taken_unless_placed_assumed_or_older_than_the
         obj["metadata"]["resourceVersion"] = "10"
     feed.take_listed(listed)
     assert queued(worker) == {"default/newer", "default/fresh"}
-    assert worker.sched.queue.records()  # (the newer record is the watch's)
     (newer_queued,) = [p for p in worker.sched.queue.records() if p.key == "default/newer"]
     assert newer_queued.resource_version == "20"
+
+
+async def test_a_pod_the_watch_removed_while_the_list_was_read_is_not_taken(worker: Worker) -> None:
+    feed = worker.sched.watches.pod_feed
+    worker.sched.set_sole(True)
+    feed.removed_since_list = set()
+    gone = make_pod("gone").req(cpu="1").json()
+    feed.event("DELETED", gone)  # after the list was served, before it is taken
+    feed.take_listed([gone, make_pod("kept").req(cpu="1").json()])
+    assert queued(worker) == {"default/kept"}
+
+
+async def test_a_failed_list_ends_it(worker: Worker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nobody else would place the pods it could not list: the leader must list and dispatch them."""
+
+    async def failing() -> list[dict[str, Any]]:
+        raise ApiError(500, "etcdserver: request timed out")
+
+    monkeypatch.setattr(worker.sched.watches, "list_pending", failing)
+    leader = await Leader.connect(worker, term=1)
+    leader.send(protocol.Sole())
+    assert await leader.closed()
+    await leader.close()
+    assert not worker.results.sole and worker.sched.watches.pod_feed.removed_since_list is None
