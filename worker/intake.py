@@ -728,20 +728,19 @@ class Intake:
             return
         self.results.sole = True
         self.sched.set_sole(True)
-        self._sole_start = asyncio.create_task(self._take_pending(stream), name="sole-start")
+        self._sole_start = asyncio.create_task(self._take_pending(), name="sole-start")
         log.info("the sole worker: placing every pending pod of ours from this worker's own watch")
 
-    async def _take_pending(self, stream: LeaderStream) -> None:
+    async def _take_pending(self) -> None:
         """The pending pods the pod watch passed over before this worker became the sole one, taken in chunks
         (a backlog's parse must not hold up the stream's heartbeats). Nobody else places them while this
-        worker is sole, so a failure ends the period: the leader lists and dispatches them."""
+        worker is sole, so a failure ends the period: the leader lists and dispatches them. The period's end
+        cancels this task (``_end_sole``)."""
         feed = self.sched.watches.pod_feed
         feed.removed_since_list = set()
         try:
             pods = await self.sched.watches.list_pending()
             for start in range(0, len(pods), TAKE_CHUNK):
-                if not (self.results.sole and self.results.stream is stream):
-                    return
                 feed.take_listed(pods[start : start + TAKE_CHUNK])
                 await asyncio.sleep(0)
         except ApiError as e:

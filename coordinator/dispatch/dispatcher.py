@@ -63,7 +63,8 @@ Invariants:
   the term no longer inherits, the leader sends it SOLE and from then dispatches nothing. Once the worker says
   it took it (CAPACITY ``sole``) the leader stops its pending watch and forgets every pod: the worker places,
   reports and preempts them all as standalone. The period ends when another worker joins, nodes are in
-  transit or another worker holds some (the leader ends the worker's stream by replacing its link), when the
+  transit or another worker holds some (seen when membership changes and at housekeeping; the leader ends the
+  worker's stream by replacing its link), when the
   worker leaves membership or comes back under another address (its link is dropped), or when the worker's
   stream ends (the worker ended it, ``worker.intake`` says when, or it broke). Then the term inherits again,
   as a new term does (the worker may still be binding pods it took, which this term never saw: rule 6 holds
@@ -607,12 +608,16 @@ class Dispatcher:
             self._drop_worker(wid)
         for wid, address in workers.items():
             if wid not in self.workers:
-                self.workers[wid] = Worker(wid, address, self.connect(wid, address, self))
+                self._add_worker(wid, address)
         self._workers_known = True
         self._update_claims()
         self.check_sole()
         self.retry_parked(force=True)
         self.check_inherited()  # a worker that left is no longer waited for
+
+    def _add_worker(self, wid: str, address: str) -> None:
+        """A worker and a new link to it (a new stream)."""
+        self.workers[wid] = Worker(wid, address, self.connect(wid, address, self))
 
     def close(self) -> None:
         """Drop every worker link (the term ended)."""
@@ -723,7 +728,10 @@ class Dispatcher:
                 self.check_inherited()
                 if message.sole and w.worker_id == self.sole_worker and not self.sole_taken:
                     self._sole_taken(w)
-                else:
+                elif self.sole_worker is None:
+                    # (only the offer: what ends a period is checked when membership or links change and at
+                    # housekeeping, and the worker ends it itself on any change of its nodes; reading the
+                    # shard map's grants per summary costs a walk of every node)
                     self.check_sole()
             case protocol.Ack(dispatch_id):
                 self._acknowledged(w, dispatch_id)
@@ -909,10 +917,10 @@ class Dispatcher:
         cap = w.capacity
         if not w.ready or cap is None or not cap.placing or cap.nodes == 0 or cap.syncing or cap.earlier:
             return None
-        granted = {wid: n for wid, n in self.granted().items() if n > 0}
-        if self.in_transit() or granted != {w.worker_id: cap.nodes}:
-            return None
         if w.in_flight or w.unacked or self.lane.flying or self.lane.lost_dispatches:
+            return None
+        granted = {wid: n for wid, n in self.granted().items() if n > 0}  # (a walk of the map: last)
+        if self.in_transit() or granted != {w.worker_id: cap.nodes}:
             return None
         return w
 
@@ -969,7 +977,7 @@ class Dispatcher:
         w = self.workers.get(wid)
         if new_stream and w is not None:
             self._drop_worker(wid)
-            self.workers[wid] = Worker(wid, w.address, self.connect(wid, w.address, self))
+            self._add_worker(wid, w.address)
         self._begin_inheriting()
         # (offered, not taken as far as this term heard: these were not dispatched meanwhile, and the worker
         # may be placing any of them; rule 6 reads their anti-affinity before the new list comes)

@@ -59,6 +59,7 @@ from tests.integration.test_coordinator import (  # the harness and the audit of
     lease_etcd,  # noqa: F401 - the fixture, used by name
     settled,
     started,
+    stopped_after,
 )
 
 pytestmark = [pytest.mark.integration]
@@ -338,15 +339,8 @@ async def deployment(
     lease_etcd: EtcdServer,  # noqa: F811 - the imported fixture
     tmp_path: Path,
 ) -> AsyncIterator[SecureDeployment]:
-    if not lease_etcd.running:
-        lease_etcd.start()
-    d = SecureDeployment(cluster, lease_etcd, tmp_path)
-    try:
+    with stopped_after(SecureDeployment(cluster, lease_etcd, tmp_path), killed=False) as d:
         yield d
-    finally:
-        codes = d.stop_all()
-        logs = {n: p.tail(15) for n, p in d.procs.items()}
-        assert all(c == 0 for c in codes.values()), (codes, logs)
 
 
 @pytest.mark.parametrize("denial", DENIALS)

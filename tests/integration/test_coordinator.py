@@ -23,7 +23,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -37,6 +37,7 @@ from tests.integration.support import SchedulerProcess, all_bound, audit_capacit
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 TTL = 3
+D = TypeVar("D", bound="Deployment")
 SETTLE_TIMEOUT = 120.0  # hang guard
 
 
@@ -122,17 +123,25 @@ class Deployment:
             await asyncio.sleep(0.1)
 
 
-@pytest.fixture
-async def deployment(cluster: Cluster, lease_etcd: EtcdServer, tmp_path: Path) -> AsyncIterator[Deployment]:
-    if not lease_etcd.running:
-        lease_etcd.start()
-    d = Deployment(cluster, lease_etcd, tmp_path)
+@contextlib.contextmanager
+def stopped_after(d: D, *, killed: bool = True) -> Iterator[D]:
+    """``d`` with its etcd running; afterwards every process it started is stopped by PID, and each must have
+    exited 0 (or, with ``killed``, been SIGKILLed by the test)."""
+    if not d.etcd.running:
+        d.etcd.start()
     try:
         yield d
     finally:
         codes = d.stop_all()
         logs = {n: p.tail(15) for n, p in d.procs.items()}
-        assert all(c in (0, -signal.SIGKILL) for c in codes.values()), (codes, logs)
+        allowed = (0, -signal.SIGKILL) if killed else (0,)
+        assert all(c in allowed for c in codes.values()), (codes, logs)
+
+
+@pytest.fixture
+async def deployment(cluster: Cluster, lease_etcd: EtcdServer, tmp_path: Path) -> AsyncIterator[Deployment]:
+    with stopped_after(Deployment(cluster, lease_etcd, tmp_path)) as d:
+        yield d
 
 
 def nodes_of(status: dict[str, Any]) -> dict[str, int]:

@@ -41,7 +41,6 @@ seconds from the workers having nodes (or the first creation) until the last lan
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
 import signal
 import time
@@ -67,6 +66,7 @@ from tests.integration.test_coordinator import (  # the harness of the coordinat
     logged,
     nodes_of,
     started,
+    stopped_after,
 )
 from tests.integration.volumes import claim, local_pv, mount
 
@@ -382,7 +382,8 @@ async def sharded(
     tmp_path: Path,
 ) -> AsyncIterator[Deployment]:
     """A coordinator of a scheduler name of its own (the test starts the workers); stopped by PID afterwards."""
-    async with deployed(cluster, lease_etcd, tmp_path) as d:
+    with stopped_after(Deployment(cluster, lease_etcd, tmp_path)) as d:
+        d.coordinator("coord-a")
         yield d
 
 
@@ -393,24 +394,9 @@ async def sharded_sole(
     tmp_path: Path,
 ) -> AsyncIterator[Deployment]:
     """As ``sharded``, the coordinator with ``--sole-worker``."""
-    async with deployed(cluster, lease_etcd, tmp_path, "--sole-worker") as d:
+    with stopped_after(Deployment(cluster, lease_etcd, tmp_path)) as d:
+        d.coordinator("coord-a", "--sole-worker")
         yield d
-
-
-@contextlib.asynccontextmanager
-async def deployed(
-    cluster: Cluster, etcd: EtcdServer, tmp_path: Path, *flags: str
-) -> AsyncIterator[Deployment]:
-    if not etcd.running:
-        etcd.start()
-    d = Deployment(cluster, etcd, tmp_path)
-    d.coordinator("coord-a", *flags)
-    try:
-        yield d
-    finally:
-        codes = d.stop_all()
-        logs = {n: p.tail(15) for n, p in d.procs.items()}
-        assert all(c in (0, -signal.SIGKILL) for c in codes.values()), (codes, logs)
 
 
 async def start_workers(d: Deployment) -> None:

@@ -73,6 +73,8 @@ async def test_taking_sole_stops_the_leaders_per_pod_work(rig: Rig) -> None:
     assert rig.d.sole_taken and rig.d.sole_periods == 1
     assert len(rig.d.table) == 0 and not rig.d.table.ready
     assert PodKey("default/a") in rig.reporter.forgotten
+    # an event the stopped watch had already delivered: the pod is recorded, neither dispatched nor judged
+    rig.d.observe(PodBuilder("huge").req(cpu="64").uid("uid-huge").obj)
     rig.d.housekeep()
     rig.step()
     assert w1.dispatches() == [] and rig.reporter.verdicts == []
