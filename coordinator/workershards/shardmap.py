@@ -5,7 +5,8 @@ One round: mirror snapshot -> ask etcd about suspicious leases -> ``handoff.sett
 ``handoff.apply_targets`` -> one transaction with the changed assignments and the bumped epoch. A round runs on
 every change of the mirror or the pool and at least every ``interval``; it is skipped when nothing it reads
 changed since a round that found nothing to write, asked etcd about no lease and left its own carried state
-as it found it (``_inputs``, ``_carried``), so a leader at rest does not walk the whole pool every second.
+as it found it (``_inputs``, ``_carried``), so a leader at rest does not walk the whole pool every second,
+nor on every load report that moves no worker's share (a lone worker's never does).
 
 Invariants:
 - Every write is a transaction guarded by (a) this term's election key still having its create revision
@@ -35,7 +36,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from etcd3aio import Etcd3Client
@@ -67,7 +68,7 @@ from common.records import NodeName
 from coordinator.leadership.election import LeaderTerm
 from coordinator.metrics import HandoffTimer
 from coordinator.workershards import handoff
-from coordinator.workershards.assignment import AssignmentPolicy, WorkerInfo
+from coordinator.workershards.assignment import AssignmentPolicy, WorkerInfo, effective_weights
 from coordinator.workershards.pools import PoolSource
 
 log = logging.getLogger(__name__)
@@ -112,6 +113,10 @@ class _Snapshot:
     assignments: dict[WorkerId, ShardAssignment]
     meta: ShardMapMeta | None
     meta_kv: KeyValue | None
+    # Every key but the load reports, with its version: two snapshots with equal versions read the same
+    # records (a key's mod revision names one value of it; a deleted key is absent).
+    versions: frozenset[tuple[str, int]] = frozenset()
+    malformed: list[str] = field(default_factory=list)  # logged by a round that is not skipped
 
 
 class ShardMapLeader:
@@ -244,21 +249,41 @@ class ShardMapLeader:
 
     # ---- one round ----
 
-    def _inputs(self, pool: Mapping[NodeName, float], now: float) -> tuple[object, ...]:
-        """What a round reads from outside: the mirrored keys (members, loads, acks, assignments, the meta
-        key) by the mirror's revision and its relist count (a relist after a lost event may change them at
-        the same revision); the pool by its contents (the caller keeps a copy: a ``PoolSource`` may change its
-        mapping in place); the policy's configuration; which dead leases are past the grant delay at ``now``
-        (the only way the clock enters a round: their ``call_later`` poke wakes the loop when one passes it).
+    def _inputs(self, snap: _Snapshot, pool: Mapping[NodeName, float], now: float) -> tuple[object, ...]:
+        """What a round reads from outside, as ``snap`` (the mirror's copy) and ``pool`` show it:
+        - every mirrored key but the load reports, by its version (``_Snapshot.versions``), and the mirror's
+          relist count (a relist after a lost event may change keys without a new version);
+        - the load reports only through what the plan takes from them, the live workers' effective weights
+          (``assignment.effective_weights``; ``AssignmentPolicy.plan`` reads ``WorkerInfo`` only through
+          them). A worker reports its load every few seconds while it works, and most reports move no
+          weight: a lone worker's weight is its capacity weight whatever its load, so a round over the
+          whole pool would conclude the same again;
+        - the pool by its contents (the caller keeps a copy: a ``PoolSource`` may change its mapping in
+          place);
+        - the policy's configuration;
+        - which dead leases are past the grant delay at ``now`` (the only way the clock enters a round:
+          their ``call_later`` poke wakes the loop when one passes it).
         What a round carries to the next, the dead leases themselves included, is ``_carried``: only a round
         changes it, and a reused round left it unchanged."""
+        _, workers = self._live(snap)
         return (
-            self._mirror.revision,
+            snap.versions,
             self._mirror.relists,
+            effective_weights(workers, self._policy.config),
             pool,
             self._policy.config,
             frozenset(lease for lease, t in self._dead_leases.items() if now - t >= self._grant_delay),
         )
+
+    def _live(self, snap: _Snapshot) -> tuple[dict[WorkerId, int], dict[WorkerId, WorkerInfo]]:
+        """The members whose lease is not known dead (worker -> lease), and what the policy knows of each."""
+        members = {w: lease for w, (_, lease) in snap.members.items() if lease not in self._dead_leases}
+        workers = {
+            w: WorkerInfo(rec.capacity.weight, snap.loads.get(w))
+            for w, (rec, _) in snap.members.items()
+            if w in members
+        }
+        return members, workers
 
     def _carried(self) -> tuple[object, ...]:
         """The state a round leaves for the next one: where revoking nodes go, the policy's rebalancing
@@ -276,15 +301,19 @@ class ShardMapLeader:
     async def _round(self) -> bool:
         """Plan and write once. False when we turned out to be deposed."""
         self.rounds += 1
-        if self._quiet is not None and self._quiet == self._inputs(self._pool(), self._clock()):
+        snap = self._snapshot()
+        if self._quiet is not None and self._quiet == self._inputs(snap, self._pool(), self._clock()):
             # Nothing a round reads changed since one found nothing to do and changed none of its own state:
-            # at rest this is every round (one per ``interval``), which otherwise walks the whole pool to
-            # conclude the same again.
+            # at rest this is every round (one per ``interval``), and with one worker every load report,
+            # which otherwise walks the whole pool to conclude the same again.
             self.skipped += 1
             return True
+        for line in snap.malformed:
+            # Only our own writes land under assign/, so this is corruption or a newer schema. The worker
+            # fails closed on it (owns nothing) and our next write for that worker replaces it.
+            log.error("%s", line)
         carried = self._carried()
         self._quiet = None
-        snap = self._snapshot()
         # Epochs must never go backwards, or an old ack could satisfy a new revocation: take the highest
         # epoch anywhere, in case the meta key was lost or is unreadable.
         self._epoch = max(
@@ -292,7 +321,7 @@ class ShardMapLeader:
             + [a.epoch for a in snap.assignments.values()]
             + [a.epoch for a in snap.acks.values()]
         )
-        members = {w: lease for w, (_, lease) in snap.members.items() if lease not in self._dead_leases}
+        members, workers = self._live(snap)
         acks = {**self._acks_seen, **snap.acks}
         observed = handoff.Observed(snap.assignments, members, acks, self._dead_leases)
         suspects = handoff.suspect_leases(observed)
@@ -315,10 +344,6 @@ class ShardMapLeader:
         }
         revoking = {n for a in settled.values() if a is not None for n in a.revoking}
         pending = {n: w for n, w in self._destinations.items() if n in revoking and w in members}
-        workers = {
-            w: WorkerInfo(rec.capacity.weight, snap.loads.get(w)) for w, (rec, _) in snap.members.items()
-        }
-        workers = {w: info for w, info in workers.items() if w in members}
         pool = self._pool()
         self._planned = frozenset(pool)
         plan = self._policy.plan(pool, workers, current, pending=pending, in_transit=len(revoking))
@@ -339,7 +364,7 @@ class ShardMapLeader:
             # it carries (a new leader's first round learns where revoking nodes go; the next one may plan
             # differently on the same inputs).
             if not suspects and self._carried() == carried:
-                self._quiet = self._inputs(dict(pool), now)
+                self._quiet = self._inputs(snap, dict(pool), now)
             return True
         return await self._write(diff, snap)
 
@@ -347,11 +372,14 @@ class ShardMapLeader:
         snap = _Snapshot({}, {}, {}, {}, None, None)
         items = self._mirror.items
         self._decoded.keep_only(items)
+        versions = []
         for key, kv in list(items.items()):
             parsed = self._keys.parse(key)
             if parsed is None:
                 continue
             family, name = parsed
+            if family is not KeyFamily.LOAD:
+                versions.append((key, kv.mod_revision))
             if family is KeyFamily.SHARDMAP:
                 snap.meta_kv = kv  # kept even if unreadable: our next write must compare against it
             try:
@@ -369,9 +397,8 @@ class ShardMapLeader:
                 elif family is KeyFamily.SHARDMAP:
                     snap.meta = self._decoded.get(kv, ShardMapMeta)
             except RecordError as e:
-                # Only our own writes land under assign/, so this is corruption or a newer schema. The
-                # worker fails closed on it (owns nothing) and our next write for that worker replaces it.
-                log.error("ignoring malformed %s at %s: %s", family.value, key, e)
+                snap.malformed.append(f"ignoring malformed {family.value} at {key}: {e}")
+        snap.versions = frozenset(versions)
         return snap
 
     async def _write(self, diff: Mapping[WorkerId, ShardAssignment | None], snap: _Snapshot) -> bool:

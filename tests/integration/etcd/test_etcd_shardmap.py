@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from common.etcd.keys import WorkerId
 from common.etcd.kv import get_key, lease_service
 from common.etcd.schema import LoadReport, ShardAssignment, ShardMapMeta
 from common.records import NodeName
@@ -241,7 +242,8 @@ async def test_a_leader_at_rest_skips_its_rounds_and_still_sees_every_change(
     shard_cluster: ShardCluster,
 ) -> None:
     """A round that found nothing to do is not planned again while nothing it reads changed; a pool change
-    nobody announced (no poke, the mapping changed in place), a load report and a member all still move it."""
+        nobody announced (no poke, the mapping changed in place), a member, and a load report that moves a share
+    all still move it; a lone worker's load report does not."""
     cluster = shard_cluster
     cluster.pool.set(node_names(4))
     leader = await cluster.start_leader("coordinator-0")
@@ -259,9 +261,27 @@ async def test_a_leader_at_rest_skips_its_rounds_and_still_sees_every_change(
     await eventually(lambda: NodeName("node-99") in w1.owned(), SETTLE, "an unannounced pool change granted")
 
     await eventually(lambda: shardmap.skipped > 0 and shardmap._quiet is not None, SETTLE, "at rest again")
-    planned = shardmap.rounds - shardmap.skipped
+    planned, rounds = shardmap.rounds - shardmap.skipped, shardmap.rounds
+
+    def mirrored(worker: str, pending: int) -> bool:
+        kv = shardmap._mirror.items.get(cluster.keys.load(WorkerId(worker)))
+        return kv is not None and LoadReport.decode(kv.value).pending_pods == pending
+
+    # A lone worker's load moves no share: its report is read, and the round skipped.
     assert await w1.report_load(LoadReport(pending_pods=3, reported_at=time.time()))
-    await eventually(lambda: shardmap.rounds - shardmap.skipped > planned, SETTLE, "a load report planned")
+    await eventually(lambda: mirrored("w1", 3), SETTLE, "the lone worker's report mirrored")
+    await eventually(lambda: shardmap.rounds >= rounds + 2, SETTLE, "rounds after the report")
+    assert shardmap.rounds - shardmap.skipped == planned
 
     w2 = await cluster.start_worker("w2")
     await eventually(lambda: cluster.fully_assigned() and len(w2.owned()) > 0, SETTLE, "w2 gets its share")
+    assert await w2.report_load(LoadReport(pending_pods=0, reported_at=time.time()))
+    await eventually(lambda: mirrored("w2", 0), SETTLE, "w2's report mirrored")
+    rounds = shardmap.rounds
+    await eventually(
+        lambda: shardmap.rounds >= rounds + 2 and shardmap._quiet is not None, SETTLE, "at rest with two"
+    )
+    planned = shardmap.rounds - shardmap.skipped
+    # Now w1's pressure against w2's moves the shares: the report is planned.
+    assert await w1.report_load(LoadReport(pending_pods=400, reported_at=time.time()))
+    await eventually(lambda: shardmap.rounds - shardmap.skipped > planned, SETTLE, "a load report planned")

@@ -11,7 +11,7 @@ from typing import Any, cast
 
 from common.etcd.keys import KeyLayout, WorkerId
 from common.etcd.kv import KeyValue
-from common.etcd.schema import ShardAssignment, WorkerCapacity, WorkerRecord
+from common.etcd.schema import LoadReport, ShardAssignment, WorkerCapacity, WorkerRecord
 from common.records import NodeName
 from coordinator.leadership.election import LeaderTerm
 from coordinator.workershards.shardmap import ShardMapLeader
@@ -88,6 +88,71 @@ def test_rounds_at_rest_are_skipped_until_an_input_changes() -> None:
     leader._mirror.relists += 1  # a relist may change the keys at the same revision (a lost event)
     assert asyncio.run(leader._round())
     assert leader.skipped == 3
+
+
+def _report(leader: ShardMapLeader, worker: WorkerId, revision: int, **load: Any) -> None:
+    """``worker``'s load report, as the mirror shows it once etcd took it at ``revision``."""
+    key = KEYS.load(worker)
+    leader._mirror._items[key] = KeyValue(key, LoadReport(**load).encode(), revision, revision, 0)
+    leader._mirror.revision = revision
+
+
+def test_a_lone_workers_load_reports_skip_the_round() -> None:
+    """A lone worker's effective weight is its capacity weight whatever its load: its reports (one every few
+    seconds while it works) leave the plan as it was, so they must not cost a round over the whole pool."""
+    pool = {NodeName("a"): 1.0, NodeName("b"): 1.0}
+    leader, written = _leader(pool, {W0: (1.0, 10)}, [ShardAssignment(W0, 10, 1, _nodes("a", "b"))])
+    assert asyncio.run(leader._round())
+    for revision, pending in enumerate((0, 400, 1_500, 3), start=10):
+        _report(leader, W0, revision, pending_pods=pending, process_cpu=0.9, reported_at=float(revision))
+        assert asyncio.run(leader._round())
+    assert (leader.rounds, leader.skipped, written) == (5, 4, [])
+
+    # Any other key is read by its version: an assignment that changed under the leader is planned again.
+    key = KEYS.assignment(W0)
+    leader._mirror._items[key] = KeyValue(key, ShardAssignment(W0, 10, 2, _nodes("a")).encode(), 30, 30, 0)
+    assert asyncio.run(leader._round())
+    assert leader.skipped == 4
+    assert [{w: a.granted if a else None for w, a in diff.items()} for diff in written] == [
+        {W0: _nodes("a", "b")}
+    ]
+    leader._mirror._items[key] = KeyValue(
+        key, ShardAssignment(W0, 10, 3, _nodes("a", "b")).encode(), 31, 31, 0
+    )
+    assert asyncio.run(leader._round()) and asyncio.run(leader._round())
+    assert leader.skipped == 5
+
+    record = WorkerRecord(W1, "127.0.0.1:9001", WorkerCapacity(1.0))
+    leader._mirror._items[KEYS.member(W1)] = KeyValue(KEYS.member(W1), record.encode(), 32, 32, 11)
+    written.clear()
+    assert asyncio.run(leader._round())
+    assert leader.skipped == 5
+    assert len(written) == 1
+    w0 = written[0][W0]
+    assert w0 is not None and len(w0.revoking) == 1  # w1's share, released by w0 first
+
+
+def test_a_load_report_is_planned_when_it_moves_a_share() -> None:
+    """With two workers a report moves the shares when it changes the workers' pressures, and only then: a
+    report that says the same again (a newer time) is skipped; one under more pressure is planned."""
+    pool = {NodeName("a"): 1.0, NodeName("b"): 1.0}
+    leader, written = _leader(
+        pool,
+        {W0: (1.0, 10), W1: (1.0, 11)},
+        [ShardAssignment(W0, 10, 1, _nodes("a")), ShardAssignment(W1, 11, 1, _nodes("b"))],
+    )
+    _report(leader, W0, 20, pending_pods=0, reported_at=1.0)
+    _report(leader, W1, 21, pending_pods=0, reported_at=1.0)
+    assert asyncio.run(leader._round())
+    _report(leader, W0, 22, pending_pods=0, reported_at=2.0)
+    assert asyncio.run(leader._round())
+    assert leader.skipped == 1
+    _report(leader, W0, 23, pending_pods=400, reported_at=3.0)
+    assert asyncio.run(leader._round())
+    assert leader.skipped == 1
+    assert written == []  # two nodes of one size: no move shrinks both deviations
+    assert asyncio.run(leader._round())  # ... and that round found nothing to do: the next one is skipped
+    assert leader.skipped == 2
 
 
 def test_a_round_that_changed_what_it_carries_is_not_reused() -> None:
