@@ -161,6 +161,9 @@ class AssignmentPolicy:
     def __init__(self, config: AssignmentConfig | None = None) -> None:
         self._config = config or AssignmentConfig()
         self._rebalancing = False
+        # What ``stands`` needs of the latest plan when that plan kept every node where it was (no free node
+        # placed, no move) and ended outside an episode: the capacity each worker held, and the pool's total.
+        self._kept: tuple[dict[WorkerId, float], float] | None = None
 
     @property
     def config(self) -> AssignmentConfig:
@@ -174,6 +177,25 @@ class AssignmentPolicy:
     @property
     def rebalancing(self) -> bool:
         return self._rebalancing
+
+    def stands(self, weights: Mapping[WorkerId, float]) -> bool:
+        """Would the latest ``plan``, on the same inputs but with these effective weights
+        (``effective_weights``), return the same target, move nothing and leave the policy as it is? True
+        only if that plan placed no free node, moved nothing and ended outside a rebalancing episode, the
+        workers are the same, and the skew against the shares these weights give stays within
+        ``skew_threshold`` (so no episode starts). Then ``plan`` would keep every node where it is: the
+        target is ``current`` plus ``pending`` either way, and only the shares depend on the weights.
+
+        The configuration must be the one that plan ran under (the caller compares it; ``configure`` alone
+        does not forget the plan)."""
+        if self._kept is None:  # also while an episode is under way: only a plan that ended outside one keeps
+            return False
+        held, total_capacity = self._kept
+        total_weight = sum(weights.values())
+        if weights.keys() != held.keys() or total_weight <= 0:
+            return False
+        share = {w: total_capacity * weights[w] / total_weight for w in weights}
+        return skew(held, share) <= self._config.skew_threshold
 
     def plan(
         self,
@@ -192,6 +214,7 @@ class AssignmentPolicy:
         workers, in transit to nobody known) is placed afresh. ``in_transit`` counts handoffs not
         finished yet; they use up this round's move budget.
         """
+        self._kept = None
         if not workers or not nodes:
             self._rebalancing = False
             return Plan({}, (), 0.0, False)
@@ -240,6 +263,8 @@ class AssignmentPolicy:
                 self._rebalancing = False  # nothing helps; wait for the skew to grow past the threshold
         if spread <= cfg.settle_skew:
             self._rebalancing = False
+        if not free and not moves and not self._rebalancing:
+            self._kept = (held, total_capacity)
         return Plan(target, tuple(moves), spread, self._rebalancing)
 
     def _rebalance(

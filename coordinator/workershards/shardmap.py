@@ -5,8 +5,9 @@ One round: mirror snapshot -> ask etcd about suspicious leases -> ``handoff.sett
 ``handoff.apply_targets`` -> one transaction with the changed assignments and the bumped epoch. A round runs on
 every change of the mirror or the pool and at least every ``interval``; it is skipped when nothing it reads
 changed since a round that found nothing to write, asked etcd about no lease and left its own carried state
-as it found it (``_inputs``, ``_carried``), so a leader at rest does not walk the whole pool every second,
-nor on every load report that moves no worker's share (a lone worker's never does).
+as it found it (``_inputs``, ``_carried``), so a leader at rest does not walk the whole pool every second. The
+load reports count only through the effective weights, and new weights only when they would move a node
+(``AssignmentPolicy.stands``): a load report, every few seconds from every busy worker, mostly does not.
 
 Invariants:
 - Every write is a transaction guarded by (a) this term's election key still having its create revision
@@ -162,6 +163,7 @@ class ShardMapLeader:
         # What the latest round read, when that round found nothing to write, asked etcd about no lease and
         # changed nothing it carries: a round that would read the same again is skipped (``_inputs``).
         self._quiet: tuple[object, ...] | None = None
+        self._quiet_weights: dict[WorkerId, float] = {}  # ... and the effective weights it planned with
         self.rounds = 0  # loop passes, skipped ones too: the term's progress check counts them
         self.skipped = 0
         self.writes = 0
@@ -250,14 +252,10 @@ class ShardMapLeader:
     # ---- one round ----
 
     def _inputs(self, snap: _Snapshot, pool: Mapping[NodeName, float], now: float) -> tuple[object, ...]:
-        """What a round reads from outside, as ``snap`` (the mirror's copy) and ``pool`` show it:
+        """What a round reads from outside, as ``snap`` (the mirror's copy) and ``pool`` show it, apart from
+        the load reports (``_weights``):
         - every mirrored key but the load reports, by its version (``_Snapshot.versions``), and the mirror's
           relist count (a relist after a lost event may change keys without a new version);
-        - the load reports only through what the plan takes from them, the live workers' effective weights
-          (``assignment.effective_weights``; ``AssignmentPolicy.plan`` reads ``WorkerInfo`` only through
-          them). A worker reports its load every few seconds while it works, and most reports move no
-          weight: a lone worker's weight is its capacity weight whatever its load, so a round over the
-          whole pool would conclude the same again;
         - the pool by its contents (the caller keeps a copy: a ``PoolSource`` may change its mapping in
           place);
         - the policy's configuration;
@@ -265,15 +263,22 @@ class ShardMapLeader:
           their ``call_later`` poke wakes the loop when one passes it).
         What a round carries to the next, the dead leases themselves included, is ``_carried``: only a round
         changes it, and a reused round left it unchanged."""
-        _, workers = self._live(snap)
         return (
             snap.versions,
             self._mirror.relists,
-            effective_weights(workers, self._policy.config),
             pool,
             self._policy.config,
             frozenset(lease for lease, t in self._dead_leases.items() if now - t >= self._grant_delay),
         )
+
+    def _weights(self, snap: _Snapshot) -> dict[WorkerId, float]:
+        """What a round takes from the load reports: the live workers' effective weights
+        (``assignment.effective_weights``; ``AssignmentPolicy.plan`` reads ``WorkerInfo`` only through them).
+        A worker reports its load every few seconds while it works; a lone worker's weight is its capacity
+        weight whatever its load, and other reports mostly move the shares too little to start rebalancing
+        (``AssignmentPolicy.stands``)."""
+        _, workers = self._live(snap)
+        return effective_weights(workers, self._policy.config)
 
     def _live(self, snap: _Snapshot) -> tuple[dict[WorkerId, int], dict[WorkerId, WorkerInfo]]:
         """The members whose lease is not known dead (worker -> lease), and what the policy knows of each."""
@@ -303,11 +308,15 @@ class ShardMapLeader:
         self.rounds += 1
         snap = self._snapshot()
         if self._quiet is not None and self._quiet == self._inputs(snap, self._pool(), self._clock()):
-            # Nothing a round reads changed since one found nothing to do and changed none of its own state:
-            # at rest this is every round (one per ``interval``), and with one worker every load report,
-            # which otherwise walks the whole pool to conclude the same again.
-            self.skipped += 1
-            return True
+            # Nothing a round reads changed since one found nothing to do and changed none of its own state,
+            # but perhaps the load reports: at rest this is every round (one per ``interval``), in a burst
+            # every load report, and each would otherwise walk the whole pool to conclude the same again.
+            weights = self._weights(snap)
+            if weights == self._quiet_weights or self._policy.stands(weights):
+                # The same weights, or weights under which the quiet round's plan keeps every node where it
+                # is: the round would find nothing to do again and leave what it carries as it is.
+                self.skipped += 1
+                return True
         for line in snap.malformed:
             # Only our own writes land under assign/, so this is corruption or a newer schema. The worker
             # fails closed on it (owns nothing) and our next write for that worker replaces it.
@@ -365,6 +374,7 @@ class ShardMapLeader:
             # differently on the same inputs).
             if not suspects and self._carried() == carried:
                 self._quiet = self._inputs(snap, dict(pool), now)
+                self._quiet_weights = self._weights(snap)
             return True
         return await self._write(diff, snap)
 

@@ -132,9 +132,10 @@ def test_a_lone_workers_load_reports_skip_the_round() -> None:
     assert w0 is not None and len(w0.revoking) == 1  # w1's share, released by w0 first
 
 
-def test_a_load_report_is_planned_when_it_moves_a_share() -> None:
-    """With two workers a report moves the shares when it changes the workers' pressures, and only then: a
-    report that says the same again (a newer time) is skipped; one under more pressure is planned."""
+def test_a_load_report_is_planned_when_it_may_move_a_node() -> None:
+    """With two workers a report moves the shares when it changes the workers' pressures. A report that says
+    the same again (a newer time) is skipped, and so is one that moves the shares too little to start
+    rebalancing; one that moves them past the threshold is planned."""
     pool = {NodeName("a"): 1.0, NodeName("b"): 1.0}
     leader, written = _leader(
         pool,
@@ -147,12 +148,15 @@ def test_a_load_report_is_planned_when_it_moves_a_share() -> None:
     _report(leader, W0, 22, pending_pods=0, reported_at=2.0)
     assert asyncio.run(leader._round())
     assert leader.skipped == 1
-    _report(leader, W0, 23, pending_pods=400, reported_at=3.0)
+    _report(leader, W0, 23, pending_pods=100, reported_at=3.0)  # shares 0.95 and 1.05: skew 0.1
     assert asyncio.run(leader._round())
-    assert leader.skipped == 1
+    assert leader.skipped == 2
+    _report(leader, W0, 24, pending_pods=400, reported_at=4.0)  # shares 0.8 and 1.2: skew 0.42
+    assert asyncio.run(leader._round())
+    assert leader.skipped == 2
     assert written == []  # two nodes of one size: no move shrinks both deviations
     assert asyncio.run(leader._round())  # ... and that round found nothing to do: the next one is skipped
-    assert leader.skipped == 2
+    assert leader.skipped == 3
 
 
 def test_a_round_that_changed_what_it_carries_is_not_reused() -> None:

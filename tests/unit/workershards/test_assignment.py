@@ -357,3 +357,63 @@ def test_rebalancing_moves_the_largest_nodes_first() -> None:
     assert sum(n.startswith("big-") for n in nodes_moved) >= 0.9 * moved  # fewest handoffs for the capacity
     assert moved <= 110  # the newcomer's share is 400 cores: about 100 nodes of 4, not 400 of 1
     assert plans[-1].skew <= AssignmentConfig().settle_skew
+
+
+def test_stands_only_when_a_plan_with_the_new_weights_keeps_every_node() -> None:
+    """``stands(weights)`` promises what ``plan`` with those weights would do on the latest plan's inputs:
+    the same target, no move, no episode. Checked against ``plan`` itself over random loads, pools with
+    nodes of several sizes, held nodes on their way to a receiver, and states just either side of the
+    threshold."""
+    rng = random.Random(7)
+    names = [WorkerId(n) for n in ("a", "b", "c")]
+    checked = {True: 0, False: 0}
+    for _ in range(300):
+        pool = {NodeName(f"n{i}"): float(rng.choice((1, 1, 2, 4))) for i in range(rng.randint(6, 40))}
+        live = {
+            w: WorkerInfo(rng.choice((1.0, 2.0)), LoadReport(pending_pods=rng.randint(0, 600))) for w in names
+        }
+        policy = AssignmentPolicy()
+        base, _, _ = settle(policy, pool, live, {})
+        order = sorted(pool)
+        pending = {n: base[n] for n in order[:2]} if rng.random() < 0.3 else {}
+        current = {n: w for n, w in base.items() if n not in pending}
+        first = policy.plan(pool, live, current, pending=pending)
+        loads = {
+            w: WorkerInfo(i.weight, LoadReport(pending_pods=rng.randint(0, 600))) for w, i in live.items()
+        }
+        weights = effective_weights(loads, policy.config)
+        promised = policy.stands(weights)
+        rebalancing = policy.rebalancing
+        second = policy.plan(pool, loads, current, pending=pending)
+        if promised:
+            assert first.moves == () and not rebalancing
+            assert second.target == first.target and second.moves == () and not second.rebalancing
+        else:
+            kept = first.moves == () and not rebalancing
+            # Not promised: either the first plan moved something or started an episode, or the new shares
+            # are past the threshold (the second plan starts an episode or finds nothing that helps).
+            assert not kept or skew(held_by(first.target, pool), _shares(pool, weights)) > 0.25
+        checked[promised] += 1
+    assert checked[True] > 50 and checked[False] > 50
+
+
+def _shares(pool: Mapping[NodeName, float], weights: Mapping[WorkerId, float]) -> dict[WorkerId, float]:
+    total = sum(weights.values())
+    return {w: sum(pool.values()) * x / total for w, x in weights.items()}
+
+
+def test_stands_is_false_after_a_plan_that_placed_or_moved() -> None:
+    pool = nodes(10)
+    live = workers("a", "b")
+    policy = AssignmentPolicy()
+    weights = effective_weights(live, policy.config)
+    assert not policy.stands(weights)  # no plan yet
+    policy.plan(pool, live, {})  # placed every node
+    assert not policy.stands(weights)
+    target = policy.plan(pool, live, policy.plan(pool, live, {}).target).target
+    assert policy.stands(weights)
+    assert not policy.stands({WorkerId("a"): 1.0})  # another set of workers
+    state = {n: WorkerId("a") if i < 8 else WorkerId("b") for i, n in enumerate(sorted(pool))}
+    assert policy.plan(pool, live, state).moves  # 8/2: moved
+    assert not policy.stands(weights)
+    assert set(target) == set(pool)
