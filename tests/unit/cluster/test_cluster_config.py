@@ -59,7 +59,8 @@ def test_kwok_config_has_options_and_every_stage() -> None:
     stages = {d["metadata"]["name"]: d for d in docs[1:]}
     assert set(stages) == {"node-initialize", "node-heartbeat", "pod-ready", "pod-complete", "pod-delete"}
     assert all(d["kind"] == "Stage" for d in stages.values())
-    assert stages["node-heartbeat"]["spec"]["delay"]["durationMilliseconds"] == 300_000
+    assert stages["node-heartbeat"]["spec"]["delay"]["durationMilliseconds"] == 0
+    assert stages["node-heartbeat"]["spec"]["delay"]["jitterDurationMilliseconds"] == 600_000
     assert "{{ $now := Now }}" in stages["node-heartbeat"]["spec"]["next"]["statusTemplate"]
     assert stages["pod-delete"]["spec"]["next"] == {"delete": True}
 
