@@ -6,8 +6,8 @@ One round: mirror snapshot -> ask etcd about suspicious leases -> ``handoff.sett
 every change of the mirror or the pool and at least every ``interval``; it is skipped when nothing it reads
 changed since a round that found nothing to write, asked etcd about no lease and left its own carried state
 as it found it (``_inputs``, ``_carried``), so a leader at rest does not walk the whole pool every second. The
-load reports count only through the effective weights, and new weights only when they would move a node
-(``AssignmentPolicy.stands``): a load report, every few seconds from every busy worker, mostly does not.
+load reports count only through the effective weights, and new weights only when they could move a node
+(``AssignmentPolicy.stands``): a load report, every few seconds from every busy worker, mostly could not.
 
 Invariants:
 - Every write is a transaction guarded by (a) this term's election key still having its create revision
@@ -114,8 +114,8 @@ class _Snapshot:
     assignments: dict[WorkerId, ShardAssignment]
     meta: ShardMapMeta | None
     meta_kv: KeyValue | None
-    # Every key but the load reports, with its version: two snapshots with equal versions read the same
-    # records (a key's mod revision names one value of it; a deleted key is absent).
+    # Every key the layout parses but the load reports, with its version: two snapshots with equal versions
+    # read the same records (a key's mod revision names one value of it; a deleted key is absent).
     versions: frozenset[tuple[str, int]] = frozenset()
     malformed: list[str] = field(default_factory=list)  # logged by a round that is not skipped
 
@@ -254,15 +254,17 @@ class ShardMapLeader:
     def _inputs(self, snap: _Snapshot, pool: Mapping[NodeName, float], now: float) -> tuple[object, ...]:
         """What a round reads from outside, as ``snap`` (the mirror's copy) and ``pool`` show it, apart from
         the load reports (``_weights``):
-        - every mirrored key but the load reports, by its version (``_Snapshot.versions``), and the mirror's
-          relist count (a relist after a lost event may change keys without a new version);
+        - every mirrored key but the load reports, by its version (``_Snapshot.versions``: a key's change,
+          creation or deletion changes them, a relist's included), and the mirror's relist count (so a relist,
+          once a minute, also replans: a cheap check that the versions missed nothing);
         - the pool by its contents (the caller keeps a copy: a ``PoolSource`` may change its mapping in
           place);
         - the policy's configuration;
         - which dead leases are past the grant delay at ``now`` (the only way the clock enters a round:
           their ``call_later`` poke wakes the loop when one passes it).
-        What a round carries to the next, the dead leases themselves included, is ``_carried``: only a round
-        changes it, and a reused round left it unchanged."""
+        What a round carries to the next, the dead leases themselves included, is ``_carried``: a round
+        changes it, and so does an ack key's change (``_mirror_changed`` keeps acks), which is an input too;
+        a reused round left it unchanged."""
         return (
             snap.versions,
             self._mirror.relists,
@@ -318,8 +320,9 @@ class ShardMapLeader:
                 self.skipped += 1
                 return True
         for line in snap.malformed:
-            # Only our own writes land under assign/, so this is corruption or a newer schema. The worker
-            # fails closed on it (owns nothing) and our next write for that worker replaces it.
+            # Logged by the rounds that run, not by every skipped one. Under assign/ only our own writes land,
+            # so there this is corruption or a newer schema: the worker fails closed on it (owns nothing) and
+            # our next write for that worker replaces it.
             log.error("%s", line)
         carried = self._carried()
         self._quiet = None

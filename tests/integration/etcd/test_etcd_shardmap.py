@@ -20,7 +20,7 @@ from coordinator.leadership.election import LeaderTerm
 from coordinator.workershards.shardmap import ShardMapLeader
 from tests.integration.etcd.etcd_harness import TTL, ShardCluster, eventually, node_names
 from tests.integration.etcd.static_pool import StaticPool
-from worker.shard import ReleaseHook
+from worker.shard import ReleaseHook, Shard
 
 pytestmark = pytest.mark.integration
 
@@ -242,8 +242,8 @@ async def test_a_leader_at_rest_skips_its_rounds_and_still_sees_every_change(
     shard_cluster: ShardCluster,
 ) -> None:
     """A round that found nothing to do is not planned again while nothing it reads changed; a pool change
-        nobody announced (no poke, the mapping changed in place), a member, and a load report that moves a share
-    all still move it; a lone worker's load report does not."""
+    nobody announced (no poke, the mapping changed in place), a member, and a load report that could move a
+    node all still move it; a lone worker's load report does not, nor one that moves the shares too little."""
     cluster = shard_cluster
     cluster.pool.set(node_names(4))
     leader = await cluster.start_leader("coordinator-0")
@@ -260,29 +260,41 @@ async def test_a_leader_at_rest_skips_its_rounds_and_still_sees_every_change(
     cluster.pool()[NodeName("node-99")] = 1.0  # type: ignore[index]
     await eventually(lambda: NodeName("node-99") in w1.owned(), SETTLE, "an unannounced pool change granted")
 
-    await eventually(lambda: shardmap.skipped > 0 and shardmap._quiet is not None, SETTLE, "at rest again")
-    planned, rounds = shardmap.rounds - shardmap.skipped, shardmap.rounds
-
     def mirrored(worker: str, pending: int) -> bool:
         kv = shardmap._mirror.items.get(cluster.keys.load(WorkerId(worker)))
         return kv is not None and LoadReport.decode(kv.value).pending_pods == pending
 
-    # A lone worker's load moves no share: its report is read, and the round skipped.
-    assert await w1.report_load(LoadReport(pending_pods=3, reported_at=time.time()))
-    await eventually(lambda: mirrored("w1", 3), SETTLE, "the lone worker's report mirrored")
-    await eventually(lambda: shardmap.rounds >= rounds + 2, SETTLE, "rounds after the report")
-    assert shardmap.rounds - shardmap.skipped == planned
+    async def at_rest() -> tuple[int, int]:
+        """Wait for two rounds and a quiet one; the planned rounds and the mirror's relists so far."""
+        rounds = shardmap.rounds
+        await eventually(
+            lambda: shardmap.rounds >= rounds + 2 and shardmap._quiet is not None, SETTLE, "at rest"
+        )
+        return shardmap.rounds - shardmap.skipped, shardmap._mirror.relists
 
+    async def skipped_after(worker: Shard, pending: int, since: tuple[int, int]) -> None:
+        """``worker`` reports ``pending`` pods; once the report is mirrored and two more rounds passed, no round
+        was planned but those a relist forces (one a minute: a relist replans)."""
+        assert await worker.report_load(LoadReport(pending_pods=pending, reported_at=time.time()))
+        await eventually(lambda: mirrored(worker.worker_id, pending), SETTLE, "the report mirrored")
+        rounds = shardmap.rounds
+        await eventually(lambda: shardmap.rounds >= rounds + 2, SETTLE, "rounds after the report")
+        planned, relists = since
+        assert shardmap.rounds - shardmap.skipped - planned <= shardmap._mirror.relists - relists
+
+    # A lone worker's load moves no share: its report is read, and the round skipped.
+    await skipped_after(w1, 3, await at_rest())
+
+    # Six nodes, three each: a report that moves the shares a little is skipped too (w1 at 100 pending pods,
+    # w2 at none: shares 2.85 and 3.15, skew 0.1); one that moves them past the threshold is planned (w1 at
+    # 1,000: shares 1.5 and 4.5, skew 1.33).
+    cluster.pool()[NodeName("node-98")] = 1.0  # type: ignore[index]
     w2 = await cluster.start_worker("w2")
-    await eventually(lambda: cluster.fully_assigned() and len(w2.owned()) > 0, SETTLE, "w2 gets its share")
+    await eventually(lambda: cluster.fully_assigned() and len(w2.owned()) == 3, SETTLE, "w2 gets its share")
+    await eventually(lambda: len(w1.owned()) == 3, SETTLE, "w1 keeps its share")
     assert await w2.report_load(LoadReport(pending_pods=0, reported_at=time.time()))
     await eventually(lambda: mirrored("w2", 0), SETTLE, "w2's report mirrored")
-    rounds = shardmap.rounds
-    await eventually(
-        lambda: shardmap.rounds >= rounds + 2 and shardmap._quiet is not None, SETTLE, "at rest with two"
-    )
-    planned = shardmap.rounds - shardmap.skipped
-    # Now w1's pressure against w2's moves the shares (a fourth of the pool against three fourths, whatever
-    # the split): the report is planned.
+    await skipped_after(w1, 100, await at_rest())
+    planned, _ = await at_rest()
     assert await w1.report_load(LoadReport(pending_pods=1000, reported_at=time.time()))
     await eventually(lambda: shardmap.rounds - shardmap.skipped > planned, SETTLE, "a load report planned")
