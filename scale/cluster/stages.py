@@ -10,7 +10,7 @@ the ``--config`` file. They follow kwok v0.8's ``kustomize/stage`` defaults (Apa
   a second on a 2-core machine. kwok draws the delay anew for every heartbeat, uniformly between the two
   bounds, and a fleet is created within a minute or two. With 5 to 6 minutes, 5,000 nodes were silent for 5
   minutes and then wrote their status in waves of about a minute every 5.5 minutes; a bench trial inside a wave
-  cost the schedulers 20-70 % more CPU per pod than its calm neighbours (kwok, the API server and every node
+  cost the schedulers 15-70 % more CPU per pod than its calm neighbours (kwok, the API server and every node
   watcher busy), a disturbance the drift fit of ``bench paired`` cannot remove. Drawn from 0 to 10 minutes,
   heartbeats start with the fleet, at half the steady rate, and approach the steady rate (1 per node per 5
   minutes: about 17 writes a second at 5,000 nodes) within a few rounds, with no silent stretch and no wave.
