@@ -149,6 +149,13 @@ def effective_weights(
     return weights
 
 
+def shares(weights: Mapping[WorkerId, float], total_capacity: float) -> dict[WorkerId, float]:
+    """Each worker's share of ``total_capacity``, in proportion to its effective weight. One computation for
+    ``plan`` and ``stands``: ``stands`` promises what ``plan`` would do, so both must compute the same floats."""
+    total_weight = sum(weights.values())
+    return {w: total_capacity * weights[w] / total_weight for w in weights}
+
+
 def skew(held: Mapping[WorkerId, float], share: Mapping[WorkerId, float]) -> float:
     """Highest fill (held / share) minus lowest, over the workers with a share; 0 is perfect balance."""
     fills = [held.get(w, 0.0) / s for w, s in share.items() if s > 0]
@@ -191,11 +198,9 @@ class AssignmentPolicy:
         if self._kept is None:  # also while an episode is under way: only a plan that ended outside one keeps
             return False
         held, total_capacity = self._kept
-        total_weight = sum(weights.values())
-        if weights.keys() != held.keys() or total_weight <= 0:
+        if weights.keys() != held.keys() or sum(weights.values()) <= 0:
             return False
-        share = {w: total_capacity * weights[w] / total_weight for w in weights}
-        return skew(held, share) <= self._config.skew_threshold
+        return skew(held, shares(weights, total_capacity)) <= self._config.skew_threshold
 
     def plan(
         self,
@@ -220,9 +225,8 @@ class AssignmentPolicy:
             return Plan({}, (), 0.0, False)
         cfg = self._config
         weights = effective_weights(workers, cfg)
-        total_weight = sum(weights.values())
         total_capacity = sum(nodes.values())
-        share = {w: total_capacity * weights[w] / total_weight for w in workers}
+        share = shares(weights, total_capacity)
         order = sorted(workers)
 
         target: dict[NodeName, WorkerId] = {}

@@ -18,6 +18,7 @@ from coordinator.workershards.assignment import (
     WorkerInfo,
     effective_weights,
     hrw_score,
+    shares,
     skew,
 )
 
@@ -394,15 +395,10 @@ def test_stands_only_when_a_plan_with_the_new_weights_keeps_every_node() -> None
             kept = not free and first.moves == () and not rebalancing
             # Not promised: the first plan placed a free node, moved something or started an episode, or the
             # new shares are past the threshold (the second plan starts an episode or finds nothing that helps).
-            assert not kept or skew(held_by(first.target, pool), _shares(pool, weights)) > 0.25
+            assert not kept or skew(held_by(first.target, pool), shares(weights, sum(pool.values()))) > 0.25
         checked[promised] += 1
         placed_free += bool(free)
     assert checked[True] > 40 and checked[False] > 40 and placed_free > 30
-
-
-def _shares(pool: Mapping[NodeName, float], weights: Mapping[WorkerId, float]) -> dict[WorkerId, float]:
-    total = sum(weights.values())
-    return {w: sum(pool.values()) * x / total for w, x in weights.items()}
 
 
 def test_stands_is_false_after_a_plan_that_placed_or_moved() -> None:
