@@ -67,7 +67,7 @@ Leader -> worker
                                                (``common.claims``); sent on every change, and to each new stream
                                                at once. Empty: claim nothing. A worker that has
                                                no stream claims nothing
-    SOLE      {}                               the sole worker (``--sole-worker`` on the coordinator): the
+    SOLE      {}                               the sole worker (on unless ``--no-sole-worker``): the
                                                worker owns the whole pool and is the only one, so it places
                                                every pending pod of ours from its own watch, reports and
                                                preempts as a standalone worker does, until this stream
@@ -114,7 +114,7 @@ Worker -> leader
               below it (an assumption the watch never confirms expires ``binding.assume_ttl`` after the
               binding's answer, 30 s by default, and leaves the count then); ``sole``: the worker took
               the stream's SOLE and places every pending pod of ours itself (it ends it only by ending the
-              stream)
+              stream); while it does, a change of the free amounts alone waits for the heartbeat
     PONG      {ts}                             answer to PING
 Either way
     ERROR     {message}                        then the sender closes the stream

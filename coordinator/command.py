@@ -57,19 +57,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kube-api-qps", type=float, default=2000.0)
     p.add_argument("--kube-api-burst", type=int, default=2000)
     p.add_argument("--report-qps", type=float, default=50.0, help="unschedulable reports per second")
-    per_pod = p.add_mutually_exclusive_group()  # a sole worker is never offered while claims are on
-    per_pod.add_argument(
+    p.add_argument(
         "--worker-claims",
         action="store_true",
         help="experimental: each worker takes the plain pods hashed to it from its own pod watch instead of a "
-        "dispatch (docs/architecture.md, 'Worker claims': known gaps)",
+        "dispatch (docs/architecture.md, 'Worker claims': known gaps); no worker is made sole while it is on",
     )
-    per_pod.add_argument(
+    p.add_argument(
         "--sole-worker",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=True,
         help="while one worker is live and owns every node, it places every pod from its own watch as a "
         "standalone worker does, and the leader neither watches nor dispatches pods (docs/architecture.md, "
-        "'The sole worker')",
+        "'The sole worker'); --no-sole-worker keeps the leader dispatching every pod (default: on)",
     )
     p.add_argument("--metrics-address", default="127.0.0.1:0", help="host:port of /metrics, /healthz")
     p.add_argument("--id", default="", help="candidate identity (default hostname-pid)")
@@ -87,6 +87,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_security_arguments(p)
     aiotools.add_event_loop_argument(p)
     aiotools.add_pace_argument(p)
+
+
+def sole_worker(args: argparse.Namespace) -> bool:
+    """Whether the leader offers a lone worker the whole per-pod path (on unless ``--no-sole-worker``). Never
+    with ``--worker-claims``: a claim set splits the pods by hash among the workers, and the offer needs none."""
+    return bool(args.sole_worker) and not args.worker_claims
 
 
 def sharding_options(args: argparse.Namespace) -> ShardingOptions | None:
@@ -179,7 +185,7 @@ async def _main(args: argparse.Namespace) -> int:
             keys=keys,
             report_qps=args.report_qps,
             claims=args.worker_claims,
-            sole=args.sole_worker,
+            sole=sole_worker(args),
             sharding=sharding_options(args),
             dispatch_keys=load_keys(args.dispatch_secret_file),
             progress_bound=args.progress_timeout,

@@ -174,21 +174,23 @@ def _dispatch(
     return msg.id, pod_from_json(msg.pod, previous(pod_key(msg.pod))), msg.min_rv
 
 
-def _changed(summary: protocol.Capacity, last: protocol.Capacity | None) -> bool:
+_SHOWN = ("ts", "pending", "binds_per_s", "revision")  # CAPACITY fields only shown, or read with ``earlier``
+_FREE = ("free_cpu", "free_memory", "max_cpu", "max_memory")
+
+
+def _changed(summary: protocol.Capacity, last: protocol.Capacity | None, *, sole: bool = False) -> bool:
     """Does ``summary`` say anything the leader decides on that ``last`` did not? Its time, queue count, bind
     rate and watch revision aside: those are only shown (``agent-scheduler status``) or read with ``earlier``
     (which does count), and go out with the next summary or heartbeat; the bind rate, averaged over a sliding
-    window, would otherwise keep an idle worker's check busy for ``BIND_RATE_WINDOW`` after its last binding."""
-    return last is None or (
-        dataclasses.replace(
-            last,
-            ts=summary.ts,
-            pending=summary.pending,
-            binds_per_s=summary.binds_per_s,
-            revision=summary.revision,
-        )
-        != summary
-    )
+    window, would otherwise keep an idle worker's check busy for ``BIND_RATE_WINDOW`` after its last binding.
+    While this worker is the sole one (``sole``) the free amounts aside too: the leader dispatches nothing over
+    the stream, so they are only shown, and every binding would otherwise send a summary (ten a second in a
+    burst, each waking the leader). What ends or keeps the period (nodes, syncing, placing, earlier, sole)
+    still goes out at once, and the next stream starts with a full summary."""
+    if last is None:
+        return True
+    shown = _SHOWN + _FREE if sole else _SHOWN
+    return dataclasses.replace(last, **{name: getattr(summary, name) for name in shown}) != summary
 
 
 def elected_term(election: Mapping[str, KeyValue]) -> int | None:
@@ -846,7 +848,7 @@ class Intake:
                 return
             summary = self.capacity()
             now = time.monotonic()
-            changed = _changed(summary, last)
+            changed = _changed(summary, last, sole=self.results.sole)
             if changed:
                 active_until = now + CAPACITY_QUIET
             if changed or now - last_sent >= protocol.HEARTBEAT_INTERVAL:

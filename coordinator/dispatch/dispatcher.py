@@ -58,9 +58,9 @@ Invariants:
   one, no lane pod is dispatched and no
   plain pod matching a cross-node required anti-affinity term of a pending pod; meanwhile the lane's versions
   follow the highest pod revision the workers reported (a pod's, which every worker's watch reaches).
-- The sole worker (``sole``, ``--sole-worker``): when one worker is live, owns every granted node (all usable,
-  none in transit, no other worker holding any), nothing is in flight or held by the lane, claims are off and
-  the term no longer inherits, the leader sends it SOLE and from then dispatches nothing. Once the worker says
+- The sole worker (``sole``, on unless ``--no-sole-worker``): when one worker is live, owns every granted node
+  (all usable, none in transit, no other worker holding any), nothing is in flight or held by the lane, claims
+  are off and the term no longer inherits, the leader sends it SOLE and from then dispatches nothing. Once the worker says
   it took it (CAPACITY ``sole``) the leader stops its pending watch and forgets every pod: the worker places,
   reports and preempts them all as standalone. The period ends when another worker joins, nodes are in
   transit or another worker holds some (seen when membership changes and at housekeeping; the leader ends the

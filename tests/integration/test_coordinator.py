@@ -361,7 +361,7 @@ async def test_add_worker_mid_burst(
     """With ``--sole-worker``, w1 places the burst's first pods alone; w2's arrival ends that (a new stream,
     the term inheriting again) while w1 still binds them, and the audit holds across it."""
     d = deployment
-    coord = d.coordinator("coord-a", *(["--sole-worker"] if sole else []))
+    coord = d.coordinator("coord-a", "--sole-worker" if sole else "--no-sole-worker")
     d.worker("w1")
     await started(d, 1)
     if sole:

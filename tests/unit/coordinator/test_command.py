@@ -1,10 +1,11 @@
-"""The coordinator's command line: worker claims are off unless turned on (experimental)."""
+"""The coordinator's command line: worker claims are off unless turned on (experimental); the sole worker is on
+unless turned off, and never with claims."""
 
 from __future__ import annotations
 
 import argparse
 
-from coordinator.command import add_arguments
+from coordinator.command import add_arguments, sole_worker
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -16,3 +17,12 @@ def parse(*argv: str) -> argparse.Namespace:
 def test_worker_claims_are_off_by_default_and_can_be_turned_on() -> None:
     assert parse().worker_claims is False
     assert parse("--worker-claims").worker_claims is True
+
+
+def test_the_sole_worker_is_on_by_default_off_with_its_flag_and_never_with_claims() -> None:
+    assert sole_worker(parse()) is True
+    assert sole_worker(parse("--sole-worker")) is True
+    assert sole_worker(parse("--no-sole-worker")) is False
+    # a claim set splits the pods among the workers by hash: no worker is ever offered the whole path
+    assert sole_worker(parse("--worker-claims")) is False
+    assert sole_worker(parse("--worker-claims", "--sole-worker")) is False

@@ -875,3 +875,17 @@ def test_a_summary_differing_only_in_what_is_shown_is_not_a_change() -> None:
     ]
     for changed in decided_on:
         assert intake_module._changed(changed, last), changed
+    # The sole worker's leader dispatches nothing: the free amounts are only shown, what ends or keeps the
+    # period is still a change
+    sole = dataclasses.replace(last, sole=True)
+    assert not intake_module._changed(
+        dataclasses.replace(sole, free_cpu=1, free_memory=1, max_cpu=1, max_memory=1, ts=2.0), sole, sole=True
+    )
+    for changed in [
+        dataclasses.replace(sole, nodes=3),
+        dataclasses.replace(sole, syncing=1),
+        dataclasses.replace(sole, placing=False),
+        dataclasses.replace(sole, earlier=1),
+        dataclasses.replace(last, free_cpu=1),  # the summary before the worker took SOLE
+    ]:
+        assert intake_module._changed(changed, sole, sole=True), changed

@@ -222,3 +222,21 @@ async def test_a_failed_list_ends_it(worker: Worker, monkeypatch: pytest.MonkeyP
     assert await leader.closed()
     await leader.close()
     assert not worker.results.sole and worker.sched.watches.pod_feed.removed_since_list is None
+
+
+async def test_the_sole_worker_sends_a_change_of_its_free_amounts_only_with_the_heartbeat(
+    worker: Worker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its leader dispatches nothing: an assumption's change of the free amounts does not wake it (it goes out
+    with the heartbeat; a dispatching leader's worker sends it at the next capacity interval)."""
+    monkeypatch.setattr(protocol, "HEARTBEAT_INTERVAL", 3600.0)  # no heartbeat within this test
+    leader = await become_sole(worker)
+    await settle()
+    free = worker.intake.capacity().free_cpu
+    worker.sched.cache.assume(make_pod("old").req(cpu="1").record(), NodeName("n1"))
+    assert worker.intake.capacity().free_cpu == free - 1000
+    await asyncio.sleep(5 * protocol.CAPACITY_INTERVAL)
+    leader.send(protocol.Ping(ts=2.0))
+    assert (await leader.next(protocol.Pong)).ts == 2.0
+    assert leader.capacity is None or leader.capacity.free_cpu == free  # none sent since the assume
+    await leader.close()
