@@ -66,7 +66,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--sole-worker",
         action=argparse.BooleanOptionalAction,
-        default=True,
+        default=None,  # on; None tells an explicit --sole-worker (refused with --worker-claims) from the default
         help="while one worker is live and owns every node, it places every pod from its own watch as a "
         "standalone worker does, and the leader neither watches nor dispatches pods (docs/architecture.md, "
         "'The sole worker'); --no-sole-worker keeps the leader dispatching every pod (default: on)",
@@ -91,8 +91,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def sole_worker(args: argparse.Namespace) -> bool:
     """Whether the leader offers a lone worker the whole per-pod path (on unless ``--no-sole-worker``). Never
-    with ``--worker-claims``: a claim set splits the pods by hash among the workers, and the offer needs none."""
-    return bool(args.sole_worker) and not args.worker_claims
+    with ``--worker-claims``: a claim set splits the pods by hash among the workers, and the offer needs none.
+    Raises ValueError when both are asked for."""
+    if args.worker_claims and args.sole_worker:
+        raise ValueError(
+            "--sole-worker and --worker-claims exclude each other (claims split the pods by hash)"
+        )
+    return args.sole_worker is not False and not args.worker_claims
 
 
 def sharding_options(args: argparse.Namespace) -> ShardingOptions | None:
@@ -219,6 +224,11 @@ async def _main(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        sole_worker(args)
+    except ValueError as e:
+        log.error("%s", e)
+        return 2
     heap.freeze_imports()
     try:
         return aiotools.run(_main(args), args.event_loop, pace_ms=args.pace)

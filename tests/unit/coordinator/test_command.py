@@ -1,11 +1,13 @@
 """The coordinator's command line: worker claims are off unless turned on (experimental); the sole worker is on
-unless turned off, and never with claims."""
+unless turned off, and never with claims (both asked for: refused)."""
 
 from __future__ import annotations
 
 import argparse
 
-from coordinator.command import add_arguments, sole_worker
+import pytest
+
+from coordinator.command import add_arguments, run, sole_worker
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -25,4 +27,7 @@ def test_the_sole_worker_is_on_by_default_off_with_its_flag_and_never_with_claim
     assert sole_worker(parse("--no-sole-worker")) is False
     # a claim set splits the pods among the workers by hash: no worker is ever offered the whole path
     assert sole_worker(parse("--worker-claims")) is False
-    assert sole_worker(parse("--worker-claims", "--sole-worker")) is False
+    assert sole_worker(parse("--worker-claims", "--no-sole-worker")) is False
+    with pytest.raises(ValueError, match="exclude each other"):
+        sole_worker(parse("--worker-claims", "--sole-worker"))
+    assert run(parse("--worker-claims", "--sole-worker")) == 2  # refused before anything starts
