@@ -97,7 +97,15 @@ class GrantLog:
         self._task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> GrantLog:
-        self._task = asyncio.create_task(self._poll())
+        # The first read completes before the scenario starts: its time stands for every grant made before
+        # the log began, so a pod assumed before that read would otherwise look assumed before its grant.
+        client = await connect([self.endpoint])
+        try:
+            await self._read(client)
+        except BaseException:
+            await client.close()
+            raise
+        self._task = asyncio.create_task(self._poll(client))
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -106,23 +114,25 @@ class GrantLog:
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
 
-    async def _poll(self) -> None:
-        client = await connect([self.endpoint])
+    async def _read(self, client: Any) -> None:
+        kvs, _ = await get_prefix(client, self.keys.assignments_prefix)
+        now = time.time()
+        for kv in kvs:
+            try:
+                a = ShardAssignment.decode(kv.value)
+            except RecordError:
+                continue
+            before = self._held.get(a.worker_id, frozenset())
+            for node in a.granted - before:
+                self.grants[node].append((now, a.worker_id))
+            self._held[a.worker_id] = frozenset(a.granted)
+
+    async def _poll(self, client: Any) -> None:
         try:
             while True:
-                with contextlib.suppress(Exception):  # etcd may be briefly away; the next poll catches up
-                    kvs, _ = await get_prefix(client, self.keys.assignments_prefix)
-                    now = time.time()
-                    for kv in kvs:
-                        try:
-                            a = ShardAssignment.decode(kv.value)
-                        except RecordError:
-                            continue
-                        before = self._held.get(a.worker_id, frozenset())
-                        for node in a.granted - before:
-                            self.grants[node].append((now, a.worker_id))
-                        self._held[a.worker_id] = frozenset(a.granted)
                 await asyncio.sleep(POLL)
+                with contextlib.suppress(Exception):  # etcd may be briefly away; the next poll catches up
+                    await self._read(client)
         finally:
             await client.close()
 
