@@ -1,7 +1,7 @@
 """The watches that feed one worker: nodes and pods from the API server into the cache and the queue.
 
 - ``NodeFeed``: every node (of ``--node-selector``) into the cache; a node added or changed in a way a filter
-  sees wakes the unschedulable pods (``queue.move_all``).
+  sees wakes the unschedulable pods it may help (``worker.hints``), a relist every one (``queue.move_all``).
 - ``PodFeed``: every non-terminal pod into the cache (pods of every scheduler use capacity); with
   ``watch_pending`` (standalone, or the sole worker under a coordinator: ``worker.intake``) also every
   pending pod of our scheduler name into the queue, and under a coordinator the pending pods this worker
@@ -65,6 +65,7 @@ from common.reporting import Reporter
 from common.watching import Reflector, revision_of
 from worker.cache import Cache
 from worker.claims import Claims
+from worker.hints import NodeHints
 from worker.queue import SchedulingQueue
 from worker.workloads import REPLICA_SET, REPLICATION_CONTROLLER, SERVICE, STATEFUL_SET
 
@@ -80,9 +81,13 @@ POD_PARAMS = {"fieldSelector": "status.phase!=Succeeded,status.phase!=Failed"}
 
 
 class NodeFeed:
-    def __init__(self, cache: Cache, queue: SchedulingQueue) -> None:
+    """Nodes into the cache; a node added or changed moves the unschedulable pods it may help
+    (``worker.hints``), a relist every one."""
+
+    def __init__(self, cache: Cache, queue: SchedulingQueue, hints: NodeHints) -> None:
         self.cache = cache
         self.queue = queue
+        self.hints = hints
 
     def replace(self, objects: list[dict[str, Any]]) -> None:
         self.cache.replace_nodes([node_from_json(o) for o in objects])
@@ -92,8 +97,10 @@ class NodeFeed:
         record = node_from_json(obj)
         if kind == "DELETED":
             self.cache.remove_node(record.name)
-        elif self.cache.upsert_node(record):
-            self.queue.move_all()
+            return
+        added = record.name not in self.cache.nodes
+        if self.cache.upsert_node(record):
+            self.queue.move_if(self.hints.after((record,), added=added))
 
 
 def _namespace_labels(obj: dict[str, Any]) -> tuple[str, dict[str, str]]:
@@ -426,10 +433,12 @@ class Watches:
         watch_workloads: bool = True,
         gone: Callable[[PodKey, str], None] = lambda key, uid: None,
         claims: Claims | None = None,
+        hints: NodeHints | None = None,
     ) -> None:
         self.client = client
         self.cache = cache
         self.progress = asyncio.Event()
+        hints = hints or NodeHints(cache, defaults=False)
         self.pod_feed = PodFeed(
             cache,
             queue,
@@ -444,7 +453,7 @@ class Watches:
         self.pod_feed.listed_revision = lambda: int(self.pods.resource_version or 0)
         node_params = {"labelSelector": node_selector} if node_selector else {}
         self.nodes = Reflector(
-            client, "/api/v1/nodes", NodeFeed(cache, queue), params=node_params, name="nodes"
+            client, "/api/v1/nodes", NodeFeed(cache, queue, hints), params=node_params, name="nodes"
         )
         self.others = [
             Reflector(client, "/api/v1/namespaces", NamespaceFeed(cache, queue), name="namespaces")

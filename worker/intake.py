@@ -78,13 +78,15 @@ Invariants:
 - The sole worker: SOLE over the current stream makes this worker take every pending pod of ours from its
   own pod watch (those it passed over before are listed once, ``Watches.list_pending``) and run as standalone
   (``Scheduler.set_sole``): its verdicts go on the pod, it preempts at once, and it answers no RESULT for
-  them (a decision over no usable node, or while granted nodes catch up, is no verdict). Only while it can
-  place pods with no granted node catching up and no claim set in force; otherwise it closes the stream. It
-  stops being sole when that stream ends (the leader ended it, or a newer stream replaced it), and ends the
-  stream itself when its usable nodes change, a granted node starts catching up, it is fenced or begins to
-  drain (its verdicts would no longer be over the whole pool), a claim set is in force, its leader has sent
-  nothing for ``protocol.DEAD_AFTER`` (that leader may be dispatching again), or taking the listed pods
-  failed (nobody else would place them). Stopping empties its queue (the leader dispatches those pods
+  them. While a granted node catches up, its verdicts and preemptions wait (a decision over part of the
+  shard is no verdict) and the pods retry with backoff until the node is usable, as a dispatching leader's
+  verdicts wait for this worker's "try later"; a decision over no usable node is no verdict either. Only
+  while it can place pods and no claim set is in force; otherwise it closes the stream. It stops being sole
+  when that stream ends (the leader ended it, or a newer stream replaced it), and ends the stream itself
+  when a usable node leaves its shard (revoked, it may be on its way to another worker), it is fenced or
+  begins to drain (its verdicts would no longer be over the whole pool), a claim set is in force, its leader
+  has sent nothing for ``protocol.DEAD_AFTER`` (that leader may be dispatching again), or taking the listed
+  pods failed (nobody else would place them). Stopping empties its queue (the leader dispatches those pods
   again); bindings under way go on and are counted in the next stream's ``earlier`` (rule 6).
 
 What goes on the wire (RESULT construction, DISPATCH decoding, sealed writes) is kept in the few small
@@ -370,8 +372,9 @@ class LeaderResults:
         dispatch_id = self._owed_or_claimed(pod)
         if dispatch_id is None:
             if self.sole and decision.nodes > 0 and not self.catching_up():
-                # (a decision over no usable node, or while granted nodes catch up, is no verdict: it came
-                # between the shard's change and the period's end, which follows at once)
+                # (while granted nodes catch up, the decision was over part of the shard: no verdict; the pod
+                # retries with backoff, ``Scheduler.schedule_one``. One over no usable node came between the
+                # shard's change and the period's end, which follows at once)
                 self.reporter.unschedulable(pod, decision.message)
             return
         syncing = self.catching_up()
@@ -700,13 +703,12 @@ class Intake:
     # ----- the sole worker ---------------------------------------------------------------------------------
 
     def _not_sole(self) -> str:
-        """Why this worker may not be (or stay) the sole one now; "" if it may. A sole worker's verdicts and
-        preemptions are the cluster's, so they must be over its whole shard, as the leader saw it when it
-        sent SOLE: not while fenced or draining, nor while granted nodes catch up."""
+        """Why this worker may not be (or stay) the sole one now; "" if it may: not while fenced or draining,
+        nor under a claim set. Granted nodes catching up do not stop it: while any does, its verdicts and
+        preemptions wait (``unschedulable``, ``Scheduler.schedule_one``), as a dispatching leader's would
+        (this worker would answer it "try later"), and the pods retry when they are usable."""
         if not self.can_place():
             return "it cannot place pods (fenced or draining)"
-        if syncing := self.shard.syncing():
-            return f"{syncing} granted nodes are catching up"
         if self.results.claims is not None and self.results.claims.workers:
             return "a claim set is in force"
         return ""
@@ -775,15 +777,17 @@ class Intake:
             stream.writer.close()
 
     def _shard_changed(self, change: ShardChange) -> None:
-        if self.results.sole:
-            self._end_sole_and_close(
-                f"its usable nodes changed (+{len(change.added)} -{len(change.removed)})"
-            )
+        """A usable node gone ends the period: revoked, it may be on its way to a worker that joins (the
+        leader ends the period too, once it sees the handover, but this worker's next verdict would come
+        first). Nodes added keep it: while no other worker is live, every node the leader grants is this
+        worker's, and its verdicts wait while they catch up (``_not_sole``)."""
+        if self.results.sole and change.removed:
+            self._end_sole_and_close(f"{len(change.removed)} usable nodes left its shard")
 
     def shard_reevaluated(self) -> None:
         """The shard was looked at again (``worker.shard.Shard.on_reevaluated``: a grant, a catch-up, the
-        lease's health): a node granted starts catching up before any usable node changes, and the sole worker
-        must stop before its next decision, not at the next capacity check."""
+        lease's health): the sole worker must stop before its next decision when it can no longer place pods,
+        not at the next capacity check."""
         self.poke()
         if self.results.sole and (why := self._not_sole()):
             self._end_sole_and_close(why)

@@ -17,7 +17,7 @@ Seams, all given to the constructor (so the coordinator can drive a worker witho
   it), one not placed is handed back (``worker.intake.LeaderResults``).
 
 - ``set_sole``: under a coordinator, the sole worker runs as standalone does (``watch_pending`` on) until its
-  leader stream ends (``worker.intake``).
+  leader stream ends (``worker.intake``), except that it does not preempt while granted nodes catch up.
 
 - ``preempt``: when no node fits, try preemption (``worker.preemption``). It adds a watch of
   PodDisruptionBudgets, synced before the first decision. Standalone, the worker preempts at once. Under a
@@ -50,6 +50,7 @@ from worker.claims import Claims
 from worker.engine import Decision, Engine
 from worker.feeds import Watches
 from worker.framework import Code
+from worker.hints import NodeHints
 from worker.outcomes import Outcomes
 from worker.plugins import default_profile, default_registry, spread_defaults
 from worker.preemption import Evaluator, Executor, Preemption
@@ -131,6 +132,7 @@ class Scheduler:
         shard.subscribe(self._shard_changed)
         self.engine = build_engine(settings, self.cache)
         defaults = spread_defaults(spread_args(settings))
+        self.hints = NodeHints(self.cache, defaults=any(c.hard for c in defaults.constraints))
         if not watch_pending and any(c.hard for c in defaults.constraints):
             # a default DoNotSchedule constraint spans shards, and the leader cannot see which pods get it
             raise ValueError(
@@ -160,6 +162,7 @@ class Scheduler:
             watch_workloads=bool(defaults.constraints),
             gone=self._gone,
             claims=claims,
+            hints=self.hints,
         )
         self.preemption: Preemption | None = None
         self.budgets: Reflector | None = None
@@ -197,7 +200,14 @@ class Scheduler:
         self.paused = False
 
     def _shard_changed(self, change: ShardChange) -> None:
-        self.queue.move_all()
+        """Usable nodes added move the pods they may help (``worker.hints``); any removed, every pod."""
+        if change.removed:
+            self.queue.move_all()
+            return
+        # (a node only its pods have shown has a placeholder record, no allocatable to go by: every pod)
+        nodes = self.cache.nodes
+        added = [nodes[n].node for n in change.added if n in nodes]
+        self.queue.move_if(self.hints.after(added, added=True) if len(added) == len(change.added) else None)
 
     def _not_evicted(self, victim: PodRecord) -> None:
         """An eviction the preemption executor started did not happen: the victim no longer counts as
@@ -290,7 +300,10 @@ class Scheduler:
             and pod.parse_error is None
         ):
             if self.watch_pending:
-                decision = preemption.post_filter(pod, decision)
+                if not self.shard.syncing():
+                    # (a sole worker whose granted nodes catch up waits: one of them may fit the pod without
+                    # evicting anything, and the pod retries when they are usable)
+                    decision = preemption.post_filter(pod, decision)
             elif (nominated := preemption.waiting(pod)) is not None:
                 # nominated here, its victims still terminating: it waits here for the room (the leader
                 # still has it in flight to us, and is told so), as a standalone worker's pod would
@@ -334,7 +347,10 @@ class Scheduler:
         self.unschedulable += 1
         log.debug("unschedulable: %s", decision.message, extra={"pod": key})
         if self.watch_pending:
-            self.queue.done(qp, scheduled=False, retry=decision.code == Code.ERROR, message=decision.message)
+            # A "no" while granted nodes catch up (a sole worker's) is over part of the shard, no verdict: the
+            # pod retries with backoff, not parked for an event (the catch-up's may not help it, ``hints``).
+            retry = decision.code == Code.ERROR or self.shard.syncing() > 0
+            self.queue.done(qp, scheduled=False, retry=retry, message=decision.message)
         else:
             # The pod came from the leader: it goes back there with the verdict, and the leader may place it
             # on another shard (or dispatch it here again); retrying it here as well would race that.

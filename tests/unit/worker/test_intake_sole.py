@@ -1,5 +1,6 @@
 """The worker's side of the sole worker (``Intake``, SOLE) over a real local TCP stream: what it takes, how it
-answers and reports, when it refuses, and how the period ends (its nodes change, the stream ends)."""
+answers and reports, when it refuses, how it waits while granted nodes catch up, and how the period ends (a
+usable node leaves, the stream ends)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from common import protocol
 from common.kube import ApiError
 from common.records import NodeName, PodKey
 from common.wellknown import DEFAULT_SCHEDULER_NAME
-from tests.builders import make_pod
+from tests.builders import make_node, make_pod
 from tests.unit.worker.test_intake import TIMEOUT, Leader, Worker, capacity_until, fast, running_worker
 from worker.audit import AuditLog
 from worker.claims import Claims
@@ -85,23 +86,23 @@ async def test_the_sole_worker_takes_every_pending_pod_of_ours_and_answers_none(
     await leader.close()
 
 
-async def test_sole_is_refused_while_fenced_or_catching_up(worker: Worker) -> None:
-    for fenced, syncing in ((True, 0), (False, 1)):
-        worker.placing[0], worker.shard.syncing_nodes = not fenced, syncing
-        leader = await Leader.connect(worker, term=1)
-        leader.send(protocol.Sole())
-        assert await leader.closed()  # the leader dispatches again over a new stream
-        await leader.close()
-        assert not worker.results.sole and not worker.sched.watch_pending
-        assert queued(worker) == set()
+async def test_sole_is_refused_while_fenced(worker: Worker) -> None:
+    worker.placing[0] = False
+    leader = await Leader.connect(worker, term=1)
+    leader.send(protocol.Sole())
+    assert await leader.closed()  # the leader dispatches again over a new stream
+    await leader.close()
+    assert not worker.results.sole and not worker.sched.watch_pending
+    assert queued(worker) == set()
 
 
-async def test_a_change_of_its_nodes_ends_it_and_the_next_stream_counts_its_bindings(worker: Worker) -> None:
+async def test_a_usable_node_leaving_ends_it_and_the_next_stream_counts_its_bindings(worker: Worker) -> None:
+    worker.shard.set(["n1", "n2"])
     leader = await become_sole(worker)
     await settle()
     worker.sched.watches.pod_feed.event("ADDED", make_pod("next").req(cpu="1").json())
     worker.sched.cache.assume(make_pod("old").record(), NodeName("n1"))  # its binding is under way
-    worker.shard.set(["n1", "n2"])  # a node granted: its verdicts would no longer be over the whole pool
+    worker.shard.set(["n1"])  # revoked: it may be on its way to a worker that joins
     assert await leader.closed()
     await leader.close()
     assert not worker.results.sole and not worker.sched.watch_pending
@@ -147,23 +148,73 @@ async def test_being_fenced_ends_it(worker: Worker) -> None:
     assert not worker.results.sole and queued(worker) == set()
 
 
-async def test_a_node_granted_ends_it_before_the_next_decision(worker: Worker) -> None:
-    """A grant starts a catch-up before any usable node changes: the shard's re-evaluation ends the period at
-    once (``Shard.on_reevaluated``), and a decision that still came first is no verdict."""
+async def test_a_node_granted_keeps_it_and_holds_verdicts_and_preemption_until_it_is_usable(
+    worker: Worker,
+) -> None:
+    """The autoscaler's case: a node is granted while pods wait. The period goes on; while the node catches up
+    a pod that fits nowhere usable is neither reported nor preempts (the new node may fit it) and retries with
+    backoff. Once the node is usable: "hi" binds there, and the low-priority pod it would have evicted stays;
+    "huge", which the new node cannot fit either, gets its verdict over both nodes."""
+    low = make_pod("low").req(cpu="4").priority(1).on("n1").record()
+    worker.sched.cache.upsert_pod(low)
     leader = await become_sole(worker)
-    worker.shard.syncing_nodes = 1
-    huge = make_pod("huge").req(cpu="64").record()
-    worker.results.unschedulable(huge, Decision(None, Code.UNSCHEDULABLE, "no", nodes=1))
-    worker.results.unschedulable(huge, Decision(None, Code.UNSCHEDULABLE, "no", nodes=0))
-    worker.shard.syncing_nodes = 0
-    worker.results.unschedulable(
-        huge, Decision(None, Code.UNSCHEDULABLE, "no", nodes=0)
-    )  # fenced: none usable
-    assert worker.reporter.failures == []
-    worker.shard.syncing_nodes = 1
+    await settle()
+    queue = worker.sched.queue
+    queue.pop_nowait()  # "old", listed at SOLE: not part of this test
+    worker.shard.syncing_nodes = 1  # granted n2: catching up
     worker.intake.shard_reevaluated()
-    assert not worker.results.sole and not worker.sched.watch_pending
-    assert await leader.closed()
+    assert worker.results.sole and worker.sched.watch_pending
+    hi, huge = make_pod("hi").req(cpu="4").priority(10), make_pod("huge").req(cpu="64").priority(10)
+    for pod in (hi, huge):
+        worker.sched.watches.pod_feed.event("ADDED", pod.json())
+        qp = queue.pop_nowait()
+        assert qp is not None and qp.pod.key == pod.record().key
+        decision = worker.sched.schedule_one(qp)
+        assert decision is not None and decision.node is None
+        assert pod.record().key not in worker.sched.cache.nominated_node  # no preemption
+        assert queue.where(pod.record().key) == "backoff"  # retried, not parked for an event
+    assert worker.reporter.failures == []  # no verdict over part of the shard
+    # a decision over no usable node is no verdict either
+    worker.results.unschedulable(hi.record(), Decision(None, Code.UNSCHEDULABLE, "no", nodes=0))
+    assert worker.reporter.failures == []
+    # n2 caught up: usable
+    worker.sched.cache.upsert_node(make_node("n2", cpu="4").record())
+    worker.shard.syncing_nodes = 0
+    worker.shard.set(["n1", "n2"])
+    worker.intake.shard_reevaluated()
+    assert worker.results.sole
+    clock = queue.clock
+    queue.clock = lambda: clock() + 60.0  # their backoff served
+    queue.flush_backoff()
+    decided = {}
+    while (qp := queue.pop_nowait()) is not None:
+        decision = worker.sched.schedule_one(qp)
+        assert decision is not None
+        decided[qp.pod.name] = decision
+    assert decided["hi"].node == "n2"
+    assert worker.sched.preemption is not None and not worker.sched.preemption.busy(hi.record().key)
+    assert decided["huge"].node is None and decided["huge"].nodes == 2
+    assert [k for k, _ in worker.reporter.failures] == ["default/huge"]
+    assert queue.where(huge.record().key) == "unschedulable"  # its verdict given, it waits for an event
+    leader.send(protocol.Ping(ts=3.0))  # the stream is still up
+    assert (await leader.next(protocol.Pong)).ts == 3.0
+    assert worker.results.sole
+    await leader.close()
+
+
+async def test_the_sole_worker_preempts_at_once_when_no_node_catches_up(worker: Worker) -> None:
+    """The same pod with every granted node usable: its verdict is the cluster's, and it preempts."""
+    low = make_pod("low").req(cpu="4").priority(1).on("n1").record()
+    worker.sched.cache.upsert_pod(low)
+    leader = await become_sole(worker)
+    await settle()
+    worker.sched.queue.pop_nowait()
+    hi = make_pod("hi").req(cpu="4").priority(10)
+    worker.sched.watches.pod_feed.event("ADDED", hi.json())
+    qp = worker.sched.queue.pop_nowait()
+    assert qp is not None
+    worker.sched.schedule_one(qp)
+    assert worker.sched.cache.nominated_node[hi.record().key] == "n1"
     await leader.close()
 
 
