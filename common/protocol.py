@@ -67,7 +67,7 @@ Leader -> worker
                                                (``common.claims``); sent on every change, and to each new stream
                                                at once. Empty: claim nothing. A worker that has
                                                no stream claims nothing
-    SOLE      {}                               the sole worker (``--sole-worker`` on the coordinator): the
+    SOLE      {}                               the sole worker (on unless ``--no-sole-worker``): the
                                                worker owns the whole pool and is the only one, so it places
                                                every pending pod of ours from its own watch, reports and
                                                preempts as a standalone worker does, until this stream

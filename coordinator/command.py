@@ -66,11 +66,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--sole-worker",
         action=argparse.BooleanOptionalAction,
-        default=False,
+        default=None,  # on; None tells an explicit --sole-worker (refused with --worker-claims) from the default
         help="while one worker is live and owns every node, it places every pod from its own watch as a "
         "standalone worker does, and the leader neither watches nor dispatches pods (docs/architecture.md, "
-        "'The sole worker'); off by default: each change of that worker's nodes ends and restarts it, which "
-        "costs a backlog's pods two lists and a dispatch each time (docs/install.md)",
+        "'The sole worker'); --no-sole-worker keeps the leader dispatching every pod (default: on, off with "
+        "--worker-claims)",
     )
     p.add_argument("--metrics-address", default="127.0.0.1:0", help="host:port of /metrics, /healthz")
     p.add_argument("--id", default="", help="candidate identity (default hostname-pid)")
@@ -91,14 +91,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def sole_worker(args: argparse.Namespace) -> bool:
-    """Whether the leader offers a lone worker the whole per-pod path (``--sole-worker``, off by default). Never
+    """Whether the leader offers a lone worker the whole per-pod path (on unless ``--no-sole-worker``). Never
     with ``--worker-claims``: a claim set splits the pods by hash among the workers, and the offer needs none.
     Raises ValueError when both are asked for."""
     if args.worker_claims and args.sole_worker:
         raise ValueError(
             "--sole-worker and --worker-claims exclude each other (claims split the pods by hash)"
         )
-    return bool(args.sole_worker)
+    return args.sole_worker is not False and not args.worker_claims
 
 
 def sharding_options(args: argparse.Namespace) -> ShardingOptions | None:

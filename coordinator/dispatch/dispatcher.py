@@ -58,7 +58,7 @@ Invariants:
   one, no lane pod is dispatched and no
   plain pod matching a cross-node required anti-affinity term of a pending pod; meanwhile the lane's versions
   follow the highest pod revision the workers reported (a pod's, which every worker's watch reaches).
-- The sole worker (``sole``, ``--sole-worker``, off by default): when one worker is live, owns every granted node
+- The sole worker (``sole``, on unless ``--no-sole-worker``): when one worker is live, owns every granted node
   (all usable, none in transit, no other worker holding any), nothing is in flight or held by the lane, claims
   are off and the term no longer inherits, the leader sends it SOLE and from then dispatches nothing. Once the worker says
   it took it (CAPACITY ``sole``) the leader stops its pending watch and forgets every pod: the worker places,

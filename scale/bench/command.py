@@ -56,9 +56,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--schedulers",
         type=_names,
         default=None,
-        help="agent-standalone,agent-standalone-bc256,agent-coord-1,agent-coord-1-sole,agent-coord-2,"
+        help="agent-standalone,agent-standalone-bc256,agent-coord-1,agent-coord-1-dispatched,agent-coord-2,"
         "kube-scheduler-qps5000,kube-scheduler-default,no-decision,volcano-agent-1w,volcano-agent-4w, "
-        "agent-coord-1-dispatched (default all but the last, the volcano ones when its binary is found; --quick: "
+        "agent-coord-1-sole (default all but the last, the volcano ones when its binary is found; --quick: "
         "agent-standalone,kube-scheduler-qps5000,no-decision)",
     )
     c.add_argument(

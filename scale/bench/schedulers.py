@@ -118,22 +118,22 @@ SCHEDULERS: dict[str, SchedulerSpec] = {
             name="agent-coord-1",
             kind=AGENT,
             workers=1,
-            description="agent scheduler, coordinator + 1 worker (the leader dispatches every pod: the default)",
+            description="agent scheduler, coordinator + 1 worker (the sole worker, on by default)",
         ),
         SchedulerSpec(
+            # the default spelled out: the name results made while it was off by default use
             name="agent-coord-1-sole",
             kind=AGENT,
             workers=1,
             coordinator_flags=("--sole-worker",),
+            in_default=False,  # agent-coord-1, spelled out
             description="agent scheduler, coordinator --sole-worker + 1 worker",
         ),
         SchedulerSpec(
-            # the default spelled out: the name results made while the sole worker was the default use
             name="agent-coord-1-dispatched",
             kind=AGENT,
             workers=1,
             coordinator_flags=("--no-sole-worker",),
-            in_default=False,  # agent-coord-1, spelled out
             description="agent scheduler, coordinator --no-sole-worker + 1 worker (the leader dispatches every pod)",
         ),
         SchedulerSpec(

@@ -1,5 +1,5 @@
-"""The coordinator's command line: worker claims are off unless turned on (experimental); the sole worker is off
-unless turned on, and never with claims (both asked for: refused)."""
+"""The coordinator's command line: worker claims are off unless turned on (experimental); the sole worker is on
+unless turned off, and never with claims (both asked for: refused)."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ def test_worker_claims_are_off_by_default_and_can_be_turned_on() -> None:
     assert parse("--worker-claims").worker_claims is True
 
 
-def test_the_sole_worker_is_off_by_default_on_with_its_flag_and_never_with_claims() -> None:
-    assert sole_worker(parse()) is False
+def test_the_sole_worker_is_on_by_default_off_with_its_flag_and_never_with_claims() -> None:
+    assert sole_worker(parse()) is True
     assert sole_worker(parse("--sole-worker")) is True
     assert sole_worker(parse("--no-sole-worker")) is False
     # a claim set splits the pods among the workers by hash: no worker is ever offered the whole path
