@@ -432,13 +432,12 @@ class Watches:
         watch_pending: bool,
         watch_workloads: bool = True,
         gone: Callable[[PodKey, str], None] = lambda key, uid: None,
+        hints: NodeHints,
         claims: Claims | None = None,
-        hints: NodeHints | None = None,
     ) -> None:
         self.client = client
         self.cache = cache
         self.progress = asyncio.Event()
-        hints = hints or NodeHints(cache, defaults=False)
         self.pod_feed = PodFeed(
             cache,
             queue,

@@ -79,8 +79,8 @@ Invariants:
   own pod watch (those it passed over before are listed once, ``Watches.list_pending``) and run as standalone
   (``Scheduler.set_sole``): its verdicts go on the pod, it preempts at once, and it answers no RESULT for
   them. While a granted node catches up, its verdicts and preemptions wait (a decision over part of the
-  shard is no verdict) and the pods retry with backoff until the node is usable, as a dispatching leader's
-  verdicts wait for this worker's "try later"; a decision over no usable node is no verdict either. Only
+  shard is no verdict) and the pods wait until no granted node catches up, then are decided again, as a
+  dispatching leader's verdicts wait for this worker's "try later"; a decision over no usable node is no verdict either. Only
   while it can place pods and no claim set is in force; otherwise it closes the stream. It stops being sole
   when that stream ends (the leader ended it, or a newer stream replaced it), and ends the stream itself
   when a usable node leaves its shard (revoked, it may be on its way to another worker), it is fenced or
@@ -373,8 +373,8 @@ class LeaderResults:
         if dispatch_id is None:
             if self.sole and decision.nodes > 0 and not self.catching_up():
                 # (while granted nodes catch up, the decision was over part of the shard: no verdict; the pod
-                # retries with backoff, ``Scheduler.schedule_one``. One over no usable node came between the
-                # shard's change and the period's end, which follows at once)
+                # is decided again once they are usable, ``Scheduler.release_held``. One over no usable node
+                # came between the shard's change and the period's end, which follows at once)
                 self.reporter.unschedulable(pod, decision.message)
             return
         syncing = self.catching_up()
@@ -706,7 +706,7 @@ class Intake:
         """Why this worker may not be (or stay) the sole one now; "" if it may: not while fenced or draining,
         nor under a claim set. Granted nodes catching up do not stop it: while any does, its verdicts and
         preemptions wait (``unschedulable``, ``Scheduler.schedule_one``), as a dispatching leader's would
-        (this worker would answer it "try later"), and the pods retry when they are usable."""
+        (this worker would answer it "try later"), and the pods are decided again once none does."""
         if not self.can_place():
             return "it cannot place pods (fenced or draining)"
         if self.results.claims is not None and self.results.claims.workers:
@@ -780,17 +780,21 @@ class Intake:
         """A usable node gone ends the period: revoked, it may be on its way to a worker that joins (the
         leader ends the period too, once it sees the handover, but this worker's next verdict would come
         first). Nodes added keep it: while no other worker is live, every node the leader grants is this
-        worker's, and its verdicts wait while they catch up (``_not_sole``)."""
+        worker's, and its verdicts wait while they catch up (``LeaderResults.unschedulable``,
+        ``Scheduler.schedule_one``)."""
         if self.results.sole and change.removed:
             self._end_sole_and_close(f"{len(change.removed)} usable nodes left its shard")
 
     def shard_reevaluated(self) -> None:
         """The shard was looked at again (``worker.shard.Shard.on_reevaluated``: a grant, a catch-up, the
         lease's health): the sole worker must stop before its next decision when it can no longer place pods,
-        not at the next capacity check."""
+        not at the next capacity check; and once no granted node catches up, the pods whose "no" came while
+        some did are decided again (``Scheduler.release_held``)."""
         self.poke()
         if self.results.sole and (why := self._not_sole()):
             self._end_sole_and_close(why)
+        elif self.results.sole and not self.shard.syncing():
+            self.sched.release_held()
 
     def _queue(self, pod: PodRecord, received_at: float) -> None:
         """The gate let a dispatched pod through (at once, or once the watch reached its ``min_rv``)."""

@@ -17,7 +17,8 @@ Seams, all given to the constructor (so the coordinator can drive a worker witho
   it), one not placed is handed back (``worker.intake.LeaderResults``).
 
 - ``set_sole``: under a coordinator, the sole worker runs as standalone does (``watch_pending`` on) until its
-  leader stream ends (``worker.intake``), except that it does not preempt while granted nodes catch up.
+  leader stream ends (``worker.intake``), except that while granted nodes catch up a pod that fits nowhere
+  does not preempt and waits until they are usable (``release_held``).
 
 - ``preempt``: when no node fits, try preemption (``worker.preemption``). It adds a watch of
   PodDisruptionBudgets, synced before the first decision. Standalone, the worker preempts at once. Under a
@@ -198,13 +199,16 @@ class Scheduler:
         self.decisions = 0
         self.unschedulable = 0
         self.paused = False
+        # pods whose "no" came while granted nodes caught up (a sole worker's): parked, moved by ``release_held``
+        self._held: set[PodKey] = set()
 
     def _shard_changed(self, change: ShardChange) -> None:
         """Usable nodes added move the pods they may help (``worker.hints``); any removed, every pod."""
         if change.removed:
             self.queue.move_all()
             return
-        # (a node only its pods have shown has a placeholder record, no allocatable to go by: every pod)
+        # (a node the cache has no record of: every pod; one only its pods have shown has a placeholder
+        # record, whose allocatable_error does the same)
         nodes = self.cache.nodes
         added = [nodes[n].node for n in change.added if n in nodes]
         self.queue.move_if(self.hints.after(added, added=True) if len(added) == len(change.added) else None)
@@ -260,7 +264,15 @@ class Scheduler:
         (``withdraw_all``): the leader dispatches those pods again."""
         self.watch_pending = self.watches.pod_feed.watch_pending = self.binder.requeue_rejected = on
         if not on:
+            self._held.clear()
             self.withdraw_all()
+
+    def release_held(self) -> None:
+        """No granted node catches up any more (``worker.intake``, the sole worker): the pods whose "no" came
+        while some did are decided again, over the whole shard, whatever the node events' hints said."""
+        if self._held:
+            held, self._held = self._held, set()
+            self.queue.move_if(lambda pod: pod.key in held)
 
     def preempt_next(self, key: PodKey, node: NodeName) -> None:
         """The leader chose ``node`` for ``key``'s preemption: the pod's next decision may carry it out."""
@@ -302,7 +314,7 @@ class Scheduler:
             if self.watch_pending:
                 if not self.shard.syncing():
                     # (a sole worker whose granted nodes catch up waits: one of them may fit the pod without
-                    # evicting anything, and the pod retries when they are usable)
+                    # evicting anything, and the pod is decided again when they are usable)
                     decision = preemption.post_filter(pod, decision)
             elif (nominated := preemption.waiting(pod)) is not None:
                 # nominated here, its victims still terminating: it waits here for the room (the leader
@@ -329,7 +341,12 @@ class Scheduler:
             plan = self.engine.volume_plan(pod, decision.node) if pod.claims else None
             if plan is not None and plan.nothing_to_do:
                 plan = None
+            nominated = self.cache.nominated_node.get(key)
             self.cache.assume(pod, decision.node)
+            if nominated is not None and nominated != decision.node:
+                # the room its nomination kept on another node is free: a pod that lacked it may fit now, and
+                # no node event says so (``worker.hints`` moves only the pods an event may help)
+                self.queue.move_all()
             if plan is not None:
                 # kube's AssumePodVolumes: the next decisions see the PVs taken and the claims annotated
                 self.cache.volumes.assume(plan)
@@ -347,10 +364,11 @@ class Scheduler:
         self.unschedulable += 1
         log.debug("unschedulable: %s", decision.message, extra={"pod": key})
         if self.watch_pending:
-            # A "no" while granted nodes catch up (a sole worker's) is over part of the shard, no verdict: the
-            # pod retries with backoff, not parked for an event (the catch-up's may not help it, ``hints``).
-            retry = decision.code == Code.ERROR or self.shard.syncing() > 0
-            self.queue.done(qp, scheduled=False, retry=retry, message=decision.message)
+            if decision.code != Code.ERROR and self.shard.syncing():
+                # A "no" while granted nodes catch up (a sole worker's) is over part of the shard, no verdict:
+                # the pod waits in the pool until they are usable (``release_held``), whatever the hints say.
+                self._held.add(key)
+            self.queue.done(qp, scheduled=False, retry=decision.code == Code.ERROR, message=decision.message)
         else:
             # The pod came from the leader: it goes back there with the verdict, and the leader may place it
             # on another shard (or dispatch it here again); retrying it here as well would race that.

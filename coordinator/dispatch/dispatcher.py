@@ -666,8 +666,8 @@ class Dispatcher:
             self._requeue_from(w)
             self._update_claims()
             if w.worker_id == self.sole_worker:
-                # the worker ended its stream (it stopped being the sole worker: its nodes changed, it was
-                # fenced or drained), or the stream broke; the link connects again by itself
+                # the worker ended its stream (it stopped being the sole worker: a usable node left its shard,
+                # it was fenced or drained), or the stream broke; the link connects again by itself
                 self._end_sole("its stream ended", new_stream=False)
 
     def _update_claims(self) -> None:

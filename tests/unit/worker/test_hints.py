@@ -5,7 +5,7 @@ pod a node event leaves in the pool could never be placed on that node."""
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, cast
 
 from common.kube import Credentials, KubeClient
 from common.records import NodeName, PodRecord, node_from_json, pod_from_json
@@ -19,6 +19,7 @@ from worker.outcomes import PodReports
 from worker.queue import SchedulingQueue
 from worker.scheduler import Scheduler
 from worker.settings import WorkerSettings
+from worker.shard import WholeCluster
 
 
 def pool(queue: SchedulingQueue, *pods: PodRecord) -> None:
@@ -88,7 +89,8 @@ def test_a_default_hard_spread_constraint_moves_every_pod() -> None:
 
 def test_a_node_changed_moves_every_pod_while_a_placed_pod_has_required_anti_affinity() -> None:
     """A node's labels carry the domain of the pods on it: relabelled, the domain a placed pod's anti-affinity
-    keeps other pods out of changes, and a pod too big for this node may fit one elsewhere."""
+    keeps other pods out of changes, and a pod too big for this node may fit one elsewhere. (This checks the
+    conservative rule, not that scenario: "big" is put in the pool by hand.)"""
     queue, nodes = feed()
     nodes.event("ADDED", make_node("n1").label("zone", "a").json())
     nodes.event("ADDED", make_node("n2", cpu="128").label("zone", "a").json())
@@ -170,12 +172,73 @@ async def test_usable_nodes_added_to_the_shard_move_what_they_may_help_and_any_r
     assert NodeName("n3") not in sched.cache.known
     shard.set(["n2", "n5", "n3"])
     assert moved(sched.queue, BIG) == {"big": True}
+    sched.queue.delete(BIG.key)
+    pool(sched.queue, BIG)
+    sched.cache.upsert_node(make_node("n7").record())
+    shard.set(
+        ["n2", "n5", "n3", "n7", "n9"]
+    )  # with n7 (too small), n9, of which the cache has no record: every pod
+    assert moved(sched.queue, BIG) == {"big": True}
+    await client.close()
+
+
+def scheduler_with(client: KubeClient, settings: WorkerSettings) -> Scheduler:
+    reporter = RecordingReporter(client)
+    return Scheduler(
+        client,
+        settings,
+        shard=WholeCluster(),
+        outcomes=PodReports(reporter),
+        reporter=reporter,
+        watch_pending=True,
+    )
+
+
+async def test_the_scheduler_tells_the_hints_of_a_default_do_not_schedule_constraint_only() -> None:
+    client = KubeClient(Credentials("http://127.0.0.1:9"))
+    assert scheduler_with(client, WorkerSettings()).hints.defaults is False
+    for hard, expected in ((False, False), (True, True)):
+        settings = WorkerSettings()
+        settings.scheduling.spread_defaulting = "List"
+        settings.scheduling.spread_default_constraints = [
+            {
+                "maxSkew": 1,
+                "topologyKey": "topology.kubernetes.io/zone",
+                "whenUnsatisfiable": "DoNotSchedule" if hard else "ScheduleAnyway",
+            }
+        ]
+        sched = scheduler_with(client, settings)
+        assert sched.hints.defaults is expected
+        assert cast(NodeFeed, sched.watches.nodes.handler).hints is sched.hints  # the node feed uses the same
+    await client.close()
+
+
+async def test_a_nominated_pod_placed_elsewhere_frees_its_room_and_moves_every_pod() -> None:
+    """ "n" is nominated to z and keeps its room there, so "p" did not fit z; a node added (y) moves "n"
+    (it fits y) but not "p" (it cannot fit y). "n" placed on y leaves z's room to "p": the scheduler moves it."""
+    client = KubeClient(Credentials("http://127.0.0.1:9"))
+    sched = scheduler_with(client, WorkerSettings())
+    sched.cache.upsert_node(make_node("z", cpu="8", memory="2Gi").record())
+    n = make_pod("n").req(cpu="1", memory="4Gi").priority(10).record()  # (it does not fit z itself)
+    p = make_pod("p").req(cpu="8", memory="1Gi").record()
+    sched.cache.nominate(n, NodeName("z"))
+    pool(sched.queue, n, p)
+    sched.watches.nodes.handler.event("ADDED", make_node("y", cpu="4", memory="8Gi").json())
+    assert moved(sched.queue, n, p) == {"n": True, "p": False}
+    clock = sched.queue.clock
+    sched.queue.clock = lambda: clock() + 60.0  # its backoff served
+    sched.queue.flush_backoff()
+    qp = sched.queue.pop_nowait()
+    assert qp is not None and qp.pod.key == n.key
+    decision = sched.schedule_one(qp)
+    assert decision is not None and decision.node == "y"
+    assert moved(sched.queue, p) == {"p": True}
     await client.close()
 
 
 def test_a_pod_a_node_event_leaves_in_the_pool_never_fits_that_node() -> None:
     """Soundness against the real filters: random plain pods and nodes; whenever the hint says a node added
-    cannot help a pod, the engine over that node alone finds no place for it, whatever else is on it."""
+    cannot help a pod, the engine over that node alone, empty, finds no place for it."""
     rng = random.Random(7)
     hints = NodeHints(Cache(), defaults=False)
     checked = 0

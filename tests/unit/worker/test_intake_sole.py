@@ -103,6 +103,7 @@ async def test_a_usable_node_leaving_ends_it_and_the_next_stream_counts_its_bind
     worker.sched.watches.pod_feed.event("ADDED", make_pod("next").req(cpu="1").json())
     worker.sched.cache.assume(make_pod("old").record(), NodeName("n1"))  # its binding is under way
     worker.shard.set(["n1"])  # revoked: it may be on its way to a worker that joins
+    assert not worker.results.sole  # at once, before the next decision
     assert await leader.closed()
     await leader.close()
     assert not worker.results.sole and not worker.sched.watch_pending
@@ -152,16 +153,17 @@ async def test_a_node_granted_keeps_it_and_holds_verdicts_and_preemption_until_i
     worker: Worker,
 ) -> None:
     """The autoscaler's case: a node is granted while pods wait. The period goes on; while the node catches up
-    a pod that fits nowhere usable is neither reported nor preempts (the new node may fit it) and retries with
-    backoff. Once the node is usable: "hi" binds there, and the low-priority pod it would have evicted stays;
-    "huge", which the new node cannot fit either, gets its verdict over both nodes."""
+    a pod that fits nowhere usable is neither reported nor preempts (the new node may fit it), and waits in the
+    pool. Once no granted node catches up both are decided again, "huge" too, which the new node cannot fit
+    (its node event's hint alone would leave it): "hi" binds on n2, and the low-priority pod it would have
+    evicted stays; "huge" gets its verdict over both nodes."""
     low = make_pod("low").req(cpu="4").priority(1).on("n1").record()
     worker.sched.cache.upsert_pod(low)
     leader = await become_sole(worker)
     await settle()
     queue = worker.sched.queue
     queue.pop_nowait()  # "old", listed at SOLE: not part of this test
-    worker.shard.syncing_nodes = 1  # granted n2: catching up
+    worker.shard.syncing_nodes = 2  # granted n2 and n3: catching up
     worker.intake.shard_reevaluated()
     assert worker.results.sole and worker.sched.watch_pending
     hi, huge = make_pod("hi").req(cpu="4").priority(10), make_pod("huge").req(cpu="64").priority(10)
@@ -172,17 +174,23 @@ async def test_a_node_granted_keeps_it_and_holds_verdicts_and_preemption_until_i
         decision = worker.sched.schedule_one(qp)
         assert decision is not None and decision.node is None
         assert pod.record().key not in worker.sched.cache.nominated_node  # no preemption
-        assert queue.where(pod.record().key) == "backoff"  # retried, not parked for an event
+        assert queue.where(pod.record().key) == "unschedulable"  # parked, not decided again and again
     assert worker.reporter.failures == []  # no verdict over part of the shard
     # a decision over no usable node is no verdict either
     worker.results.unschedulable(hi.record(), Decision(None, Code.UNSCHEDULABLE, "no", nodes=0))
     assert worker.reporter.failures == []
-    # n2 caught up: usable
+    # n2 caught up, n3 still catching up: usable, and n2's hint moves "hi" (it fits) but not "huge"
     worker.sched.cache.upsert_node(make_node("n2", cpu="4").record())
-    worker.shard.syncing_nodes = 0
+    worker.shard.syncing_nodes = 1
     worker.shard.set(["n1", "n2"])
     worker.intake.shard_reevaluated()
+    assert queue.where(huge.record().key) == "unschedulable"
+    assert queue.where(hi.record().key) != "unschedulable"
+    # n3 revoked before it caught up: none catches up now, and every held pod is decided again
+    worker.shard.syncing_nodes = 0
+    worker.intake.shard_reevaluated()
     assert worker.results.sole
+    assert queue.where(huge.record().key) != "unschedulable"
     clock = queue.clock
     queue.clock = lambda: clock() + 60.0  # their backoff served
     queue.flush_backoff()
@@ -192,7 +200,7 @@ async def test_a_node_granted_keeps_it_and_holds_verdicts_and_preemption_until_i
         assert decision is not None
         decided[qp.pod.name] = decision
     assert decided["hi"].node == "n2"
-    assert worker.sched.preemption is not None and not worker.sched.preemption.busy(hi.record().key)
+    assert worker.sched.cache.pod_node.get(low.key) == "n1"  # not evicted
     assert decided["huge"].node is None and decided["huge"].nodes == 2
     assert [k for k, _ in worker.reporter.failures] == ["default/huge"]
     assert queue.where(huge.record().key) == "unschedulable"  # its verdict given, it waits for an event
