@@ -73,8 +73,8 @@ Leader -> worker
                                                preempts as a standalone worker does, until this stream
                                                ends; no DISPATCH follows over this stream. Sent only while
                                                nothing is in flight to it. A worker that cannot (fenced,
-                                               draining, nodes catching up, a claim set held) closes the
-                                               stream instead; one that can answers CAPACITY ``sole``
+                                               draining, a claim set held) closes the stream instead; one
+                                               that can answers CAPACITY ``sole``
     PING      {ts}                             heartbeat, every ``HEARTBEAT_INTERVAL`` (and once at once)
 Worker -> leader
     WELCOME   {v, worker, term, nonce}         answer to HELLO

@@ -12,8 +12,9 @@ moved only if its requests could fit the node's allocatable at all (CPU, memory,
 extended resource, room for a pod); one that exceeds it can never be placed there, and stays in the
 unschedulable pool. Conservative: a node whose allocatable could not be read moves every pod, and the pool's
 periodic flush still retries every pod (``SchedulingQueue.flush_unschedulable``). One indirect way a node
-event helps another pod is handled where it happens: a nominated pod placed on the new node frees the room
-its nomination kept elsewhere, and the scheduler moves every pod then (``Scheduler.schedule_one``).
+event helps another pod is handled where it happens: a nominated pod placed on another node than its
+nomination (the new one, say) frees the room it kept there, and the scheduler then moves every pod of no
+higher priority (``Scheduler.schedule_one``).
 """
 
 from __future__ import annotations

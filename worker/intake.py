@@ -371,10 +371,11 @@ class LeaderResults:
         # sole worker's pods are its own: no other shard exists, and it reports them as standalone.
         dispatch_id = self._owed_or_claimed(pod)
         if dispatch_id is None:
-            if self.sole and decision.nodes > 0 and not self.catching_up():
-                # (while granted nodes catch up, the decision was over part of the shard: no verdict; the pod
-                # is decided again once they are usable, ``Scheduler.release_held``. One over no usable node
-                # came between the shard's change and the period's end, which follows at once)
+            if self.sole and (pod.parse_error is not None or (decision.nodes > 0 and not self.catching_up())):
+                # (a malformed pod's verdict is about the pod, whatever the shard. Otherwise, while granted
+                # nodes catch up, the decision was over part of the shard: no verdict; the pod is decided again
+                # once they are usable, ``Scheduler.release_held``. One over no usable node came between the
+                # shard's change and the period's end, which follows at once)
                 self.reporter.unschedulable(pod, decision.message)
             return
         syncing = self.catching_up()

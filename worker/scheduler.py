@@ -344,9 +344,11 @@ class Scheduler:
             nominated = self.cache.nominated_node.get(key)
             self.cache.assume(pod, decision.node)
             if nominated is not None and nominated != decision.node:
-                # the room its nomination kept on another node is free: a pod that lacked it may fit now, and
-                # no node event says so (``worker.hints`` moves only the pods an event may help)
-                self.queue.move_all()
+                # the room its nomination kept on another node is free: a pod that lacked it may fit now (one
+                # of no higher priority: ``Cache.nominated_for``), and no node event says so (``worker.hints``
+                # moves only the pods an event may help)
+                priority = pod.priority
+                self.queue.move_if(lambda p: p.priority <= priority)
             if plan is not None:
                 # kube's AssumePodVolumes: the next decisions see the PVs taken and the claims annotated
                 self.cache.volumes.assume(plan)

@@ -215,16 +215,18 @@ async def test_the_scheduler_tells_the_hints_of_a_default_do_not_schedule_constr
 
 async def test_a_nominated_pod_placed_elsewhere_frees_its_room_and_moves_every_pod() -> None:
     """ "n" is nominated to z and keeps its room there, so "p" did not fit z; a node added (y) moves "n"
-    (it fits y) but not "p" (it cannot fit y). "n" placed on y leaves z's room to "p": the scheduler moves it."""
+    (it fits y) but not "p" (it cannot fit y). "n" placed on y leaves z's room to "p": the scheduler moves it,
+    and not "q", whose priority is above "n"'s (a nomination keeps room only from pods of no higher priority)."""
     client = KubeClient(Credentials("http://127.0.0.1:9"))
     sched = scheduler_with(client, WorkerSettings())
     sched.cache.upsert_node(make_node("z", cpu="8", memory="2Gi").record())
     n = make_pod("n").req(cpu="1", memory="4Gi").priority(10).record()  # (it does not fit z itself)
     p = make_pod("p").req(cpu="8", memory="1Gi").record()
+    q = make_pod("q").req(cpu="8", memory="1Gi").priority(20).record()  # above "n": its room never held it
     sched.cache.nominate(n, NodeName("z"))
-    pool(sched.queue, n, p)
+    pool(sched.queue, n, p, q)
     sched.watches.nodes.handler.event("ADDED", make_node("y", cpu="4", memory="8Gi").json())
-    assert moved(sched.queue, n, p) == {"n": True, "p": False}
+    assert moved(sched.queue, n, p, q) == {"n": True, "p": False, "q": False}
     clock = sched.queue.clock
     sched.queue.clock = lambda: clock() + 60.0  # its backoff served
     sched.queue.flush_backoff()
@@ -232,7 +234,7 @@ async def test_a_nominated_pod_placed_elsewhere_frees_its_room_and_moves_every_p
     assert qp is not None and qp.pod.key == n.key
     decision = sched.schedule_one(qp)
     assert decision is not None and decision.node == "y"
-    assert moved(sched.queue, p) == {"p": True}
+    assert moved(sched.queue, p, q) == {"p": True, "q": False}
     await client.close()
 
 

@@ -210,6 +210,28 @@ async def test_a_node_granted_keeps_it_and_holds_verdicts_and_preemption_until_i
     await leader.close()
 
 
+async def test_a_malformed_pod_is_reported_by_the_sole_worker_even_while_nodes_catch_up(
+    worker: Worker,
+) -> None:
+    """Its verdict is about the pod, not the shard (its decision counts no node): nobody else would report it,
+    since the leader's pending watch is stopped while a worker is sole."""
+    leader = await become_sole(worker)
+    await settle()
+    queue = worker.sched.queue
+    queue.pop_nowait()  # "old"
+    for syncing, name in ((0, "bad"), (1, "worse")):
+        worker.shard.syncing_nodes = syncing
+        bad = make_pod(name).req(cpu="lots")
+        assert bad.record().parse_error is not None
+        worker.sched.watches.pod_feed.event("ADDED", bad.json())
+        qp = queue.pop_nowait()
+        assert qp is not None
+        decision = worker.sched.schedule_one(qp)
+        assert decision is not None and decision.nodes == 0
+    assert [k for k, _ in worker.reporter.failures] == ["default/bad", "default/worse"]
+    await leader.close()
+
+
 async def test_the_sole_worker_preempts_at_once_when_no_node_catches_up(worker: Worker) -> None:
     """The same pod with every granted node usable: its verdict is the cluster's, and it preempts."""
     low = make_pod("low").req(cpu="4").priority(1).on("n1").record()
