@@ -31,6 +31,7 @@ from common.kube import KubeClient
 from coordinator.status import collect
 from scale.cluster import Cluster
 from scale.workload import agent_pod
+from tests.builders import make_pod
 from tests.integration.etcd_server import EtcdServer
 from tests.integration.support import SchedulerProcess, all_bound, audit_capacity, create_pods, wait_for
 
@@ -384,6 +385,42 @@ async def test_add_worker_mid_burst(
         await logged(coord, "w1 is no longer the sole worker: the set of workers changed")
         via = {t["via"] for t in await d.trails_of(namespace, MID_BURST_PODS)}
         assert "sole" in via and "dispatch" in via, via
+
+
+async def test_the_default_sole_worker_reports_a_malformed_pod_and_places_the_rest(
+    kube: KubeClient, namespace: str, deployment: Deployment
+) -> None:
+    """Coordinator + 1 as shipped: the worker is sole, so the leader's pending watch is stopped and only the
+    worker can report a pod it refuses. A request beyond what the worker accepts is reported on the pod with the
+    field named; an ordinary pod created with it is bound."""
+    d = deployment
+    coord = d.coordinator("coord-a")  # no flag: the default
+    d.worker("w1")
+    await started(d, 1)
+    await logged(coord, "w1 took the sole worker's role")
+    bad = make_pod("huge-request", namespace).scheduler(d.scheduler_name).req(cpu="1e20").json()
+    ordinary = agent_pod(0, namespace=namespace, scheduler_name=d.scheduler_name)
+    await create_pods(kube, namespace, [bad, ordinary])
+
+    def condition(pods: list[dict[str, Any]]) -> str | None:
+        for p in pods:
+            if p["metadata"]["name"] == "huge-request":
+                for c in p["status"].get("conditions") or []:
+                    if c.get("type") == "PodScheduled" and c.get("status") == "False":
+                        return str(c.get("message") or "")
+        return None
+
+    def done(pods: list[dict[str, Any]]) -> bool:
+        placed = [p for p in pods if p["metadata"]["name"] == ordinary["metadata"]["name"]]
+        return condition(pods) is not None and bool(placed) and bool(placed[0]["spec"].get("nodeName"))
+
+    pods = await wait_for(
+        kube, namespace, done, timeout=SETTLE_TIMEOUT, what="the refusal reported, the rest bound"
+    )
+    message = condition(pods)
+    assert message is not None and "spec.containers[0].resources.requests.cpu" in message, message
+    assert not any(p["spec"].get("nodeName") for p in pods if p["metadata"]["name"] == "huge-request")
+    assert "w1 is no longer the sole worker" not in coord.log_path.read_text(errors="replace")
 
 
 async def test_kill_leader_while_a_sole_worker_places_a_burst(
