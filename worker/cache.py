@@ -387,12 +387,15 @@ class Cache:
 
     # ----- assumptions -----------------------------------------------------------------------------------
 
-    def assume(self, pod: PodRecord, node: NodeName) -> None:
+    def assume(self, pod: PodRecord, node: NodeName) -> NodeName | None:
+        """Account ``pod`` on ``node`` until its binding is seen; returns the node its nomination kept room on,
+        if it had one (the nomination goes)."""
         if pod.key in self.assumed or pod.key in self.pod_node:
             raise ValueError(f"pod {pod.key} is already assumed or placed")
-        self.unnominate(pod.key)
+        nominated = self.unnominate(pod.key)
         self.assumed[pod.key] = Assumed(pod, node, None)
         self._account(pod, node)
+        return nominated
 
     def finish_binding(self, key: PodKey, now: float) -> None:
         a = self.assumed.get(key)

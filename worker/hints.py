@@ -39,27 +39,27 @@ def exceeds(pod: PodRecord, node: NodeRecord) -> bool:
     )
 
 
+def local(pod: PodRecord) -> bool:
+    """Does the pod's feasibility on a node depend on that node alone, default spread constraints aside? (Any
+    inter-pod term, preferred ones too, counts against it: conservative.)"""
+    return pod.inter_pod is None and not pod.claims
+
+
 class NodeHints:
     """The rule of the module docstring over one worker's cache. ``defaults``: a default topology spread
-        constraint with DoNotSchedule is configured (it may apply to any pod without spread constraints of its own;
-    soft ones only score)."""
+    constraint with DoNotSchedule is configured (it may apply to any pod without spread constraints of its
+    own; soft ones only score), so every node event may help every pod."""
 
     def __init__(self, cache: Cache, *, defaults: bool) -> None:
         self.cache = cache
         self.defaults = defaults
 
-    def _local(self, pod: PodRecord) -> bool:
-        """Does the pod's feasibility on a node depend on that node alone? (Any inter-pod term, preferred ones
-        too, counts against it: conservative.)"""
-        return pod.inter_pod is None and not pod.claims and not self.defaults
-
     def after(self, nodes: Iterable[NodeRecord], *, added: bool) -> Helps:
         """The pods the event on ``nodes`` (added to the cache or to the usable set if ``added``, else changed)
         may help."""
         nodes = list(nodes)
-        if not nodes or any(n.allocatable_error is not None for n in nodes):
+        if self.defaults or not nodes or any(n.allocatable_error is not None for n in nodes):
             return None
         if not added and self.cache.topology.anti_groups:
             return None
-        local = self._local
         return lambda pod: not local(pod) or not all(exceeds(pod, n) for n in nodes)

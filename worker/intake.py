@@ -80,8 +80,9 @@ Invariants:
   (``Scheduler.set_sole``): its verdicts go on the pod, it preempts at once, and it answers no RESULT for
   them. While a granted node catches up, its verdicts and preemptions wait (a decision over part of the
   shard is no verdict) and the pods wait until no granted node catches up, then are decided again, as a
-  dispatching leader's verdicts wait for this worker's "try later"; a decision over no usable node is no verdict either. Only
-  while it can place pods and no claim set is in force; otherwise it closes the stream. It stops being sole
+  dispatching leader's verdicts wait for this worker's "try later"; a decision over no usable node is no
+  verdict either, unless the pod is malformed (its verdict is about the pod). Only while it can place pods
+  and no claim set is in force; otherwise it closes the stream. It stops being sole
   when that stream ends (the leader ended it, or a newer stream replaced it), and ends the stream itself
   when a usable node leaves its shard (revoked, it may be on its way to another worker), it is fenced or
   begins to drain (its verdicts would no longer be over the whole pool), a claim set is in force, its leader

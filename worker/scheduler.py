@@ -133,8 +133,9 @@ class Scheduler:
         shard.subscribe(self._shard_changed)
         self.engine = build_engine(settings, self.cache)
         defaults = spread_defaults(spread_args(settings))
-        self.hints = NodeHints(self.cache, defaults=any(c.hard for c in defaults.constraints))
-        if not watch_pending and any(c.hard for c in defaults.constraints):
+        hard_defaults = any(c.hard for c in defaults.constraints)
+        self.hints = NodeHints(self.cache, defaults=hard_defaults)
+        if not watch_pending and hard_defaults:
             # a default DoNotSchedule constraint spans shards, and the leader cannot see which pods get it
             raise ValueError(
                 "default topology spread constraints with whenUnsatisfiable DoNotSchedule are supported by a "
@@ -341,8 +342,7 @@ class Scheduler:
             plan = self.engine.volume_plan(pod, decision.node) if pod.claims else None
             if plan is not None and plan.nothing_to_do:
                 plan = None
-            nominated = self.cache.nominated_node.get(key)
-            self.cache.assume(pod, decision.node)
+            nominated = self.cache.assume(pod, decision.node)
             if nominated is not None and nominated != decision.node:
                 # the room its nomination kept on another node is free: a pod that lacked it may fit now (one
                 # of no higher priority: ``Cache.nominated_for``), and no node event says so (``worker.hints``

@@ -11,15 +11,12 @@ from common.kube import Credentials, KubeClient
 from common.records import NodeName, PodRecord, node_from_json, pod_from_json
 from tests.builders import make_node, make_pod
 from tests.unit.worker.helpers import FixedShard, engine_over
-from tests.unit.worker.test_scheduler import RecordingReporter
+from tests.unit.worker.test_scheduler import scheduler
 from worker.cache import Cache
 from worker.feeds import NodeFeed
 from worker.hints import NodeHints, exceeds
-from worker.outcomes import PodReports
 from worker.queue import SchedulingQueue
-from worker.scheduler import Scheduler
 from worker.settings import WorkerSettings
-from worker.shard import WholeCluster
 
 
 def pool(queue: SchedulingQueue, *pods: PodRecord) -> None:
@@ -141,15 +138,7 @@ def test_a_node_event_that_changes_nothing_a_filter_sees_moves_nothing() -> None
 async def test_usable_nodes_added_to_the_shard_move_what_they_may_help_and_any_removed_every_pod() -> None:
     client = KubeClient(Credentials("http://127.0.0.1:9"))  # never called: no watch runs here
     shard = FixedShard(["n1"])
-    reporter = RecordingReporter(client)
-    sched = Scheduler(
-        client,
-        WorkerSettings(),
-        shard=shard,
-        outcomes=PodReports(reporter),
-        reporter=reporter,
-        watch_pending=True,
-    )
+    sched = scheduler(client, shard=shard)
     for name in ("n1", "n2"):  # 32 CPUs each
         sched.cache.upsert_node(make_node(name).record())
     pool(sched.queue, BIG, SMALL)
@@ -182,21 +171,9 @@ async def test_usable_nodes_added_to_the_shard_move_what_they_may_help_and_any_r
     await client.close()
 
 
-def scheduler_with(client: KubeClient, settings: WorkerSettings) -> Scheduler:
-    reporter = RecordingReporter(client)
-    return Scheduler(
-        client,
-        settings,
-        shard=WholeCluster(),
-        outcomes=PodReports(reporter),
-        reporter=reporter,
-        watch_pending=True,
-    )
-
-
 async def test_the_scheduler_tells_the_hints_of_a_default_do_not_schedule_constraint_only() -> None:
     client = KubeClient(Credentials("http://127.0.0.1:9"))
-    assert scheduler_with(client, WorkerSettings()).hints.defaults is False
+    assert scheduler(client).hints.defaults is False
     for hard, expected in ((False, False), (True, True)):
         settings = WorkerSettings()
         settings.scheduling.spread_defaulting = "List"
@@ -207,7 +184,7 @@ async def test_the_scheduler_tells_the_hints_of_a_default_do_not_schedule_constr
                 "whenUnsatisfiable": "DoNotSchedule" if hard else "ScheduleAnyway",
             }
         ]
-        sched = scheduler_with(client, settings)
+        sched = scheduler(client, settings=settings)
         assert sched.hints.defaults is expected
         assert cast(NodeFeed, sched.watches.nodes.handler).hints is sched.hints  # the node feed uses the same
     await client.close()
@@ -218,7 +195,7 @@ async def test_a_nominated_pod_placed_elsewhere_frees_its_room_and_moves_every_p
     (it fits y) but not "p" (it cannot fit y). "n" placed on y leaves z's room to "p": the scheduler moves it,
     and not "q", whose priority is above "n"'s (a nomination keeps room only from pods of no higher priority)."""
     client = KubeClient(Credentials("http://127.0.0.1:9"))
-    sched = scheduler_with(client, WorkerSettings())
+    sched = scheduler(client)
     sched.cache.upsert_node(make_node("z", cpu="8", memory="2Gi").record())
     n = make_pod("n").req(cpu="1", memory="4Gi").priority(10).record()  # (it does not fit z itself)
     p = make_pod("p").req(cpu="8", memory="1Gi").record()

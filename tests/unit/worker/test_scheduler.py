@@ -15,7 +15,7 @@ from tests.builders import make_node, make_pod
 from worker.outcomes import PodReports
 from worker.scheduler import Scheduler
 from worker.settings import WorkerSettings
-from worker.shard import WholeCluster
+from worker.shard import ShardView, WholeCluster
 
 
 class RecordingReporter(Reporter):
@@ -34,13 +34,21 @@ async def client() -> AsyncIterator[KubeClient]:
     await c.close()
 
 
-def scheduler(client: KubeClient, *, watch_pending: bool = True, preempt: bool = False) -> Scheduler:
-    """A worker over no cluster (nothing is watched here) that records the failures it reports."""
+def scheduler(
+    client: KubeClient,
+    *,
+    watch_pending: bool = True,
+    preempt: bool = False,
+    shard: ShardView | None = None,
+    settings: WorkerSettings | None = None,
+) -> Scheduler:
+    """A worker over no cluster (nothing is watched here) that records the failures it reports; standalone
+    unless given a ``shard``."""
     reporter = RecordingReporter(client)
     return Scheduler(
         client,
-        WorkerSettings(),
-        shard=WholeCluster(),
+        settings or WorkerSettings(),
+        shard=shard or WholeCluster(),
         outcomes=PodReports(reporter),
         reporter=reporter,
         watch_pending=watch_pending,
