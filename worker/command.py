@@ -25,7 +25,7 @@ from common.etcd.kv import EtcdConfigError
 from common.kube import KubeClient, load_credentials
 from worker.outcomes import PodReports, new_reporter
 from worker.scheduler import Scheduler
-from worker.settings import WorkerSettings
+from worker.settings import BindingSettings, WorkerSettings
 from worker.shard import WholeCluster
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--score-weight", action="append", default=[], metavar="PLUGIN=W", help="repeatable")
     p.add_argument("--session-label", default="agent-scheduler.io/session")
     p.add_argument("--warm-label", default="node.volcano.sh/warmup=true")
-    p.add_argument("--bind-concurrency", type=int, default=64)
+    p.add_argument(
+        "--bind-concurrency",
+        type=int,
+        default=BindingSettings().concurrency,
+        help="bindings in flight at once (default %(default)s: the write pool's connections)",
+    )
     p.add_argument(
         "--warm-connections",
         type=int,

@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scheduler-name", default=SCHEDULER_NAME)
     p.add_argument("--qps", type=float, default=5000.0)
     p.add_argument("--burst", type=int, default=5000)
-    p.add_argument("--concurrency", type=int, default=64, help="bindings in flight (the worker's default)")
+    p.add_argument("--concurrency", type=int, default=128, help="bindings in flight (the worker's default)")
     p.add_argument("--log-level", default="INFO")
     aiotools.add_event_loop_argument(p)  # the scheduler's loop, so the ceiling is of the same machinery
     args = p.parse_args(argv)

@@ -7,8 +7,8 @@ Kinds:
 - ``kube-scheduler``: the cluster's own kube-scheduler (v1.36, started by ``scale.cluster`` with the client
   qps/burst of the spec: 5000/5000 as its scheduler_perf runs it, or its defaults 50/100).
 - ``no-decision``: ``scale.bench.noop_binder``, binds each pod to a precomputed node (the ceiling), with 256
-  bindings in flight: more than the worker's default 64, fewer than the API server's priority-and-fairness
-  level admits (at 512, bindings get 429s here).
+  bindings in flight over its client's 128 write connections (the worker's default is 128 in flight): fewer
+  than the API server's priority-and-fairness level admits (at 512, bindings get 429s here).
 - ``volcano-agent-scheduler``: Volcano's agent-scheduler binary (``scale.bench.volcano`` locates or builds it)
   with N scheduling workers in its one process (``--scheduler-worker-count``: 1 is its default), client
   qps/burst 5000, sharding mode ``none`` (no Volcano CRDs), leader election off, its default configuration
@@ -85,7 +85,7 @@ class SchedulerSpec:
     kube_qps: float = CLIENT_QPS
     kube_burst: int = CLIENT_BURST
     #: bindings in flight (agent workers' ``--bind-concurrency``, the no-decision binder's ``--concurrency``)
-    bind_concurrency: int = 64
+    bind_concurrency: int = 128
     #: agent, coordinated: flags of the coordinator beyond the bench's own
     coordinator_flags: tuple[str, ...] = ()
     #: in ``bench cluster``'s default list (every configuration but Volcano's unless its binary is found)
