@@ -49,6 +49,7 @@ from scale.bench.results import RunResult, dump, summarize
 from scale.bench.schedulers import (
     AGENT,
     NOOP,
+    PAUSED_NOTE,
     SCHEDULERS,
     VOLCANO,
     Running,
@@ -56,6 +57,7 @@ from scale.bench.schedulers import (
     default_schedulers,
     grant_agent_rbac,
     launch,
+    paused_lease_ttl,
     scheduler_kubeconfig,
     stop_children,
     wait_sharded,
@@ -702,6 +704,10 @@ async def bench_scheduler(
         log.info("cluster of %d nodes for %s ready in %.0fs", nodes, spec.name, time.monotonic() - began)
         async with cluster.client(qps=50000, burst=50000, max_connections=256) as client:
             kubeconfig, notes = measured_kubeconfig(cluster, await grant_agent_rbac(client))
+            # one launch runs every workload: the longer TTL a backlog needs holds for all of them
+            lease_ttl = paused_lease_ttl(spec, paused=any(w.paused for w in workloads))
+            if lease_ttl is not None:
+                notes = [*notes, PAUSED_NOTE.format(ttl=lease_ttl)]
             running = launch(
                 spec,
                 cluster,
@@ -709,6 +715,7 @@ async def bench_scheduler(
                 kubeconfig=kubeconfig,
                 volcano_binary=volcano_binary,
                 profile_windows=True,  # run_workload opens them
+                lease_ttl=lease_ttl,
             )
             why = await until_ready(client, spec, running, nodes=nodes, fleet=fleet, notes=notes)
             if why:

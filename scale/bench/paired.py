@@ -23,7 +23,12 @@ the sharded path typically moves it by 2-10 %. Here:
    are idle, so work it does for the pods after binding them, such as their Scheduled events, is counted), then
    stops the processes by PID;
 4. a contender may run from another checkout of this project (``LABEL=SCHEDULER@DIR``, e.g. a ``git worktree``
-   of the baseline), with this interpreter and its packages: before and after are paired in one run.
+   of the baseline), with this interpreter and its packages: before and after are paired in one run;
+5. a backlog pauses every process of the contender (SIGSTOP) while its pods are created, which takes longer
+   than the 5 s a coordinated process keeps its lease unrefreshed (half its default 10-s TTL): each would be
+   fenced, and the trial would measure a failover onto a backlog, not the backlog. So a coordinated contender
+   runs a backlog with a longer ``--lease-ttl`` (``scale.bench.schedulers.paused_lease_ttl``, noted in the
+   trial).
 
 Each trial's result is appended to ``trials.json`` at once (an interrupted run keeps what it measured); the
 summary gives each contender's mean over its rounds and their spread (min-max), its drift-adjusted CPU per pod,
@@ -70,10 +75,12 @@ from scale.bench.schedulers import (
     CLIENT_QPS,
     KUBE,
     NOOP,
+    PAUSED_NOTE,
     SCHEDULERS,
     Running,
     grant_agent_rbac,
     launch,
+    paused_lease_ttl,
 )
 from scale.bench.workloads import BURST, default_workloads, scaled
 from scale.cluster import ClusterError, ClusterOptions, generate_nodes
@@ -471,6 +478,7 @@ async def run_paired(config: PairedConfig) -> list[Trial]:
             runs += [(r, c, c.label) for r, c in schedule(config.contenders, config.rounds)]
             for position, (r, c, label) in enumerate(runs):
                 spec = SCHEDULERS[c.scheduler]
+                lease_ttl = paused_lease_ttl(spec, paused=workload.paused)
                 log.info("%s: %s", f"round {r + 1}" if r >= 0 else label, c.describe)
                 running: Running | None = None
                 try:
@@ -482,8 +490,11 @@ async def run_paired(config: PairedConfig) -> list[Trial]:
                         tag=f"{label}-{position}",
                         code=c.checkout,
                         profile_windows=True,  # run_workload opens them
+                        lease_ttl=lease_ttl,
                     )
                     trial_notes = list(notes)
+                    if lease_ttl is not None:
+                        trial_notes.append(PAUSED_NOTE.format(ttl=lease_ttl))
                     why = await until_ready(
                         client, spec, running, nodes=config.nodes, fleet=fleet, notes=trial_notes
                     )

@@ -360,6 +360,21 @@ async def grant_agent_rbac(client: KubeClient, rbac_file: Path = RBAC_FILE) -> s
     return ""
 
 
+PAUSED_LEASE_TTL = 120
+PAUSED_NOTE = (
+    "coordinated processes ran with --lease-ttl {ttl}: a backlog pauses them while its pods are created"
+)
+
+
+def paused_lease_ttl(spec: SchedulerSpec, *, paused: bool) -> int | None:
+    """The ``--lease-ttl`` of a coordinated configuration's processes when a workload pauses them (SIGSTOP while
+    a backlog's pods are created), else None (their default). Creating the backlog takes longer here than the
+    5 s a process keeps its lease unrefreshed at the default 10-s TTL: every process would be fenced, and the
+    run would measure a failover onto the backlog instead of the backlog. At ``PAUSED_LEASE_TTL`` (fenced after
+    60 s) the leases are refreshed every 20 s instead of every 1.7 s; nothing else changes."""
+    return PAUSED_LEASE_TTL if paused and spec.kind == AGENT and spec.workers > 0 else None
+
+
 def launch(
     spec: SchedulerSpec,
     cluster: Cluster,
@@ -371,10 +386,12 @@ def launch(
     volcano_binary: str = "",
     code: Path = PROJECT_ROOT,
     profile_windows: bool = False,
+    lease_ttl: int | None = None,
 ) -> Running:
     """Start the processes of ``spec`` (none for kube-scheduler, which the cluster runs; Volcano's from
     ``volcano_binary``; ours from the project checkout ``code``). A coordinated configuration gets the etcd
-    prefix ``ETCD_PREFIX/<name>[-<tag>]``: a launch with a new tag starts from an empty shard map."""
+    prefix ``ETCD_PREFIX/<name>[-<tag>]``: a launch with a new tag starts from an empty shard map, and its
+    processes' ``--lease-ttl`` is ``lease_ttl`` (None: their default)."""
     cli = "agent_scheduler.cli"
     common = [
         f"--kubeconfig={kubeconfig}",
@@ -462,6 +479,7 @@ def launch(
         )
     etcd = cluster.etcd_endpoint.removeprefix("http://")
     prefix = f"{ETCD_PREFIX}/{spec.name}{suffix}"
+    leases = () if lease_ttl is None else (f"--lease-ttl={lease_ttl}",)
     children = []
     try:
         # Workers first: when the coordinator's first round runs, they are all registered and the nodes are
@@ -476,6 +494,7 @@ def launch(
                         *common,
                         f"--etcd-endpoints={etcd}",
                         f"--etcd-prefix={prefix}",
+                        *leases,
                         f"--id=bench-w{i + 1}",
                         f"--bind-concurrency={spec.bind_concurrency}",
                         f"--metrics-address={addresses[i]}",
@@ -495,6 +514,7 @@ def launch(
                     *common,
                     f"--etcd-endpoints={etcd}",
                     f"--etcd-prefix={prefix}",
+                    *leases,
                     "--id=bench-coordinator",
                     f"--metrics-address={addresses[spec.workers]}",
                     *spec.coordinator_flags,
