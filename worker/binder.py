@@ -130,7 +130,7 @@ class Binder:
         requeue: Callable[[PodRecord, int], None],
         shard: ShardView | None = None,
         requeue_rejected: bool = False,
-        concurrency: int = 64,
+        concurrency: int = 128,
         retries: int = DEFAULT_RETRIES,
         clock: Callable[[], float] = time.monotonic,
         retry_backoff: float = RETRY_BACKOFF,

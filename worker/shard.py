@@ -324,25 +324,26 @@ class ShardState:
 
     def _acquired(self, task: asyncio.Task[None]) -> None:
         self._acquiring.discard(task)
-        if not task.cancelled() and (error := task.exception()) is not None:
-            log.error("worker %s: catch-up failed; its nodes stay unusable", self.name, exc_info=error)
 
     async def _catch_up_all(self, nodes: frozenset[NodeName], granted_at: float) -> None:
         """Wait until the cache holds the pods bound to ``nodes``, then let them be used. If this is
-        cancelled (the shard stops), they stay syncing: never usable without the catch-up."""
+        cancelled (the shard stops), they stay syncing: never usable without the catch-up. A failure other than
+        the API's (which ``_catch_up`` retries node by node) is logged and the whole catch-up tried again after
+        a backoff: left failed, its nodes would stay syncing for the life of the process, and a sole worker
+        would hold back every verdict and preemption while any node syncs (``worker.intake``)."""
         pods = self._pods
         assert pods is not None
-        await pods.wait_synced()
+        backoff = api_retry()
         reads = 0
-        if not pods.listed_since(granted_at):
-            sem = asyncio.Semaphore(CATCH_UP_CONCURRENCY)
-
-            async def one(node: NodeName) -> None:
-                nonlocal reads
-                async with sem:
-                    reads += await self._catch_up(pods, node)
-
-            await asyncio.gather(*(one(n) for n in nodes))
+        while True:
+            try:
+                reads += await self._read_all(pods, nodes, granted_at)
+                break
+            except Exception:
+                log.exception(
+                    "worker %s: catching up on %d granted nodes failed; retrying", self.name, len(nodes)
+                )
+                await backoff.sleep()
         # How long granted nodes waited to be usable, and by how many reads: the cost of a grant that came
         # after the pod watch listed (one read per node) shows here, not only as a slower first burst.
         log.info(
@@ -357,6 +358,27 @@ class ShardState:
             if self._syncing[node] <= 0:
                 del self._syncing[node]
         self.publish()
+
+    async def _read_all(self, pods: PodWatch, nodes: frozenset[NodeName], granted_at: float) -> int:
+        """The catch-up's reads: none if a relist reached the cache after the grant, else one per node still
+        granted. Returns how many were made."""
+        await pods.wait_synced()
+        reads = 0
+        if not pods.listed_since(granted_at):
+            sem = asyncio.Semaphore(CATCH_UP_CONCURRENCY)
+
+            async def one(node: NodeName) -> None:
+                nonlocal reads
+                async with sem:
+                    reads += await self._catch_up(pods, node)
+
+            # Every read runs to its end before a failure is raised (none is left running behind a retry), and a
+            # cancellation (the shard stops) stays a cancellation, which ``except Exception`` above lets through.
+            results = await asyncio.gather(*(one(n) for n in nodes), return_exceptions=True)
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise result
+        return reads
 
     async def _catch_up(self, pods: PodWatch, node: NodeName) -> bool:
         """Wait until the cache holds the pods bound to ``node`` (one read of them); False if ``node`` was

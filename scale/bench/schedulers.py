@@ -371,7 +371,10 @@ def paused_lease_ttl(spec: SchedulerSpec, *, paused: bool) -> int | None:
     a backlog's pods are created), else None (their default). Creating the backlog takes longer here than the
     5 s a process keeps its lease unrefreshed at the default 10-s TTL: every process would be fenced, and the
     run would measure a failover onto the backlog instead of the backlog. At ``PAUSED_LEASE_TTL`` (fenced after
-    60 s) the leases are refreshed every 20 s instead of every 1.7 s; nothing else changes."""
+    60 s) the leases are refreshed every 20 s instead of every 1.7 s, and a binding attempt may last up to its
+    own 30-s limit instead of ending a margin before a fencing deadline 5 s away. ``bench cluster`` runs every
+    workload of a configuration on one launch, so all of them get it when one pauses. The dispatch stream's
+    own silence limit (5 s, ``common.protocol.DEAD_AFTER``) is not lengthened: a pause may still end a link."""
     return PAUSED_LEASE_TTL if paused and spec.kind == AGENT and spec.workers > 0 else None
 
 

@@ -20,7 +20,7 @@ from scale.bench.schedulers import (
 )
 from scale.cluster import Cluster
 from scale.cluster.config import PROJECT_ROOT
-from worker.settings import BindingSettings
+from worker.settings import ApiSettings, BindingSettings
 
 
 def test_coordinator_plus_one_runs_the_default_and_the_dispatched_path_has_its_own_name() -> None:
@@ -75,6 +75,7 @@ def test_agent_configurations_bind_with_the_workers_default_concurrency(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     default = BindingSettings().concurrency
+    assert default == ApiSettings().max_connections  # one write connection per binding in flight, no fewer
     assert SCHEDULERS["agent-standalone"].bind_concurrency == default
     assert SCHEDULERS["agent-coord-1"].bind_concurrency == default
     assert (

@@ -308,3 +308,29 @@ def test_a_decisions_usable_test_reads_the_lease_health_once() -> None:
     health[0] = False
     assert walk(NodeName("a")) and reads == 1  # this pass's answer, as at its call
     assert not state.usable_now()(NodeName("a")) and not state.usable(NodeName("a"))
+
+
+async def test_a_catch_up_that_fails_unexpectedly_is_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not an API error (``_catch_up`` retries those node by node): the nodes stay syncing, not forever."""
+    monkeypatch.setattr(
+        shard_module, "CATCH_UP_TIMEOUT", 0.0
+    )  # the watch lags: each read is applied directly
+    rig = Rig()
+    pod = make_pod("x").on("a").record()
+    watch = FakePodWatch(bound={"a": ([pod], 5), "b": ([], 0)})
+    failures = [RuntimeError("a bug in applying the read")]
+    applied = watch.apply_direct
+
+    def apply_direct(pods: list[PodRecord]) -> None:
+        if failures:
+            raise failures.pop()
+        applied(pods)
+
+    monkeypatch.setattr(watch, "apply_direct", apply_direct)
+    rig.state.start(pods=watch, on_release=None)
+    rig.state.assign(nodes("a", "b"), 1, ack_lease=0)
+    await settle()
+    assert not failures and not rig.usable(["a", "b"]) and rig.state.syncing() == 2
+    await asyncio.sleep(0.5)  # the first retry delay is 0.2 s
+    assert rig.usable(["a", "b"]) == {"a", "b"} and watch.applied == [pod] and rig.state.syncing() == 0
+    await rig.state.stop()
