@@ -55,9 +55,9 @@ class BindingSettings:
     concurrency: int = 128
     """Bindings in flight at once, over the write pool's connections (``api.max_connections``, shared with the
     Scheduled events and status writes). A backlog binds at most this many per binding round trip: on the
-    2-core bench host, where the loaded API server answers a binding in 0.1-0.3 s, a backlog of 2,000 pods on 1,000 nodes bound 500 pods/s at 64 and 693 at
-    128 in one paired run, 648 at 128 against the no-decision binder's 704 in another
-    (docs/results/bind-concurrency-2026-12-07/). Where the API server answers faster fewer are in flight at
+    2-core bench host, where the loaded API server answers a binding in 0.1-0.3 s, a backlog of 2,000 pods on
+    1,000 nodes bound 500 pods/s at 64 and 693 at 128 in one paired run, 648 at 128 against the no-decision
+    binder's 704 in another (docs/results/bind-concurrency-2026-12-07/). Where the API server answers faster fewer are in flight at
     once (all are held open while idle: ``api.warm_connections``); where several workers share it, keep
     their sum within what its priority level admits (the chart's ``worker.bindConcurrency``)."""
     retries: int = 4

@@ -320,10 +320,7 @@ class ShardState:
         self._syncing.update(nodes)  # counted: a node granted again while catching up waits for both
         task = asyncio.create_task(self._catch_up_all(nodes, time.monotonic()), name=f"acquire-{self.epoch}")
         self._acquiring.add(task)
-        task.add_done_callback(self._acquired)
-
-    def _acquired(self, task: asyncio.Task[None]) -> None:
-        self._acquiring.discard(task)
+        task.add_done_callback(self._acquiring.discard)
 
     async def _catch_up_all(self, nodes: frozenset[NodeName], granted_at: float) -> None:
         """Wait until the cache holds the pods bound to ``nodes``, then let them be used. If this is
@@ -334,10 +331,9 @@ class ShardState:
         pods = self._pods
         assert pods is not None
         backoff = api_retry()
-        reads = 0
         while True:
             try:
-                reads += await self._read_all(pods, nodes, granted_at)
+                reads = await self._read_all(pods, nodes, granted_at)  # the attempt that succeeded
                 break
             except Exception:
                 log.exception(
