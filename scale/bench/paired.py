@@ -32,11 +32,14 @@ the sharded path typically moves it by 2-10 %. Here:
 
 Each trial's result is appended to ``trials.json`` at once (an interrupted run keeps what it measured); the
 summary gives each contender's mean over its rounds and their spread (min-max), its drift-adjusted CPU per pod,
-and per process where its CPU went. Our schedulers, the no-decision binder and one kube-scheduler
-configuration can be contenders. kube-scheduler is the cluster's own process, started once with that
-configuration's client limits (without such a contender, at qps/burst 5000 as ``bench cluster`` runs it when it
-is not under test): unlike the others it is not started afresh per trial, and it watches every contender's pods
-throughout (it does not schedule the others' pods, but caches each one as it is bound). Volcano's agent scheduler cannot be a contender: its binary has no
+and per process where its CPU went; then (``ratios``) every other contender's rate, p50, p99 and CPU per pod over
+the first contender's, each fitted as CPU per pod is, with its 95 % interval: how a goal stated as a ratio is
+judged. ``python -m scale.bench.paired DIR [LABEL...]`` prints that table again from a run's ``trials.json``.
+Our schedulers, the no-decision binder and one kube-scheduler configuration can be contenders. kube-scheduler
+is the cluster's own process, started once with that configuration's client limits (without such a contender,
+at qps/burst 5000 as ``bench cluster`` runs it when it is not under test): unlike the others it is not started
+afresh per trial, and it watches every contender's pods throughout (it does not schedule the others' pods, but
+caches each one as it is bound). Volcano's agent scheduler cannot be a contender: its binary has no
 checkout of this project (compare it with ``bench cluster``).
 Nothing is asserted: the numbers are reported.
 """
@@ -54,8 +57,9 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from common.kube import ApiError
 from scale.bench import stages
@@ -240,12 +244,27 @@ def _measured(trial: Trial) -> bool:
     return trial.label != WARMUP and not trial.result.error and trial.result.unbound == 0
 
 
-def _log_cpu(trials: Sequence[Trial]) -> dict[str, list[tuple[int, float]]]:
-    """(position, log(CPU per pod)) of each contender's measured trials."""
+Read = Callable[[RunResult], float]
+
+
+_cpu: Final[Read] = attrgetter("cpu_s_per_1k_pods")
+
+# What the ratios table compares (``versus``), each fitted on its own: the figures the sharded path's goals are
+# stated in (a backlog's rate against the no-decision binder's; latency and CPU against the standalone's)
+RATIOS: Final[tuple[tuple[str, Read], ...]] = (
+    ("pods/s", attrgetter("pods_per_s")),
+    ("p50", attrgetter("p50_ms")),
+    ("p99", attrgetter("p99_ms")),
+    ("CPU per pod", _cpu),
+)
+
+
+def _log_of(trials: Sequence[Trial], read: Read = _cpu) -> dict[str, list[tuple[int, float]]]:
+    """(position, log(``read``)) of each contender's measured trials (CPU per pod by default)."""
     groups: dict[str, list[tuple[int, float]]] = {}
     for t in trials:
-        if _measured(t) and t.result.cpu_s_per_1k_pods > 0:
-            groups.setdefault(t.label, []).append((t.position, math.log(t.result.cpu_s_per_1k_pods)))
+        if _measured(t) and (value := read(t.result)) > 0:
+            groups.setdefault(t.label, []).append((t.position, math.log(value)))
     return groups
 
 
@@ -266,11 +285,12 @@ def _fit(
     return (sxy / sxx if sxx else 0.0), sxx, means
 
 
-def drift(trials: Sequence[Trial]) -> tuple[float, dict[str, float]]:
-    """The least squares fit of log(CPU per pod) = level(contender) + slope x position over the measured
-    trials (a drift that scales every contender's cost alike): the slope (the fraction CPU per pod grows per
-    trial) and each contender's CPU per pod at the mean position of them all."""
-    groups = _log_cpu(trials)
+def drift(trials: Sequence[Trial], read: Read = _cpu) -> tuple[float, dict[str, float]]:
+    """The least squares fit of log(figure) = level(contender) + slope x position over the measured trials (a
+    drift that scales every contender's figure alike): the slope (the fraction the figure grows per trial)
+    and each contender's figure at the mean position of them all. The figure is ``read`` of each trial's
+    result, CPU per pod by default."""
+    groups = _log_of(trials, read)
     if not groups:
         return 0.0, {}
     slope, _, means = _fit(groups)
@@ -293,21 +313,28 @@ def _t_975(df: int) -> float:
     return T_975[df - 1] if df <= len(T_975) else 1.96 + 2.4 / df
 
 
-def versus_first(trials: Sequence[Trial], first: str) -> dict[str, tuple[float, float]]:
-    """The 95 % interval of each other contender's drift-adjusted CPU per pod against ``first``'s, as
-    fractions (-0.05: 5 % less), from the drift fit's residuals (Student's t on the log scale: the trials'
-    spread about the fit is taken as one noise shared by every contender, so a noisy contender widens every
-    interval of the run). Empty when the fit leaves no degree of freedom (too few trials for the levels and
-    the slope) or ``first`` has no measured trial; a contender with no measured trial is left out. A steady drift is
-    what the fit removes; a disturbance that hits one trial widens every interval."""
-    groups = _log_cpu(trials)
+class Ratio(NamedTuple):
+    """A contender's fitted level over the first's, with its 95 % interval when the fit gives one."""
+
+    ratio: float
+    low: float | None = None
+    high: float | None = None
+
+
+def versus(trials: Sequence[Trial], first: str, read: Read = _cpu) -> dict[str, Ratio]:
+    """Each other contender's drift-adjusted level of ``read`` (CPU per pod by default) over ``first``'s: the
+    ratio and its 95 % interval, from the drift fit's residuals (Student's t on the log
+    scale: the trials' spread about the fit is taken as one noise shared by every contender, so a noisy
+    contender widens every interval of the run). The ratio alone, no interval, when the fit leaves no degree
+    of freedom (too few trials for the levels and the slope). Empty when ``first`` has no measured trial; a
+    contender with no measured trial is left out. A steady drift is what the fit removes; a disturbance that
+    hits one trial widens every interval."""
+    groups = _log_of(trials, read)
     if first not in groups:
         return {}
     slope, sxx, means = _fit(groups)
     n = sum(len(points) for points in groups.values())
     df = n - len(groups) - (1 if sxx else 0)  # a level per contender, and the slope when positions differ
-    if df < 1:
-        return {}
     ssr = sum(
         (y - means[label][1] - slope * (x - means[label][0])) ** 2
         for label, points in groups.items()
@@ -315,16 +342,59 @@ def versus_first(trials: Sequence[Trial], first: str) -> dict[str, tuple[float, 
     )
     x1, y1 = means[first]
     n1 = len(groups[first])
-    out = {}
+    out: dict[str, Ratio] = {}
     for label, points in groups.items():
         if label == first:
             continue
         x0, y0 = means[label]
         change = y0 - y1 + slope * (x1 - x0)  # the log of the ratio of the levels at any common position
+        if df < 1:
+            out[label] = Ratio(math.exp(change))
+            continue
         variance = ssr / df * (1 / len(points) + 1 / n1 + ((x1 - x0) ** 2 / sxx if sxx else 0.0))
         half = _t_975(df) * math.sqrt(variance)
-        out[label] = (math.expm1(change - half), math.expm1(change + half))
+        out[label] = Ratio(math.exp(change), math.exp(change - half), math.exp(change + half))
     return out
+
+
+def versus_first(trials: Sequence[Trial], first: str) -> dict[str, tuple[float, float]]:
+    """The 95 % interval of each other contender's drift-adjusted CPU per pod against ``first``'s, as
+    fractions (-0.05: 5 % less): ``versus``'s, without the contenders it could give no interval for (empty
+    when the fit leaves no degree of freedom)."""
+    return {
+        label: (fit.low - 1, fit.high - 1)
+        for label, fit in versus(trials, first).items()
+        if fit.low is not None and fit.high is not None
+    }
+
+
+def ratios(labels: Sequence[str], trials: Sequence[Trial]) -> str:
+    """A Markdown table of each contender's drift-adjusted rate, p50, p99 and CPU per pod over the first
+    contender's (``RATIOS``, each fitted as ``drift`` fits CPU per pod), with their 95 % intervals: what a
+    goal stated as a ratio ("within 1.25 x of the standalone's") is read from. ``labels``: the contenders,
+    the reference first."""
+    if len(labels) < 2:
+        return ""
+    first = labels[0]
+    fits = [versus(trials, first, read) for _, read in RATIOS]
+
+    def cell(fit: Ratio | None) -> str:
+        if fit is None:
+            return "-"
+        if fit.low is None or fit.high is None:
+            return f"{fit.ratio:.2f} x (no interval)"
+        return f"{fit.ratio:.2f} x ({fit.low:.2f}-{fit.high:.2f})"
+
+    lines = [
+        f"Against {first}: each contender's drift-fitted level over {first}'s, with its 95 % interval "
+        "(an interval that holds 1.00 has not told the two apart)",
+        "",
+        "| contender | " + " | ".join(name for name, _ in RATIOS) + " |",
+        "|---|" + "---|" * len(RATIOS),
+    ]
+    for label in labels[1:]:
+        lines.append(f"| {label} | " + " | ".join(cell(fit.get(label)) for fit in fits) + " |")
+    return "\n".join(lines)
 
 
 def _ended(results: Sequence[RunResult]) -> list[float]:
@@ -439,6 +509,20 @@ class PairedConfig:
     until_idle_s: float = 0.0
     stall_s: float = 30.0
     timeout_s: float = 300.0
+
+
+def load(path: Path) -> list[Trial]:
+    """The trials a run wrote (``trials.json``)."""
+    return [
+        Trial(str(t["label"]), int(t["round"]), int(t["position"]), RunResult.from_json(t["result"]))
+        for t in json.loads(path.read_text())
+    ]
+
+
+def labels_of(trials: Sequence[Trial]) -> list[str]:
+    """The contenders' labels in the order given to the run (its first round's)."""
+    first_round = sorted((t for t in trials if t.round == 0), key=lambda t: t.position)
+    return [t.label for t in first_round]
 
 
 def _dump(trials: Sequence[Trial], path: Path) -> None:
@@ -581,6 +665,7 @@ def main(
         return 1
     slope, _ = drift(trials)
     text = table(summarize(contenders, trials), slope)
+    text += "\n\n" + ratios([c.label for c in contenders], trials)
     (config.out / "summary.md").write_text(
         f"{config.workload} of {config.pods} pods on {config.nodes} nodes"
         + (f", each after {config.idle_s:g} s idle" if config.idle_s else "")
@@ -600,3 +685,31 @@ def main(
     )
     measured = [t for t in trials if t.label != WARMUP]
     return 0 if measured and all(_measured(t) for t in measured) else 1
+
+
+def ratios_main(argv: Sequence[str] | None = None) -> int:
+    """``python -m scale.bench.paired DIR [LABEL...]``: the ratios table of a run already made, from its
+    ``trials.json``, against the first LABEL (default: the contenders in the run's order)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0].startswith("-"):
+        print("usage: python -m scale.bench.paired DIR [LABEL...]", file=sys.stderr)
+        return 2
+    try:
+        trials = load(Path(args[0]) / "trials.json")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"{args[0]}: cannot read its trials.json: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    labels = args[1:] or labels_of(trials)
+    unknown = sorted(set(labels) - {t.label for t in trials})
+    if unknown:
+        print(f"no trials of {', '.join(unknown)} in {args[0]}", file=sys.stderr)
+        return 2
+    if len(labels) < 2:
+        print(f"{args[0]}: fewer than two contenders to compare", file=sys.stderr)
+        return 2
+    print(ratios(labels, trials))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(ratios_main())

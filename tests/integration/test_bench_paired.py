@@ -83,6 +83,9 @@ def test_paired_runs_alternate_on_one_cluster_and_use_each_checkout(tmp_path: Pa
     assert "| after | agent-standalone | this | 2 |" in summary
     assert "| kube | kube-scheduler-qps5000 | - | 2 |" in summary  # the cluster's own, started once
     assert "CPU counted until the scheduler and the API server were idle" in summary
+    # the ratios against the first contender close the summary, one row per other contender
+    assert "Against before: " in summary and "| contender | pods/s | p50 | p99 | CPU per pod |" in summary
+    assert all(f"| {label} | " in summary.split("Against before: ")[1] for label in ("after", "kube"))
     # each trial's processes logged under logs/; only the other checkout's printed the marker
     logs = {p.name: p.read_text() for p in (out / "logs").glob("*.log")}
     before = [text for name, text in logs.items() if "-before-" in name]

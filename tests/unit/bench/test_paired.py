@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -15,15 +17,21 @@ from scale.bench.paired import (
     WARMUP,
     Contender,
     ContenderError,
+    Ratio,
     Summary,
     Trial,
     cluster_options,
     drift,
+    labels_of,
+    load,
     parse_contender,
     parse_contenders,
+    ratios,
+    ratios_main,
     schedule,
     summarize,
     table,
+    versus,
     versus_first,
 )
 from scale.bench.results import RunResult
@@ -219,14 +227,19 @@ def _solve(a: list[list[float]], b: list[float]) -> list[float]:
     return [m[i][n] / m[i][i] for i in range(n)]
 
 
-def _design_matrix_intervals(trials: list[Trial], labels: str, t: float) -> dict[str, tuple[float, float]]:
+def _design_matrix_intervals(
+    trials: list[Trial],
+    labels: Sequence[str],
+    t: float,
+    read: Callable[[RunResult], float] = lambda r: r.cpu_s_per_1k_pods,
+) -> dict[str, tuple[float, float]]:
     """The model ``versus_first`` fits, fitted from its design matrix instead (a level per contender and a
     slope; the contrast's interval from (X'X)^-1 and the residuals, with the 0.975 quantile ``t`` given for
     the degrees of freedom n - len(labels) - 1)."""
     rows = [r for r in trials if r.label != WARMUP and not r.result.error]
     k = len(labels)
     x = [[float(r.label == label) for label in labels] + [float(r.position)] for r in rows]
-    y = [math.log(r.result.cpu_s_per_1k_pods) for r in rows]
+    y = [math.log(read(r.result)) for r in rows]
     xtx = [[sum(row[i] * row[j] for row in x) for j in range(k + 1)] for i in range(k + 1)]
     beta = _solve(xtx, [sum(row[i] * v for row, v in zip(x, y, strict=True)) for i in range(k + 1)])
     residuals = [v - sum(b * f for b, f in zip(beta, row, strict=True)) for row, v in zip(x, y, strict=True)]
@@ -369,3 +382,114 @@ def test_the_table_says_how_often_each_process_main_thread_slept_per_pod() -> No
     assert "coordinator 0.300 (90 % main thread, 1.50 sleeps/pod), worker-1 0.700 (4.00 sleeps/pod)" in (
         table([summary])
     )
+
+
+def _rated_run(levels: dict[str, tuple[float, float]], rounds: int, noise: list[float]) -> list[Trial]:
+    """A run where each contender has a (pods/s, CPU per pod) level, both drifting 2 % a trial (the rate
+    down, the CPU up) and both times exp(noise) by position; p50 is the inverse of the level's rate, p99 that
+    times its CPU (neither drifts nor is noisy)."""
+    contenders = [Contender(label, "agent-standalone", PROJECT_ROOT) for label in levels]
+    trials = [Trial(WARMUP, -1, 0, result(0.5, 1, 2, by_process={}))]
+    for position, (r, c) in enumerate(schedule(contenders, rounds), start=1):
+        rate, cpu = levels[c.label]
+        k = math.exp(noise[position - 1])
+        rated = replace(
+            result(cpu * 1.02**position * k, 1000 / rate, 2000 * cpu / rate, by_process={}),
+            pods_per_s=rate / 1.02**position * k,
+        )
+        trials.append(Trial(c.label, r, position, rated))
+    return trials
+
+
+def test_each_figure_is_fitted_against_the_first_with_its_interval() -> None:
+    """``versus`` fits rate, latency and CPU alike: a noise-free run gives each exact ratio with no width; a
+    noisy one an interval around it, the same as ``versus_first``'s for CPU per pod."""
+    levels = {"sa": (500.0, 1.0), "c1": (450.0, 1.2), "nd": (600.0, 0.5)}
+    exact = _rated_run(levels, 4, [0.0] * 12)
+    rate = versus(exact, "nd", lambda r: r.pods_per_s)
+    assert rate["sa"] == pytest.approx(Ratio(500 / 600, 500 / 600, 500 / 600))
+    assert rate["c1"].ratio == pytest.approx(0.75)
+    assert versus(exact, "sa", lambda r: r.p99_ms)["c1"].ratio == pytest.approx(500 / 450 * 1.2)
+    assert versus(exact, "sa")["nd"].ratio == pytest.approx(0.5)  # CPU per pod by default
+
+    noise = [0.03, -0.05, 0.02, -0.01, 0.04, -0.03, -0.02, 0.03, 0.01, -0.02, -0.02, 0.02]
+    noisy = _rated_run(levels, 4, noise)
+    cpu = versus(noisy, "sa")
+    interval = versus_first(noisy, "sa")
+    for label in ("c1", "nd"):
+        low, high = cpu[label].low, cpu[label].high
+        assert low is not None and high is not None
+        assert (low - 1, high - 1) == pytest.approx(interval[label])
+        assert low < cpu[label].ratio < high
+    fitted = versus(noisy, "nd", lambda r: r.pods_per_s)["sa"]
+    assert fitted.low is not None and fitted.high is not None
+    assert fitted.low < 500 / 600 < fitted.high  # this noise leaves the truth inside
+
+    # three rounds (sa: 1, 6, 7; c1: 2, 5, 8; nd: 3, 4, 9): unequal mean positions, so the drift's correction
+    # counts; the rate's fit is the design matrix's (which gives the change: the ratio less 1)
+    odd = _rated_run(levels, 3, noise)
+    rate = versus(odd, "nd", lambda r: r.pods_per_s)
+    want = _design_matrix_intervals(odd, ["nd", "sa", "c1"], 2.571, lambda r: r.pods_per_s)  # 9 - 4: 5 df
+    for label in ("sa", "c1"):
+        assert (rate[label].low, rate[label].high) == pytest.approx((want[label][0] + 1, want[label][1] + 1))
+
+    # one trial each (sa at position 1, c1 at 2, nd at 3): the raw ratio, no drift nor interval fitted
+    one = versus(exact[:4], "sa")
+    assert one["c1"].ratio == pytest.approx(1.2 * 1.02) and one["nd"].ratio == pytest.approx(0.5 * 1.02**2)
+    assert all(fit.low is None and fit.high is None for fit in one.values())
+    assert versus(exact, "absent") == {}
+
+
+def test_the_ratios_table_reads_every_figure_against_the_reference() -> None:
+    levels = {"sa": (500.0, 1.0), "c1": (450.0, 1.2), "nd": (600.0, 0.5)}
+    trials = _rated_run(levels, 4, [0.0] * 12)
+    text = ratios(["nd", "sa", "c1"], trials)
+    assert text.startswith("Against nd: ")
+    assert "| contender | pods/s | p50 | p99 | CPU per pod |" in text
+    assert (
+        "| sa | 0.83 x (0.83-0.83) | 1.20 x (1.20-1.20) | 2.40 x (2.40-2.40) | 2.00 x (2.00-2.00) |" in text
+    )
+    assert (
+        "| c1 | 0.75 x (0.75-0.75) | 1.33 x (1.33-1.33) | 3.20 x (3.20-3.20) | 2.40 x (2.40-2.40) |" in text
+    )
+    assert "| nd |" not in text  # the reference has no row
+    # a contender with no measured trial has no figures; one trial each gives ratios without intervals
+    assert "| gone | - | - | - | - |" in ratios(["nd", "gone"], trials)
+    # (sa at position 1, nd at 3, no drift fitted from one trial each: 500/600 x 1.02^2 and 2 / 1.02^2)
+    assert (
+        "| sa | 0.87 x (no interval) | 1.20 x (no interval) | 2.40 x (no interval) | 1.92 x (no interval) |"
+        in (ratios(["nd", "sa"], trials[:4]))
+    )
+    assert ratios(["nd"], trials) == ""
+
+
+def test_a_runs_ratios_are_read_back_from_its_trials(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    levels = {"sa": (500.0, 1.0), "c1": (450.0, 1.2), "nd": (600.0, 0.5)}
+    trials = _rated_run(levels, 4, [0.0] * 12)
+    (tmp_path / "trials.json").write_text(json.dumps([t.to_json() for t in trials]))  # as the run writes it
+    back = load(tmp_path / "trials.json")
+    assert [(t.label, t.round, t.position) for t in back] == [(t.label, t.round, t.position) for t in trials]
+    assert [t.result.pods_per_s for t in back] == pytest.approx([t.result.pods_per_s for t in trials])
+    assert labels_of(back) == ["sa", "c1", "nd"]  # the run's order: its first round's
+    failed = [
+        *trials[:2],
+        replace(trials[2], result=result(0.0, 0, 0, by_process={}, error="probe: 0/10")),
+        *trials[3:],
+    ]
+    assert labels_of(failed) == ["sa", "c1", "nd"]  # a failed trial still names its contender
+    assert labels_of(trials[:3]) == ["sa", "c1"]  # an interrupted run: the contenders it reached
+
+    assert ratios_main([str(tmp_path)]) == 0
+    assert capsys.readouterr().out.strip() == ratios(["sa", "c1", "nd"], trials)
+    assert ratios_main([str(tmp_path), "nd", "sa"]) == 0
+    assert "| sa | 0.83 x (0.83-0.83) |" in capsys.readouterr().out
+    assert ratios_main([str(tmp_path), "nd", "kube"]) == 2
+    assert "no trials of kube" in capsys.readouterr().err
+    assert ratios_main([]) == 2
+    assert ratios_main([str(tmp_path / "absent")]) == 2
+    assert "cannot read its trials.json" in capsys.readouterr().err
+    (tmp_path / "trials.json").write_text(json.dumps([trials[0].to_json()]))  # the warm-up only
+    assert ratios_main([str(tmp_path)]) == 2
+    assert "fewer than two contenders" in capsys.readouterr().err
